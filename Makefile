@@ -1,0 +1,27 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint clean install
+
+# The venv is rebuilt whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@command -v java >/dev/null || { echo "Java 17 is required (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/dsr demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+
+clean:
+	rm -rf $(VENV) lakehouse spark-warehouse exports .pytest_cache

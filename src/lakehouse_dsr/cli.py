@@ -1,0 +1,212 @@
+"""`dsr`: a thin command-line shell over the library (every command is one library call)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichBars
+from rich.table import Table
+
+from . import synth
+from .config import Settings, load_settings
+from .exceptions import DsrError
+from .ledger import REGULATIONS, REQUEST_TYPES, Ledger, RequestInput, parse_received, read_requests_csv
+from .run import run as run_batch
+from .spark import build_session
+from .verify import verify_completed
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Data subject requests (GDPR/CCPA) on an Apache Iceberg lakehouse.")
+console = Console()
+err = Console(stderr=True)
+_state: dict[str, Settings] = {}
+
+ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="dsr.yaml to use (default: ./dsr.yaml)")]
+
+
+class Bars:
+    """Rich progress bars fed by the library's Progress protocol."""
+
+    def __init__(self) -> None:
+        self._bars = RichBars(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]:<20}"), BarColumn(),
+                              MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                              console=console, transient=False)
+        self._task = None
+        self._pending = False
+
+    def __enter__(self) -> Bars:
+        self._bars.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._bars.stop()
+
+    def stage(self, name: str, total: int) -> None:
+        self._task = self._bars.add_task("", total=max(total, 1), stage=name)
+        self._pending = False
+
+    def step(self, description: str) -> None:
+        if self._pending:
+            self._bars.advance(self._task)
+        self._bars.update(self._task, description=description)
+        self._pending = True
+
+    def done(self) -> None:
+        self._bars.update(self._task, completed=self._bars.tasks[-1].total, description="done")
+
+
+@app.callback()
+def main(config: ConfigOption = None) -> None:
+    _state["config"] = config
+
+
+def _settings() -> Settings:
+    if "settings" not in _state:
+        _state["settings"] = load_settings(_state.get("config"))
+    return _state["settings"]
+
+
+def _spark():
+    return build_session(_settings())
+
+
+@app.command()
+def generate(
+    users: Annotated[int, typer.Option(min=1, help="number of users")] = 10_000,
+    events: Annotated[int, typer.Option(min=0, help="number of events (the notebook: 10,000,000)")] = 1_000_000,
+    seed: Annotated[int, typer.Option(help="random seed; same seed, same data")] = 42,
+    batches: Annotated[int | None, typer.Option(min=1, help="event append batches (default: one per 1M)")] = None,
+) -> None:
+    """(Re)create the demo tables: users, events, newsletter (by email), orders (redacted)."""
+    spark = _spark()
+    with Bars() as bars:
+        result = synth.generate(spark, _settings(), users, events, seed, batches, bars)
+    console.print(f"generated {result.users:,} users, {result.events:,} events in {result.batches} batch(es), "
+                  f"{result.orders:,} orders and the newsletter list")
+
+
+@app.command()
+def submit(
+    subject: Annotated[str | None, typer.Option(help="subject id (the data map's subject identifier)")] = None,
+    type_: Annotated[str | None, typer.Option("--type", help="erase | access | opt_out")] = None,
+    regulation: Annotated[str, typer.Option(help="gdpr | ccpa")] = "gdpr",
+    received: Annotated[str | None, typer.Option(help="when it was received (ISO-8601; default now)")] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="CSV: subject_id,type[,regulation][,received_at]")] = None,
+) -> None:
+    """Record requests in the ledger (an open duplicate is not added twice)."""
+    if file is not None:
+        if subject is not None or type_ is not None:
+            raise DsrError("give either --file or --subject/--type, not both")
+        inputs = read_requests_csv(file)
+    else:
+        if subject is None or type_ is None:
+            raise DsrError(f"--subject and --type are required (types: {', '.join(REQUEST_TYPES)}; "
+                           f"regulations: {', '.join(REGULATIONS)})")
+        when = parse_received(received, "--received") if received else None
+        inputs = [RequestInput(subject, type_.lower(), regulation.lower(), when).validated()]
+    result = Ledger(_spark(), _settings()).submit(inputs)
+    for request_id in result.created:
+        console.print(f"submitted {request_id}")
+    console.print(f"{len(result.created)} request(s) submitted, {result.duplicates} duplicate(s) of open requests ignored")
+
+
+@app.command("run")
+def run_cmd(report: Annotated[Path | None, typer.Option(help="write the JSON run report here")] = None) -> None:
+    """Erase, purge and verify every open erase request in one batch."""
+    spark = _spark()
+    with Bars() as bars:
+        result = run_batch(spark, _settings(), bars)
+    if report:
+        result.write(report)
+    if not result.requests:
+        console.print("no open erase requests")
+    result.render(console)
+    if result.failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """List requests with their status and days left (no subject identifiers are shown)."""
+    rows = Ledger(_spark(), _settings()).statuses()
+    if as_json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return
+    table = Table(title="requests")
+    for column in ("request", "type", "reg.", "status", "received", "due", "days left", "note"):
+        table.add_column(column)
+    for r in rows:
+        late = r.days_left is not None and r.days_left < 0
+        table.add_row(r.request_id, r.request_type, r.regulation, r.status, r.received[:10],
+                      r.due_date + (" (ext.)" if r.extended else ""),
+                      "" if r.days_left is None else f"[red]{r.days_left}[/]" if late else str(r.days_left),
+                      (r.status_reason or "")[:80])
+    console.print(table)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    console.print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "the ledger is empty")
+
+
+@app.command()
+def extend(request_id: str, reason: Annotated[str, typer.Option(help="why (told to the data subject)")]) -> None:
+    """Apply the regulation's one allowed deadline extension (GDPR +2 months, CCPA +45 days)."""
+    r = Ledger(_spark(), _settings()).extend(request_id, reason)
+    console.print(f"{r.request_id}: due {r.due_date} ({r.days_left} days left)")
+
+
+@app.command("verify")
+def verify_cmd(request_id: Annotated[list[str] | None, typer.Argument(help="default: all completed")] = None) -> None:
+    """Re-run the erasure proof for completed requests (from their keyed hashes)."""
+    results = verify_completed(_spark(), _settings(), request_id or None)
+    bad = {rid: reasons for rid, reasons in results.items() if reasons}
+    for rid, reasons in bad.items():
+        console.print(f"[red]{rid}: FAILED[/] {'; '.join(reasons)}")
+    console.print(f"{len(results) - len(bad)} of {len(results)} completed request(s) verified erased")
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    users: Annotated[int, typer.Option(min=1)] = 10_000,
+    events: Annotated[int, typer.Option(min=0, help="up to the notebook's 10,000,000")] = 1_000_000,
+    erase: Annotated[int, typer.Option(min=1, help="erase requests to submit")] = 100,
+    seed: int = 42,
+    report: Annotated[Path, typer.Option(help="JSON run report")] = Path("reports/demo-run.json"),
+) -> None:
+    """Generate the demo lakehouse, submit erase requests, run them, show the ledger."""
+    spark = _spark()
+    settings = _settings()
+    with Bars() as bars:
+        synth.generate(spark, settings, users, events, seed, None, bars)
+    rng = random.Random(seed)
+    unknown = max(1, erase // 20)  # subjects no table knows: they must complete too
+    picks = rng.sample(range(users), min(users, erase - unknown))
+    subjects = [synth.user_id(seed, i) for i in picks] + [synth.user_id(seed, users + k) for k in range(unknown)]
+    inputs = [RequestInput(s, "erase", "ccpa" if i % 4 == 0 else "gdpr") for i, s in enumerate(subjects)]
+    submitted = Ledger(spark, settings).submit(inputs)
+    console.print(f"submitted {len(submitted.created)} erase requests "
+                  f"({unknown} for subjects found in no table)")
+    run_cmd(report)
+    console.print(f"run report: {report}")
+    status()
+
+
+def entry() -> None:
+    try:
+        app(standalone_mode=False)
+    except DsrError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)

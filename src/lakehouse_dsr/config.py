@@ -1,0 +1,139 @@
+"""Load and validate `dsr.yaml`: Spark settings, catalog, data map, purge policy.
+
+Without a file the embedded default applies: `local[*]` Spark, an Iceberg hadoop catalog
+named `lakehouse` with its warehouse at `./lakehouse`, and the demo data map.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .datamap import DataMap, demo_datamap
+from .exceptions import ConfigError
+
+DEFAULT_CONFIG_FILE = "dsr.yaml"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _as_str_map(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping of names to values")
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+
+
+class SparkSettings(_Strict):
+    master: str = "local[*]"
+    app_name: str = "lakehouse-dsr"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    _coerce_conf = field_validator("conf", mode="before")(_as_str_map)
+
+
+class CatalogSettings(_Strict):
+    name: str = "lakehouse"
+    properties: dict[str, str] = Field(default_factory=lambda: {"type": "hadoop", "warehouse": "lakehouse"})
+
+    _coerce_props = field_validator("properties", mode="before")(_as_str_map)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"catalog name {v!r} must be a plain identifier (letters, digits, _)")
+        return v
+
+    def local_warehouse(self) -> Path | None:
+        """The warehouse directory when it lives on the local file system, else None."""
+        wh = self.properties.get("warehouse", "")
+        if wh.startswith("file:"):
+            return Path(re.sub(r"^file:/*", "/", wh))
+        return Path(wh) if wh and "://" not in wh else None
+
+
+class PurgeSettings(_Strict):
+    # Orphan files younger than this may belong to a writer still committing; never touch them.
+    orphan_min_age_minutes: float = Field(default=60.0, ge=0)
+    # A tag or branch pinning a snapshot that holds erased rows: block the request, or drop the ref.
+    pinned_refs: Literal["block", "drop"] = "block"
+
+
+class Settings(_Strict):
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    datamap: DataMap = Field(default_factory=demo_datamap)
+    purge: PurgeSettings = Field(default_factory=PurgeSettings)
+    ledger_namespace: str = "dsr"
+    demo_namespace: str = "demo"
+    secret_key_file: Path | None = None
+
+    @field_validator("ledger_namespace", "demo_namespace")
+    @classmethod
+    def _plain_namespace(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"namespace {v!r} must be a plain identifier")
+        return v
+
+    def table(self, name: str) -> str:
+        """Fully qualified, quoted name of a table given as `namespace.table`."""
+        return ".".join(f"`{part}`" for part in [self.catalog.name, *name.split(".")])
+
+    def key_file(self) -> Path:
+        """Where the HMAC key lives when DSR_SECRET_KEY is not set: next to a local warehouse."""
+        if self.secret_key_file:
+            return self.secret_key_file
+        wh = self.catalog.local_warehouse()
+        return (wh.parent if wh else Path.cwd()) / "dsr-secret.key"
+
+
+def _absolutize(settings: Settings, base: Path) -> Settings:
+    """Hadoop catalogs need an absolute URI; relative paths are read from the config's folder."""
+    props = settings.catalog.properties
+    wh = props.get("warehouse")
+    if wh and "://" not in wh and not wh.startswith("file:"):
+        props["warehouse"] = (base / wh).resolve().as_uri()
+    if settings.secret_key_file and not settings.secret_key_file.is_absolute():
+        settings.secret_key_file = (base / settings.secret_key_file).resolve()
+    return settings
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Read `path` (or ./dsr.yaml if present); fall back to the embedded default.
+
+    Raises ConfigError with the offending field for malformed YAML or invalid values.
+    """
+    if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
+        path = DEFAULT_CONFIG_FILE
+    if path is None:
+        return _absolutize(Settings(), Path.cwd())
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {file} does not exist")
+    try:
+        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file} is not valid YAML: {exc}") from None
+    return settings_from_dict(raw or {}, base=file.resolve().parent, source=str(file))
+
+
+def settings_from_dict(raw: Any, base: Path | None = None, source: str = "config") -> Settings:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    try:
+        settings = Settings.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"{source} is invalid: {problems}") from None
+    return _absolutize(settings, base or Path.cwd())

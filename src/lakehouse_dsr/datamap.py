@@ -1,0 +1,172 @@
+"""The data map: which tables hold personal data, by which key, and what erasure means there.
+
+```yaml
+datamap:
+  subject: user_id                 # the primary identifier requests are filed under
+  identifiers:                     # other identifiers, found through a table
+    email: {table: demo.users, subject_column: user_id, column: email}
+  tables:
+    demo.events:     {key: user_id, identifier: user_id}              # action: delete
+    demo.newsletter: {key: email, identifier: email}
+    demo.orders:     {key: user_id, identifier: user_id, action: redact,
+                      redact: [user_id, customer_name, shipping_address]}
+```
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pyspark.sql import SparkSession
+from pyspark.sql.types import AtomicType, DataType
+
+from .exceptions import DataMapError
+
+_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_table(name: str) -> str:
+    if not _TABLE.match(name):
+        raise ValueError(f"table {name!r} must be written namespace.table (letters, digits, _)")
+    return name
+
+
+def _check_column(name: str) -> str:
+    if not _COLUMN.match(name):
+        raise ValueError(f"column {name!r} must be a plain identifier (letters, digits, _)")
+    return name
+
+
+class LinkedIdentifier(BaseModel):
+    """An identifier other than the subject id, read from `table` where `subject_column` is the subject."""
+
+    model_config = ConfigDict(extra="forbid")
+    table: str
+    subject_column: str
+    column: str
+
+    @model_validator(mode="after")
+    def _names(self) -> LinkedIdentifier:
+        _check_table(self.table)
+        _check_column(self.subject_column)
+        _check_column(self.column)
+        return self
+
+
+class TableMapping(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str
+    identifier: str | None = None  # defaults to the data map's subject identifier
+    action: Literal["delete", "redact"] = "delete"
+    redact: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TableMapping:
+        _check_column(self.key)
+        for column in self.redact:
+            _check_column(column)
+        if self.action == "redact":
+            if not self.redact:
+                raise ValueError("action 'redact' needs the list of columns to set to NULL")
+            if self.key not in self.redact:
+                # Otherwise the kept row would still point to the subject.
+                raise ValueError(f"redacted columns must include the key column {self.key!r}")
+        elif self.redact:
+            raise ValueError("'redact' columns are only meaningful with action: redact")
+        return self
+
+
+class DataMap(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    subject: str = "user_id"
+    identifiers: dict[str, LinkedIdentifier] = Field(default_factory=dict)
+    tables: dict[str, TableMapping]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DataMap:
+        if not self.tables:
+            raise ValueError("the data map lists no tables")
+        if self.subject in self.identifiers:
+            raise ValueError(f"{self.subject!r} is the subject identifier; it cannot also be linked")
+        for name, mapping in self.tables.items():
+            _check_table(name)
+            if mapping.identifier is None:
+                mapping.identifier = self.subject
+            if mapping.identifier != self.subject and mapping.identifier not in self.identifiers:
+                raise ValueError(
+                    f"table {name}: identifier {mapping.identifier!r} is neither the subject "
+                    f"({self.subject!r}) nor one of the linked identifiers {sorted(self.identifiers)}"
+                )
+        return self
+
+    def identifier_types(self) -> list[str]:
+        return [self.subject, *self.identifiers]
+
+    def erase_order(self) -> list[str]:
+        """Tables that identifiers are resolved through come last, so a resumed run can still resolve."""
+        sources = {link.table for link in self.identifiers.values()}
+        return sorted(self.tables, key=lambda t: (t in sources, t))
+
+
+def demo_datamap() -> DataMap:
+    return DataMap.model_validate(
+        {
+            "subject": "user_id",
+            "identifiers": {"email": {"table": "demo.users", "subject_column": "user_id", "column": "email"}},
+            "tables": {
+                "demo.users": {"key": "user_id"},
+                "demo.events": {"key": "user_id"},
+                "demo.newsletter": {"key": "email", "identifier": "email"},
+                "demo.orders": {
+                    "key": "user_id",
+                    "action": "redact",
+                    "redact": ["user_id", "customer_name", "shipping_address"],
+                },
+            },
+        }
+    )
+
+
+def check_against_catalog(
+    spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]
+) -> dict[str, DataType]:
+    """Check that every mapped table and column exists with a usable type; nothing is changed.
+
+    Returns the Spark type of each table's key column. Reads only table schemas (no data).
+    """
+    problems: list[str] = []
+    key_types: dict[str, DataType] = {}
+    schemas: dict[str, dict[str, object]] = {}
+    needed = {t: [m.key, *m.redact] for t, m in datamap.tables.items()}
+    for link in datamap.identifiers.values():
+        needed.setdefault(link.table, []).extend([link.subject_column, link.column])
+    for table, columns in needed.items():
+        try:
+            fields = {f.name: f for f in spark.table(qualify(table)).schema.fields}
+        except Exception as exc:  # AnalysisException, catalog unreachable, ...
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            problems.append(f"table {table} cannot be read: {first_line}")
+            continue
+        schemas[table] = fields
+        for column in dict.fromkeys(columns):
+            if column not in fields:
+                problems.append(f"table {table} has no column {column!r} (has: {', '.join(fields)})")
+    for table, mapping in datamap.tables.items():
+        fields = schemas.get(table)
+        if not fields or mapping.key not in fields:
+            continue
+        key_type = fields[mapping.key].dataType
+        if not isinstance(key_type, AtomicType):
+            problems.append(f"table {table}: key column {mapping.key!r} has type {key_type.simpleString()}, "
+                            "which cannot hold an identifier")
+        key_types[table] = key_type
+        for column in mapping.redact:
+            if column in fields and not fields[column].nullable:
+                problems.append(f"table {table}: column {column!r} is required (NOT NULL) and cannot be redacted")
+    if problems:
+        raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(problems))
+    return key_types

@@ -1,0 +1,25 @@
+"""Every error the engine raises on purpose derives from DsrError; the CLI turns them into a message and exit code 2."""
+
+
+class DsrError(Exception):
+    """Base class: a problem the user can fix, described in plain words."""
+
+
+class ConfigError(DsrError):
+    """dsr.yaml is missing, malformed or invalid."""
+
+
+class DataMapError(ConfigError):
+    """The data map names a table or column that does not exist, or is inconsistent."""
+
+
+class EnvironmentSetupError(DsrError):
+    """Java or the Iceberg runtime jar cannot be found."""
+
+
+class RequestInputError(DsrError):
+    """A submitted request (command line or CSV) is malformed."""
+
+
+class LedgerError(DsrError):
+    """A ledger operation refers to an unknown request or an invalid transition."""

@@ -1,0 +1,171 @@
+"""The table-format seam: every Iceberg procedure, action and metadata table the engine uses.
+
+Other modules call these functions instead of writing Iceberg SQL, so another format (Delta)
+can be added by providing the same operations.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import DataType, StructField, StructType
+
+from .config import Settings
+
+# Larger than any file: with min 0 and max this, rewrite_data_files selects files only for their deletes.
+_NO_SIZE_LIMIT = str(2**62)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    snapshot_id: int
+    committed_ms: int
+    summary: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+    kind: str  # BRANCH | TAG
+    snapshot_id: int
+
+
+def _jtable(spark: SparkSession, settings: Settings, table: str):
+    return spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession, f"{settings.catalog.name}.{table}"
+    )
+
+
+def _actions(spark: SparkSession):
+    return spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
+
+
+def current_snapshot(spark: SparkSession, settings: Settings, table: str) -> Snapshot | None:
+    snap = _jtable(spark, settings, table).currentSnapshot()
+    if snap is None:
+        return None
+    return Snapshot(snap.snapshotId(), snap.timestampMillis(), dict(snap.summary()))
+
+
+def table_properties(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
+    return dict(_jtable(spark, settings, table).properties())
+
+
+def table_location(spark: SparkSession, settings: Settings, table: str) -> str:
+    return str(_jtable(spark, settings, table).location())
+
+
+def write_mode(spark: SparkSession, settings: Settings, table: str, operation: str) -> str:
+    """`copy-on-write` or `merge-on-read` for operation delete | update | merge."""
+    return table_properties(spark, settings, table).get(f"write.{operation}.mode", "copy-on-write")
+
+
+def refs(spark: SparkSession, settings: Settings, table: str) -> list[Ref]:
+    """Branches and tags other than main: each pins its snapshots against expiry."""
+    rows = spark.sql(f"SELECT name, type, snapshot_id FROM {settings.table(table)}.refs").collect()
+    return [Ref(r.name, r.type, r.snapshot_id) for r in rows if not (r.name == "main" and r.type == "BRANCH")]
+
+
+def drop_ref(spark: SparkSession, settings: Settings, table: str, ref: Ref) -> None:
+    kind = "TAG" if ref.kind == "TAG" else "BRANCH"
+    spark.sql(f"ALTER TABLE {settings.table(table)} DROP {kind} IF EXISTS `{ref.name.replace('`', '``')}`")
+
+
+def delete_file_count(spark: SparkSession, settings: Settings, table: str) -> int:
+    snap = current_snapshot(spark, settings, table)
+    return int(snap.summary.get("total-delete-files", "0")) if snap else 0
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    data_files_rewritten: int
+    data_files_added: int
+    bytes_rewritten: int
+    delete_files_removed: int
+
+
+def rewrite_files_with_deletes(
+    spark: SparkSession, settings: Settings, table: str, sort_column: str | None = None
+) -> RewriteResult:
+    """Rewrite exactly the data files that carry delete files, so deleted rows leave the live files.
+
+    Reads and rewrites only those files (not the whole table); dangling delete files are dropped.
+    """
+    name = settings.table(table).split(".", 1)[1].replace("`", "")
+    sort = f", strategy => 'sort', sort_order => '{sort_column} ASC NULLS LAST'" if sort_column else ""
+    row = spark.sql(
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{name}'{sort}, options => map("
+        f"'delete-file-threshold', '1', 'min-file-size-bytes', '0', 'max-file-size-bytes', '{_NO_SIZE_LIMIT}',"
+        f" 'remove-dangling-deletes', 'true'))"
+    ).collect()[0]
+    return RewriteResult(
+        row.rewritten_data_files_count,
+        row.added_data_files_count,
+        row.rewritten_bytes_count,
+        row.removed_delete_files_count,
+    )
+
+
+@dataclass(frozen=True)
+class ExpireResult:
+    snapshots_expired: int
+    data_files_deleted: int
+    delete_files_deleted: int
+
+
+def expire_snapshots_before_current(spark: SparkSession, settings: Settings, table: str) -> ExpireResult:
+    """Expire every snapshot older than the current one that no branch or tag retains.
+
+    Deletes from storage the data, delete and manifest files only those snapshots referenced.
+    Reads manifests of all snapshots; no data files are read.
+    """
+    jtable = _jtable(spark, settings, table)
+    current = jtable.currentSnapshot()
+    if current is None:
+        return ExpireResult(0, 0, 0)
+    before = sum(1 for _ in jtable.snapshots())
+    result = (
+        _actions(spark).expireSnapshots(jtable).expireOlderThan(current.timestampMillis()).retainLast(1).execute()
+    )
+    jtable.refresh()
+    after = sum(1 for _ in jtable.snapshots())
+    return ExpireResult(
+        before - after,
+        result.deletedDataFilesCount(),
+        result.deletedPositionDeleteFilesCount() + result.deletedEqualityDeleteFilesCount(),
+    )
+
+
+def remove_orphan_files(spark: SparkSession, settings: Settings, table: str, min_age_minutes: float) -> int:
+    """Delete files under the table location that no metadata references and are older than the window.
+
+    Lists the whole table location and reads all manifests. The window protects writers that are
+    still committing; Iceberg's procedure refuses windows under 24 h, the action does not.
+    """
+    cutoff = int((time.time() - min_age_minutes * 60) * 1000)
+    result = _actions(spark).deleteOrphanFiles(_jtable(spark, settings, table)).olderThan(cutoff).execute()
+    return sum(1 for _ in result.orphanFileLocations())
+
+
+def referenced_files(spark: SparkSession, settings: Settings, table: str) -> DataFrame:
+    """Paths of every data and delete file referenced by any retained snapshot (metadata only)."""
+    return spark.sql(f"SELECT DISTINCT file_path FROM {settings.table(table)}.all_files")
+
+
+def read_column_from_files(
+    spark: SparkSession, paths: list[str] | str, column: str, data_type: DataType, recursive: bool = False
+) -> DataFrame:
+    """Read one column straight from Parquet files, bypassing Iceberg (so deleted rows are seen).
+
+    Files without the column (delete files) yield NULLs. Reads only that column's pages.
+    """
+    reader = spark.read.schema(StructType([StructField(column, data_type)]))
+    if recursive:
+        reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.parquet")
+    return reader.parquet(*([paths] if isinstance(paths, str) else paths))
+
+
+def read_at_ref(spark: SparkSession, settings: Settings, table: str, ref: Ref) -> DataFrame:
+    return spark.read.option("snapshot-id", str(ref.snapshot_id)).table(f"{settings.catalog.name}.{table}")

@@ -1,0 +1,34 @@
+"""Resolve a batch of subjects to every identifier the data map knows for them."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .config import Settings
+
+
+def resolve(spark: SparkSession, settings: Settings, batch: DataFrame) -> DataFrame:
+    """(request_id, key_type, key_value) for a batch of (request_id, subject_id).
+
+    One broadcast join per linked identifier against its source table (reads two columns of it).
+    The result is checkpointed, so erasing the source tables afterwards cannot change it; it stays
+    inside Spark (executor memory/disk), never on the driver.
+    """
+    dm = settings.datamap
+    batch = batch.select("request_id", F.col("subject_id").cast("string").alias("subject_id"))
+    parts = [batch.select("request_id", F.lit(dm.subject).alias("key_type"), F.col("subject_id").alias("key_value"))]
+    for name, link in dm.identifiers.items():
+        source = spark.table(settings.table(link.table)).select(
+            F.col(link.subject_column).cast("string").alias("dsr_subject"),
+            F.col(link.column).cast("string").alias("key_value"),
+        )
+        parts.append(
+            source.join(F.broadcast(batch), source.dsr_subject == batch.subject_id)
+            .where(F.col("key_value").isNotNull())
+            .select("request_id", F.lit(name).alias("key_type"), "key_value")
+        )
+    keys = parts[0]
+    for part in parts[1:]:
+        keys = keys.unionByName(part)
+    return keys.distinct().coalesce(1).localCheckpoint(eager=True)

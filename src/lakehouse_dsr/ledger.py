@@ -1,0 +1,363 @@
+"""The request ledger: Iceberg tables `<ns>.requests`, `<ns>.request_keys` and `<ns>.audit`.
+
+Lifecycle: received -> in_progress -> completed | failed (failed stays open and is retried).
+While open, a request holds its subject id in plaintext (needed to act on it); on completion
+only the HMAC remains, and the ledger's own history is purged like any table (see purge.py).
+Every write is one small Iceberg commit; identifiers travel as DataFrames, never as SQL text.
+"""
+
+from __future__ import annotations
+
+import calendar
+import csv
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Literal
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .config import Settings
+from .exceptions import LedgerError, RequestInputError
+from .hashing import keyed_hash, load_key, with_keyed_hash
+
+RequestType = Literal["erase", "access", "opt_out"]
+Regulation = Literal["gdpr", "ccpa"]
+REQUEST_TYPES: tuple[str, ...] = ("erase", "access", "opt_out")
+REGULATIONS: tuple[str, ...] = ("gdpr", "ccpa")
+OPEN_STATUSES = ("received", "in_progress", "failed")
+MAX_SUBJECT_LENGTH = 65_536
+NOT_YET_PROCESSED = {
+    "access": "recorded; access exports are fulfilled by a later release of lakehouse-dsr",
+    "opt_out": "recorded; opt-out requests are not yet processed by this version",
+}
+
+REQUESTS_SCHEMA = (
+    "request_id string, request_type string, regulation string, subject_id string, subject_hash string, "
+    "status string, status_reason string, received_at timestamp, due_date date, extended boolean, "
+    "extension_reason string, updated_at timestamp, completed_at timestamp, run_id string, evidence string"
+)
+KEYS_SCHEMA = "request_id string, key_type string, key_hash string"
+AUDIT_SCHEMA = "event_id string, request_id string, run_id string, at timestamp, event string, detail string"
+# Copy-on-write so a nulled identifier never lingers in a data file behind a delete file, and no
+# column bounds for subject_id so manifests never carry an identifier.
+_LEDGER_PROPS = {
+    "format-version": "2",
+    "write.delete.mode": "copy-on-write",
+    "write.update.mode": "copy-on-write",
+    "write.merge.mode": "copy-on-write",
+}
+_SUBJECT_METRICS = {"write.metadata.metrics.column.subject_id": "counts"}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def add_months(day: date, months: int) -> date:
+    """Same day `months` later, clamped to the month's end (Jan 31 + 1 month = Feb 28/29)."""
+    month_index = day.month - 1 + months
+    year, month = day.year + month_index // 12, month_index % 12 + 1
+    return date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
+
+
+def due_date(received: date, regulation: str, extended: bool = False) -> date:
+    """GDPR Art. 12(3): one month, extendable by two more; CCPA §1798.130: 45 days, extendable by 45."""
+    if regulation == "gdpr":
+        return add_months(received, 3 if extended else 1)
+    if regulation == "ccpa":
+        return received + timedelta(days=90 if extended else 45)
+    raise RequestInputError(f"unknown regulation {regulation!r} (expected one of {', '.join(REGULATIONS)})")
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    subject_id: str
+    request_type: str
+    regulation: str = "gdpr"
+    received_at: datetime | None = None
+
+    def validated(self, where: str = "") -> RequestInput:
+        prefix = f"{where}: " if where else ""
+        if not isinstance(self.subject_id, str) or not self.subject_id.strip():
+            raise RequestInputError(f"{prefix}subject id is empty")
+        if len(self.subject_id) > MAX_SUBJECT_LENGTH:
+            raise RequestInputError(f"{prefix}subject id is longer than {MAX_SUBJECT_LENGTH} characters")
+        if self.request_type not in REQUEST_TYPES:
+            raise RequestInputError(
+                f"{prefix}unknown request type {self.request_type!r} (expected one of {', '.join(REQUEST_TYPES)})"
+            )
+        if self.regulation not in REGULATIONS:
+            raise RequestInputError(
+                f"{prefix}unknown regulation {self.regulation!r} (expected one of {', '.join(REGULATIONS)})"
+            )
+        received = self.received_at
+        if received is not None and received.tzinfo is None:
+            received = received.replace(tzinfo=UTC)
+        return RequestInput(self.subject_id, self.request_type, self.regulation, received)
+
+
+def parse_received(text: str, where: str = "") -> datetime:
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise RequestInputError(f"{where}: received_at {text!r} is not an ISO-8601 date or time") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def read_requests_csv(path: str | Path) -> list[RequestInput]:
+    """Parse and validate a whole CSV (`subject_id,type[,regulation][,received_at]`) before anything is submitted."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise RequestInputError(f"{file} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise RequestInputError(f"{file} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    reader = csv.DictReader(text.splitlines())
+    columns = reader.fieldnames or []
+    allowed = {"subject_id", "type", "regulation", "received_at"}
+    if not {"subject_id", "type"} <= set(columns) or set(columns) - allowed:
+        raise RequestInputError(
+            f"{file}: header must be subject_id,type[,regulation][,received_at]; found {','.join(columns) or 'nothing'}"
+        )
+    requests = []
+    for line, row in enumerate(reader, start=2):
+        if None in row or any(v is None for v in row.values()):
+            raise RequestInputError(f"{file} line {line}: expected {len(columns)} fields")
+        received = parse_received(row["received_at"], f"{file} line {line}") if row.get("received_at") else None
+        requests.append(
+            RequestInput(
+                row["subject_id"], row["type"].strip().lower(), (row.get("regulation") or "gdpr").strip().lower(),
+                received,
+            ).validated(f"{file} line {line}")
+        )
+    if not requests:
+        raise RequestInputError(f"{file} holds no requests")
+    return requests
+
+
+class Ledger:
+    """Handle on the ledger tables of one catalog; cheap to create."""
+
+    def __init__(self, spark: SparkSession, settings: Settings):
+        self.spark, self.settings = spark, settings
+        ns = settings.ledger_namespace
+        self.requests_table, self.keys_table, self.audit_table = f"{ns}.requests", f"{ns}.request_keys", f"{ns}.audit"
+        self._key: bytes | None = None
+
+    @property
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = load_key(self.settings.key_file())
+        return self._key
+
+    def q(self, table: str) -> str:
+        return self.settings.table(table)
+
+    def ensure(self) -> None:
+        """Create the namespace and tables if missing (metadata only)."""
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS `{self.settings.catalog.name}`.`{self.settings.ledger_namespace}`")
+        for table, schema, extra in ((self.requests_table, REQUESTS_SCHEMA, _SUBJECT_METRICS),
+                                     (self.keys_table, KEYS_SCHEMA, {}), (self.audit_table, AUDIT_SCHEMA, {})):
+            props = ", ".join(f"'{k}' = '{v}'" for k, v in {**_LEDGER_PROPS, **extra}.items())
+            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self.q(table)} ({schema}) USING iceberg TBLPROPERTIES ({props})")
+
+    # -- submission -------------------------------------------------------------------------
+    def submit(self, inputs: list[RequestInput], now: datetime | None = None) -> SubmitResult:
+        """Add requests; a request matching an open one (same subject and type) is not added twice.
+
+        One anti-join against the open requests (by subject hash) and one append commit.
+        """
+        now = now or _now()
+        inputs = [r.validated() for r in inputs]
+        self.ensure()
+        rows, seen = [], set()
+        for r in inputs:
+            subject_hash = keyed_hash(self.key, r.subject_id)
+            if (subject_hash, r.request_type) in seen:
+                continue
+            seen.add((subject_hash, r.request_type))
+            received = r.received_at or now
+            rows.append((
+                f"req-{uuid.uuid4().hex[:16]}", r.request_type, r.regulation, r.subject_id, subject_hash, "received",
+                NOT_YET_PROCESSED.get(r.request_type), received, due_date(received.date(), r.regulation), False,
+                None, now, None, None, None,
+            ))
+        new = self.spark.createDataFrame(rows, REQUESTS_SCHEMA)
+        open_ = self._table(self.requests_table).where(F.col("status").isin(*OPEN_STATUSES))
+        fresh = new.join(open_.select("subject_hash", "request_type"), ["subject_hash", "request_type"], "left_anti")
+        fresh = fresh.select(*new.columns).localCheckpoint()
+        created = [r.request_id for r in fresh.select("request_id").collect()]
+        if created:
+            fresh.writeTo(self.q(self.requests_table)).append()
+            self.audit([(rid, None, "submitted", {}) for rid in created])
+        return SubmitResult(created, len(inputs) - len(created))
+
+    # -- reading ------------------------------------------------------------------------------
+    def _table(self, table: str) -> DataFrame:
+        return self.spark.table(self.q(table))
+
+    def pending(self, request_type: str) -> DataFrame:
+        """Open requests of a type: request_id, subject_id, regulation, due_date (small)."""
+        return (
+            self._table(self.requests_table)
+            .where(F.col("status").isin(*OPEN_STATUSES) & (F.col("request_type") == request_type))
+            .select("request_id", "subject_id", "regulation", "due_date")
+        )
+
+    def statuses(self, today: date | None = None) -> list[RequestStatus]:
+        """Every request without its subject: for `dsr status`."""
+        today = today or _now().date()
+        rows = (
+            self._table(self.requests_table)
+            .select("request_id", "request_type", "regulation", "status", "status_reason", "due_date", "extended",
+                    F.date_format("received_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("received"),
+                    F.date_format("completed_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("completed"))
+            .orderBy("received_at", "request_id")
+            .collect()
+        )
+        return [
+            RequestStatus(
+                r.request_id, r.request_type, r.regulation, r.status, r.status_reason, r.received,
+                r.due_date.isoformat(), (r.due_date - today).days if r.status != "completed" else None,
+                bool(r.extended), r.completed,
+            )
+            for r in rows
+        ]
+
+    def request(self, request_id: str) -> RequestStatus:
+        for status in self.statuses():
+            if status.request_id == request_id:
+                return status
+        raise LedgerError(f"no request {request_id!r} in the ledger")
+
+    def evidence(self, request_ids: list[str]) -> dict[str, dict]:
+        rows = (
+            self._table(self.requests_table)
+            .where(F.col("request_id").isin(*request_ids)).select("request_id", "evidence").collect()
+        )
+        return {r.request_id: json.loads(r.evidence) if r.evidence else {} for r in rows}
+
+    def completed_ids(self) -> list[str]:
+        rows = self._table(self.requests_table).where(F.col("status") == "completed").select("request_id").collect()
+        return [r.request_id for r in rows]
+
+    # -- keys -----------------------------------------------------------------------------------
+    def record_keys(self, keys: DataFrame) -> None:
+        """Store HMACs of a batch's resolved identifiers (request_id, key_type, key_value); idempotent."""
+        hashed = with_keyed_hash(self.spark, keys, "key_value", self.key).select("request_id", "key_type", "key_hash")
+        hashed.createOrReplaceTempView("dsr_new_keys")
+        try:
+            self.spark.sql(
+                f"MERGE INTO {self.q(self.keys_table)} t USING dsr_new_keys s "
+                "ON t.request_id = s.request_id AND t.key_type = s.key_type AND t.key_hash = s.key_hash "
+                "WHEN NOT MATCHED THEN INSERT *"
+            )
+        finally:
+            self.spark.catalog.dropTempView("dsr_new_keys")
+
+    def key_hashes(self, request_ids: list[str]) -> DataFrame:
+        """(request_id, key_type, key_hash) of the given requests' identifiers."""
+        return self._table(self.keys_table).where(F.col("request_id").isin(*request_ids))
+
+    # -- transitions ------------------------------------------------------------------------
+    def _update(self, rows: list[tuple], assignments: str) -> None:
+        """MERGE per-request values into the requests table in one commit."""
+        if not rows:
+            return
+        update = self.spark.createDataFrame(
+            rows, "request_id string, status string, status_reason string, run_id string, evidence string"
+        )
+        update.createOrReplaceTempView("dsr_ledger_update")
+        try:
+            self.spark.sql(
+                f"MERGE INTO {self.q(self.requests_table)} t USING dsr_ledger_update s "
+                f"ON t.request_id = s.request_id WHEN MATCHED THEN UPDATE SET {assignments}"
+            )
+        finally:
+            self.spark.catalog.dropTempView("dsr_ledger_update")
+
+    def start(self, request_ids: list[str], run_id: str) -> None:
+        self._update([(rid, "in_progress", None, run_id, None) for rid in request_ids],
+                     "t.status = s.status, t.run_id = s.run_id, t.updated_at = current_timestamp()")
+        self.audit([(rid, run_id, "in_progress", {}) for rid in request_ids])
+
+    def finish(self, outcomes: list[Outcome], run_id: str) -> None:
+        """Record outcomes in one commit. Completed requests lose their plaintext subject id."""
+        rows = [(o.request_id, o.status, o.reason, run_id, json.dumps(o.evidence, sort_keys=True)) for o in outcomes]
+        self._update(rows, (
+            "t.status = s.status, t.status_reason = s.status_reason, t.run_id = s.run_id, t.evidence = s.evidence, "
+            "t.updated_at = current_timestamp(), "
+            "t.subject_id = CASE WHEN s.status = 'completed' THEN NULL ELSE t.subject_id END, "
+            "t.completed_at = CASE WHEN s.status = 'completed' THEN current_timestamp() ELSE NULL END"
+        ))
+        self.audit([(o.request_id, run_id, o.status, {"reason": o.reason} if o.reason else {}) for o in outcomes])
+
+    def extend(self, request_id: str, reason: str, now: datetime | None = None) -> RequestStatus:
+        """Apply the regulation's one allowed extension to an open request."""
+        if not reason.strip():
+            raise LedgerError("an extension needs a reason (it is told to the data subject)")
+        current = self.request(request_id)
+        if current.status == "completed":
+            raise LedgerError(f"request {request_id} is already completed")
+        if current.extended:
+            raise LedgerError(f"request {request_id} was already extended; the law allows one extension")
+        received = datetime.fromisoformat(current.received.replace("Z", "+00:00")).date()
+        update = self.spark.createDataFrame(
+            [(request_id, due_date(received, current.regulation, extended=True), reason)],
+            "request_id string, due_date date, extension_reason string",
+        )
+        update.createOrReplaceTempView("dsr_ledger_extend")
+        try:
+            self.spark.sql(
+                f"MERGE INTO {self.q(self.requests_table)} t USING dsr_ledger_extend s ON t.request_id = s.request_id "
+                "WHEN MATCHED THEN UPDATE SET t.due_date = s.due_date, t.extended = true, "
+                "t.extension_reason = s.extension_reason, t.updated_at = current_timestamp()"
+            )
+        finally:
+            self.spark.catalog.dropTempView("dsr_ledger_extend")
+        self.audit([(request_id, None, "extended", {"reason": reason})], now)
+        return self.request(request_id)
+
+    def audit(self, events: list[tuple[str, str | None, str, dict]], now: datetime | None = None) -> None:
+        """Append audit events (request_id, run_id, event, detail); details never hold identifiers."""
+        if not events:
+            return
+        at = now or _now()
+        rows = [(uuid.uuid4().hex, rid, run, at, event, json.dumps(detail)) for rid, run, event, detail in events]
+        self.spark.createDataFrame(rows, AUDIT_SCHEMA).writeTo(self.q(self.audit_table)).append()
+
+    def tables(self) -> list[str]:
+        return [self.requests_table, self.keys_table, self.audit_table]
+
+
+@dataclass
+class SubmitResult:
+    created: list[str]
+    duplicates: int
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    status: Literal["completed", "failed"]
+    reason: str | None = None
+    evidence: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestStatus:
+    request_id: str
+    request_type: str
+    regulation: str
+    status: str
+    status_reason: str | None
+    received: str
+    due_date: str
+    days_left: int | None
+    extended: bool
+    completed: str | None

@@ -1,0 +1,175 @@
+"""`dsr run`: one batch of erase requests through resolve -> erase -> purge -> verify -> ledger.
+
+A request completes only when every mapped table passes verification for it; otherwise it stays
+open (status failed, retried by the next run) with the reasons.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
+
+from . import erase, identity, purge, verify
+from .config import Settings
+from .datamap import check_against_catalog
+from .ledger import OPEN_STATUSES, Ledger, Outcome
+from .progress import Progress, Silent
+from .report import RequestResult, RunReport
+
+
+@contextmanager
+def _timed(report: RunReport, stage: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.seconds[stage] = round(report.seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
+
+
+def run(spark: SparkSession, settings: Settings, progress: Progress | None = None) -> RunReport:
+    """Process every open erase request in one batch; returns the run report (no identifiers)."""
+    progress = progress or Silent()
+    started = datetime.now(UTC)
+    report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
+    ledger = Ledger(spark, settings)
+    ledger.ensure()
+    key_types = check_against_catalog(spark, settings.datamap, settings.table)  # before anything changes
+    requests = spark.table(settings.table(ledger.requests_table)).where(F.col("status").isin(*OPEN_STATUSES))
+    report.not_processed = {r.request_type: r["count"] for r in
+                            requests.where(F.col("request_type") != "erase").groupBy("request_type").count().collect()}
+    batch = ledger.pending("erase").localCheckpoint()
+    request_ids = sorted(r.request_id for r in batch.select("request_id").collect())
+    if not request_ids:
+        return report
+    ledger.start(request_ids, report.run_id)
+    tables = settings.datamap.erase_order()
+
+    with _timed(report, "resolve"):
+        progress.stage("resolve identifiers", 1)
+        progress.step(f"{len(request_ids)} subjects")
+        keys = identity.resolve(spark, settings, batch)
+        ledger.record_keys(keys)
+        progress.done()
+
+    erasures: dict[str, erase.TableErasure] = {}
+    with _timed(report, "erase"):
+        progress.stage("erase", len(tables))
+        for table in tables:
+            progress.step(table)
+            start = time.perf_counter()
+            table_plan = erase.plan(spark, settings, table, keys, key_types[table])
+            try:
+                erasures[table] = erase.apply(spark, settings, table_plan, keys, key_types[table])
+            except Exception as exc:  # recorded; verification then shows what is left
+                erasures[table] = erase.TableErasure(table_plan, error=_first_line(exc))
+            erasures[table].seconds = round(time.perf_counter() - start, 3)
+        progress.done()
+
+    purges: dict[str, purge.TablePurge] = {}
+    with _timed(report, "purge"):
+        to_purge = [t for t in tables if erasures[t].snapshot_id is not None]
+        progress.stage("purge", len(to_purge))
+        for table in to_purge:
+            progress.step(table)
+            purges[table] = _purge(spark, settings, table)
+        progress.done()
+
+    hashes = ledger.key_hashes(request_ids).localCheckpoint()
+    with _timed(report, "verify"):
+        progress.stage("verify", len(tables))
+        verifications = {}
+        for table in tables:
+            progress.step(table)
+            verifications[table] = _verify(spark, settings, ledger, table, hashes, key_types)
+            if not verifications[table].live and (verifications[table].history or verifications[table].storage):
+                # Left over from an earlier, interrupted run: purge now and prove again.
+                purges[table] = _purge(spark, settings, table)
+                verifications[table] = _verify(spark, settings, ledger, table, hashes, key_types)
+            _check_collateral(erasures[table], verifications[table])
+        progress.done()
+
+    outcomes = _outcomes(request_ids, erasures, purges, verifications, report.run_id)
+    with _timed(report, "ledger"):
+        progress.stage("ledger", 1)
+        progress.step("record outcomes, purge ledger history")
+        ledger.finish(outcomes, report.run_id)
+        report.ledger_purge = purge_ledger(spark, settings, ledger)
+        progress.done()
+
+    for table in tables:
+        report.tables[table] = {
+            "erase": erasures[table].as_dict(),
+            "purge": purges[table].as_dict() if table in purges else {},
+            "verification": verifications[table].as_dict(),
+        }
+    report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
+    return report
+
+
+def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePurge:
+    start = time.perf_counter()
+    result = purge.purge_table(spark, settings, table)
+    result.seconds = round(time.perf_counter() - start, 3)
+    return result
+
+
+def _verify(spark, settings, ledger, table, hashes, key_types) -> verify.TableVerification:
+    return verify.verify_tables(spark, settings, hashes, ledger.key, key_types, [table])[0]
+
+
+def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:
+    """Rows after must equal rows before minus rows erased (redact: unchanged count)."""
+    p = erasure.plan
+    expected = p.rows_before if p.action == "redact" else p.rows_before - p.rows_matched
+    if erasure.error:
+        verification.collateral_ok, verification.collateral_detail = False, f"erasure failed: {erasure.error}"
+    elif erasure.rows_after != expected:
+        verification.collateral_ok = False
+        verification.collateral_detail = (f"{p.rows_before} rows before, {p.rows_matched} matched, "
+                                          f"{erasure.rows_after} after (expected {expected})")
+
+
+def _outcomes(request_ids, erasures, purges, verifications, run_id) -> list[Outcome]:
+    outcomes = []
+    for request_id in request_ids:
+        reasons, tables = [], {}
+        for table, v in verifications.items():
+            e = erasures[table]
+            reasons += v.failing.get(request_id, [])
+            if not v.collateral_ok and request_id in e.plan.matches_by_request:
+                reasons.append(f"{table}: collateral check failed ({v.collateral_detail})")
+            tables[table] = {
+                "action": e.plan.action, "rows": e.plan.matches_by_request.get(request_id, 0),
+                "snapshot_id": e.snapshot_id, "purged": table in purges,
+                "checks": {"live": v.live == 0, "history": v.history == 0, "storage": v.storage == 0,
+                           "collateral": v.collateral_ok},
+            }
+        evidence = {"run_id": run_id, "verified_at": datetime.now(UTC).isoformat(), "tables": tables}
+        outcomes.append(Outcome(request_id, "failed" if reasons else "completed", "; ".join(reasons) or None, evidence))
+    return outcomes
+
+
+def purge_ledger(spark: SparkSession, settings: Settings, ledger: Ledger) -> dict:
+    """Purge the ledger's own history (old snapshots hold plaintext subject ids) and prove it."""
+    result = _purge(spark, settings, ledger.requests_table).as_dict()
+    completed = (
+        spark.table(settings.table(ledger.requests_table)).where(F.col("status") == "completed")
+        .select("request_id", F.col("subject_hash").alias("key_hash"))
+    )
+    check = verify.verify_column(spark, settings, ledger.requests_table, "subject_id", StringType(), completed,
+                                 ledger.key)
+    result["plaintext_found"] = check.live + check.history + check.storage
+    result["passed"] = check.passed
+    return result
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:500]
