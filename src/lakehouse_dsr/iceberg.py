@@ -108,6 +108,20 @@ def rewrite_files_with_deletes(
     )
 
 
+def rewrite_manifests(spark: SparkSession, settings: Settings, table: str) -> int:
+    """Rewrite the current snapshot's manifests keeping only live entries.
+
+    A commit that removes files keeps DELETED entries in its manifests, with the removed files'
+    column bounds (16-character prefixes of values such as erased ids). After this commit and an
+    expiry, no manifest describes removed files. Metadata only: reads and writes manifests.
+    """
+    jtable = _jtable(spark, settings, table)
+    if jtable.currentSnapshot() is None:
+        return 0
+    result = _actions(spark).rewriteManifests(jtable).execute()
+    return sum(1 for _ in result.rewrittenManifests())
+
+
 @dataclass(frozen=True)
 class ExpireResult:
     snapshots_expired: int

@@ -1,9 +1,10 @@
 """Physical purge: make erased rows leave storage, not just the current snapshot.
 
-Per table: (1) rewrite the data files that carry delete files (merge-on-read erasure), (2) deal
-with branches/tags that pin older snapshots (report, or drop when configured), (3) expire every
-snapshot older than the now-clean current one, deleting the files only they referenced, (4)
-remove orphan files older than the safety window.
+Per table: (1) rewrite the data files that carry delete files (merge-on-read erasure), (2) rewrite
+the manifests, whose entries for removed files keep those files' column bounds (prefixes of
+erased values), (3) deal with branches/tags that pin older snapshots (report, or drop when
+configured), (4) expire every snapshot older than the now-clean current one, deleting the files
+only they referenced, (5) remove orphan files older than the safety window.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class TablePurge:
     data_files_rewritten: int = 0
     bytes_rewritten: int = 0
     delete_files_removed: int = 0
+    manifests_rewritten: int = 0
     snapshots_expired: int = 0
     files_deleted: int = 0
     orphans_removed: int = 0
@@ -42,6 +44,7 @@ def purge_table(spark: SparkSession, settings: Settings, table: str, sort_column
         result.data_files_rewritten = rewrite.data_files_rewritten
         result.bytes_rewritten = rewrite.bytes_rewritten
         result.delete_files_removed = rewrite.delete_files_removed
+    result.manifests_rewritten = iceberg.rewrite_manifests(spark, settings, table)
     current = iceberg.current_snapshot(spark, settings, table)
     for ref in iceberg.refs(spark, settings, table):
         if current and ref.snapshot_id == current.snapshot_id:

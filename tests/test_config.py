@@ -1,0 +1,106 @@
+from pathlib import Path
+
+import pytest
+
+from lakehouse_dsr.config import load_settings, settings_from_dict
+from lakehouse_dsr.datamap import DataMap, check_against_catalog, demo_datamap
+from lakehouse_dsr.exceptions import ConfigError, DataMapError
+
+
+def test_default_is_the_embedded_lakehouse(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = load_settings()
+    assert s.catalog.name == "lakehouse"
+    assert s.catalog.properties == {"type": "hadoop", "warehouse": (tmp_path / "lakehouse").as_uri()}
+    assert s.spark.master == "local[*]"
+    assert set(s.datamap.tables) == {"demo.users", "demo.events", "demo.newsletter", "demo.orders"}
+    assert s.key_file() == tmp_path / "dsr-secret.key"
+
+
+def test_yaml_sets_spark_catalog_and_datamap(tmp_path):
+    cfg = tmp_path / "dsr.yaml"
+    cfg.write_text(
+        "spark:\n  master: spark://127.0.0.1:7077\n  conf: {spark.executor.memory: 2g, spark.sql.adaptive.enabled: true}\n"
+        "catalog:\n  name: prod\n  properties: {type: rest, uri: 'http://127.0.0.1:8181'}\n"
+        "datamap:\n  tables:\n    crm.contacts: {key: contact_id}\n"
+    )
+    s = load_settings(cfg)
+    assert s.spark.master == "spark://127.0.0.1:7077"
+    assert s.spark.conf == {"spark.executor.memory": "2g", "spark.sql.adaptive.enabled": "true"}
+    assert s.catalog.properties == {"type": "rest", "uri": "http://127.0.0.1:8181"}
+    assert list(s.datamap.tables) == ["crm.contacts"]
+    assert s.datamap.tables["crm.contacts"].identifier == "user_id"
+    assert s.table("crm.contacts") == "`prod`.`crm`.`contacts`"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("spark: [unclosed", "not valid YAML"),
+        ("- a list", "top level must be a mapping"),
+        ("spark: {mastr: local}", "spark.mastr"),
+        ("catalog: {name: 'bad name'}", "plain identifier"),
+        ("purge: {pinned_refs: ignore}", "purge.pinned_refs"),
+        ("datamap: {tables: {}}", "lists no tables"),
+        ("datamap: {tables: {events: {key: user_id}}}", "namespace.table"),
+        ("datamap: {tables: {demo.t: {key: 'user id'}}}", "plain identifier"),
+        ("datamap: {tables: {demo.t: {key: k, action: redact}}}", "needs the list of columns"),
+        ("datamap: {tables: {demo.t: {key: k, action: redact, redact: [name]}}}", "must include the key column"),
+        ("datamap: {tables: {demo.t: {key: k, redact: [k]}}}", "only meaningful with action: redact"),
+        ("datamap: {tables: {demo.t: {key: email, identifier: email}}}", "neither the subject"),
+        ("datamap: {tables: {demo.t: {key: k, action: erase}}}", "action"),
+    ],
+)
+def test_bad_config_gets_a_clear_error(tmp_path, text, message):
+    cfg = tmp_path / "dsr.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(cfg)
+
+
+def test_missing_config_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_relative_paths_are_read_from_the_config_folder(tmp_path):
+    s = settings_from_dict({"catalog": {"properties": {"type": "hadoop", "warehouse": "wh"}},
+                            "secret_key_file": "keys/k"}, base=tmp_path)
+    assert s.catalog.properties["warehouse"] == (tmp_path / "wh").as_uri()
+    assert s.secret_key_file == tmp_path / "keys" / "k"
+
+
+def test_erase_order_puts_identity_sources_last():
+    assert demo_datamap().erase_order()[-1] == "demo.users"
+
+
+def test_datamap_checked_against_catalog(spark, new_lakehouse):
+    settings = new_lakehouse(users=5, events=10)
+    types = check_against_catalog(spark, settings.datamap, settings.table)
+    assert types["demo.events"].simpleString() == "string"
+    bad = DataMap.model_validate({
+        "identifiers": {"email": {"table": "demo.users", "subject_column": "user_id", "column": "mail"}},
+        "tables": {"demo.events": {"key": "uid"}, "demo.missing": {"key": "user_id"},
+                   "demo.orders": {"key": "user_id", "action": "redact", "redact": ["user_id", "nope"]}},
+    })
+    with pytest.raises(DataMapError) as info:
+        check_against_catalog(spark, bad, settings.table)
+    text = str(info.value)
+    assert "demo.events has no column 'uid'" in text
+    assert "demo.missing cannot be read" in text
+    assert "demo.orders has no column 'nope'" in text
+    assert "demo.users has no column 'mail'" in text
+
+
+def test_complex_key_type_is_rejected(spark, new_lakehouse):
+    settings = new_lakehouse(users=5, events=10)
+    spark.sql(f"CREATE TABLE {settings.table('demo.nested')} (k struct<a: string>) USING iceberg")
+    dm = DataMap.model_validate({"tables": {"demo.nested": {"key": "k"}}})
+    with pytest.raises(DataMapError, match="cannot hold an identifier"):
+        check_against_catalog(spark, dm, settings.table)
+
+
+def test_example_config_in_readme_folder_is_valid():
+    example = Path(__file__).parent.parent / "examples" / "dsr.yaml"
+    settings = load_settings(example)
+    assert settings.datamap.tables["demo.orders"].action == "redact"

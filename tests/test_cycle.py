@@ -1,0 +1,219 @@
+"""The core acceptance: one `dsr run` over all four demo tables, checked by independent readers."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import SEED, make_settings, snapshot_ids
+from pyiceberg.table import StaticTable
+
+from lakehouse_dsr import synth
+from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.run import run
+from lakehouse_dsr.spark import attach
+from lakehouse_dsr.verify import verify_completed
+
+HOSTILE = ["x' OR '1'='1", "%", "' ; DROP TABLE demo.events; --", "Jos\u00e9 \u4e2d\u6587 \U0001f600", "k" * 10_000,
+           "_", "a\\'b"]
+NEAR_MISS = ["x", "%%", "Jos\u00e9", "k" * 9_999, "ab"]  # similar to hostile ids; must survive
+TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
+USERS = 40
+
+
+def _add_subjects(spark, settings, ids: list[str], tag: str) -> None:
+    rows = [(sid, f"{tag}{i}@example.net") for i, sid in enumerate(ids)]
+    people = spark.createDataFrame(rows, "user_id string, email string")
+    people.selectExpr("user_id", "timestamp'2024-01-01' created_at", "'Hostile Name' name", "email") \
+        .writeTo(settings.table("demo.users")).append()
+    people.crossJoin(spark.range(3)).selectExpr(
+        "uuid() event_id", "user_id", "'login' event_type", "timestamp'2024-05-01' event_timestamp",
+        "cast(null as string) page_url", "cast(null as string) product_id", "'Logged in' event_details",
+    ).writeTo(settings.table("demo.events")).append()
+    people.selectExpr("uuid() order_id", "user_id", "cast(9.99 as decimal(10,2)) amount", "'Hostile Name' customer_name",
+                      "'1 Main Street' shipping_address", "timestamp'2024-06-01' ordered_at") \
+        .writeTo(settings.table("demo.orders")).append()
+    people.selectExpr("email", "timestamp'2024-02-01' subscribed_at", "'weekly' list_name", "'account' source") \
+        .writeTo(settings.table("demo.newsletter")).append()
+
+
+def _rows(spark, settings, table):
+    return Counter(tuple(r) for r in spark.table(settings.table(table)).collect())
+
+
+@pytest.fixture(scope="module")
+def cycle(spark, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cycle")
+    settings = make_settings(root)
+    attach(spark, settings)
+    synth.generate(spark, settings, users=USERS, events=800, seed=SEED, batches=2)
+    _add_subjects(spark, settings, HOSTILE, "hostile")
+    _add_subjects(spark, settings, NEAR_MISS, "near")
+    erased_ids = [synth.user_id(SEED, i) for i in range(6)] + HOSTILE
+    unknown = synth.user_id(SEED, USERS + 1)  # in no table at all
+    users_before = spark.table(settings.table("demo.users")).collect()
+    emails = [u.email for u in users_before if u.user_id in set(erased_ids)]
+    before = {t: _rows(spark, settings, t) for t in TABLES}
+    ledger = Ledger(spark, settings)
+    submitted = ledger.submit([RequestInput(s, "erase", "ccpa" if i % 2 else "gdpr")
+                               for i, s in enumerate(erased_ids + [unknown])])
+    report = run(spark, settings)
+    report_file = root / "report.json"
+    report.write(report_file)
+    return {"settings": settings, "root": root, "ids": erased_ids, "emails": emails, "before": before,
+            "report": report, "report_file": report_file, "submitted": submitted.created, "ledger": ledger}
+
+
+def _erased(cycle) -> set[str]:
+    return set(cycle["ids"]) | set(cycle["emails"])
+
+
+def test_all_requests_completed(cycle):
+    report = cycle["report"]
+    assert sorted(r.request_id for r in report.completed) == sorted(cycle["submitted"])
+    assert not report.failed
+    statuses = {s.request_id: s for s in cycle["ledger"].statuses()}
+    assert {statuses[r].status for r in cycle["submitted"]} == {"completed"}
+    assert len(cycle["emails"]) == len(cycle["ids"])  # every erased subject had an email to follow
+
+
+def test_report_counts(cycle):
+    tables = cycle["report"].tables
+    assert tables["demo.events"]["erase"]["rows_matched"] == sum(
+        n for row, n in cycle["before"]["demo.events"].items() if row[1] in set(cycle["ids"]))
+    assert tables["demo.users"]["erase"]["rows_changed"] == len(cycle["ids"])
+    assert tables["demo.orders"]["erase"]["strategy"] == "merge_update"
+    assert tables["demo.events"]["erase"]["write_mode"] == "merge-on-read"
+    assert tables["demo.events"]["purge"]["data_files_rewritten"] >= 1
+    for name, t in tables.items():
+        assert t["verification"]["passed"], name
+        assert t["purge"]["snapshots_expired"] >= 1, name
+    assert cycle["report"].ledger_purge["passed"] and cycle["report"].ledger_purge["plaintext_found"] == 0
+
+
+def test_current_snapshot_holds_no_erased_subject(spark, cycle):
+    settings, erased = cycle["settings"], _erased(cycle)
+    for table, column in (("demo.users", "user_id"), ("demo.users", "email"), ("demo.events", "user_id"),
+                          ("demo.orders", "user_id"), ("demo.newsletter", "email")):
+        values = {r[0] for r in spark.table(settings.table(table)).select(column).collect()}
+        assert not values & erased, (table, column)
+
+
+def test_other_subjects_rows_unchanged(spark, cycle):
+    settings, ids, emails = cycle["settings"], set(cycle["ids"]), set(cycle["emails"])
+    key_index = {"demo.users": 0, "demo.events": 1}
+    for table, index in key_index.items():
+        expected = Counter({row: n for row, n in cycle["before"][table].items() if row[index] not in ids})
+        assert _rows(spark, settings, table) == expected, table
+    expected = Counter({row: n for row, n in cycle["before"]["demo.newsletter"].items() if row[0] not in emails})
+    assert _rows(spark, settings, "demo.newsletter") == expected
+    survivors = {r.user_id for r in spark.table(settings.table("demo.users")).collect()}
+    assert set(NEAR_MISS) <= survivors
+
+
+def test_orders_are_redacted_not_deleted(spark, cycle):
+    settings, ids = cycle["settings"], set(cycle["ids"])
+    before = cycle["before"]["demo.orders"]
+    after = _rows(spark, settings, "demo.orders")
+    assert sum(after.values()) == sum(before.values())
+    kept = Counter({row: n for row, n in before.items() if row[1] not in ids})
+    redacted = Counter({(row[0], None, row[2], None, None, row[5]): n for row, n in before.items() if row[1] in ids})
+    assert redacted and after == kept + redacted
+
+
+def _all_parquet_values(root: Path) -> set:
+    values = set()
+    for file in root.rglob("*.parquet"):
+        table = pq.read_table(file)
+        for column in table.itercolumns():
+            values.update(v for v in column.to_pylist() if isinstance(v, str))
+    return values
+
+
+def test_no_parquet_file_on_storage_holds_erased_identifiers(cycle):
+    values = _all_parquet_values(cycle["root"])  # data, delete and ledger files alike
+    assert values, "found no parquet values at all"
+    assert not values & _erased(cycle)
+    assert set(NEAR_MISS) <= values
+
+
+def test_no_file_of_any_kind_holds_an_erased_identifier(cycle):
+    """Manifests, manifest lists and metadata JSON included: column bounds there are 16-character prefixes."""
+    survivors = [v.encode() for v in NEAR_MISS]
+    needles = [n for n in (v.encode()[:16] for v in _erased(cycle) if len(v) >= 8)
+               if not any(s.startswith(n) for s in survivors)]
+    for file in cycle["root"].rglob("*"):
+        if file.is_file():
+            data = file.read_bytes()
+            leaked = [n[:12] for n in needles if n in data]
+            assert not leaked, f"{file} holds an erased identifier"
+
+
+def _static_table(cycle, table: str) -> StaticTable:
+    meta = cycle["root"] / "wh" / Path(*table.split(".")) / "metadata"
+    version = (meta / "version-hint.text").read_text().strip()
+    return StaticTable.from_metadata(str(meta / f"v{version}.metadata.json"))
+
+
+def test_no_manifest_keeps_bounds_of_erased_values(cycle):
+    """Manifests are compressed Avro, so read them (pyiceberg) rather than grep them."""
+    prefixes = {v.encode()[:16] for v in _erased(cycle)} - {v.encode()[:16] for v in NEAR_MISS}
+    for table in TABLES + ["dsr.requests"]:
+        static = _static_table(cycle, table)
+        for snapshot in static.metadata.snapshots:
+            for entry in static.inspect.entries(snapshot_id=snapshot.snapshot_id).to_pylist():
+                f = entry["data_file"]
+                bounds = [*(f["lower_bounds"] or []), *(f["upper_bounds"] or [])]
+                values = {b[1] if isinstance(b, tuple) else b["value"] for b in bounds}
+                assert not values & prefixes, (table, entry["status"], f["file_path"])
+
+
+def test_pyiceberg_reader_agrees(cycle):
+    erased = _erased(cycle)
+    for table in TABLES:
+        arrow = _static_table(cycle, table).scan().to_arrow()
+        assert arrow.num_rows > 0
+        values = {v for column in arrow.itercolumns() for v in column.to_pylist() if isinstance(v, str)}
+        assert not values & erased, table
+
+
+def test_ledger_keeps_only_hashes(spark, cycle):
+    settings = cycle["settings"]
+    rows = spark.table(settings.table("dsr.requests")).collect()
+    assert all(r.subject_id is None and len(r.subject_hash) == 64 for r in rows)
+    evidence = json.loads(rows[0].evidence)
+    assert set(evidence["tables"]) == set(TABLES)
+    assert all(t["checks"] == {"live": True, "history": True, "storage": True, "collateral": True}
+               for t in evidence["tables"].values())
+
+
+def test_report_file_holds_no_identifier(cycle):
+    text = cycle["report_file"].read_text()
+    assert cycle["report_file"].stat().st_mode & 0o077 == 0
+    assert not [v for v in _erased(cycle) if len(v) >= 4 and (v in text or json.dumps(v)[1:-1] in text)]
+
+
+def test_second_run_changes_nothing(spark, cycle):
+    settings = cycle["settings"]
+    before = snapshot_ids(spark, settings, TABLES + cycle["ledger"].tables())
+    report = run(spark, settings)
+    assert report.requests == []
+    assert snapshot_ids(spark, settings, TABLES + cycle["ledger"].tables()) == before
+
+
+def test_reverification_detects_data_that_came_back(spark, cycle):
+    settings = cycle["settings"]
+    results = verify_completed(spark, settings)
+    assert set(results) == set(cycle["submitted"]) and not any(results.values())
+    victim = cycle["ids"][0]
+    spark.createDataFrame([("late-1", victim)], "event_id string, user_id string").selectExpr(
+        "event_id", "user_id", "'login' event_type", "timestamp'2024-07-01' event_timestamp", "null page_url",
+        "null product_id", "'late backfill' event_details").writeTo(settings.table("demo.events")).append()
+    results = verify_completed(spark, settings)
+    failing = {rid: reasons for rid, reasons in results.items() if reasons}
+    assert len(failing) == 1
+    (reasons,) = failing.values()
+    assert any("demo.events: 1 rows in the current snapshot" in r for r in reasons)

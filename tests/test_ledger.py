@@ -1,0 +1,124 @@
+from datetime import UTC, date, datetime
+
+import pytest
+from conftest import make_settings, snapshot_ids
+
+from lakehouse_dsr.exceptions import LedgerError, RequestInputError
+from lakehouse_dsr.ledger import Ledger, RequestInput, add_months, due_date, read_requests_csv
+from lakehouse_dsr.spark import attach
+
+
+@pytest.mark.parametrize(
+    "received, regulation, extended, due",
+    [
+        (date(2025, 1, 31), "gdpr", False, date(2025, 2, 28)),  # calendar month, clamped to February's end
+        (date(2024, 1, 31), "gdpr", False, date(2024, 2, 29)),  # leap year
+        (date(2025, 3, 15), "gdpr", False, date(2025, 4, 15)),
+        (date(2025, 12, 31), "gdpr", False, date(2026, 1, 31)),
+        (date(2025, 1, 31), "gdpr", True, date(2025, 4, 30)),   # +2 months on top of the first
+        (date(2025, 1, 1), "ccpa", False, date(2025, 2, 15)),   # 45 days
+        (date(2025, 1, 1), "ccpa", True, date(2025, 4, 1)),     # 90 days
+    ],
+)
+def test_due_dates(received, regulation, extended, due):
+    assert due_date(received, regulation, extended) == due
+
+
+def test_add_months_across_years():
+    assert add_months(date(2025, 11, 30), 3) == date(2026, 2, 28)
+
+
+def test_unknown_regulation():
+    with pytest.raises(RequestInputError, match="unknown regulation"):
+        due_date(date(2025, 1, 1), "lgpd")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("subject,kind\nu1,erase\n", "header must be"),
+        ("subject_id,type,extra\nu1,erase,x\n", "header must be"),
+        ("subject_id,type\nu1,forget\n", "line 2: unknown request type 'forget'"),
+        ("subject_id,type,regulation\nu1,erase,lgpd\n", "line 2: unknown regulation 'lgpd'"),
+        ("subject_id,type\n,erase\n", "line 2: subject id is empty"),
+        ("subject_id,type\n   ,erase\n", "subject id is empty"),
+        ("subject_id,type\nu1\n", "line 2: expected 2 fields"),
+        ("subject_id,type\nu1,erase,too,many\n", "line 2: expected 2 fields"),
+        ("subject_id,type,regulation,received_at\nu1,erase,gdpr,yesterday\n", "not an ISO-8601"),
+        ("subject_id,type\n", "holds no requests"),
+        ("", "header must be"),
+    ],
+)
+def test_bad_csv(tmp_path, content, message):
+    f = tmp_path / "r.csv"
+    f.write_text(content, encoding="utf-8")
+    with pytest.raises(RequestInputError, match=message):
+        read_requests_csv(f)
+
+
+def test_csv_not_utf8(tmp_path):
+    f = tmp_path / "r.csv"
+    f.write_bytes("subject_id,type\nJos\u00e9,erase\n".encode("utf-16"))
+    with pytest.raises(RequestInputError, match="not UTF-8"):
+        read_requests_csv(f)
+
+
+def test_csv_good(tmp_path):
+    f = tmp_path / "r.csv"
+    f.write_text("\ufeffsubject_id,type,regulation,received_at\nu1,ERASE,ccpa,2025-01-31\n\u00e9l\u00e8ve,access,,\n",
+                 encoding="utf-8")
+    rows = read_requests_csv(f)
+    assert rows[0] == RequestInput("u1", "erase", "ccpa", datetime(2025, 1, 31, tzinfo=UTC))
+    assert rows[1] == RequestInput("\u00e9l\u00e8ve", "access", "gdpr", None)
+
+
+@pytest.fixture
+def ledger(spark, tmp_path):
+    settings = make_settings(tmp_path)
+    attach(spark, settings)
+    return Ledger(spark, settings)
+
+
+def test_submit_statuses_duplicates_and_extension(ledger):
+    jan31 = datetime(2025, 1, 31, 9, 30, tzinfo=UTC)
+    result = ledger.submit([
+        RequestInput("alice", "erase", "gdpr", jan31),
+        RequestInput("alice", "erase", "gdpr", jan31),      # duplicate within the batch
+        RequestInput("alice", "access", "gdpr", jan31),     # another type is another request
+        RequestInput("bob", "erase", "ccpa", jan31),
+        RequestInput("carol", "opt_out", "ccpa", jan31),
+    ])
+    assert len(result.created) == 4 and result.duplicates == 1
+    again = ledger.submit([RequestInput("alice", "erase"), RequestInput("dave", "erase")])
+    assert len(again.created) == 1 and again.duplicates == 1  # alice's erase is still open
+
+    statuses = {(s.request_type, s.regulation, s.due_date): s for s in ledger.statuses(today=date(2025, 2, 20))}
+    alice = statuses[("erase", "gdpr", "2025-02-28")]
+    assert alice.status == "received" and alice.days_left == 8 and alice.received == "2025-01-31T09:30:00Z"
+    assert statuses[("erase", "ccpa", "2025-03-17")].days_left == 25
+    assert "not yet processed" in statuses[("opt_out", "ccpa", "2025-03-17")].status_reason
+    assert "later release" in statuses[("access", "gdpr", "2025-02-28")].status_reason
+
+    extended = ledger.extend(alice.request_id, "complex request across many systems")
+    assert extended.extended and extended.due_date == "2025-04-30"
+    with pytest.raises(LedgerError, match="already extended"):
+        ledger.extend(alice.request_id, "again")
+    with pytest.raises(LedgerError, match="no request"):
+        ledger.extend("req-unknown", "why")
+    with pytest.raises(LedgerError, match="needs a reason"):
+        ledger.extend(statuses[("erase", "ccpa", "2025-03-17")].request_id, "  ")
+
+
+def test_status_never_shows_subject(ledger):
+    ledger.submit([RequestInput("secret-subject-1", "erase")])
+    assert "secret-subject-1" not in repr(ledger.statuses())
+
+
+def test_invalid_request_changes_nothing(ledger, spark):
+    ledger.submit([RequestInput("someone", "erase")])
+    before = snapshot_ids(spark, ledger.settings, ledger.tables())
+    for bad in (RequestInput("", "erase"), RequestInput("x", "delete"), RequestInput("x", "erase", "pipeda"),
+                RequestInput("x" * 70_000, "erase")):
+        with pytest.raises(RequestInputError):
+            ledger.submit([RequestInput("fine", "erase"), bad])
+    assert snapshot_ids(spark, ledger.settings, ledger.tables()) == before

@@ -1,0 +1,86 @@
+"""Purge edge cases: refs pinning erased rows, orphan files on storage, verification keeping requests open."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from conftest import SEED
+
+from lakehouse_dsr import synth
+from lakehouse_dsr.config import PurgeSettings
+from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.run import run
+
+
+def _submit(spark, settings, *indexes) -> list[str]:
+    inputs = [RequestInput(synth.user_id(SEED, i), "erase") for i in indexes]
+    return Ledger(spark, settings).submit(inputs).created
+
+
+def test_tag_pinning_erased_rows_blocks_until_dropped(spark, new_lakehouse):
+    settings = new_lakehouse()
+    spark.sql(f"ALTER TABLE {settings.table('demo.events')} CREATE TAG audit_2024")
+    (request_id,) = _submit(spark, settings, 0)
+
+    report = run(spark, settings)
+    (result,) = report.requests
+    assert result.status == "failed"
+    assert "tag audit_2024 pins snapshot" in result.reason and "purge.pinned_refs: drop" in result.reason
+    assert report.tables["demo.events"]["purge"]["refs_kept"] == ["tag audit_2024"]
+    assert report.tables["demo.events"]["verification"]["live"] == 0  # invisible, but not yet gone
+    status = Ledger(spark, settings).request(request_id)
+    assert status.status == "failed" and "audit_2024" in status.status_reason
+    still_open = spark.table(settings.table("dsr.requests")).where("subject_id IS NOT NULL").count()
+    assert still_open == 1  # an open request keeps what it needs to be retried
+
+    dropping = settings.model_copy(update={"purge": PurgeSettings(pinned_refs="drop")})
+    report = run(spark, dropping)
+    assert [(r.request_id, r.status) for r in report.requests] == [(request_id, "completed")]
+    assert report.tables["demo.events"]["purge"]["refs_dropped"] == ["tag audit_2024"]
+    assert spark.sql(f"SELECT * FROM {settings.table('demo.events')}.refs WHERE name = 'audit_2024'").count() == 0
+
+
+def test_orphan_files_are_removed_only_past_the_safety_window(spark, new_lakehouse):
+    settings = new_lakehouse()
+    events_dir = Path(spark.sql(f"DESCRIBE TABLE EXTENDED {settings.table('demo.events')}")
+                      .where("col_name = 'Location'").first().data_type.removeprefix("file:")) / "data"
+    # A file a crashed writer left behind: same rows as a live file, referenced by no snapshot.
+    source = next(events_dir.rglob("*.parquet"))
+    orphan = events_dir / "00000-0-crashed-writer-00001.parquet"
+    shutil.copy(source, orphan)
+    (request_id,) = _submit(spark, settings, 0)
+
+    report = run(spark, settings)
+    assert orphan.exists()  # too young: a writer could still be committing it
+    assert report.requests[0].status == "failed"
+    assert "files on storage (incl. unreferenced/orphan files)" in report.requests[0].reason
+    assert report.tables["demo.events"]["verification"]["history"] == 0
+
+    two_hours_ago = time.time() - 7200
+    os.utime(orphan, (two_hours_ago, two_hours_ago))
+    report = run(spark, settings)
+    assert not orphan.exists()
+    assert [(r.request_id, r.status) for r in report.requests] == [(request_id, "completed")]
+    assert report.tables["demo.events"]["verification"]["storage"] == 0
+
+
+def test_copy_on_write_and_merge_on_read_tables_agree(spark, new_lakehouse):
+    """Same data, same request: both write modes end with the same rows and verified purges."""
+    settings = new_lakehouse()
+    spark.sql(f"ALTER TABLE {settings.table('demo.orders')} SET TBLPROPERTIES ('write.merge.mode'='merge-on-read')")
+    spark.sql(f"ALTER TABLE {settings.table('demo.users')} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', "
+              "'format-version'='3')")
+    spark.sql(f"ALTER TABLE {settings.table('demo.events')} SET TBLPROPERTIES ('write.delete.mode'='copy-on-write')")
+    _submit(spark, settings, 0, 1, 2)
+    report = run(spark, settings)
+    assert [r.status for r in report.requests] == ["completed"] * 3
+    assert report.tables["demo.orders"]["erase"]["write_mode"] == "merge-on-read"
+    assert report.tables["demo.users"]["purge"]["data_files_rewritten"] >= 1  # deletion vectors purged
+    assert report.tables["demo.events"]["erase"]["data_files_rewritten"] >= 1  # copy-on-write rewrote
+    ids = {synth.user_id(SEED, i) for i in range(3)}
+    for table in ("demo.users", "demo.events", "demo.orders"):
+        assert not {r.user_id for r in spark.table(settings.table(table)).collect()} & ids
+    assert spark.table(settings.table("demo.orders")).where("user_id IS NULL AND customer_name IS NULL").count() >= 1
