@@ -51,7 +51,8 @@ def snapshot_ids(spark: SparkSession, settings: Settings, tables: list[str]) -> 
     out = {}
     for table in tables:
         try:
-            out[table] = sorted(r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {settings.table(table)}.snapshots").collect())
+            rows = spark.sql(f"SELECT snapshot_id FROM {settings.table(table)}.snapshots").collect()
+            out[table] = sorted(r.snapshot_id for r in rows)
         except Exception:
             out[table] = None
     return out

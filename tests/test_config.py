@@ -20,7 +20,8 @@ def test_default_is_the_embedded_lakehouse(tmp_path, monkeypatch):
 def test_yaml_sets_spark_catalog_and_datamap(tmp_path):
     cfg = tmp_path / "dsr.yaml"
     cfg.write_text(
-        "spark:\n  master: spark://127.0.0.1:7077\n  conf: {spark.executor.memory: 2g, spark.sql.adaptive.enabled: true}\n"
+        "spark:\n  master: spark://127.0.0.1:7077\n"
+        "  conf: {spark.executor.memory: 2g, spark.sql.adaptive.enabled: true}\n"
         "catalog:\n  name: prod\n  properties: {type: rest, uri: 'http://127.0.0.1:8181'}\n"
         "datamap:\n  tables:\n    crm.contacts: {key: contact_id}\n"
     )

@@ -1,8 +1,8 @@
 from datetime import UTC, date, datetime
 
 import pytest
-from conftest import make_settings, snapshot_ids
 
+from conftest import make_settings, snapshot_ids
 from lakehouse_dsr.exceptions import LedgerError, RequestInputError
 from lakehouse_dsr.ledger import Ledger, RequestInput, add_months, due_date, read_requests_csv
 from lakehouse_dsr.spark import attach

@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 
 from conftest import SEED
-
-from lakehouse_dsr import synth
+from lakehouse_dsr import erase, synth
 from lakehouse_dsr.config import PurgeSettings
 from lakehouse_dsr.ledger import Ledger, RequestInput
 from lakehouse_dsr.run import run
@@ -70,7 +69,8 @@ def test_orphan_files_are_removed_only_past_the_safety_window(spark, new_lakehou
 def test_copy_on_write_and_merge_on_read_tables_agree(spark, new_lakehouse):
     """Same data, same request: both write modes end with the same rows and verified purges."""
     settings = new_lakehouse()
-    spark.sql(f"ALTER TABLE {settings.table('demo.orders')} SET TBLPROPERTIES ('write.merge.mode'='merge-on-read')")
+    spark.sql(f"ALTER TABLE {settings.table('demo.orders')} SET TBLPROPERTIES ('write.merge.mode'='merge-on-read', "
+              "'write.update.mode'='merge-on-read')")
     spark.sql(f"ALTER TABLE {settings.table('demo.users')} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', "
               "'format-version'='3')")
     spark.sql(f"ALTER TABLE {settings.table('demo.events')} SET TBLPROPERTIES ('write.delete.mode'='copy-on-write')")
@@ -78,9 +78,34 @@ def test_copy_on_write_and_merge_on_read_tables_agree(spark, new_lakehouse):
     report = run(spark, settings)
     assert [r.status for r in report.requests] == ["completed"] * 3
     assert report.tables["demo.orders"]["erase"]["write_mode"] == "merge-on-read"
-    assert report.tables["demo.users"]["purge"]["data_files_rewritten"] >= 1  # deletion vectors purged
+    users = report.tables["demo.users"]
+    assert users["erase"]["strategy"] == "delete_where_exists"  # MERGE would ignore its delete mode
+    assert users["erase"]["write_mode"] == "merge-on-read" and users["erase"]["delete_files_added"] == 1
+    assert users["purge"]["data_files_rewritten"] >= 1  # deletion vectors purged
     assert report.tables["demo.events"]["erase"]["data_files_rewritten"] >= 1  # copy-on-write rewrote
     ids = {synth.user_id(SEED, i) for i in range(3)}
     for table in ("demo.users", "demo.events", "demo.orders"):
         assert not {r.user_id for r in spark.table(settings.table(table)).collect()} & ids
     assert spark.table(settings.table("demo.orders")).where("user_id IS NULL AND customer_name IS NULL").count() >= 1
+
+
+def test_strategy_rule():
+    cow = dict.fromkeys(("delete", "update", "merge"), "copy-on-write")
+    mor_delete = {**cow, "delete": "merge-on-read"}
+    assert erase.choose_strategy("delete", 100, 1_000_000, cow) == "merge_broadcast"
+    assert erase.choose_strategy("redact", 100, 1_000_000, mor_delete) == "merge_broadcast"
+    assert erase.choose_strategy("delete", 100, 1_000_000, mor_delete) == "delete_where_exists"
+    assert erase.choose_strategy("delete", 2_000_000, 1_000_000, cow) == "delete_where_exists"
+    assert erase.choose_strategy("redact", 2_000_000, 1_000_000, cow) == "update_where_exists"
+
+
+def test_large_key_sets_use_shuffle_statements(spark, new_lakehouse):
+    settings = new_lakehouse(erase={"broadcast_max_keys": 0})
+    _submit(spark, settings, 0, 1)
+    report = run(spark, settings)
+    assert [r.status for r in report.requests] == ["completed"] * 2
+    strategies = {name: t["erase"]["strategy"] for name, t in report.tables.items()}
+    assert strategies == {"demo.users": "delete_where_exists", "demo.events": "delete_where_exists",
+                          "demo.newsletter": "delete_where_exists", "demo.orders": "update_where_exists"}
+    ids = {synth.user_id(SEED, i) for i in range(2)}
+    assert not {r.user_id for r in spark.table(settings.table("demo.events")).collect()} & ids

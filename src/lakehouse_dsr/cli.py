@@ -24,9 +24,9 @@ from .verify import verify_completed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Data subject requests (GDPR/CCPA) on an Apache Iceberg lakehouse.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
-_state: dict[str, Settings] = {}
+_state: dict = {}  # per invocation: the --config path and the settings loaded from it
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="dsr.yaml to use (default: ./dsr.yaml)")]
 
@@ -64,6 +64,7 @@ class Bars:
 
 @app.callback()
 def main(config: ConfigOption = None) -> None:
+    _state.clear()
     _state["config"] = config
 
 
@@ -114,7 +115,8 @@ def submit(
     result = Ledger(_spark(), _settings()).submit(inputs)
     for request_id in result.created:
         console.print(f"submitted {request_id}")
-    console.print(f"{len(result.created)} request(s) submitted, {result.duplicates} duplicate(s) of open requests ignored")
+    console.print(f"{len(result.created)} request(s) submitted, "
+                  f"{result.duplicates} duplicate(s) of open requests ignored")
 
 
 @app.command("run")

@@ -68,11 +68,17 @@ class PurgeSettings(_Strict):
     pinned_refs: Literal["block", "drop"] = "block"
 
 
+class EraseSettings(_Strict):
+    # Above this many identifiers per table the key set is not broadcast (see erase.choose_strategy).
+    broadcast_max_keys: int = Field(default=1_000_000, ge=0)
+
+
 class Settings(_Strict):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     datamap: DataMap = Field(default_factory=demo_datamap)
     purge: PurgeSettings = Field(default_factory=PurgeSettings)
+    erase: EraseSettings = Field(default_factory=EraseSettings)
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"
     secret_key_file: Path | None = None
@@ -87,6 +93,9 @@ class Settings(_Strict):
     def table(self, name: str) -> str:
         """Fully qualified, quoted name of a table given as `namespace.table`."""
         return ".".join(f"`{part}`" for part in [self.catalog.name, *name.split(".")])
+
+    def namespace(self, name: str) -> str:
+        return f"`{self.catalog.name}`.`{name}`"
 
     def key_file(self) -> Path:
         """Where the HMAC key lives when DSR_SECRET_KEY is not set: next to a local warehouse."""

@@ -160,11 +160,13 @@ class Ledger:
 
     def ensure(self) -> None:
         """Create the namespace and tables if missing (metadata only)."""
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS `{self.settings.catalog.name}`.`{self.settings.ledger_namespace}`")
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.settings.namespace(self.settings.ledger_namespace)}")
         for table, schema, extra in ((self.requests_table, REQUESTS_SCHEMA, _SUBJECT_METRICS),
                                      (self.keys_table, KEYS_SCHEMA, {}), (self.audit_table, AUDIT_SCHEMA, {})):
             props = ", ".join(f"'{k}' = '{v}'" for k, v in {**_LEDGER_PROPS, **extra}.items())
-            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self.q(table)} ({schema}) USING iceberg TBLPROPERTIES ({props})")
+            self.spark.sql(
+                f"CREATE TABLE IF NOT EXISTS {self.q(table)} ({schema}) USING iceberg TBLPROPERTIES ({props})"
+            )
 
     # -- submission -------------------------------------------------------------------------
     def submit(self, inputs: list[RequestInput], now: datetime | None = None) -> SubmitResult:

@@ -67,8 +67,9 @@ class RunReport:
         console.print(table)
         stages = ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
         console.print(f"stages: {stages}")
+        open_style = "red" if self.failed else "default"
         console.print(f"requests: [green]{len(self.completed)} completed[/], "
-                      f"{'[red]' if self.failed else ''}{len(self.failed)} open with a reason{'[/]' if self.failed else ''}")
+                      f"[{open_style}]{len(self.failed)} open with a reason[/]")
         for r in self.failed[:10]:
             console.print(f"  {r.request_id}: {r.reason}")
         for kind, n in self.not_processed.items():

@@ -51,6 +51,9 @@ def session_conf(settings: Settings) -> dict[str, str]:
         f"spark.sql.catalog.{settings.catalog.name}": "org.apache.iceberg.spark.SparkCatalog",
     }
     user = settings.spark.conf
+    if "spark.driver.extraJavaOptions" not in user:
+        log_config = importlib.resources.files("lakehouse_dsr") / "log4j2.properties"
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log_config}"
     if "spark.jars.packages" not in user and "iceberg" not in user.get("spark.jars", ""):
         jars = [str(iceberg_jar())] + ([user["spark.jars"]] if user.get("spark.jars") else [])
         conf["spark.jars"] = ",".join(jars)
@@ -68,6 +71,8 @@ def build_session(settings: Settings) -> SparkSession:
     Costs a JVM start (3-7 s) the first time in a process.
     """
     _check_java()
+    if settings.spark.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network lookups for a local session
     builder = SparkSession.builder.master(settings.spark.master).appName(settings.spark.app_name)
     for key, value in session_conf(settings).items():
         builder = builder.config(key, value)

@@ -149,7 +149,7 @@ def generate(
     progress = progress or Silent()
     batches = batches or max(1, min(10, math.ceil(events / 1_000_000)))
     ns = settings.demo_namespace
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS `{settings.catalog.name}`.`{ns}`")
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.namespace(ns)}")
     progress.stage("generate", 3 + batches)
     for table, df, props in (
         ("users", users_df(spark, users, seed), PLAIN_PROPS),

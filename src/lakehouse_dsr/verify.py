@@ -79,7 +79,8 @@ def verify_column(
 
     paths = [r.file_path for r in iceberg.referenced_files(spark, settings, table).collect()]
     if paths:
-        history = find_hashed(spark, iceberg.read_column_from_files(spark, paths, column, data_type), column, hashes, key)
+        retained = iceberg.read_column_from_files(spark, paths, column, data_type)
+        history = find_hashed(spark, retained, column, hashes, key)
         result.history = _record(result, history, "rows in files retained by snapshots (time travel)")
 
     location = iceberg.table_location(spark, settings, table)

@@ -1,0 +1,106 @@
+"""The `dsr` command: exit codes and messages of the real console script, and the happy path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import SEED, snapshot_ids
+from lakehouse_dsr import synth
+from lakehouse_dsr.cli import app
+from lakehouse_dsr.ledger import Ledger, RequestInput
+
+DSR = Path(sys.executable).parent / "dsr"
+TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders", "dsr.requests", "dsr.audit"]
+
+
+def write_config(settings, path: Path, **overrides) -> Path:
+    raw = settings.model_dump(mode="json", exclude_none=True)
+    raw.update(overrides)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def dsr(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(DSR), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def configured(spark, new_lakehouse, tmp_path):
+    settings = new_lakehouse(users=20, events=100)
+    Ledger(spark, settings).submit([RequestInput(synth.user_id(SEED, 0), "erase")])
+    return settings, write_config(settings, tmp_path / "dsr.yaml")
+
+
+def test_bad_input_exits_2_and_changes_nothing(spark, configured, tmp_path):
+    settings, config = configured
+    before = snapshot_ids(spark, settings, TABLES)
+    (tmp_path / "wrong.csv").write_text("user,kind\nu1,erase\n")
+    (tmp_path / "types.csv").write_text("subject_id,type\nu1,erase\nu2,forget\n")
+    (tmp_path / "broken.yaml").write_text("catalog: [unclosed\n")
+    missing = write_config(settings, tmp_path / "missing.yaml",
+                           datamap={"tables": {"demo.events": {"key": "user_id"}, "demo.gone": {"key": "user_id"}}})
+    cases = [
+        (["-c", str(config), "submit", "--file", "wrong.csv"], "header must be subject_id,type"),
+        (["-c", str(config), "submit", "--file", "types.csv"], "line 3: unknown request type 'forget'"),
+        (["-c", str(config), "submit", "--file", "absent.csv"], "does not exist"),
+        (["-c", str(config), "submit", "--subject", "u1", "--type", "forget"], "unknown request type"),
+        (["-c", str(config), "submit", "--subject", "u1", "--type", "erase", "--regulation", "lgpd"],
+         "unknown regulation"),
+        (["-c", str(config), "submit", "--subject", " ", "--type", "erase"], "subject id is empty"),
+        (["-c", str(config), "submit", "--type", "erase"], "--subject and --type are required"),
+        (["-c", "broken.yaml", "status"], "not valid YAML"),
+        (["-c", str(missing), "run"], "table demo.gone cannot be read"),
+    ]
+    for args, message in cases:
+        result = dsr(*args, cwd=tmp_path)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert snapshot_ids(spark, settings, TABLES) == before
+
+
+def test_happy_path_in_process(spark, configured, tmp_path):
+    settings, config = configured
+    runner = CliRunner()
+    invoke = lambda *a: runner.invoke(app, ["-c", str(config), *a], catch_exceptions=False)  # noqa: E731
+    subject = synth.user_id(SEED, 1)
+    (tmp_path / "r.csv").write_text(f"subject_id,type,regulation,received_at\n{subject},erase,gdpr,2025-01-31\n"
+                                    f"{synth.user_id(SEED, 2)},access,ccpa,2025-01-31\n")
+    result = invoke("submit", "--file", str(tmp_path / "r.csv"))
+    assert result.exit_code == 0 and "2 request(s) submitted, 0 duplicate(s)" in result.output
+    assert "1 duplicate(s)" in invoke("submit", "--subject", subject, "--type", "erase").output
+
+    rows = json.loads(invoke("status", "--json").output)
+    jan31 = next(r for r in rows if r["received"].startswith("2025-01-31") and r["request_type"] == "erase")
+    assert jan31["due_date"] == "2025-02-28" and jan31["status"] == "received"
+    extended = invoke("extend", jan31["request_id"], "--reason", "many systems")
+    assert extended.exit_code == 0 and "due 2025-04-30" in extended.output
+
+    report_file = tmp_path / "run.json"
+    result = invoke("run", "--report", str(report_file))
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_file.read_text())
+    assert report["summary"]["completed"] == 2 and report["not_processed"] == {"access": 1}
+    assert subject not in report_file.read_text() and subject not in result.output
+    assert "1 access request(s) recorded" in result.output
+
+    verified = invoke("verify")
+    assert verified.exit_code == 0 and "2 of 2 completed request(s) verified erased" in verified.output
+    unknown = runner.invoke(app, ["-c", str(config), "verify", "req-nope"])
+    assert unknown.exit_code != 0
+
+
+def test_demo_command(tmp_path):
+    result = dsr("demo", "--users", "60", "--events", "600", "--erase", "8", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "8 completed, 0 open" in result.stdout
+    report = json.loads((tmp_path / "reports" / "demo-run.json").read_text())
+    assert report["summary"] == {**report["summary"], "requests": 8, "completed": 8, "failed": 0}
+    assert (tmp_path / "dsr-secret.key").stat().st_mode & 0o077 == 0
