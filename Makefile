@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "Java 17 is required (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install -qq --upgrade pip
+	$(PY) -m pip install -qq -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -181,14 +181,20 @@ def test_pyiceberg_reader_agrees(cycle):
         assert not values & erased, table
 
 
-def test_ledger_keeps_only_hashes(spark, cycle):
+def test_ledger_keeps_only_hashes_and_evidence(spark, cycle):
     settings = cycle["settings"]
     rows = spark.table(settings.table("dsr.requests")).collect()
     assert all(r.subject_id is None and len(r.subject_hash) == 64 for r in rows)
-    evidence = json.loads(rows[0].evidence)
-    assert set(evidence["tables"]) == set(TABLES)
-    assert all(t["checks"] == {"live": True, "history": True, "storage": True, "collateral": True}
-               for t in evidence["tables"].values())
+    evidence = cycle["ledger"].evidence(cycle["submitted"])
+    assert set(evidence) == set(cycle["submitted"])
+    first = evidence[cycle["submitted"][0]]
+    assert first["run_id"] == cycle["report"].run_id and set(first["tables"]) == set(TABLES)
+    for table in first["tables"].values():
+        assert table["checks"] == {"live": True, "history": True, "storage": True, "collateral": True}
+        assert table["snapshots_expired"] >= 1 and table["purged"]
+    assert first["tables"]["demo.events"]["bytes_rewritten"] > 0
+    assert first["tables"]["demo.events"]["rows"] == sum(
+        n for row, n in cycle["before"]["demo.events"].items() if row[1] == cycle["ids"][0])
 
 
 def test_report_file_holds_no_identifier(cycle):

@@ -8,7 +8,7 @@ The statement is chosen by `choose_strategy`, a rule measured with bench/strateg
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -43,7 +43,6 @@ class TableErasure:
     delete_files_added: int = 0
     seconds: float = 0.0
     error: str | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def rows_changed(self) -> int:

@@ -193,7 +193,8 @@ class Ledger:
         open_ = self._table(self.requests_table).where(F.col("status").isin(*OPEN_STATUSES))
         fresh = new.join(open_.select("subject_hash", "request_type"), ["subject_hash", "request_type"], "left_anti")
         fresh = fresh.select(*new.columns).localCheckpoint()
-        created = [r.request_id for r in fresh.select("request_id").collect()]
+        kept = {r.request_id for r in fresh.select("request_id").collect()}
+        created = [row[0] for row in rows if row[0] in kept]  # in input order
         if created:
             fresh.writeTo(self.q(self.requests_table)).append()
             self.audit([(rid, None, "submitted", {}) for rid in created])

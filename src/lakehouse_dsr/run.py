@@ -145,9 +145,14 @@ def _outcomes(request_ids, erasures, purges, verifications, run_id) -> list[Outc
             reasons += v.failing.get(request_id, [])
             if not v.collateral_ok and request_id in e.plan.matches_by_request:
                 reasons.append(f"{table}: collateral check failed ({v.collateral_detail})")
+            p = purges.get(table)
             tables[table] = {
                 "action": e.plan.action, "rows": e.plan.matches_by_request.get(request_id, 0),
-                "snapshot_id": e.snapshot_id, "purged": table in purges,
+                "snapshot_id": e.snapshot_id, "purged": p is not None,
+                # batch-wide costs of this table's erase + purge (shared by the batch's requests)
+                "data_files_rewritten": e.data_files_rewritten + (p.data_files_rewritten if p else 0),
+                "bytes_rewritten": e.bytes_rewritten + (p.bytes_rewritten if p else 0),
+                "snapshots_expired": p.snapshots_expired if p else 0,
                 "checks": {"live": v.live == 0, "history": v.history == 0, "storage": v.storage == 0,
                            "collateral": v.collateral_ok},
             }
