@@ -93,7 +93,8 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
     """Count matches per request (one scan of the key column, broadcast join) and pick the strategy."""
     mapping = settings.datamap.tables[table]
     table_keys = keys_for_table(keys, mapping, key_type)
-    rows = spark.table(settings.table(table))
+    snapshot = iceberg.current_snapshot(spark, settings, table)
+    rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
     per_request = (
         rows.select(F.col(mapping.key).alias("key_value"))
         .join(F.broadcast(table_keys), "key_value")
@@ -101,7 +102,6 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
     )
     matches = {r.request_id: r["count"] for r in per_request}
     distinct_keys = table_keys.select("key_value").distinct().count()  # small: the batch's identifiers
-    snapshot = iceberg.current_snapshot(spark, settings, table)
     action = mapping.action
     modes = write_modes(spark, settings, table)
     strategy = choose_strategy(action, distinct_keys, settings.erase.broadcast_max_keys, modes)
@@ -155,5 +155,6 @@ def apply(
         result.data_files_rewritten = int(s.get("deleted-data-files", 0))
         result.bytes_rewritten = int(s.get("removed-files-size", 0))
         result.delete_files_added = int(s.get("added-delete-files", 0))
-    result.rows_after = spark.table(target).count()
+    # Counted at the erase commit, so a concurrent append cannot pass for collateral damage.
+    result.rows_after = iceberg.read_at(spark, settings, table_plan.table, result.snapshot_id).count()
     return result

@@ -181,5 +181,8 @@ def read_column_from_files(
     return reader.parquet(*([paths] if isinstance(paths, str) else paths))
 
 
-def read_at_ref(spark: SparkSession, settings: Settings, table: str, ref: Ref) -> DataFrame:
-    return spark.read.option("snapshot-id", str(ref.snapshot_id)).table(f"{settings.catalog.name}.{table}")
+def read_at(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None) -> DataFrame:
+    """The table as of a snapshot (the current one when None)."""
+    if snapshot_id is None:
+        return spark.table(settings.table(table))
+    return spark.read.option("snapshot-id", str(snapshot_id)).table(f"{settings.catalog.name}.{table}")

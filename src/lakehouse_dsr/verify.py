@@ -90,7 +90,8 @@ def verify_column(
     result.storage = _record(result, storage, "rows in files on storage (incl. unreferenced/orphan files)")
 
     for ref in iceberg.refs(spark, settings, table):
-        found = find_hashed(spark, iceberg.read_at_ref(spark, settings, table, ref).select(column), column, hashes, key)
+        pinned = iceberg.read_at(spark, settings, table, ref.snapshot_id).select(column)
+        found = find_hashed(spark, pinned, column, hashes, key)
         label = f"{ref.kind.lower()} {ref.name}"
         result.refs[label] = _record(
             result, found, f"{label} pins snapshot {ref.snapshot_id} holding the subject's rows; "
