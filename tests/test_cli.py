@@ -84,12 +84,17 @@ def test_happy_path_in_process(spark, configured, tmp_path):
     assert extended.exit_code == 0 and "due 2025-04-30" in extended.output
 
     report_file = tmp_path / "run.json"
-    result = invoke("run", "--report", str(report_file))
+    result = invoke("run", "--report", str(report_file), "--format", "csv", "--export-dir", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     report = json.loads(report_file.read_text())
-    assert report["summary"]["completed"] == 2 and report["not_processed"] == {"access": 1}
+    assert report["summary"]["completed"] == 3 and report["not_processed"] == {}
+    assert report["export"]["format"] == "csv" and report["export"]["packages"] == 1
+    assert len(list((tmp_path / "out").rglob("*.csv.zip"))) == 1
     assert subject not in report_file.read_text() and subject not in result.output
-    assert "1 access request(s) recorded" in result.output
+    assert runner.invoke(app, ["-c", str(config), "run", "--format", "xml"]).exit_code != 0
+
+    optimized = invoke("optimize", "--table", "demo.events", "--target-file-size-mb", "1")
+    assert optimized.exit_code == 0 and "clustered by subject key" in optimized.output
 
     verified = invoke("verify")
     assert verified.exit_code == 0 and "2 of 2 completed request(s) verified erased" in verified.output

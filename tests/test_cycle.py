@@ -10,35 +10,15 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
 
-from conftest import SEED, make_settings, snapshot_ids
+from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.ledger import Ledger, RequestInput
 from lakehouse_dsr.run import run
 from lakehouse_dsr.spark import attach
 from lakehouse_dsr.verify import verify_completed
 
-HOSTILE = ["x' OR '1'='1", "%", "' ; DROP TABLE demo.events; --", "Jos\u00e9 \u4e2d\u6587 \U0001f600", "k" * 10_000,
-           "_", "a\\'b"]
-NEAR_MISS = ["x", "%%", "Jos\u00e9", "k" * 9_999, "ab"]  # similar to hostile ids; must survive
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 USERS = 40
-
-
-def _add_subjects(spark, settings, ids: list[str], tag: str) -> None:
-    rows = [(sid, f"{tag}{i}@example.net") for i, sid in enumerate(ids)]
-    people = spark.createDataFrame(rows, "user_id string, email string")
-    people.selectExpr("user_id", "timestamp'2024-01-01' created_at", "'Hostile Name' name", "email") \
-        .writeTo(settings.table("demo.users")).append()
-    people.crossJoin(spark.range(3)).selectExpr(
-        "uuid() event_id", "user_id", "'login' event_type", "timestamp'2024-05-01' event_timestamp",
-        "cast(null as string) page_url", "cast(null as string) product_id", "'Logged in' event_details",
-    ).writeTo(settings.table("demo.events")).append()
-    people.selectExpr("uuid() order_id", "user_id", "cast(9.99 as decimal(10,2)) amount",
-                      "'Hostile Name' customer_name",
-                      "'1 Main Street' shipping_address", "timestamp'2024-06-01' ordered_at") \
-        .writeTo(settings.table("demo.orders")).append()
-    people.selectExpr("email", "timestamp'2024-02-01' subscribed_at", "'weekly' list_name", "'account' source") \
-        .writeTo(settings.table("demo.newsletter")).append()
 
 
 def _rows(spark, settings, table):
@@ -51,8 +31,8 @@ def cycle(spark, tmp_path_factory):
     settings = make_settings(root)
     attach(spark, settings)
     synth.generate(spark, settings, users=USERS, events=800, seed=SEED, batches=2)
-    _add_subjects(spark, settings, HOSTILE, "hostile")
-    _add_subjects(spark, settings, NEAR_MISS, "near")
+    add_subjects(spark, settings, HOSTILE, "hostile")
+    add_subjects(spark, settings, NEAR_MISS, "near")
     erased_ids = [synth.user_id(SEED, i) for i in range(6)] + HOSTILE
     unknown = synth.user_id(SEED, USERS + 1)  # in no table at all
     users_before = spark.table(settings.table("demo.users")).collect()

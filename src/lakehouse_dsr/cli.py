@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColu
 from rich.progress import Progress as RichBars
 from rich.table import Table
 
-from . import synth
+from . import access, layout, synth
 from .config import Settings, load_settings
 from .exceptions import DsrError
 from .ledger import REGULATIONS, REQUEST_TYPES, Ledger, RequestInput, parse_received, read_requests_csv
@@ -120,15 +120,26 @@ def submit(
 
 
 @app.command("run")
-def run_cmd(report: Annotated[Path | None, typer.Option(help="write the JSON run report here")] = None) -> None:
-    """Erase, purge and verify every open erase request in one batch."""
+def run_cmd(
+    report: Annotated[Path | None, typer.Option(help="write the JSON run report here")] = None,
+    export_format: Annotated[str | None, typer.Option("--format", help="access packages: json | csv | parquet")] = None,
+    export_dir: Annotated[Path | None, typer.Option(help="where access packages go (default ./exports)")] = None,
+) -> None:
+    """Fulfil every open access request (one package each), then erase, purge and verify every erase request."""
+    settings = _settings()
+    if export_format is not None:
+        if export_format not in access.FORMATS:
+            raise DsrError(f"unknown export format {export_format!r} (expected one of {', '.join(access.FORMATS)})")
+        settings.export.format = export_format
+    if export_dir is not None:
+        settings.export.directory = export_dir.resolve()
     spark = _spark()
     with Bars() as bars:
-        result = run_batch(spark, _settings(), bars)
+        result = run_batch(spark, settings, bars)
     if report:
         result.write(report)
     if not result.requests:
-        console.print("no open erase requests")
+        console.print("no open access or erase requests")
     result.render(console)
     if result.failed:
         raise typer.Exit(1)
@@ -174,6 +185,31 @@ def verify_cmd(request_id: Annotated[list[str] | None, typer.Argument(help="defa
     console.print(f"{len(results) - len(bad)} of {len(results)} completed request(s) verified erased")
     if bad:
         raise typer.Exit(1)
+
+
+@app.command()
+def optimize(
+    table: Annotated[list[str] | None, typer.Option(help="table to cluster (default: every mapped table)")] = None,
+    target_file_size_mb: Annotated[int, typer.Option(min=1, help="target data file size")] = 128,
+) -> None:
+    """Cluster tables by their subject key: write order, bloom filter, sorted rewrite."""
+    settings = _settings()
+    tables = table or list(settings.datamap.tables)
+    spark = _spark()
+    results = []
+    with Bars() as bars:
+        bars.stage("optimize", len(tables))
+        for name in tables:
+            bars.step(name)
+            results.append(layout.optimize(spark, settings, name, target_file_size_bytes=target_file_size_mb << 20))
+        bars.done()
+    summary = Table(title="clustered by subject key")
+    for column in ("table", "key", "files before", "files after", "MB rewritten", "seconds"):
+        summary.add_column(column)
+    for r in results:
+        summary.add_row(r.table, r.key, str(r.files_before), str(r.files_after), f"{r.bytes_rewritten / 1e6:.1f}",
+                        f"{r.seconds:.1f}")
+    console.print(summary)
 
 
 @app.command()

@@ -68,6 +68,11 @@ class PurgeSettings(_Strict):
     pinned_refs: Literal["block", "drop"] = "block"
 
 
+class ExportSettings(_Strict):
+    directory: Path = Path("exports")  # one sub-folder per run; relative to the config file's folder
+    format: Literal["json", "csv", "parquet"] = "json"
+
+
 class EraseSettings(_Strict):
     # Above this many identifiers per table the key set is not broadcast (see erase.choose_strategy).
     broadcast_max_keys: int = Field(default=1_000_000, ge=0)
@@ -79,6 +84,7 @@ class Settings(_Strict):
     datamap: DataMap = Field(default_factory=demo_datamap)
     purge: PurgeSettings = Field(default_factory=PurgeSettings)
     erase: EraseSettings = Field(default_factory=EraseSettings)
+    export: ExportSettings = Field(default_factory=ExportSettings)
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"
     secret_key_file: Path | None = None
@@ -113,6 +119,8 @@ def _absolutize(settings: Settings, base: Path) -> Settings:
         props["warehouse"] = (base / wh).resolve().as_uri()
     if settings.secret_key_file and not settings.secret_key_file.is_absolute():
         settings.secret_key_file = (base / settings.secret_key_file).resolve()
+    if not settings.export.directory.is_absolute():
+        settings.export.directory = (base / settings.export.directory).resolve()
     return settings
 
 

@@ -63,6 +63,13 @@ class TableMapping(BaseModel):
     identifier: str | None = None  # defaults to the data map's subject identifier
     action: Literal["delete", "redact"] = "delete"
     redact: list[str] = Field(default_factory=list)
+    # Told to the subject with an access export (GDPR Art. 15(1)); optional.
+    purpose: str | None = None
+    recipients: list[str] = Field(default_factory=list)
+    retention: str | None = None
+
+    def disclosure(self) -> dict:
+        return {"purpose": self.purpose, "recipients": self.recipients, "retention": self.retention}
 
     @model_validator(mode="after")
     def _consistent(self) -> TableMapping:
@@ -118,13 +125,19 @@ def demo_datamap() -> DataMap:
             "subject": "user_id",
             "identifiers": {"email": {"table": "demo.users", "subject_column": "user_id", "column": "email"}},
             "tables": {
-                "demo.users": {"key": "user_id"},
-                "demo.events": {"key": "user_id"},
-                "demo.newsletter": {"key": "email", "identifier": "email"},
+                "demo.users": {"key": "user_id", "purpose": "customer account", "recipients": ["support team"],
+                               "retention": "while the account exists"},
+                "demo.events": {"key": "user_id", "purpose": "product analytics", "recipients": ["analytics team"],
+                                "retention": "25 months"},
+                "demo.newsletter": {"key": "email", "identifier": "email", "purpose": "newsletter (consent)",
+                                    "recipients": ["email service provider"], "retention": "until unsubscribed"},
                 "demo.orders": {
                     "key": "user_id",
                     "action": "redact",
                     "redact": ["user_id", "customer_name", "shipping_address"],
+                    "purpose": "order fulfilment; amounts kept for tax law",
+                    "recipients": ["payment processor", "tax authority"],
+                    "retention": "10 years (amounts), personal fields until erasure",
                 },
             },
         }

@@ -78,6 +78,22 @@ def delete_file_count(spark: SparkSession, settings: Settings, table: str) -> in
     return int(snap.summary.get("total-delete-files", "0")) if snap else 0
 
 
+def data_file_count(spark: SparkSession, settings: Settings, table: str) -> int:
+    snap = current_snapshot(spark, settings, table)
+    return int(snap.summary.get("total-data-files", "0")) if snap else 0
+
+
+def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str, target_file_size_bytes: int) -> int:
+    """Rewrite all data files sorted by `key`; returns bytes rewritten. Reads and writes the whole table."""
+    row = spark.sql(
+        # Procedures take the table without the catalog; data-map names are validated plain identifiers.
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{table}', "
+        f"strategy => 'sort', sort_order => '{key} ASC NULLS LAST', options => map("
+        f"'rewrite-all', 'true', 'target-file-size-bytes', '{int(target_file_size_bytes)}'))"
+    ).collect()[0]
+    return row.rewritten_bytes_count
+
+
 @dataclass(frozen=True)
 class RewriteResult:
     data_files_rewritten: int
@@ -93,10 +109,9 @@ def rewrite_files_with_deletes(
 
     Reads and rewrites only those files (not the whole table); dangling delete files are dropped.
     """
-    name = settings.table(table).split(".", 1)[1].replace("`", "")
     sort = f", strategy => 'sort', sort_order => '{sort_column} ASC NULLS LAST'" if sort_column else ""
     row = spark.sql(
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{name}'{sort}, options => map("
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{table}'{sort}, options => map("
         f"'delete-file-threshold', '1', 'min-file-size-bytes', '0', 'max-file-size-bytes', '{_NO_SIZE_LIMIT}',"
         f" 'remove-dangling-deletes', 'true'))"
     ).collect()[0]

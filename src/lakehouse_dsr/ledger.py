@@ -30,10 +30,7 @@ REQUEST_TYPES: tuple[str, ...] = ("erase", "access", "opt_out")
 REGULATIONS: tuple[str, ...] = ("gdpr", "ccpa")
 OPEN_STATUSES = ("received", "in_progress", "failed")
 MAX_SUBJECT_LENGTH = 65_536
-NOT_YET_PROCESSED = {
-    "access": "recorded; access exports are fulfilled by a later release of lakehouse-dsr",
-    "opt_out": "recorded; opt-out requests are not yet processed by this version",
-}
+NOT_YET_PROCESSED = {"opt_out": "recorded; opt-out requests are not yet processed by this version"}
 
 REQUESTS_SCHEMA = (
     "request_id string, request_type string, regulation string, subject_id string, subject_hash string, "
@@ -245,9 +242,9 @@ class Ledger:
         )
         return {r.request_id: json.loads(r.evidence) if r.evidence else {} for r in rows}
 
-    def completed_ids(self) -> list[str]:
-        rows = self._table(self.requests_table).where(F.col("status") == "completed").select("request_id").collect()
-        return [r.request_id for r in rows]
+    def completed_ids(self, request_type: str) -> list[str]:
+        done = (F.col("status") == "completed") & (F.col("request_type") == request_type)
+        return [r.request_id for r in self._table(self.requests_table).where(done).select("request_id").collect()]
 
     # -- keys -----------------------------------------------------------------------------------
     def record_keys(self, keys: DataFrame) -> None:

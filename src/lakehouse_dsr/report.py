@@ -25,6 +25,7 @@ class RunReport:
     seconds: dict[str, float] = field(default_factory=dict)
     tables: dict[str, dict] = field(default_factory=dict)
     ledger_purge: dict = field(default_factory=dict)
+    export: dict = field(default_factory=dict)
     requests: list[RequestResult] = field(default_factory=list)
     not_processed: dict[str, int] = field(default_factory=dict)
 
@@ -51,6 +52,22 @@ class RunReport:
             json.dump(self.as_dict(), fh, indent=2, sort_keys=True)
 
     def render(self, console: Console) -> None:
+        if self.tables:
+            self._render_tables(console)
+        stages = ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
+        console.print(f"stages: {stages}")
+        console.print(f"requests: [green]{len(self.completed)} completed[/], "
+                      f"[{'red' if self.failed else 'default'}]{len(self.failed)} open with a reason[/]")
+        for r in self.failed[:10]:
+            console.print(f"  {r.request_id}: {r.reason}")
+        if self.export:
+            e = self.export
+            console.print(f"exports: {e['packages']} package(s) ({e['format']}) in {e['directory']}, "
+                          f"manifest {e['manifest']}")
+        for kind, n in self.not_processed.items():
+            console.print(f"  {n} {kind} request(s) recorded, not processed by this version")
+
+    def _render_tables(self, console: Console) -> None:
         table = Table(title=f"run {self.run_id}: erasure per table", title_justify="left")
         for column in ("table", "action", "strategy", "mode", "rows matched", "rows erased/redacted",
                        "files rewritten", "MB rewritten", "snapshots expired", "verified"):
@@ -65,12 +82,3 @@ class RunReport:
                 "[green]yes[/]" if v.get("passed") else "[red]no[/]",
             )
         console.print(table)
-        stages = ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
-        console.print(f"stages: {stages}")
-        open_style = "red" if self.failed else "default"
-        console.print(f"requests: [green]{len(self.completed)} completed[/], "
-                      f"[{open_style}]{len(self.failed)} open with a reason[/]")
-        for r in self.failed[:10]:
-            console.print(f"  {r.request_id}: {r.reason}")
-        for kind, n in self.not_processed.items():
-            console.print(f"  {n} {kind} request(s) recorded, not processed by this version")

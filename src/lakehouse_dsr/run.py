@@ -1,7 +1,10 @@
-"""`dsr run`: one batch of erase requests through resolve -> erase -> purge -> verify -> ledger.
+"""`dsr run`: every open request in one batch per type.
 
-A request completes only when every mapped table passes verification for it; otherwise it stays
-open (status failed, retried by the next run) with the reasons.
+Access requests first (a person asking for a copy and erasure gets the copy): resolve -> export
+-> checksum check. Then erase requests: resolve -> erase -> purge -> verify. Then one ledger
+commit for all outcomes and the ledger's own purge. A request completes only when its proof
+holds (package checksum, or every table's verification); otherwise it stays open (status
+failed, retried by the next run) with the reasons.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType
+from pyspark.sql.types import DataType, StringType
 
-from . import erase, identity, purge, verify
+from . import access, erase, identity, purge, verify
 from .config import Settings
 from .datamap import check_against_catalog
 from .ledger import OPEN_STATUSES, Ledger, Outcome
@@ -34,7 +38,7 @@ def _timed(report: RunReport, stage: str) -> Iterator[None]:
 
 
 def run(spark: SparkSession, settings: Settings, progress: Progress | None = None) -> RunReport:
-    """Process every open erase request in one batch; returns the run report (no identifiers)."""
+    """Process every open access and erase request; returns the run report (no identifiers)."""
     progress = progress or Silent()
     started = datetime.now(UTC)
     report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
@@ -42,13 +46,68 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
     ledger.ensure()
     key_types = check_against_catalog(spark, settings.datamap, settings.table)  # before anything changes
     requests = spark.table(settings.table(ledger.requests_table)).where(F.col("status").isin(*OPEN_STATUSES))
-    report.not_processed = {r.request_type: r["count"] for r in
-                            requests.where(F.col("request_type") != "erase").groupBy("request_type").count().collect()}
-    batch = ledger.pending("erase").localCheckpoint()
+    report.not_processed = {r.request_type: r["count"] for r in requests.where(F.col("request_type") == "opt_out")
+                            .groupBy("request_type").count().collect()}
+    outcomes = _run_access(spark, settings, ledger, key_types, report, progress)
+    outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress)
+    if outcomes:
+        with _timed(report, "ledger"):
+            progress.stage("ledger", 1)
+            progress.step("record outcomes, purge ledger history")
+            ledger.finish(outcomes, report.run_id)
+            report.ledger_purge = purge_ledger(spark, settings, ledger)
+            progress.done()
+    report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
+    return report
+
+
+def _batch(ledger: Ledger, request_type: str, run_id: str) -> tuple[DataFrame, list[str]]:
+    """Open requests of a type, checkpointed (they hold plaintext subjects), marked in progress."""
+    batch = ledger.pending(request_type).localCheckpoint()
     request_ids = sorted(r.request_id for r in batch.select("request_id").collect())
+    if request_ids:
+        ledger.start(request_ids, run_id)
+    return batch, request_ids
+
+
+def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
+                report: RunReport, progress: Progress) -> list[Outcome]:
+    batch, request_ids = _batch(ledger, "access", report.run_id)
     if not request_ids:
-        return report
-    ledger.start(request_ids, report.run_id)
+        return []
+    out_dir = Path(settings.export.directory) / report.run_id
+    with _timed(report, "export"):
+        progress.stage("export", 1)
+        progress.step(f"{len(request_ids)} package(s), {settings.export.format}")
+        try:
+            keys = identity.resolve(spark, settings, batch)
+            result = access.export(spark, settings, batch, out_dir, settings.export.format, key_types, keys)
+            checked = access.checked_packages(result)
+        except Exception as exc:  # every request of the batch stays open with the reason
+            return [Outcome(rid, "failed", f"export failed: {_first_line(exc)}") for rid in request_ids]
+        finally:
+            progress.done()
+    report.export = {"directory": result.directory, "manifest": result.manifest, "format": settings.export.format,
+                     "packages": len(result.packages),
+                     "rows": {t: sum(p.rows.get(t, 0) for p in result.packages) for t in settings.datamap.tables}}
+    packages = {p.request_id: p for p in result.packages}
+    outcomes = []
+    for rid in request_ids:
+        p = packages.get(rid)
+        evidence = {"run_id": report.run_id, "file": str(Path(result.directory) / p.file), "sha256": p.sha256,
+                    "bytes": p.bytes, "rows": p.rows, "manifest": result.manifest} if p else {"run_id": report.run_id}
+        ok = checked.get(rid, False)
+        outcomes.append(Outcome(rid, "completed" if ok else "failed",
+                                None if ok else "export package missing or its checksum does not match the manifest",
+                                evidence))
+    return outcomes
+
+
+def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
+                 report: RunReport, progress: Progress) -> list[Outcome]:
+    batch, request_ids = _batch(ledger, "erase", report.run_id)
+    if not request_ids:
+        return []
     tables = settings.datamap.erase_order()
 
     with _timed(report, "resolve"):
@@ -95,27 +154,20 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
             _check_collateral(erasures[table], verifications[table])
         progress.done()
 
-    outcomes = _outcomes(request_ids, erasures, purges, verifications, report.run_id)
-    with _timed(report, "ledger"):
-        progress.stage("ledger", 1)
-        progress.step("record outcomes, purge ledger history")
-        ledger.finish(outcomes, report.run_id)
-        report.ledger_purge = purge_ledger(spark, settings, ledger)
-        progress.done()
-
     for table in tables:
         report.tables[table] = {
             "erase": erasures[table].as_dict(),
             "purge": purges[table].as_dict() if table in purges else {},
             "verification": verifications[table].as_dict(),
         }
-    report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
-    return report
+    return _outcomes(request_ids, erasures, purges, verifications, report.run_id)
 
 
 def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePurge:
     start = time.perf_counter()
-    result = purge.purge_table(spark, settings, table)
+    mapping = settings.datamap.tables.get(table)
+    # Files rewritten anyway are written sorted by the subject key: clustering for free.
+    result = purge.purge_table(spark, settings, table, sort_column=mapping.key if mapping else None)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 

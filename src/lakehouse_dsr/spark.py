@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -73,6 +74,9 @@ def build_session(settings: Settings) -> SparkSession:
     _check_java()
     if settings.spark.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network lookups for a local session
+        # Python workers (access exports run there) must see this environment's packages; PySpark
+        # reads only this variable, not spark.pyspark.python.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(settings.spark.master).appName(settings.spark.app_name)
     for key, value in session_conf(settings).items():
         builder = builder.config(key, value)

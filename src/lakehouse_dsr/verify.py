@@ -131,11 +131,11 @@ def verify_completed(spark: SparkSession, settings: Settings, request_ids: list[
 
     ledger = Ledger(spark, settings)
     ledger.ensure()
-    completed = set(ledger.completed_ids())
+    completed = set(ledger.completed_ids("erase"))
     if request_ids:
         unknown = [r for r in request_ids if r not in completed]
         if unknown:
-            raise LedgerError(f"not completed (or unknown) requests: {', '.join(unknown)}")
+            raise LedgerError(f"not completed erase requests (or unknown): {', '.join(unknown)}")
     ids = sorted(request_ids or completed)
     results: dict[str, list[str]] = {rid: [] for rid in ids}
     if not ids:

@@ -1,0 +1,216 @@
+"""Access requests (GDPR Art. 15/20, CCPA right to know): one export package per request.
+
+One broadcast join per mapped table for the whole batch; rows become JSON strings in Spark, are
+grouped per request, and each request's package is written by the executor holding it: exactly
+one file per request whatever the table layout, created owner-only. The driver receives only
+(request_id, file, sha256, row counts). Formats: `json` (one document), `csv` and `parquet` (one
+zip per request, one member per table).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
+
+from . import identity
+from .config import Settings
+from .erase import keys_for_table
+
+FORMATS = ("json", "csv", "parquet")
+_TS = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # ISO-8601, microseconds, offset (Z under UTC)
+EMPTY_NOTE = "no personal data was found for this subject in any mapped table"
+
+
+@dataclass
+class Package:
+    request_id: str
+    file: str
+    sha256: str
+    bytes: int
+    rows: dict[str, int]
+
+
+@dataclass
+class ExportResult:
+    directory: str
+    manifest: str
+    packages: list[Package] = field(default_factory=list)
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) and make it owner-only."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def export(
+    spark: SparkSession, settings: Settings, requests: DataFrame, out_dir: Path, fmt: str = "json",
+    key_types: dict[str, DataType] | None = None, keys: DataFrame | None = None,
+) -> ExportResult:
+    """Write one package per request of `requests` (request_id, subject_id, regulation) under `out_dir`.
+
+    Cost: one scan of every mapped table (broadcast join with the batch's identifiers), a shuffle of
+    the matching rows only, and one file write per request. Also writes `manifest.json`.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    if key_types is None:
+        from .datamap import check_against_catalog
+        key_types = check_against_catalog(spark, settings.datamap, settings.table)
+    keys = keys if keys is not None else identity.resolve(spark, settings, requests)
+    tables = list(settings.datamap.tables)
+    generated_at = datetime.now(UTC).isoformat(timespec="seconds")
+    out = private_dir(Path(out_dir))
+
+    per_table = [_matching_rows(spark, settings, table, keys, key_types[table]) for table in tables]
+    rows = per_table[0]
+    for part in per_table[1:]:
+        rows = rows.unionByName(part)
+    grouped = (
+        rows.groupBy("request_id", "table_name").agg(F.array_sort(F.collect_list("row")).alias("rows"))
+        .groupBy("request_id").agg(F.collect_list(F.struct("table_name", "rows")).alias("tables"))
+    )
+    subjects = keys.groupBy("request_id").agg(F.collect_list(F.struct("key_type", "key_value")).alias("subject"))
+    packages = (
+        requests.select("request_id", "regulation")
+        .join(subjects, "request_id", "left").join(grouped, "request_id", "left")
+    )
+    columns = {t: _column_types(spark, settings, t) for t in tables}
+    writer = _PackageWriter(str(out), fmt, tables, columns, generated_at)
+    results = packages.repartition(max(1, spark.sparkContext.defaultParallelism)).rdd.mapPartitions(writer).collect()
+    result = ExportResult(str(out), str(out / "manifest.json"),
+                          sorted((Package(*r) for r in results), key=lambda p: p.request_id))
+    _write_manifest(settings, result, fmt, generated_at, tables)
+    return result
+
+
+def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType
+                   ) -> DataFrame:
+    mapping = settings.datamap.tables[table]
+    source = spark.table(settings.table(table))
+    wanted = keys_for_table(keys, mapping, key_type).withColumnRenamed("key_value", "dsr_key").distinct()
+    joined = source.join(F.broadcast(wanted), source[mapping.key] == F.col("dsr_key"))
+    as_json = F.to_json(F.struct(*[source[c] for c in source.columns]),
+                        {"timestampFormat": _TS, "ignoreNullFields": "false"})
+    return joined.select("request_id", F.lit(table).alias("table_name"), as_json.alias("row"))
+
+
+def _column_types(spark: SparkSession, settings: Settings, table: str) -> list[tuple[str, str]]:
+    return [(f.name, f.dataType.simpleString()) for f in spark.table(settings.table(table)).schema.fields]
+
+
+class _PackageWriter:
+    """Runs on executors: turns each request's grouped rows into its package file."""
+
+    def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, generated_at: str):
+        self.out, self.fmt, self.tables, self.columns, self.generated_at = out, fmt, tables, columns, generated_at
+
+    def __call__(self, partition):
+        for p in partition:
+            by_table = {t.table_name: list(t.rows) for t in (p.tables or [])}
+            subject: dict[str, list[str]] = {}
+            for k in p.subject or []:
+                subject.setdefault(k.key_type, []).append(k.key_value)
+            header = {"request_id": p.request_id, "regulation": p.regulation, "generated_at": self.generated_at,
+                      "subject": {k: sorted(v) for k, v in sorted(subject.items())}}
+            if not by_table:
+                header["note"] = EMPTY_NOTE
+            if self.fmt == "json":
+                data, name = self._json(header, by_table), f"{p.request_id}.json"
+            else:
+                data, name = self._zip(header, by_table), f"{p.request_id}.{self.fmt}.zip"
+            _write_private(os.path.join(self.out, name), data)
+            yield (p.request_id, name, hashlib.sha256(data).hexdigest(), len(data),
+                   {t: len(by_table.get(t, [])) for t in self.tables})
+
+    def _json(self, header: dict, by_table: dict[str, list[str]]) -> bytes:
+        # Rows are already JSON from Spark: splice them, do not re-encode (keeps decimals exact).
+        tables = ",".join(f"{json.dumps(t)}:[{','.join(by_table.get(t, []))}]" for t in self.tables)
+        return (json.dumps(header, ensure_ascii=False)[:-1] + f',"tables":{{{tables}}}}}\n').encode("utf-8")
+
+    def _zip(self, header: dict, by_table: dict[str, list[str]]) -> bytes:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("request.json", json.dumps(header, ensure_ascii=False, indent=2))
+            for table in self.tables:
+                rows = [json.loads(r, parse_float=Decimal) for r in by_table.get(table, [])]
+                member = _csv(rows, self.columns[table]) if self.fmt == "csv" else _parquet(rows, self.columns[table])
+                zf.writestr(f"{table}.{self.fmt}", member)
+        return buffer.getvalue()
+
+
+def _csv(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
+    import csv
+
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow([c for c, _ in columns])
+    writer.writerows([["" if r.get(c) is None else r[c] for c, _ in columns] for r in rows])
+    return text.getvalue().encode("utf-8")
+
+
+def _parquet(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays = [pa.array([r.get(c) for r in rows]).cast(_arrow_type(t)) for c, t in columns]
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(arrays, names=[c for c, _ in columns]), buffer)
+    return buffer.getvalue()
+
+
+def _arrow_type(spark_type: str):
+    import pyarrow as pa
+
+    if spark_type.startswith("decimal("):
+        precision, scale = spark_type[8:-1].split(",")
+        return pa.decimal128(int(precision), int(scale))
+    return {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "smallint": pa.int16(),
+            "double": pa.float64(), "float": pa.float32(), "boolean": pa.bool_(), "date": pa.date32(),
+            "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}.get(spark_type, pa.string())
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """Write atomically (temp + rename) with mode 0600, so a crash never leaves half a package."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _write_manifest(settings: Settings, result: ExportResult, fmt: str, generated_at: str, tables: list[str]) -> None:
+    manifest = {
+        "generated_at": generated_at,
+        "format": fmt,
+        "requests": [p.__dict__ for p in result.packages],
+        "tables": {t: settings.datamap.tables[t].disclosure() for t in tables},
+    }
+    _write_private(result.manifest, json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
+
+
+def checked_packages(result: ExportResult) -> dict[str, bool]:
+    """Per request: its file exists and hashes to the sha256 the manifest on disk records for it."""
+    manifest = json.loads(Path(result.manifest).read_text(encoding="utf-8"))
+    recorded = {entry["request_id"]: entry for entry in manifest["requests"]}
+    checked = {}
+    for package in result.packages:
+        entry = recorded.get(package.request_id)
+        path = Path(result.directory) / package.file
+        checked[package.request_id] = bool(
+            entry and entry["file"] == package.file and path.is_file()
+            and hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
+        )
+    return checked
