@@ -103,9 +103,10 @@ def test_happy_path_in_process(spark, configured, tmp_path):
 
 
 def test_demo_command(tmp_path):
-    result = dsr("demo", "--users", "60", "--events", "600", "--erase", "8", cwd=tmp_path)
+    result = dsr("demo", "--users", "60", "--events", "600", "--erase", "8", "--access", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "8 completed, 0 open" in result.stdout
+    assert "10 completed, 0 open" in result.stdout
     report = json.loads((tmp_path / "reports" / "demo-run.json").read_text())
-    assert report["summary"] == {**report["summary"], "requests": 8, "completed": 8, "failed": 0}
+    assert report["summary"] == {**report["summary"], "requests": 10, "completed": 10, "failed": 0}
+    assert len(list((tmp_path / "exports").rglob("req-*.json"))) == 2
     assert (tmp_path / "dsr-secret.key").stat().st_mode & 0o077 == 0

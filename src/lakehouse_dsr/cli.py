@@ -217,22 +217,25 @@ def demo(
     users: Annotated[int, typer.Option(min=1)] = 10_000,
     events: Annotated[int, typer.Option(min=0, help="up to the notebook's 10,000,000")] = 1_000_000,
     erase: Annotated[int, typer.Option(min=1, help="erase requests to submit")] = 100,
+    access_requests: Annotated[int, typer.Option("--access", min=0, help="access requests to submit")] = 10,
     seed: int = 42,
     report: Annotated[Path, typer.Option(help="JSON run report")] = Path("reports/demo-run.json"),
 ) -> None:
-    """Generate the demo lakehouse, submit erase requests, run them, show the ledger."""
+    """Generate the demo lakehouse, submit erase and access requests, run them, show the ledger."""
     spark = _spark()
     settings = _settings()
     with Bars() as bars:
         synth.generate(spark, settings, users, events, seed, None, bars)
     rng = random.Random(seed)
     unknown = max(1, erase // 20)  # subjects no table knows: they must complete too
-    picks = rng.sample(range(users), min(users, erase - unknown))
-    subjects = [synth.user_id(seed, i) for i in picks] + [synth.user_id(seed, users + k) for k in range(unknown)]
-    inputs = [RequestInput(s, "erase", "ccpa" if i % 4 == 0 else "gdpr") for i, s in enumerate(subjects)]
+    picks = rng.sample(range(users), min(users, erase - unknown + access_requests))
+    erased = [synth.user_id(seed, i) for i in picks[access_requests:]]
+    erased += [synth.user_id(seed, users + k) for k in range(unknown)]
+    inputs = [RequestInput(s, "erase", "ccpa" if i % 4 == 0 else "gdpr") for i, s in enumerate(erased)]
+    inputs += [RequestInput(synth.user_id(seed, i), "access") for i in picks[:access_requests]]
     submitted = Ledger(spark, settings).submit(inputs)
-    console.print(f"submitted {len(submitted.created)} erase requests "
-                  f"({unknown} for subjects found in no table)")
+    console.print(f"submitted {len(submitted.created)} requests: {len(erased)} erase "
+                  f"({unknown} for subjects found in no table), {access_requests} access")
     run_cmd(report)
     console.print(f"run report: {report}")
     status()
