@@ -81,6 +81,7 @@ def test_one_private_file_per_request_and_manifest(json_run):
     requests, report, out = json_run
     assert sorted(p.name for p in out.iterdir()) == sorted([f"{r}.json" for r in requests] + ["manifest.json"])
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    assert stat.S_IMODE(out.parent.stat().st_mode) == 0o700  # the export root it created too
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in out.iterdir())
     manifest = json.loads((out / "manifest.json").read_text())
     for entry in manifest["requests"]:

@@ -49,8 +49,10 @@ class ExportResult:
 
 
 def private_dir(path: Path) -> Path:
-    """Create `path` (and parents) and make it owner-only."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create `path` and every missing parent owner-only (mkdir's parents ignore the mode)."""
+    for folder in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        folder.mkdir(mode=0o700)
+        folder.chmod(0o700)
     path.chmod(0o700)
     return path
 
