@@ -2,7 +2,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean install
+.PHONY: demo test lint clean install bench
+
+BENCH_EVENTS ?= 1000000
 
 # The venv is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -19,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The notebook's steps against `dsr run` on identical data; JSON + charts in bench/results/.
+bench: $(STAMP)
+	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

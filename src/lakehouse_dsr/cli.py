@@ -213,6 +213,31 @@ def optimize(
 
 
 @app.command()
+def bench(
+    events: Annotated[int, typer.Option(min=1000, help="events (the notebook: 10,000,000)")] = 1_000_000,
+    users: Annotated[int | None, typer.Option(min=1, help="default: events / 100, as in the notebook")] = None,
+    erase: Annotated[int, typer.Option(min=1, help="erase requests")] = 100,
+    access: Annotated[int, typer.Option(min=0, help="access requests")] = 1000,
+    results: Annotated[Path, typer.Option(help="where the JSON and charts go")] = Path("bench/results"),
+) -> None:
+    """Run the notebook's steps and `dsr run` on identical data; write JSON and charts."""
+    from .bench import run_bench
+
+    users = users or max(erase + access, events // 100)
+    with Bars() as bars:
+        out = run_bench(_spark(), _settings(), events, users, erase, access, results, progress=bars)
+    a, b = out["side_a_notebook"], out["side_b_dsr_events"]
+    table = Table(title=f"{events:,} events: notebook vs dsr run (events table, verified)")
+    for column in ("stage", "notebook s", "dsr s"):
+        table.add_column(column)
+    for stage in dict.fromkeys([*a["seconds"], *b["seconds"]]):
+        table.add_row(stage, str(a["seconds"].get(stage, "")), str(b["seconds"].get(stage, "")))
+    table.add_row("full cycle", str(a["full_cycle_s"]), str(b["full_cycle_s"]))
+    console.print(table)
+    console.print(f"ratios: {out['ratios']}; results in {results}")
+
+
+@app.command()
 def demo(
     users: Annotated[int, typer.Option(min=1)] = 10_000,
     events: Annotated[int, typer.Option(min=0, help="up to the notebook's 10,000,000")] = 1_000_000,
