@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from conftest import SEED, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
+from lakehouse_dsr.exceptions import DsrError, LedgerError
 from lakehouse_dsr.ledger import Ledger, RequestInput
 
 DSR = Path(sys.executable).parent / "dsr"
@@ -91,7 +92,8 @@ def test_happy_path_in_process(spark, configured, tmp_path):
     assert report["export"]["format"] == "csv" and report["export"]["packages"] == 1
     assert len(list((tmp_path / "out").rglob("*.csv.zip"))) == 1
     assert subject not in report_file.read_text() and subject not in result.output
-    assert runner.invoke(app, ["-c", str(config), "run", "--format", "xml"]).exit_code != 0
+    bad_format = runner.invoke(app, ["-c", str(config), "run", "--format", "xml"])
+    assert isinstance(bad_format.exception, DsrError) and "unknown export format 'xml'" in str(bad_format.exception)
 
     optimized = invoke("optimize", "--table", "demo.events", "--target-file-size-mb", "1")
     assert optimized.exit_code == 0 and "clustered by subject key" in optimized.output
@@ -99,7 +101,7 @@ def test_happy_path_in_process(spark, configured, tmp_path):
     verified = invoke("verify")
     assert verified.exit_code == 0 and "2 of 2 completed request(s) verified erased" in verified.output
     unknown = runner.invoke(app, ["-c", str(config), "verify", "req-nope"])
-    assert unknown.exit_code != 0
+    assert isinstance(unknown.exception, LedgerError) and "req-nope" in str(unknown.exception)
 
 
 def test_demo_command(tmp_path):

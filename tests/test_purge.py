@@ -29,7 +29,10 @@ def test_tag_pinning_erased_rows_blocks_until_dropped(spark, new_lakehouse):
     assert result.status == "failed"
     assert "tag audit_2024 pins snapshot" in result.reason and "purge.pinned_refs: drop" in result.reason
     assert report.tables["demo.events"]["purge"]["refs_kept"] == ["tag audit_2024"]
-    assert report.tables["demo.events"]["verification"]["live"] == 0  # invisible, but not yet gone
+    events = report.tables["demo.events"]["verification"]
+    assert events["live"] == 0  # invisible, but not yet gone
+    assert events["history"] > 0 and events["storage"] >= events["history"]  # the tag's files still hold it
+    assert events["refs"]["tag audit_2024"] > 0
     status = Ledger(spark, settings).request(request_id)
     assert status.status == "failed" and "audit_2024" in status.status_reason
     still_open = spark.table(settings.table("dsr.requests")).where("subject_id IS NOT NULL").count()

@@ -9,6 +9,7 @@ zip per request, one member per table).
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -19,12 +20,15 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from . import identity
 from .config import Settings
+from .datamap import check_against_catalog
 from .erase import keys_for_table
 
 FORMATS = ("json", "csv", "parquet")
@@ -69,7 +73,6 @@ def export(
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(FORMATS)})")
     if key_types is None:
-        from .datamap import check_against_catalog
         key_types = check_against_catalog(spark, settings.datamap, settings.table)
     keys = keys if keys is not None else identity.resolve(spark, settings, requests)
     tables = list(settings.datamap.tables)
@@ -154,8 +157,6 @@ class _PackageWriter:
 
 
 def _csv(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
-    import csv
-
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow([c for c, _ in columns])
@@ -164,18 +165,13 @@ def _csv(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
 
 
 def _parquet(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     arrays = [pa.array([r.get(c) for r in rows]).cast(_arrow_type(t)) for c, t in columns]
     buffer = io.BytesIO()
     pq.write_table(pa.table(arrays, names=[c for c, _ in columns]), buffer)
     return buffer.getvalue()
 
 
-def _arrow_type(spark_type: str):
-    import pyarrow as pa
-
+def _arrow_type(spark_type: str) -> pa.DataType:
     if spark_type.startswith("decimal("):
         precision, scale = spark_type[8:-1].split(",")
         return pa.decimal128(int(precision), int(scale))

@@ -15,6 +15,7 @@ from rich.progress import Progress as RichBars
 from rich.table import Table
 
 from . import access, layout, synth
+from .bench import run_bench
 from .config import Settings, load_settings
 from .exceptions import DsrError
 from .ledger import REGULATIONS, REQUEST_TYPES, Ledger, RequestInput, parse_received, read_requests_csv
@@ -75,7 +76,10 @@ def _settings() -> Settings:
 
 
 def _spark():
-    return build_session(_settings())
+    """One session per invocation (demo runs several commands)."""
+    if "spark" not in _state:
+        _state["spark"] = build_session(_settings())
+    return _state["spark"]
 
 
 @app.command()
@@ -221,8 +225,6 @@ def bench(
     results: Annotated[Path, typer.Option(help="where the JSON and charts go")] = Path("bench/results"),
 ) -> None:
     """Run the notebook's steps and `dsr run` on identical data; write JSON and charts."""
-    from .bench import run_bench
-
     users = users or max(erase + access, events // 100)
     with Bars() as bars:
         out = run_bench(_spark(), _settings(), events, users, erase, access, results, progress=bars)

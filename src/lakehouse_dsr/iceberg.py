@@ -73,14 +73,10 @@ def drop_ref(spark: SparkSession, settings: Settings, table: str, ref: Ref) -> N
     spark.sql(f"ALTER TABLE {settings.table(table)} DROP {kind} IF EXISTS `{ref.name.replace('`', '``')}`")
 
 
-def delete_file_count(spark: SparkSession, settings: Settings, table: str) -> int:
+def summary_count(spark: SparkSession, settings: Settings, table: str, key: str) -> int:
+    """A count from the current snapshot's summary (`total-data-files`, `total-delete-files`, ...)."""
     snap = current_snapshot(spark, settings, table)
-    return int(snap.summary.get("total-delete-files", "0")) if snap else 0
-
-
-def data_file_count(spark: SparkSession, settings: Settings, table: str) -> int:
-    snap = current_snapshot(spark, settings, table)
-    return int(snap.summary.get("total-data-files", "0")) if snap else 0
+    return int(snap.summary.get(key, "0")) if snap else 0
 
 
 def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str, target_file_size_bytes: int) -> int:

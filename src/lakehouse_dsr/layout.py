@@ -8,12 +8,14 @@ and cluster by subject within partitions.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from pyspark.sql import SparkSession
 
 from . import iceberg
 from .config import Settings
+from .exceptions import DataMapError
 
 
 @dataclass
@@ -39,19 +41,16 @@ def optimize(
     the key, and rewrites every data file sorted by the key into files of about the target size.
     Cost: reads and rewrites the whole table once (a sort: one shuffle of all rows).
     """
-    import time
-
     start = time.perf_counter()
     if key is None:
         mapping = settings.datamap.tables.get(table)
         if mapping is None:
-            from .exceptions import DataMapError
             raise DataMapError(f"{table} is not in the data map; pass the key column explicitly")
         key = mapping.key
     name = settings.table(table)
-    files_before = iceberg.data_file_count(spark, settings, table)
+    files_before = iceberg.summary_count(spark, settings, table, "total-data-files")
     spark.sql(f"ALTER TABLE {name} WRITE ORDERED BY `{key}`")
     spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.parquet.bloom-filter-enabled.column.{key}' = 'true')")
     rewritten = iceberg.rewrite_sorted(spark, settings, table, key, target_file_size_bytes)
-    return OptimizeResult(table, key, files_before, iceberg.data_file_count(spark, settings, table), rewritten,
-                          round(time.perf_counter() - start, 3))
+    files_after = iceberg.summary_count(spark, settings, table, "total-data-files")
+    return OptimizeResult(table, key, files_before, files_after, rewritten, round(time.perf_counter() - start, 3))

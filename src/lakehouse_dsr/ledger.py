@@ -209,11 +209,14 @@ class Ledger:
             .select("request_id", "subject_id", "regulation", "due_date")
         )
 
-    def statuses(self, today: date | None = None) -> list[RequestStatus]:
-        """Every request without its subject: for `dsr status`."""
+    def statuses(self, today: date | None = None, request_id: str | None = None) -> list[RequestStatus]:
+        """Every request (or one) without its subject: for `dsr status`."""
         today = today or _now().date()
+        requests = self._table(self.requests_table)
+        if request_id is not None:
+            requests = requests.where(F.col("request_id") == request_id)
         rows = (
-            self._table(self.requests_table)
+            requests
             .select("request_id", "request_type", "regulation", "status", "status_reason", "due_date", "extended",
                     F.date_format("received_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("received"),
                     F.date_format("completed_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("completed"))
@@ -230,10 +233,10 @@ class Ledger:
         ]
 
     def request(self, request_id: str) -> RequestStatus:
-        for status in self.statuses():
-            if status.request_id == request_id:
-                return status
-        raise LedgerError(f"no request {request_id!r} in the ledger")
+        found = self.statuses(request_id=request_id)
+        if not found:
+            raise LedgerError(f"no request {request_id!r} in the ledger")
+        return found[0]
 
     def evidence(self, request_ids: list[str]) -> dict[str, dict]:
         rows = (

@@ -39,7 +39,7 @@ def purge_table(spark: SparkSession, settings: Settings, table: str, sort_column
     """Purge one table. Cost: rewrites only files with delete files; expiry and orphan removal read
     metadata and list the table location; deletes files no retained snapshot needs."""
     result = TablePurge(table)
-    if iceberg.delete_file_count(spark, settings, table):
+    if iceberg.summary_count(spark, settings, table, "total-delete-files"):
         rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table, sort_column)
         result.data_files_rewritten = rewrite.data_files_rewritten
         result.bytes_rewritten = rewrite.bytes_rewritten
