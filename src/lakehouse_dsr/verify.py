@@ -11,10 +11,9 @@ plaintext identifier is needed and the driver receives only per-request counts.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
@@ -33,34 +32,13 @@ def find_hashed(
 
     One scan of the column; hashing cost is per distinct value, not per row.
     """
-    return {rid: counts[0] for rid, counts in _find(spark, values, column, hashes, key).items()}
-
-
-def _find(spark: SparkSession, values: DataFrame, column: str, hashes: DataFrame, key: bytes,
-          flag: str | None = None) -> dict[str, tuple[int, int]]:
-    """Per request: (matching rows, matching rows whose 0/1 `flag` column is 1)."""
-    flagged = F.sum(F.col(flag)) if flag else F.lit(0)
-    grouped = (values.where(F.col(column).isNotNull()).groupBy(F.col(column).alias("dsr_value"))
-               .agg(F.count(F.lit(1)).alias("n"), flagged.alias("n_flagged")))
+    grouped = values.where(F.col(column).isNotNull()).groupBy(F.col(column).alias("dsr_value")).count()
     hashed = with_keyed_hash(spark, grouped, "dsr_value", key)
     found = (
         hashed.join(F.broadcast(hashes.select("request_id", "key_hash")), "key_hash")
-        .groupBy("request_id").agg(F.sum("n").alias("n"), F.sum("n_flagged").alias("n_flagged")).collect()
+        .groupBy("request_id").agg(F.sum("count").alias("n")).collect()
     )
-    return {r.request_id: (int(r.n), int(r.n_flagged or 0)) for r in found}
-
-
-_FILE_SCHEME = r"^file:/+"
-
-
-def _local(path: str) -> str:
-    """Iceberg writes local paths as file:/a; compare them as /a."""
-    return re.sub(_FILE_SCHEME, "/", path)
-
-
-def _normalized_path(path: Column) -> Column:
-    """The same for Spark's input_file_name(), which is a URI (file:///a%20b)."""
-    return F.url_decode(F.regexp_replace(path, _FILE_SCHEME, "/"))
+    return {r.request_id: int(r.n) for r in found}
 
 
 @dataclass
@@ -95,36 +73,27 @@ def verify_column(
 ) -> TableVerification:
     """Run the live, history, storage and ref checks for one column of one table.
 
-    Cost: one scan of the column in the current snapshot; one over every Parquet file under the
-    location, which serves both the storage and the history check (each match is marked by whether
-    a retained snapshot references its file); a separate read only of referenced files that lie
-    outside the location; one scan per branch/tag.
+    Cost: one scan of the column in the current snapshot, one over the files of all retained
+    snapshots, one over all Parquet files under the location, one per branch/tag. After a purge
+    the last two read mostly the same files; one scan marking rows by input file was measured
+    slower (10M events: 12.0 s against 6.8 s), as every file holds most subjects and grouping by
+    (value, file) keeps millions of groups.
     """
     result = TableVerification(table)
     live = find_hashed(spark, spark.table(settings.table(table)).select(column), column, hashes, key)
     result.live = _record(result, live, "rows in the current snapshot")
 
+    paths = [r.file_path for r in iceberg.referenced_files(spark, settings, table).collect()]
+    if paths:
+        retained = iceberg.read_column_from_files(spark, paths, column, data_type)
+        history = find_hashed(spark, retained, column, hashes, key)
+        result.history = _record(result, history, "rows in files retained by snapshots (time travel)")
+
     location = iceberg.table_location(spark, settings, table)
-    prefix = _local(location).rstrip("/") + "/"
-    referenced = [r.file_path for r in iceberg.referenced_files(spark, settings, table).collect()]
-    outside = [p for p in referenced if not _local(p).startswith(prefix)]
-    marks = spark.createDataFrame([(_local(p), 1) for p in referenced],
-                                  "dsr_file string, dsr_referenced int")
-    stored = (
-        iceberg.read_column_from_files(spark, location, column, data_type, recursive=True)
-        .withColumn("dsr_file", _normalized_path(F.input_file_name()))
-        .join(F.broadcast(marks), "dsr_file", "left")
-        .fillna(0, ["dsr_referenced"])
+    storage = find_hashed(
+        spark, iceberg.read_column_from_files(spark, location, column, data_type, recursive=True), column, hashes, key
     )
-    found = _find(spark, stored, column, hashes, key, flag="dsr_referenced")
-    history = {rid: flagged for rid, (_, flagged) in found.items() if flagged}
-    if outside:
-        retained = iceberg.read_column_from_files(spark, outside, column, data_type)
-        for rid, n in find_hashed(spark, retained, column, hashes, key).items():
-            history[rid] = history.get(rid, 0) + n
-    result.history = _record(result, history, "rows in files retained by snapshots (time travel)")
-    result.storage = _record(result, {rid: n for rid, (n, _) in found.items()},
-                             "rows in files on storage (incl. unreferenced/orphan files)")
+    result.storage = _record(result, storage, "rows in files on storage (incl. unreferenced/orphan files)")
 
     for ref in iceberg.refs(spark, settings, table):
         pinned = iceberg.read_at(spark, settings, table, ref.snapshot_id).select(column)
