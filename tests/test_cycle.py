@@ -75,6 +75,15 @@ def test_report_counts(cycle):
     assert cycle["report"].ledger_purge["passed"] and cycle["report"].ledger_purge["plaintext_found"] == 0
 
 
+def test_report_costs_each_stage_in_spark_io(cycle):
+    cost = cycle["report"].cost
+    assert set(cost) == set(cycle["report"].seconds) == {"resolve", "erase", "purge", "verify", "ledger"}
+    assert sum(t["purge"]["bytes_rewritten"] for t in cycle["report"].tables.values()) > 0
+    assert cost["purge"]["bytes_written"] > 0 and cost["purge"]["rows_written"] > 0  # the rewritten files
+    assert cost["purge"]["rows_read"] > 0 and cost["verify"]["bytes_read"] > 0 and cost["erase"]["bytes_read"] > 0
+    assert all(c["stages"] > 0 and not c["truncated"] for c in cost.values())
+
+
 def test_current_snapshot_holds_no_erased_subject(spark, cycle):
     settings, erased = cycle["settings"], _erased(cycle)
     for table, column in (("demo.users", "user_id"), ("demo.users", "email"), ("demo.events", "user_id"),

@@ -66,6 +66,11 @@ class PurgeSettings(_Strict):
     orphan_min_age_minutes: float = Field(default=60.0, ge=0)
     # A tag or branch pinning a snapshot that holds erased rows: block the request, or drop the ref.
     pinned_refs: Literal["block", "drop"] = "block"
+    # immediate: purge in the run that erases. batched: erase logically at once, then purge many
+    # runs' requests in one rewrite, before any of them comes within the margin of its due date.
+    policy: Literal["immediate", "batched"] = "immediate"
+    max_delay_days: int = Field(default=7, ge=0)  # longest a logically erased request waits
+    safety_margin_days: int = Field(default=3, ge=0)  # purged and proven this long before due
 
 
 class ExportSettings(_Strict):

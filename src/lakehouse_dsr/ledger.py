@@ -1,6 +1,8 @@
 """The request ledger: Iceberg tables `<ns>.requests`, `<ns>.request_keys` and `<ns>.audit`.
 
 Lifecycle: received -> in_progress -> completed | failed (failed stays open and is retried).
+Under the batched purge policy an erase request goes in_progress -> erased (logically erased,
+live data verified, physical purge scheduled by `purge_by`) -> completed once purged and proven.
 While open, a request holds its subject id in plaintext (needed to act on it); on completion
 only the HMAC remains, and the ledger's own history is purged like any table (see purge.py).
 Every write is one small Iceberg commit; identifiers travel as DataFrames, never as SQL text.
@@ -28,14 +30,16 @@ RequestType = Literal["erase", "access", "opt_out"]
 Regulation = Literal["gdpr", "ccpa"]
 REQUEST_TYPES: tuple[str, ...] = ("erase", "access", "opt_out")
 REGULATIONS: tuple[str, ...] = ("gdpr", "ccpa")
-OPEN_STATUSES = ("received", "in_progress", "failed")
+ACTIONABLE_STATUSES = ("received", "in_progress", "failed")  # picked up by the next run
+OPEN_STATUSES = (*ACTIONABLE_STATUSES, "erased")  # erased: waiting for the physical purge
 MAX_SUBJECT_LENGTH = 65_536
 NOT_YET_PROCESSED = {"opt_out": "recorded; opt-out requests are not yet processed by this version"}
 
 REQUESTS_SCHEMA = (
     "request_id string, request_type string, regulation string, subject_id string, subject_hash string, "
     "status string, status_reason string, received_at timestamp, due_date date, extended boolean, "
-    "extension_reason string, updated_at timestamp, completed_at timestamp, run_id string, evidence string"
+    "extension_reason string, updated_at timestamp, completed_at timestamp, run_id string, evidence string, "
+    "purge_by date"
 )
 KEYS_SCHEMA = "request_id string, key_type string, key_hash string"
 AUDIT_SCHEMA = "event_id string, request_id string, run_id string, at timestamp, event string, detail string"
@@ -164,6 +168,8 @@ class Ledger:
             self.spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {self.q(table)} ({schema}) USING iceberg TBLPROPERTIES ({props})"
             )
+        if "purge_by" not in self._table(self.requests_table).columns:  # ledger written by an earlier version
+            self.spark.sql(f"ALTER TABLE {self.q(self.requests_table)} ADD COLUMN purge_by date")
 
     # -- submission -------------------------------------------------------------------------
     def submit(self, inputs: list[RequestInput], now: datetime | None = None) -> SubmitResult:
@@ -184,7 +190,7 @@ class Ledger:
             rows.append((
                 f"req-{uuid.uuid4().hex[:16]}", r.request_type, r.regulation, r.subject_id, subject_hash, "received",
                 NOT_YET_PROCESSED.get(r.request_type), received, due_date(received.date(), r.regulation), False,
-                None, now, None, None, None,
+                None, now, None, None, None, None,
             ))
         new = self.spark.createDataFrame(rows, REQUESTS_SCHEMA)
         open_ = self._table(self.requests_table).where(F.col("status").isin(*OPEN_STATUSES))
@@ -202,12 +208,18 @@ class Ledger:
         return self.spark.table(self.q(table))
 
     def pending(self, request_type: str) -> DataFrame:
-        """Open requests of a type: request_id, subject_id, regulation, due_date (small)."""
+        """Requests of a type the next run acts on: request_id, subject_id, regulation, due_date (small)."""
         return (
             self._table(self.requests_table)
-            .where(F.col("status").isin(*OPEN_STATUSES) & (F.col("request_type") == request_type))
+            .where(F.col("status").isin(*ACTIONABLE_STATUSES) & (F.col("request_type") == request_type))
             .select("request_id", "subject_id", "regulation", "due_date")
         )
+
+    def awaiting_purge(self) -> dict[str, date]:
+        """Logically erased requests waiting for the physical purge: {request_id: purge_by}."""
+        rows = (self._table(self.requests_table).where(F.col("status") == "erased")
+                .select("request_id", "purge_by").collect())
+        return {r.request_id: r.purge_by for r in rows}
 
     def statuses(self, today: date | None = None, request_id: str | None = None) -> list[RequestStatus]:
         """Every request (or one) without its subject: for `dsr status`."""
@@ -219,7 +231,7 @@ class Ledger:
             requests
             .select("request_id", "request_type", "regulation", "status", "status_reason", "due_date", "extended",
                     F.date_format("received_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("received"),
-                    F.date_format("completed_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("completed"))
+                    F.date_format("completed_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("completed"), "purge_by")
             .orderBy("received_at", "request_id")
             .collect()
         )
@@ -227,7 +239,7 @@ class Ledger:
             RequestStatus(
                 r.request_id, r.request_type, r.regulation, r.status, r.status_reason, r.received,
                 r.due_date.isoformat(), (r.due_date - today).days if r.status != "completed" else None,
-                bool(r.extended), r.completed,
+                bool(r.extended), r.completed, r.purge_by.isoformat() if r.purge_by else None,
             )
             for r in rows
         ]
@@ -273,7 +285,8 @@ class Ledger:
         if not rows:
             return
         update = self.spark.createDataFrame(
-            rows, "request_id string, status string, status_reason string, run_id string, evidence string"
+            rows, "request_id string, status string, status_reason string, run_id string, evidence string, "
+            "purge_by date"
         )
         update.createOrReplaceTempView("dsr_ledger_update")
         try:
@@ -285,20 +298,21 @@ class Ledger:
             self.spark.catalog.dropTempView("dsr_ledger_update")
 
     def start(self, request_ids: list[str], run_id: str) -> None:
-        self._update([(rid, "in_progress", None, run_id, None) for rid in request_ids],
+        self._update([(rid, "in_progress", None, run_id, None, None) for rid in request_ids],
                      "t.status = s.status, t.run_id = s.run_id, t.updated_at = current_timestamp()")
         self.audit([(rid, run_id, "in_progress", {}) for rid in request_ids])
 
     def finish(self, outcomes: list[Outcome], run_id: str) -> None:
         """Record outcomes in one commit. Completed requests lose their plaintext subject id."""
-        rows = [(o.request_id, o.status, o.reason, run_id, json.dumps(o.evidence, sort_keys=True)) for o in outcomes]
+        rows = [(o.request_id, o.status, o.reason, run_id, json.dumps(o.evidence, sort_keys=True), o.purge_by)
+                for o in outcomes]
         self._update(rows, (
             "t.status = s.status, t.status_reason = s.status_reason, t.run_id = s.run_id, t.evidence = s.evidence, "
-            "t.updated_at = current_timestamp(), "
+            "t.purge_by = s.purge_by, t.updated_at = current_timestamp(), "
             "t.subject_id = CASE WHEN s.status = 'completed' THEN NULL ELSE t.subject_id END, "
             "t.completed_at = CASE WHEN s.status = 'completed' THEN current_timestamp() ELSE NULL END"
         ))
-        self.audit([(o.request_id, run_id, o.status, {"reason": o.reason} if o.reason else {}) for o in outcomes])
+        self.audit([(o.request_id, run_id, o.status, _audit_detail(o)) for o in outcomes])
 
     def extend(self, request_id: str, reason: str, now: datetime | None = None) -> RequestStatus:
         """Apply the regulation's one allowed extension to an open request."""
@@ -347,9 +361,17 @@ class SubmitResult:
 @dataclass
 class Outcome:
     request_id: str
-    status: Literal["completed", "failed"]
+    status: Literal["completed", "failed", "erased"]
     reason: str | None = None
     evidence: dict = field(default_factory=dict)
+    purge_by: date | None = None  # status erased: the physical purge is due by this day
+
+
+def _audit_detail(outcome: Outcome) -> dict:
+    detail: dict = {"reason": outcome.reason} if outcome.reason else {}
+    if outcome.purge_by:
+        detail["purge_by"] = outcome.purge_by.isoformat()
+    return detail
 
 
 @dataclass(frozen=True)
@@ -364,3 +386,4 @@ class RequestStatus:
     days_left: int | None
     extended: bool
     completed: str | None
+    purge_by: str | None = None

@@ -5,16 +5,22 @@ the manifests, whose entries for removed files keep those files' column bounds (
 erased values), (3) deal with branches/tags that pin older snapshots (report, or drop when
 configured), (4) expire every snapshot older than the now-clean current one, deleting the files
 only they referenced, (5) remove orphan files older than the safety window.
+
+When: `purge.policy: immediate` purges in the run that erases. `batched` lets logically erased
+requests wait (at most `max_delay_days`, and never closer than `safety_margin_days` to their due
+date) so one rewrite serves many runs' requests; `purge_deadline` and `purge_due` decide it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from datetime import date, timedelta
 
 from pyspark.sql import SparkSession
 
 from . import iceberg
-from .config import Settings
+from .config import PurgeSettings, Settings
 
 
 @dataclass
@@ -33,6 +39,21 @@ class TablePurge:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def purge_deadline(erased_on: date, due: date, policy: PurgeSettings) -> date:
+    """Latest day the physical purge may run for a request logically erased on `erased_on`.
+
+    Today or earlier means: purge in this run (always so under the immediate policy).
+    """
+    if policy.policy == "immediate":
+        return erased_on
+    return min(erased_on + timedelta(days=policy.max_delay_days), due - timedelta(days=policy.safety_margin_days))
+
+
+def purge_due(deadlines: Iterable[date], today: date) -> bool:
+    """Whether this run must purge: some waiting request has reached its purge deadline."""
+    return any(d <= today for d in deadlines)
 
 
 def purge_table(spark: SparkSession, settings: Settings, table: str, sort_column: str | None = None) -> TablePurge:

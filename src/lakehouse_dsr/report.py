@@ -10,6 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .metrics import IoCost
+
 
 @dataclass
 class RequestResult:
@@ -23,11 +25,14 @@ class RunReport:
     run_id: str
     started_at: str
     seconds: dict[str, float] = field(default_factory=dict)
+    cost: dict[str, dict] = field(default_factory=dict)  # per stage: Spark's rows/bytes read, written, shuffled
     tables: dict[str, dict] = field(default_factory=dict)
     ledger_purge: dict = field(default_factory=dict)
     export: dict = field(default_factory=dict)
     requests: list[RequestResult] = field(default_factory=list)
     not_processed: dict[str, int] = field(default_factory=dict)
+    # batched purge policy: whether this run purged, how many requests wait, and the next deadline
+    purge_schedule: dict = field(default_factory=dict)
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -35,11 +40,16 @@ class RunReport:
 
     @property
     def failed(self) -> list[RequestResult]:
-        return [r for r in self.requests if r.status != "completed"]
+        return [r for r in self.requests if r.status == "failed"]
+
+    @property
+    def awaiting_purge(self) -> list[RequestResult]:
+        return [r for r in self.requests if r.status == "erased"]
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["summary"] = {"requests": len(self.requests), "completed": len(self.completed), "failed": len(self.failed),
+                        "awaiting_purge": len(self.awaiting_purge),
                         "seconds_total": round(sum(self.seconds.values()), 3)}
         return d
 
@@ -56,10 +66,20 @@ class RunReport:
             self._render_tables(console)
         stages = ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
         console.print(f"stages: {stages}")
+        if self.cost:
+            total = IoCost()
+            for c in self.cost.values():
+                total = total.add(IoCost(**c))
+            console.print(f"spark I/O: {total.rows_read:,} rows / {total.bytes_read / 1e6:,.1f} MB read, "
+                          f"{total.bytes_written / 1e6:,.1f} MB written, {total.shuffle_bytes / 1e6:,.1f} MB shuffled")
         console.print(f"requests: [green]{len(self.completed)} completed[/], "
                       f"[{'red' if self.failed else 'default'}]{len(self.failed)} open with a reason[/]")
         for r in self.failed[:10]:
             console.print(f"  {r.request_id}: {r.reason}")
+        schedule = self.purge_schedule
+        if schedule.get("waiting"):
+            console.print(f"purge: {schedule['waiting']} request(s) logically erased, waiting for the batched purge "
+                          f"(due by {schedule['next_purge_by']})")
         if self.export:
             e = self.export
             console.print(f"exports: {e['packages']} package(s) ({e['format']}) in {e['directory']}, "
@@ -74,11 +94,14 @@ class RunReport:
             table.add_column(column, justify="right" if column[0].isdigit() or " " in column else "left")
         for name, t in self.tables.items():
             e, p, v = t["erase"], t.get("purge", {}), t.get("verification", {})
+            erased = [e["action"], e["strategy"], e["write_mode"], str(e["rows_matched"]), str(e["rows_changed"])] \
+                if e else ["(erased in an earlier run)", "", "", "", ""]
+            verified = ("[green]yes[/]" if v.get("physical", True) else "[yellow]live only[/]") if v.get("passed") \
+                else "[red]no[/]"
             table.add_row(
-                name, e["action"], e["strategy"], e["write_mode"], str(e["rows_matched"]), str(e["rows_changed"]),
-                str(e["data_files_rewritten"] + p.get("data_files_rewritten", 0)),
-                f"{(e['bytes_rewritten'] + p.get('bytes_rewritten', 0)) / 1e6:.1f}",
-                str(p.get("snapshots_expired", 0)),
-                "[green]yes[/]" if v.get("passed") else "[red]no[/]",
+                name, *erased,
+                str(e.get("data_files_rewritten", 0) + p.get("data_files_rewritten", 0)),
+                f"{(e.get('bytes_rewritten', 0) + p.get('bytes_rewritten', 0)) / 1e6:.1f}",
+                str(p.get("snapshots_expired", 0)), verified,
             )
         console.print(table)

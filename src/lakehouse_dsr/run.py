@@ -5,6 +5,10 @@ Access requests first (a person asking for a copy and erasure gets the copy): re
 commit for all outcomes and the ledger's own purge. A request completes only when its proof
 holds (package checksum, or every table's verification); otherwise it stays open (status
 failed, retried by the next run) with the reasons.
+
+Under `purge.policy: batched` a run whose requests are not yet near their deadline verifies the
+live data only and leaves them `erased`; the run that reaches the earliest purge deadline purges
+once for every waiting request and proves them all (live, history, storage).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -24,23 +28,33 @@ from . import access, erase, identity, purge, verify
 from .config import Settings
 from .datamap import check_against_catalog
 from .ledger import OPEN_STATUSES, Ledger, Outcome
+from .metrics import IoCost, StageMeter
 from .progress import Progress, Silent
 from .report import RequestResult, RunReport
 
 
 @contextmanager
-def _timed(report: RunReport, stage: str) -> Iterator[None]:
+def _timed(report: RunReport, stage: str, spark: SparkSession) -> Iterator[None]:
+    """Add the block's seconds and Spark I/O (rows, bytes read/written, shuffled) to the stage's totals."""
+    meter = StageMeter(spark)
+    mark = meter.mark()
     start = time.perf_counter()
     try:
         yield
     finally:
         report.seconds[stage] = round(report.seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
+        report.cost[stage] = IoCost(**report.cost.get(stage, {})).add(meter.since(mark)).as_dict()
 
 
-def run(spark: SparkSession, settings: Settings, progress: Progress | None = None) -> RunReport:
-    """Process every open access and erase request; returns the run report (no identifiers)."""
+def run(spark: SparkSession, settings: Settings, progress: Progress | None = None,
+        today: date | None = None) -> RunReport:
+    """Process every open access and erase request; returns the run report (no identifiers).
+
+    `today` (default: the current UTC date) is the day purge deadlines are compared with.
+    """
     progress = progress or Silent()
     started = datetime.now(UTC)
+    today = today or started.date()
     report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
     ledger = Ledger(spark, settings)
     ledger.ensure()
@@ -49,13 +63,14 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
     report.not_processed = {r.request_type: r["count"] for r in requests.where(F.col("request_type") == "opt_out")
                             .groupBy("request_type").count().collect()}
     outcomes = _run_access(spark, settings, ledger, key_types, report, progress)
-    outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress)
+    outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress, today)
     if outcomes:
-        with _timed(report, "ledger"):
+        with _timed(report, "ledger", spark):
             progress.stage("ledger", 1)
             progress.step("record outcomes, purge ledger history")
             ledger.finish(outcomes, report.run_id)
-            report.ledger_purge = purge_ledger(spark, settings, ledger)
+            if any(o.status == "completed" for o in outcomes):  # only completion drops plaintext ids
+                report.ledger_purge = purge_ledger(spark, settings, ledger)
             progress.done()
     report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
     return report
@@ -76,7 +91,7 @@ def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_typ
     if not request_ids:
         return []
     out_dir = Path(settings.export.directory) / report.run_id
-    with _timed(report, "export"):
+    with _timed(report, "export", spark):
         progress.stage("export", 1)
         progress.step(f"{len(request_ids)} package(s), {settings.export.format}")
         try:
@@ -104,13 +119,73 @@ def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_typ
 
 
 def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                 report: RunReport, progress: Progress) -> list[Outcome]:
+                 report: RunReport, progress: Progress, today: date) -> list[Outcome]:
     batch, request_ids = _batch(ledger, "erase", report.run_id)
-    if not request_ids:
+    waiting = ledger.awaiting_purge()
+    deadlines = {**waiting, **{r.request_id: purge.purge_deadline(today, r.due_date, settings.purge)
+                               for r in batch.select("request_id", "due_date").collect()}}
+    purge_now = purge.purge_due(deadlines.values(), today)
+    if not request_ids and not purge_now:
+        report.purge_schedule = _schedule(settings, False, waiting)
         return []
     tables = settings.datamap.erase_order()
+    erasures = _erase(spark, settings, ledger, batch, request_ids, tables, key_types, report, progress)
 
-    with _timed(report, "resolve"):
+    proven = request_ids + (sorted(waiting) if purge_now else [])
+    prior = ledger.evidence(sorted(waiting)) if purge_now and waiting else {}
+    purges: dict[str, purge.TablePurge] = {}
+    if purge_now:
+        with _timed(report, "purge", spark):
+            erased_earlier = {t for e in prior.values() for t, d in e.get("tables", {}).items() if d.get("snapshot_id")}
+            to_purge = [t for t in tables if t in erased_earlier
+                        or (t in erasures and erasures[t].snapshot_id is not None)]
+            progress.stage("purge", len(to_purge))
+            for table in to_purge:
+                progress.step(table)
+                purges[table] = _purge(spark, settings, table)
+            progress.done()
+
+    hashes = ledger.key_hashes(proven).localCheckpoint()
+    with _timed(report, "verify", spark):
+        progress.stage("verify" if purge_now else "verify live data (purge scheduled)", len(tables))
+        verifications = {}
+        for table in tables:
+            progress.step(table)
+            verifications[table] = _verify(spark, settings, ledger, table, hashes, key_types, purge_now)
+            if purge_now and not verifications[table].live and (verifications[table].history
+                                                                 or verifications[table].storage):
+                # Left over from an earlier, interrupted run: purge now and prove again.
+                purges[table] = _purge(spark, settings, table)
+                verifications[table] = _verify(spark, settings, ledger, table, hashes, key_types)
+            if table in erasures:
+                _check_collateral(erasures[table], verifications[table])
+        progress.done()
+
+    for table in tables:
+        report.tables[table] = {
+            "erase": erasures[table].as_dict() if table in erasures else {},
+            "purge": purges[table].as_dict() if table in purges else {},
+            "verification": verifications[table].as_dict(),
+        }
+    outcomes = _outcomes(proven, erasures, purges, verifications, report.run_id, prior,
+                         {} if purge_now else deadlines)
+    report.purge_schedule = _schedule(settings, purge_now, {
+        **({} if purge_now else waiting), **{o.request_id: o.purge_by for o in outcomes if o.status == "erased"}})
+    return outcomes
+
+
+def _schedule(settings: Settings, purged: bool, waiting: dict[str, date]) -> dict:
+    return {"policy": settings.purge.policy, "purged": purged, "waiting": len(waiting),
+            "next_purge_by": min(waiting.values()).isoformat() if waiting else None}
+
+
+def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, batch: DataFrame, request_ids: list[str],
+           tables: list[str], key_types: dict[str, DataType], report: RunReport, progress: Progress
+           ) -> dict[str, erase.TableErasure]:
+    """Resolve the batch's identifiers, record their hashes, and erase them from every table."""
+    if not request_ids:
+        return {}
+    with _timed(report, "resolve", spark):
         progress.stage("resolve identifiers", 1)
         progress.step(f"{len(request_ids)} subjects")
         keys = identity.resolve(spark, settings, batch)
@@ -118,7 +193,7 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         progress.done()
 
     erasures: dict[str, erase.TableErasure] = {}
-    with _timed(report, "erase"):
+    with _timed(report, "erase", spark):
         progress.stage("erase", len(tables))
         for table in tables:
             progress.step(table)
@@ -130,37 +205,7 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
                 erasures[table] = erase.TableErasure(table_plan, error=_first_line(exc))
             erasures[table].seconds = round(time.perf_counter() - start, 3)
         progress.done()
-
-    purges: dict[str, purge.TablePurge] = {}
-    with _timed(report, "purge"):
-        to_purge = [t for t in tables if erasures[t].snapshot_id is not None]
-        progress.stage("purge", len(to_purge))
-        for table in to_purge:
-            progress.step(table)
-            purges[table] = _purge(spark, settings, table)
-        progress.done()
-
-    hashes = ledger.key_hashes(request_ids).localCheckpoint()
-    with _timed(report, "verify"):
-        progress.stage("verify", len(tables))
-        verifications = {}
-        for table in tables:
-            progress.step(table)
-            verifications[table] = _verify(spark, settings, ledger, table, hashes, key_types)
-            if not verifications[table].live and (verifications[table].history or verifications[table].storage):
-                # Left over from an earlier, interrupted run: purge now and prove again.
-                purges[table] = _purge(spark, settings, table)
-                verifications[table] = _verify(spark, settings, ledger, table, hashes, key_types)
-            _check_collateral(erasures[table], verifications[table])
-        progress.done()
-
-    for table in tables:
-        report.tables[table] = {
-            "erase": erasures[table].as_dict(),
-            "purge": purges[table].as_dict() if table in purges else {},
-            "verification": verifications[table].as_dict(),
-        }
-    return _outcomes(request_ids, erasures, purges, verifications, report.run_id)
+    return erasures
 
 
 def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePurge:
@@ -172,8 +217,8 @@ def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePu
     return result
 
 
-def _verify(spark, settings, ledger, table, hashes, key_types) -> verify.TableVerification:
-    return verify.verify_tables(spark, settings, hashes, ledger.key, key_types, [table])[0]
+def _verify(spark, settings, ledger, table, hashes, key_types, physical=True) -> verify.TableVerification:
+    return verify.verify_tables(spark, settings, hashes, ledger.key, key_types, [table], physical)[0]
 
 
 def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:
@@ -188,28 +233,44 @@ def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVer
                                           f"{erasure.rows_after} after (expected {expected})")
 
 
-def _outcomes(request_ids, erasures, purges, verifications, run_id) -> list[Outcome]:
+def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
+              purges: dict[str, purge.TablePurge], verifications: dict[str, verify.TableVerification],
+              run_id: str, prior: dict[str, dict], deadlines: dict[str, date]) -> list[Outcome]:
+    """Per request: completed (proven), failed (with reasons), or erased (live data proven, purge
+    due by its deadline). Requests erased in an earlier run keep that run's erase evidence."""
     outcomes = []
     for request_id in request_ids:
         reasons, tables = [], {}
+        earlier = prior.get(request_id, {})
         for table, v in verifications.items():
-            e = erasures[table]
+            e, p = erasures.get(table), purges.get(table)
             reasons += v.failing.get(request_id, [])
-            if not v.collateral_ok and request_id in e.plan.matches_by_request:
+            if e and not v.collateral_ok and request_id in e.plan.matches_by_request:
                 reasons.append(f"{table}: collateral check failed ({v.collateral_detail})")
-            p = purges.get(table)
-            tables[table] = {
+            entry = dict(earlier.get("tables", {}).get(table, {})) if e is None else {
                 "action": e.plan.action, "rows": e.plan.matches_by_request.get(request_id, 0),
-                "snapshot_id": e.snapshot_id, "purged": p is not None,
+                "snapshot_id": e.snapshot_id,
                 # batch-wide costs of this table's erase + purge (shared by the batch's requests)
-                "data_files_rewritten": e.data_files_rewritten + (p.data_files_rewritten if p else 0),
-                "bytes_rewritten": e.bytes_rewritten + (p.bytes_rewritten if p else 0),
-                "snapshots_expired": p.snapshots_expired if p else 0,
-                "checks": {"live": v.live == 0, "history": v.history == 0, "storage": v.storage == 0,
-                           "collateral": v.collateral_ok},
+                "data_files_rewritten": e.data_files_rewritten, "bytes_rewritten": e.bytes_rewritten,
             }
+            entry["purged"] = p is not None
+            entry["data_files_rewritten"] = entry.get("data_files_rewritten", 0) + (p.data_files_rewritten if p else 0)
+            entry["bytes_rewritten"] = entry.get("bytes_rewritten", 0) + (p.bytes_rewritten if p else 0)
+            entry["snapshots_expired"] = p.snapshots_expired if p else 0
+            entry["checks"] = {"live": v.live == 0, "collateral": v.collateral_ok,
+                               **({"history": v.history == 0, "storage": v.storage == 0} if v.physical else {})}
+            tables[table] = entry
         evidence = {"run_id": run_id, "verified_at": datetime.now(UTC).isoformat(), "tables": tables}
-        outcomes.append(Outcome(request_id, "failed" if reasons else "completed", "; ".join(reasons) or None, evidence))
+        if earlier:
+            evidence["erased_in_run"] = earlier.get("run_id")
+        if reasons:
+            outcomes.append(Outcome(request_id, "failed", "; ".join(reasons), evidence))
+        elif request_id in deadlines:
+            by = deadlines[request_id]
+            outcomes.append(Outcome(request_id, "erased", f"logically erased; physical purge due by {by}",
+                                    evidence, purge_by=by))
+        else:
+            outcomes.append(Outcome(request_id, "completed", None, evidence))
     return outcomes
 
 

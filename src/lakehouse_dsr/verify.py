@@ -48,6 +48,7 @@ class TableVerification:
     history: int = 0
     storage: int = 0
     refs: dict[str, int] = field(default_factory=dict)
+    physical: bool = True  # False: live data only (logical erasure, purge still scheduled)
     collateral_ok: bool = True
     collateral_detail: str | None = None
     failing: dict[str, list[str]] = field(default_factory=dict)
@@ -69,9 +70,11 @@ class TableVerification:
 
 def verify_column(
     spark: SparkSession, settings: Settings, table: str, column: str, data_type: DataType,
-    hashes: DataFrame, key: bytes,
+    hashes: DataFrame, key: bytes, physical: bool = True,
 ) -> TableVerification:
     """Run the live, history, storage and ref checks for one column of one table.
+
+    `physical=False` runs the live check only: one scan of the column in the current snapshot.
 
     Cost: one scan of the column in the current snapshot, one over the files of all retained
     snapshots, one over all Parquet files under the location, one per branch/tag. After a purge
@@ -79,9 +82,11 @@ def verify_column(
     slower (10M events: 12.0 s against 6.8 s), as every file holds most subjects and grouping by
     (value, file) keeps millions of groups.
     """
-    result = TableVerification(table)
+    result = TableVerification(table, physical=physical)
     live = find_hashed(spark, spark.table(settings.table(table)).select(column), column, hashes, key)
     result.live = _record(result, live, "rows in the current snapshot")
+    if not physical:
+        return result
 
     paths = [r.file_path for r in iceberg.referenced_files(spark, settings, table).collect()]
     if paths:
@@ -114,14 +119,15 @@ def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
 
 def verify_tables(
     spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes, key_types: dict[str, DataType],
-    tables: list[str] | None = None,
+    tables: list[str] | None = None, physical: bool = True,
 ) -> list[TableVerification]:
     """Verify every mapped table against (request_id, key_type, key_hash) rows."""
     results = []
     for table in tables or settings.datamap.erase_order():
         mapping = settings.datamap.tables[table]
         table_hashes = hashes.where(F.col("key_type") == mapping.identifier)
-        results.append(verify_column(spark, settings, table, mapping.key, key_types[table], table_hashes, key))
+        results.append(verify_column(spark, settings, table, mapping.key, key_types[table], table_hashes, key,
+                                     physical))
     return results
 
 
