@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,18 @@ def test_demo_command(tmp_path):
     assert report["summary"] == {**report["summary"], "requests": 10, "completed": 10, "failed": 0}
     assert len(list((tmp_path / "exports").rglob("req-*.json"))) == 2
     assert (tmp_path / "dsr-secret.key").stat().st_mode & 0o077 == 0
+
+
+def test_status_shows_what_waits_for_the_batched_purge(spark, configured, tmp_path):
+    settings, _ = configured
+    config = write_config(settings, tmp_path / "batched.yaml",
+                          purge={"policy": "batched", "max_delay_days": 5, "safety_margin_days": 3})
+    runner = CliRunner()
+    invoke = lambda *a: runner.invoke(app, ["-c", str(config), *a], catch_exceptions=False)  # noqa: E731
+    ran = invoke("run")
+    assert ran.exit_code == 0 and "1 request(s) logically erased, waiting for the batched purge" in ran.output
+    purge_by = (datetime.now(UTC).date() + timedelta(days=5)).isoformat()
+    (row,) = json.loads(invoke("status", "--json").output)
+    assert row["status"] == "erased" and row["purge_by"] == purge_by and row["completed"] is None
+    shown = invoke("status").output
+    assert f"waiting for the physical purge: 1 request(s), the first due by {purge_by}" in shown
