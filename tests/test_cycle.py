@@ -69,6 +69,9 @@ def test_report_counts(cycle):
     assert {t["erase"]["strategy"] for t in tables.values()} == {"merge_broadcast"}
     assert tables["demo.events"]["erase"]["write_mode"] == "merge-on-read"
     assert tables["demo.events"]["purge"]["data_files_rewritten"] >= 1
+    assert tables["demo.events"]["purge"]["delete_files_removed"] >= 1
+    # After the purge history and storage hold exactly the live files: one scan proves all three.
+    assert all(t["verification"]["one_scan"] for t in tables.values())
     for name, t in tables.items():
         assert t["verification"]["passed"], name
         assert t["purge"]["snapshots_expired"] >= 1, name

@@ -48,13 +48,18 @@ def test_optimize_clusters_by_key_and_keeps_rows(spark, new_lakehouse):
     assert added and all(_sorted_file(r.file_path) for r in added)
 
 
-def test_purge_rewrites_sorted_by_key(spark, new_lakehouse):
+def test_purge_keeps_a_clustered_table_sorted(spark, new_lakehouse):
     settings = new_lakehouse(users=40, events=3000)  # events is merge-on-read: the purge must rewrite
+    layout.optimize(spark, settings, "demo.events", target_file_size_bytes=16_000)  # declares the sort order
     Ledger(spark, settings).submit([RequestInput(synth.user_id(SEED, i), "erase") for i in range(3)])
     report = run(spark, settings)
-    assert report.tables["demo.events"]["purge"]["data_files_rewritten"] >= 1
+    purged = report.tables["demo.events"]["purge"]
+    assert purged["data_files_rewritten"] >= 1 and purged["delete_files_removed"] >= 1
     rewritten = [p for p, _, _ in _files(spark, settings, "demo.events")]
-    assert rewritten and all(_sorted_file(p) for p in rewritten)
+    assert len(rewritten) > 1 and all(_sorted_file(p) for p in rewritten)
+    # Dangling delete files are gone too, so history and storage are exactly the live files.
+    assert spark.sql(f"SELECT count(*) n FROM {settings.table('demo.events')}.delete_files").first().n == 0
+    assert report.tables["demo.events"]["verification"]["one_scan"]
 
 
 def test_optimize_unmapped_table_needs_a_key(spark, new_lakehouse):

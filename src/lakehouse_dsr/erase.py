@@ -32,6 +32,11 @@ class TablePlan:
     matches_by_request: dict[str, int]
     snapshot_before: int | None
 
+    @property
+    def expected_rows_after(self) -> int:
+        """What the table must hold after the erase commit: fewer rows only by the matches deleted."""
+        return self.rows_before if self.action == "redact" else self.rows_before - self.rows_matched
+
 
 @dataclass
 class TableErasure:
@@ -90,18 +95,27 @@ def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str
 
 
 def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType) -> TablePlan:
-    """Count matches per request (one scan of the key column, broadcast join) and pick the strategy."""
+    """Count matches per request (one scan of the key column, broadcast join) and pick the strategy.
+
+    The same scan counts the table's rows; a row two requests share counts once in the totals.
+    """
     mapping = settings.datamap.tables[table]
     table_keys = keys_for_table(keys, mapping, key_type)
     snapshot = iceberg.current_snapshot(spark, settings, table)
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
-    per_request = (
+    hits = table_keys.select("key_value").distinct().withColumn("hit", F.lit(True))
+    # Rows per matched key value, plus one NULL group for every other row: a tiny result.
+    by_key = (
         rows.select(F.col(mapping.key).alias("key_value"))
-        .join(F.broadcast(table_keys), "key_value")
-        .groupBy("request_id").count().collect()
+        .join(F.broadcast(hits), "key_value", "left")
+        .groupBy(F.when(F.col("hit"), F.col("key_value")).alias("key_value")).count()
+        .localCheckpoint()
     )
-    matches = {r.request_id: r["count"] for r in per_request}
-    distinct_keys = table_keys.select("key_value").distinct().count()  # small: the batch's identifiers
+    totals = by_key.agg(F.sum("count").alias("rows"),
+                        F.sum(F.when(F.col("key_value").isNotNull(), F.col("count"))).alias("matched")).first()
+    per_request = by_key.join(table_keys, "key_value").groupBy("request_id").agg(F.sum("count").alias("n"))
+    matches = {r.request_id: int(r.n) for r in per_request.collect()}
+    distinct_keys = hits.count()  # small: the batch's identifiers
     action = mapping.action
     modes = write_modes(spark, settings, table)
     strategy = choose_strategy(action, distinct_keys, settings.erase.broadcast_max_keys, modes)
@@ -112,8 +126,8 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
         action=action,
         strategy=strategy,
         write_mode=modes[strategy.split("_")[0]],
-        rows_before=rows.count(),
-        rows_matched=sum(matches.values()),
+        rows_before=int(totals.rows or 0),
+        rows_matched=int(totals.matched or 0),
         matches_by_request=matches,
         snapshot_before=snapshot.snapshot_id if snapshot else None,
     )
@@ -156,5 +170,6 @@ def apply(
         result.bytes_rewritten = int(s.get("removed-files-size", 0))
         result.delete_files_added = int(s.get("added-delete-files", 0))
     # Counted at the erase commit, so a concurrent append cannot pass for collateral damage.
-    result.rows_after = iceberg.read_at(spark, settings, table_plan.table, result.snapshot_id).count()
+    result.rows_after = iceberg.rows_after_commit(spark, settings, table_plan.table, result.snapshot_id,
+                                                  table_plan.rows_before)
     return result

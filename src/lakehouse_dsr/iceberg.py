@@ -6,6 +6,7 @@ can be added by providing the same operations.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -79,6 +80,28 @@ def summary_count(spark: SparkSession, settings: Settings, table: str, key: str)
     return int(snap.summary.get(key, "0")) if snap else 0
 
 
+def rows_after_commit(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None,
+                      rows_before: int) -> int:
+    """Rows a reader sees at a commit, given the rows before it (no commit: counted now).
+
+    Metadata only when the commit's summary tells exactly: a commit that only added position
+    deletes or deletion vectors removed one live row per new position (a vector replacing an older
+    one for the same file carries the old positions too, counted as removed); a snapshot without
+    delete files holds exactly its record total. Otherwise a count with deletes applied, since
+    dangling delete files would make totals wrong.
+    """
+    if snapshot_id is None:
+        return read_at(spark, settings, table, None).count()
+    snap = _jtable(spark, settings, table).snapshot(snapshot_id)
+    s = {k: int(v) for k, v in dict(snap.summary()).items() if v.lstrip("-").isdigit()}
+    if (not s.get("added-data-files") and not s.get("deleted-data-files") and not s.get("added-equality-deletes")
+            and "added-position-deletes" in s):
+        return rows_before - s["added-position-deletes"] + s.get("removed-position-deletes", 0)
+    if "total-records" in s and s.get("total-delete-files") == 0:
+        return s["total-records"]
+    return read_at(spark, settings, table, snap.snapshotId()).count()
+
+
 def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str, target_file_size_bytes: int) -> int:
     """Rewrite all data files sorted by `key`; returns bytes rewritten. Reads and writes the whole table."""
     row = spark.sql(
@@ -98,18 +121,20 @@ class RewriteResult:
     delete_files_removed: int
 
 
-def rewrite_files_with_deletes(
-    spark: SparkSession, settings: Settings, table: str, sort_column: str | None = None
-) -> RewriteResult:
+def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: str) -> RewriteResult:
     """Rewrite exactly the data files that carry delete files, so deleted rows leave the live files.
 
     Reads and rewrites only those files (not the whole table); dangling delete files are dropped.
+    A table with a declared sort order (`dsr optimize` sets one) is rewritten in that order, which
+    adds a shuffle of the rewritten rows; an unsorted table is bin-packed (no shuffle). The new
+    files take the commit's sequence number, so the old position deletes no longer apply to any
+    file and are dropped as dangling (with the starting number they would stay in every scan).
     """
-    sort = f", strategy => 'sort', sort_order => '{sort_column} ASC NULLS LAST'" if sort_column else ""
+    strategy = "" if _jtable(spark, settings, table).sortOrder().isUnsorted() else ", strategy => 'sort'"
     row = spark.sql(
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{table}'{sort}, options => map("
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{table}'{strategy}, options => map("
         f"'delete-file-threshold', '1', 'min-file-size-bytes', '0', 'max-file-size-bytes', '{_NO_SIZE_LIMIT}',"
-        f" 'remove-dangling-deletes', 'true'))"
+        f" 'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false'))"
     ).collect()[0]
     return RewriteResult(
         row.rewritten_data_files_count,
@@ -117,6 +142,19 @@ def rewrite_files_with_deletes(
         row.rewritten_bytes_count,
         row.removed_delete_files_count,
     )
+
+
+def drop_dangling_position_deletes(spark: SparkSession, settings: Settings, table: str) -> int:
+    """Drop position delete files that apply to no live data file; returns how many were removed.
+
+    Iceberg's `remove-dangling-deletes` skips unpartitioned tables, so after a rewrite their old
+    delete files would stay in every scan plan. Reads only the delete files; a commit when any.
+    """
+    row = spark.sql(
+        f"CALL `{settings.catalog.name}`.system.rewrite_position_delete_files(table => '{table}', "
+        "options => map('rewrite-all', 'true'))"
+    ).collect()[0]
+    return row.rewritten_delete_files_count - row.added_delete_files_count
 
 
 def rewrite_manifests(spark: SparkSession, settings: Settings, table: str) -> int:
@@ -177,6 +215,28 @@ def remove_orphan_files(spark: SparkSession, settings: Settings, table: str, min
 def referenced_files(spark: SparkSession, settings: Settings, table: str) -> DataFrame:
     """Paths of every data and delete file referenced by any retained snapshot (metadata only)."""
     return spark.sql(f"SELECT DISTINCT file_path FROM {settings.table(table)}.all_files")
+
+
+def current_files(spark: SparkSession, settings: Settings, table: str) -> DataFrame:
+    """Paths of the data and delete files of the current snapshot (metadata only)."""
+    return spark.sql(f"SELECT file_path FROM {settings.table(table)}.files")
+
+
+def parquet_files_under(spark: SparkSession, location: str) -> list[str]:
+    """Every Parquet file below a location, referenced or not: one recursive listing of storage."""
+    path = spark._jvm.org.apache.hadoop.fs.Path(location)
+    files = path.getFileSystem(spark._jsc.hadoopConfiguration()).listFiles(path, True)
+    found = []
+    while files.hasNext():
+        name = files.next().getPath().toString()
+        if name.endswith(".parquet"):
+            found.append(name)
+    return found
+
+
+def same_file(path: str) -> str:
+    """One spelling per local file (`file:/x`, `file:///x` and `/x` name the same file)."""
+    return re.sub(r"^file:/+", "/", path)
 
 
 def read_column_from_files(

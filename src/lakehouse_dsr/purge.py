@@ -56,15 +56,17 @@ def purge_due(deadlines: Iterable[date], today: date) -> bool:
     return any(d <= today for d in deadlines)
 
 
-def purge_table(spark: SparkSession, settings: Settings, table: str, sort_column: str | None = None) -> TablePurge:
+def purge_table(spark: SparkSession, settings: Settings, table: str) -> TablePurge:
     """Purge one table. Cost: rewrites only files with delete files; expiry and orphan removal read
     metadata and list the table location; deletes files no retained snapshot needs."""
     result = TablePurge(table)
     if iceberg.summary_count(spark, settings, table, "total-delete-files"):
-        rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table, sort_column)
+        rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table)
         result.data_files_rewritten = rewrite.data_files_rewritten
         result.bytes_rewritten = rewrite.bytes_rewritten
         result.delete_files_removed = rewrite.delete_files_removed
+        if iceberg.summary_count(spark, settings, table, "total-position-deletes"):
+            result.delete_files_removed += iceberg.drop_dangling_position_deletes(spark, settings, table)
     result.manifests_rewritten = iceberg.rewrite_manifests(spark, settings, table)
     current = iceberg.current_snapshot(spark, settings, table)
     for ref in iceberg.refs(spark, settings, table):

@@ -210,9 +210,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, batch: DataF
 
 def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePurge:
     start = time.perf_counter()
-    mapping = settings.datamap.tables.get(table)
-    # Files rewritten anyway are written sorted by the subject key: clustering for free.
-    result = purge.purge_table(spark, settings, table, sort_column=mapping.key if mapping else None)
+    result = purge.purge_table(spark, settings, table)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 
@@ -224,7 +222,7 @@ def _verify(spark, settings, ledger, table, hashes, key_types, physical=True) ->
 def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:
     """Rows after must equal rows before minus rows erased (redact: unchanged count)."""
     p = erasure.plan
-    expected = p.rows_before if p.action == "redact" else p.rows_before - p.rows_matched
+    expected = p.expected_rows_after
     if erasure.error:
         verification.collateral_ok, verification.collateral_detail = False, f"erasure failed: {erasure.error}"
     elif erasure.rows_after != expected:
