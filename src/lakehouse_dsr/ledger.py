@@ -207,12 +207,12 @@ class Ledger:
     def _table(self, table: str) -> DataFrame:
         return self.spark.table(self.q(table))
 
-    def pending(self, request_type: str) -> DataFrame:
-        """Requests of a type the next run acts on: request_id, subject_id, regulation, due_date (small)."""
+    def pending(self, request_types: tuple[str, ...]) -> DataFrame:
+        """Requests the next run acts on: request_id, request_type, subject_id, regulation, due_date (small)."""
         return (
             self._table(self.requests_table)
-            .where(F.col("status").isin(*ACTIONABLE_STATUSES) & (F.col("request_type") == request_type))
-            .select("request_id", "subject_id", "regulation", "due_date")
+            .where(F.col("status").isin(*ACTIONABLE_STATUSES) & F.col("request_type").isin(*request_types))
+            .select("request_id", "request_type", "subject_id", "regulation", "due_date")
         )
 
     def awaiting_purge(self) -> dict[str, date]:

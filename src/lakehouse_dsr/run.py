@@ -57,37 +57,44 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
     today = today or started.date()
     report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
     ledger = Ledger(spark, settings)
-    ledger.ensure()
-    key_types = check_against_catalog(spark, settings.datamap, settings.table)  # before anything changes
-    requests = spark.table(settings.table(ledger.requests_table)).where(F.col("status").isin(*OPEN_STATUSES))
-    report.not_processed = {r.request_type: r["count"] for r in requests.where(F.col("request_type") == "opt_out")
-                            .groupBy("request_type").count().collect()}
-    outcomes = _run_access(spark, settings, ledger, key_types, report, progress)
-    outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress, today)
+    with _timed(report, "ledger", spark):
+        ledger.ensure()
+        key_types = check_against_catalog(spark, settings.datamap, settings.table)  # before anything changes
+        requests = spark.table(settings.table(ledger.requests_table)).where(F.col("status").isin(*OPEN_STATUSES))
+        report.not_processed = {r.request_type: r["count"] for r in requests.where(F.col("request_type") == "opt_out")
+                                .groupBy("request_type").count().collect()}
+        batches = _start_batches(ledger, report.run_id)
+    outcomes = _run_access(spark, settings, ledger, key_types, report, progress, *batches["access"])
+    outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress, today, *batches["erase"])
     if outcomes:
         with _timed(report, "ledger", spark):
             progress.stage("ledger", 1)
             progress.step("record outcomes, purge ledger history")
             ledger.finish(outcomes, report.run_id)
-            if any(o.status == "completed" for o in outcomes):  # only completion drops plaintext ids
+            # Completion drops plaintext ids from the current snapshot; under the batched policy the
+            # ledger's own history is purged with the tables'.
+            if any(o.status == "completed" for o in outcomes) and (
+                    settings.purge.policy == "immediate" or report.purge_schedule.get("purged")):
                 report.ledger_purge = purge_ledger(spark, settings, ledger)
             progress.done()
     report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
     return report
 
 
-def _batch(ledger: Ledger, request_type: str, run_id: str) -> tuple[DataFrame, list[str]]:
-    """Open requests of a type, checkpointed (they hold plaintext subjects), marked in progress."""
-    batch = ledger.pending(request_type).localCheckpoint()
-    request_ids = sorted(r.request_id for r in batch.select("request_id").collect())
-    if request_ids:
-        ledger.start(request_ids, run_id)
-    return batch, request_ids
+def _start_batches(ledger: Ledger, run_id: str) -> dict[str, tuple[DataFrame, list[str]]]:
+    """The access and erase requests this run acts on, checkpointed (they hold plaintext subjects)
+    and marked in progress in one commit: {type: (requests, request ids)}."""
+    pending = ledger.pending(("access", "erase")).localCheckpoint()
+    ids: dict[str, list[str]] = {"access": [], "erase": []}
+    for r in pending.select("request_id", "request_type").collect():
+        ids[r.request_type].append(r.request_id)
+    if ids["access"] or ids["erase"]:
+        ledger.start(ids["access"] + ids["erase"], run_id)
+    return {t: (pending.where(F.col("request_type") == t), sorted(ids[t])) for t in ids}
 
 
 def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                report: RunReport, progress: Progress) -> list[Outcome]:
-    batch, request_ids = _batch(ledger, "access", report.run_id)
+                report: RunReport, progress: Progress, batch: DataFrame, request_ids: list[str]) -> list[Outcome]:
     if not request_ids:
         return []
     out_dir = Path(settings.export.directory) / report.run_id
@@ -119,8 +126,8 @@ def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_typ
 
 
 def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                 report: RunReport, progress: Progress, today: date) -> list[Outcome]:
-    batch, request_ids = _batch(ledger, "erase", report.run_id)
+                 report: RunReport, progress: Progress, today: date, batch: DataFrame, request_ids: list[str]
+                 ) -> list[Outcome]:
     waiting = ledger.awaiting_purge()
     deadlines = {**waiting, **{r.request_id: purge.purge_deadline(today, r.due_date, settings.purge)
                                for r in batch.select("request_id", "due_date").collect()}}
