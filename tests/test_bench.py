@@ -1,6 +1,7 @@
 """The benchmark harness runs end to end at tiny scale (timings themselves are measured by `make bench`)."""
 
 import json
+import statistics
 
 from conftest import make_settings
 from lakehouse_dsr.bench import run_bench
@@ -12,7 +13,7 @@ def test_bench_writes_results_and_charts(spark, tmp_path):
     attach(spark, settings)
     results = tmp_path / "results"
     out = run_bench(spark, settings, events=3000, users=100, erase=5, access=10, results_dir=results,
-                    work_dir=tmp_path / "work")
+                    work_dir=tmp_path / "work", repeats=2)
     assert json.loads((results / "3000.json").read_text()) == out
     assert (results / "3000.png").stat().st_size > 0 and (results / "scaling.png").stat().st_size > 0
     a, b = out["side_a_notebook"], out["side_b_dsr_events"]
@@ -21,3 +22,11 @@ def test_bench_writes_results_and_charts(spark, tmp_path):
     assert b["verified"] and b["completed"] == 15 and b["failed"] == 0 and b["export_files"] == 10
     assert out["side_b_dsr_all_tables"]["verified"] and out["side_b_dsr_all_tables"]["completed"] == 15
     assert b["rows_matched"] > 0 and out["ratios"]["full_cycle"] > 0
+    batched = out["side_b_dsr_events_batched"]
+    assert batched["awaiting_purge"] == 5 and batched["completed"] == 10 and not batched["verified_physically"]
+    assert "purge" not in batched["seconds"] and b["events_purge_s"] > 0 and a["plain_rewrite_s"] > 0
+    assert a["cost"]["export"]["bytes_read"] > 0 and b["cost"]["purge"]["bytes_written"] > 0
+    assert len(b["rounds"]) == 2
+    assert b["full_cycle_s"] == round(statistics.median(r["full_cycle_s"] for r in b["rounds"]), 3)
+    assert set(out["targets_met"]) == {"full_cycle", "full_cycle_batched", "export_vs_unsorted", "logical_erase_s",
+                                       "verify_s", "purge_vs_plain_rewrite"}

@@ -6,11 +6,12 @@ import pytest
 
 from lakehouse_dsr import iceberg
 
+_MOR = "'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read'"
+_COW = "'write.delete.mode'='copy-on-write', 'write.update.mode'='copy-on-write'"
 MODES = {
-    "v2 merge-on-read": "'format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read'",
-    "v3 deletion vectors": "'format-version'='3', 'write.delete.mode'='merge-on-read', "
-                           "'write.update.mode'='merge-on-read'",
-    "v2 copy-on-write": "'format-version'='2', 'write.delete.mode'='copy-on-write', 'write.update.mode'='copy-on-write'",
+    "v2 merge-on-read": f"'format-version'='2', {_MOR}",
+    "v3 deletion vectors": f"'format-version'='3', {_MOR}",
+    "v2 copy-on-write": f"'format-version'='2', {_COW}",
 }
 
 
