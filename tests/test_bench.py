@@ -24,9 +24,11 @@ def test_bench_writes_results_and_charts(spark, tmp_path):
     assert b["rows_matched"] > 0 and out["ratios"]["full_cycle"] > 0
     batched = out["side_b_dsr_events_batched"]
     assert batched["awaiting_purge"] == 5 and batched["completed"] == 10 and not batched["verified_physically"]
-    assert "purge" not in batched["seconds"] and b["events_purge_s"] > 0 and a["plain_rewrite_s"] > 0
+    assert "purge" not in batched["seconds"] and b["events_purge_s"] > 0
     assert a["cost"]["export"]["bytes_read"] > 0 and b["cost"]["purge"]["bytes_written"] > 0
     assert len(b["rounds"]) == 2
+    plain = out["plain_rewrite"]
+    assert plain["full_cycle_s"] > 0 and plain["data_files_rewritten"] >= b["data_files_rewritten"] >= 1
     assert b["full_cycle_s"] == round(statistics.median(r["full_cycle_s"] for r in b["rounds"]), 3)
     assert set(out["targets_met"]) == {"full_cycle", "full_cycle_batched", "export_vs_unsorted", "logical_erase_s",
                                        "verify_s", "purge_vs_plain_rewrite"}

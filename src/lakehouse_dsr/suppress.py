@@ -1,0 +1,56 @@
+"""Suppression: keep erased people from coming back through late data, replays and backfills.
+
+The suppression list is the ledger's keyed hashes of every identifier resolved for an erase
+request (`<ledger>.request_keys`), so it holds no plaintext and survives completion. An ingestion
+job filters each incoming DataFrame before it writes:
+
+    from lakehouse_dsr import suppress
+    clean = suppress(incoming, "user_id")             # the data map's subject identifier
+    clean = suppress(signups, "mail", "email")        # a column holding another identifier
+    clean.writeTo("lakehouse.web.events").append()
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from .config import Settings, load_settings
+from .exceptions import DataMapError
+from .hashing import with_keyed_hash
+from .ledger import Ledger
+
+
+def suppression_list(ledger: Ledger, identifier: str) -> DataFrame:
+    """(key_hash) of every `identifier` value acted on for an erase request, any status (small)."""
+    erase = (ledger.spark.table(ledger.q(ledger.requests_table)).where(F.col("request_type") == "erase")
+             .select("request_id"))
+    keys = ledger.spark.table(ledger.q(ledger.keys_table)).where(F.col("key_type") == identifier)
+    return keys.join(erase, "request_id", "left_semi").select("key_hash").distinct()
+
+
+def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
+             settings: Settings | None = None) -> DataFrame:
+    """`df` without the rows whose `key_column` holds an identifier of a person who asked to be erased.
+
+    `identifier` names the kind of value in the column (a data map identifier; default: the
+    subject identifier). Rows with a NULL key pass. Cost: `df` is read twice (cache it if it is
+    expensive to recompute): once for its distinct keys, which are hashed (one HMAC per distinct
+    value) and matched against the broadcast suppression list, and once for a broadcast
+    anti-join with the few keys found. Settings default to ./dsr.yaml (see config.load_settings).
+    """
+    settings = settings or load_settings()
+    identifier = identifier or settings.datamap.subject
+    known = {settings.datamap.subject, *settings.datamap.identifiers}
+    if identifier not in known:
+        raise DataMapError(f"unknown identifier {identifier!r}: the data map knows {', '.join(sorted(known))}")
+    if key_column not in df.columns:
+        raise DataMapError(f"the DataFrame has no column {key_column!r} (columns: {', '.join(df.columns)})")
+    ledger = Ledger(df.sparkSession, settings)
+    ledger.ensure()
+    values = df.select(F.col(key_column).cast("string").alias("dsr_value")).where(F.col("dsr_value").isNotNull())
+    hashed = with_keyed_hash(df.sparkSession, values.distinct(), "dsr_value", ledger.key)
+    # Checkpointed: small, computed once, and no longer sharing lineage with `df` for the self-join.
+    erased = (hashed.join(F.broadcast(suppression_list(ledger, identifier)), "key_hash", "left_semi")
+              .select("dsr_value").localCheckpoint())
+    return df.join(F.broadcast(erased), F.col(key_column).cast("string") == erased.dsr_value, "left_anti")
