@@ -111,11 +111,12 @@ def side_a(spark: SparkSession, settings: Settings, deletes: list[str], exports:
 
 def side_plain(spark: SparkSession, settings: Settings, deletes: list[str], exports: list[str], work: Path) -> dict:
     """Not a notebook step: a plain (bin-pack) rewrite of every file of the freshly built events
-    table, the same files side B's purge rewrites: the yardstick for the purge."""
+    table, the same files side B's purge rewrites, to the same file size: the purge's yardstick."""
     cost: dict[str, dict] = {}
+    target = settings.purge.target_file_size_mb * 1024 * 1024
     seconds, row = _measured(spark, cost, "plain_rewrite", lambda: spark.sql(
         f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{settings.demo_namespace}.events', "
-        "options => map('rewrite-all', 'true'))").collect()[0])
+        f"options => map('rewrite-all', 'true', 'target-file-size-bytes', '{target}'))").collect()[0])
     return {"seconds": {"plain_rewrite": seconds}, "cost": cost, "full_cycle_s": seconds,
             "data_files_rewritten": row.rewritten_data_files_count, "bytes_rewritten": row.rewritten_bytes_count}
 

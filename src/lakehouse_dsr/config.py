@@ -71,6 +71,9 @@ class PurgeSettings(_Strict):
     policy: Literal["immediate", "batched"] = "immediate"
     max_delay_days: int = Field(default=7, ge=0)  # longest a logically erased request waits
     safety_margin_days: int = Field(default=3, ge=0)  # purged and proven this long before due
+    # Size of the files the purge writes. Iceberg's 512 MB default turns a table under 512 MB
+    # into one file written by one task; smaller files keep every core busy, now and next time.
+    target_file_size_mb: int = Field(default=128, ge=1)
 
 
 class ExportSettings(_Strict):

@@ -121,7 +121,8 @@ class RewriteResult:
     delete_files_removed: int
 
 
-def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: str) -> RewriteResult:
+def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: str,
+                               target_file_size_bytes: int) -> RewriteResult:
     """Rewrite exactly the data files that carry delete files, so deleted rows leave the live files.
 
     Reads and rewrites only those files (not the whole table); dangling delete files are dropped.
@@ -134,7 +135,8 @@ def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: s
     row = spark.sql(
         f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{table}'{strategy}, options => map("
         f"'delete-file-threshold', '1', 'min-file-size-bytes', '0', 'max-file-size-bytes', '{_NO_SIZE_LIMIT}',"
-        f" 'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false'))"
+        f" 'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false',"
+        f" 'target-file-size-bytes', '{int(target_file_size_bytes)}'))"
     ).collect()[0]
     return RewriteResult(
         row.rewritten_data_files_count,

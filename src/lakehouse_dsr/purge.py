@@ -61,7 +61,8 @@ def purge_table(spark: SparkSession, settings: Settings, table: str) -> TablePur
     metadata and list the table location; deletes files no retained snapshot needs."""
     result = TablePurge(table)
     if iceberg.summary_count(spark, settings, table, "total-delete-files"):
-        rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table)
+        rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table,
+                                                     settings.purge.target_file_size_mb * 1024 * 1024)
         result.data_files_rewritten = rewrite.data_files_rewritten
         result.bytes_rewritten = rewrite.bytes_rewritten
         result.delete_files_removed = rewrite.delete_files_removed
