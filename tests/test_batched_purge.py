@@ -131,6 +131,7 @@ def test_batched_policy_purges_once_before_any_deadline(spark, new_lakehouse):
     assert evidence["tables"]["demo.events"]["checks"] == {"live": True, "history": True, "storage": True,
                                                            "collateral": True}
     assert set(_on_schedule(spark, settings, DAY0 + timedelta(days=7)).values()) == {"completed"}
+    assert Ledger(spark, settings).request(request_a).purge_by is None  # set only while a request waits
 
 
 def test_request_close_to_its_due_date_is_purged_in_the_same_run(spark, new_lakehouse):

@@ -220,7 +220,7 @@ def _median(runs: list[dict]) -> dict:
     for key in ("full_cycle_s", "events_purge_s"):
         if key in out:
             out[key] = med([r[key] for r in runs])
-    out["verified"] = all(r["verified"] is not False for r in runs) if "verified" in out else False
+    out["verified"] = all(r.get("verified") is True for r in runs)
     out["rounds"] = [{"full_cycle_s": r["full_cycle_s"], "seconds": r["seconds"]} for r in runs]
     return out
 

@@ -161,17 +161,16 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
         table.add_column(column)
     for r in rows:
         late = r.days_left is not None and r.days_left < 0
-        waiting = r.status == "erased"
         table.add_row(r.request_id, r.request_type, r.regulation, r.status, r.received[:10],
                       r.due_date + (" (ext.)" if r.extended else ""),
                       "" if r.days_left is None else f"[red]{r.days_left}[/]" if late else str(r.days_left),
-                      r.purge_by if waiting else "", (r.status_reason or "")[:80])
+                      r.purge_by or "", (r.status_reason or "")[:80])
     console.print(table)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     console.print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "the ledger is empty")
-    purge_dates = sorted(r.purge_by for r in rows if r.status == "erased" and r.purge_by)
+    purge_dates = sorted(r.purge_by for r in rows if r.purge_by)  # set only while a request waits (erased)
     if purge_dates:
         console.print(f"waiting for the physical purge: {len(purge_dates)} request(s), the first due by "
                       f"{purge_dates[0]} (logically erased; completed once purged and verified)")

@@ -81,20 +81,21 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
     return report
 
 
-def _start_batches(ledger: Ledger, run_id: str) -> dict[str, tuple[DataFrame, list[str]]]:
+def _start_batches(ledger: Ledger, run_id: str) -> dict[str, tuple[DataFrame, dict[str, date]]]:
     """The access and erase requests this run acts on, checkpointed (they hold plaintext subjects)
-    and marked in progress in one commit: {type: (requests, request ids)}."""
+    and marked in progress in one commit: {type: (requests, {request id: due date})}."""
     pending = ledger.pending(("access", "erase")).localCheckpoint()
-    ids: dict[str, list[str]] = {"access": [], "erase": []}
-    for r in pending.select("request_id", "request_type").collect():
-        ids[r.request_type].append(r.request_id)
-    if ids["access"] or ids["erase"]:
-        ledger.start(ids["access"] + ids["erase"], run_id)
-    return {t: (pending.where(F.col("request_type") == t), sorted(ids[t])) for t in ids}
+    due: dict[str, dict[str, date]] = {"access": {}, "erase": {}}
+    for r in pending.select("request_id", "request_type", "due_date").collect():
+        due[r.request_type][r.request_id] = r.due_date
+    if due["access"] or due["erase"]:
+        ledger.start([*due["access"], *due["erase"]], run_id)
+    return {t: (pending.where(F.col("request_type") == t), due[t]) for t in due}
 
 
 def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                report: RunReport, progress: Progress, batch: DataFrame, request_ids: list[str]) -> list[Outcome]:
+                report: RunReport, progress: Progress, batch: DataFrame, due: dict[str, date]) -> list[Outcome]:
+    request_ids = sorted(due)
     if not request_ids:
         return []
     out_dir = Path(settings.export.directory) / report.run_id
@@ -126,11 +127,11 @@ def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_typ
 
 
 def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                 report: RunReport, progress: Progress, today: date, batch: DataFrame, request_ids: list[str]
+                 report: RunReport, progress: Progress, today: date, batch: DataFrame, due: dict[str, date]
                  ) -> list[Outcome]:
+    request_ids = sorted(due)
     waiting = ledger.awaiting_purge()
-    deadlines = {**waiting, **{r.request_id: purge.purge_deadline(today, r.due_date, settings.purge)
-                               for r in batch.select("request_id", "due_date").collect()}}
+    deadlines = {**waiting, **{rid: purge.purge_deadline(today, d, settings.purge) for rid, d in due.items()}}
     purge_now = purge.purge_due(deadlines.values(), today)
     if not request_ids and not purge_now:
         report.purge_schedule = _schedule(settings, False, waiting)
