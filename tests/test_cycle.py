@@ -80,7 +80,7 @@ def test_report_counts(cycle):
 
 def test_report_costs_each_stage_in_spark_io(cycle):
     cost = cycle["report"].cost
-    assert set(cost) == set(cycle["report"].seconds) == {"resolve", "erase", "purge", "verify", "ledger"}
+    assert set(cost) == set(cycle["report"].seconds) == {"resolve", "erase", "collateral", "purge", "verify", "ledger"}
     assert sum(t["purge"]["bytes_rewritten"] for t in cycle["report"].tables.values()) > 0
     assert cost["purge"]["bytes_written"] > 0 and cost["purge"]["rows_written"] > 0  # the rewritten files
     assert cost["purge"]["rows_read"] > 0 and cost["verify"]["bytes_read"] > 0 and cost["erase"]["bytes_read"] > 0

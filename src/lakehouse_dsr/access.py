@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from . import identity
+from . import faults, identity
 from .config import Settings
 from .datamap import check_against_catalog
 from .erase import keys_for_table
@@ -93,7 +93,9 @@ def export(
         .join(subjects, "request_id", "left").join(grouped, "request_id", "left")
     )
     columns = {t: _column_types(spark, settings, t) for t in tables}
-    writer = _PackageWriter(str(out), fmt, tables, columns, generated_at)
+    # The failpoint kills the driver from the executor, mid-export.
+    kill_pid = os.getpid() if faults.armed() == "during_export" else None
+    writer = _PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid)
     results = packages.repartition(max(1, spark.sparkContext.defaultParallelism)).rdd.mapPartitions(writer).collect()
     result = ExportResult(str(out), str(out / "manifest.json"),
                           sorted((Package(*r) for r in results), key=lambda p: p.request_id))
@@ -119,8 +121,10 @@ def _column_types(spark: SparkSession, settings: Settings, table: str) -> list[t
 class _PackageWriter:
     """Runs on executors: turns each request's grouped rows into its package file."""
 
-    def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, generated_at: str):
+    def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, generated_at: str,
+                 kill_pid: int | None = None):
         self.out, self.fmt, self.tables, self.columns, self.generated_at = out, fmt, tables, columns, generated_at
+        self.kill_pid = kill_pid
 
     def __call__(self, partition):
         for p in partition:
@@ -137,6 +141,8 @@ class _PackageWriter:
             else:
                 data, name = self._zip(header, by_table), f"{p.request_id}.{self.fmt}.zip"
             _write_private(os.path.join(self.out, name), data)
+            if self.kill_pid:
+                faults.kill(self.kill_pid)
             yield (p.request_id, name, hashlib.sha256(data).hexdigest(), len(data),
                    {t: len(by_table.get(t, [])) for t in self.tables})
 

@@ -145,7 +145,7 @@ def run_cmd(
     if not result.requests:
         console.print("no open access or erase requests")
     result.render(console)
-    if result.failed:
+    if result.needs_attention:
         raise typer.Exit(1)
 
 
@@ -193,6 +193,13 @@ def verify_cmd(request_id: Annotated[list[str] | None, typer.Argument(help="defa
     console.print(f"{len(results) - len(bad)} of {len(results)} completed request(s) verified erased")
     if bad:
         raise typer.Exit(1)
+
+
+@app.command()
+def release(table: str, reason: Annotated[str, typer.Option(help="what was checked or rolled back")]) -> None:
+    """Lift the hold a collateral-check failure put on a table, so runs erase and purge there again."""
+    step = Ledger(_spark(), _settings()).journal.release(table, reason)
+    console.print(f"{table} released (held since run {step.detail['hold_run_id']})")
 
 
 @app.command()

@@ -84,6 +84,14 @@ class ExportSettings(_Strict):
 class EraseSettings(_Strict):
     # Above this many identifiers per table the key set is not broadcast (see erase.choose_strategy).
     broadcast_max_keys: int = Field(default=1_000_000, ge=0)
+    # content: count + order-independent hash of every row not requested, before and after each erase
+    # commit (one extra scan of each side); count: row counts from commit metadata only.
+    collateral_check: Literal["content", "count"] = "content"
+    # A commit invalidated by a concurrent writer is retried with exponential backoff, this many times.
+    commit_retries: int = Field(default=4, ge=0)
+    retry_backoff_seconds: float = Field(default=1.0, ge=0)
+    # Rows of a requested subject appended during the run are erased again, in at most this many rounds.
+    max_rounds: int = Field(default=3, ge=1)
 
 
 class Settings(_Strict):

@@ -7,6 +7,8 @@ The statement is chosen by `choose_strategy`, a rule measured with bench/strateg
 
 from __future__ import annotations
 
+import random
+import time
 import uuid
 from dataclasses import asdict, dataclass
 
@@ -15,8 +17,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from . import iceberg
+from .collateral import CollateralResult, Fingerprint
 from .config import Settings
 from .datamap import TableMapping
+from .exceptions import CommitConflictError
+
+# Iceberg's own retries cover appends; these mean a concurrent commit invalidated our whole statement.
+_CONFLICTS = ("org.apache.iceberg.exceptions.ValidationException",
+              "org.apache.iceberg.exceptions.CommitFailedException")
 
 
 @dataclass
@@ -31,6 +39,9 @@ class TablePlan:
     rows_matched: int
     matches_by_request: dict[str, int]
     snapshot_before: int | None
+    # collateral check (content mode): the rows not requested, and what requested rows must become
+    other_before: Fingerprint | None = None
+    requested_after: Fingerprint | None = None
 
     @property
     def expected_rows_after(self) -> int:
@@ -48,16 +59,36 @@ class TableErasure:
     delete_files_added: int = 0
     seconds: float = 0.0
     error: str | None = None
+    attempts: int = 1  # statements run: more than one when concurrent commits conflicted
+    rounds: int = 1  # erase rounds: more than one when late rows of requested subjects arrived
+    collateral: CollateralResult | None = None
 
     @property
     def rows_changed(self) -> int:
         return self.plan.rows_matched if self.plan.action == "redact" else self.plan.rows_before - self.rows_after
 
+    def absorb(self, later: TableErasure) -> None:
+        """Fold a later round (late rows erased) into this result: counts add up, the newest commit wins."""
+        self.plan.rows_matched += later.plan.rows_matched
+        for request_id, n in later.plan.matches_by_request.items():
+            self.plan.matches_by_request[request_id] = self.plan.matches_by_request.get(request_id, 0) + n
+        self.snapshot_id = later.snapshot_id or self.snapshot_id
+        self.data_files_rewritten += later.data_files_rewritten
+        self.bytes_rewritten += later.bytes_rewritten
+        self.delete_files_added += later.delete_files_added
+        self.attempts += later.attempts
+        self.rounds += later.rounds
+        self.error = later.error or self.error
+        if later.collateral and not later.collateral.ok or self.collateral is None:
+            self.collateral = later.collateral
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("plan")
-        return {**{k: v for k, v in asdict(self.plan).items() if k != "matches_by_request"}, **d,
-                "rows_changed": self.rows_changed}
+        d["collateral"] = asdict(self.collateral) if self.collateral else None
+        plan = {k: v for k, v in asdict(self.plan).items()
+                if k not in ("matches_by_request", "other_before", "requested_after")}
+        return {**plan, **d, "rows_changed": self.rows_changed}
 
 
 def keys_for_table(keys: DataFrame, mapping: TableMapping, key_type: DataType) -> DataFrame:
@@ -71,6 +102,11 @@ def keys_for_table(keys: DataFrame, mapping: TableMapping, key_type: DataType) -
         .select("request_id", F.col("key_value").cast(key_type).alias("key_value"))
         .where(F.col("key_value").isNotNull())
     )
+
+
+def hits(keys: DataFrame, mapping: TableMapping, key_type: DataType) -> DataFrame:
+    """The distinct requested values of this table's key (column `key_value`)."""
+    return keys_for_table(keys, mapping, key_type).select("key_value").distinct()
 
 
 def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, modes: dict[str, str]) -> str:
@@ -103,7 +139,8 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
     table_keys = keys_for_table(keys, mapping, key_type)
     snapshot = iceberg.current_snapshot(spark, settings, table)
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
-    hits = table_keys.select("key_value").distinct().withColumn("hit", F.lit(True))
+    hit_values = table_keys.select("key_value").distinct()
+    hits = hit_values.withColumn("hit", F.lit(True))
     # Rows per matched key value, plus one NULL group for every other row: a tiny result.
     by_key = (
         rows.select(F.col(mapping.key).alias("key_value"))
@@ -115,7 +152,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
                         F.sum(F.when(F.col("key_value").isNotNull(), F.col("count"))).alias("matched")).first()
     per_request = by_key.join(table_keys, "key_value").groupBy("request_id").agg(F.sum("count").alias("n"))
     matches = {r.request_id: int(r.n) for r in per_request.collect()}
-    distinct_keys = hits.count()  # small: the batch's identifiers
+    distinct_keys = hit_values.count()  # small: the batch's identifiers
     action = mapping.action
     modes = write_modes(spark, settings, table)
     strategy = choose_strategy(action, distinct_keys, settings.erase.broadcast_max_keys, modes)
@@ -159,11 +196,11 @@ def apply(
         "update_where_exists": f"UPDATE {target} AS t SET {nulls} WHERE {exists}",
     }
     try:
-        spark.sql(statements[table_plan.strategy])
+        result.attempts = _with_retries(settings, table_plan.table, lambda: spark.sql(statements[table_plan.strategy]))
     finally:
         spark.catalog.dropTempView(view)
-    snapshot = iceberg.current_snapshot(spark, settings, table_plan.table)
-    if snapshot and snapshot.snapshot_id != table_plan.snapshot_before:
+    snapshot = iceberg.own_commit_since(spark, settings, table_plan.table, table_plan.snapshot_before)
+    if snapshot:
         s = snapshot.summary
         result.snapshot_id = snapshot.snapshot_id
         result.data_files_rewritten = int(s.get("deleted-data-files", 0))
@@ -173,3 +210,27 @@ def apply(
     result.rows_after = iceberg.rows_after_commit(spark, settings, table_plan.table, result.snapshot_id,
                                                   table_plan.rows_before)
     return result
+
+
+def _with_retries(settings: Settings, table: str, statement) -> int:
+    """Run `statement`, again after a commit conflict (exponential backoff with jitter, bounded).
+
+    Returns the attempts made; raises CommitConflictError when they are exhausted. A retried
+    statement reads the table afresh, so rows a concurrent writer added are erased too.
+    """
+    retries, backoff = settings.erase.commit_retries, settings.erase.retry_backoff_seconds
+    attempt = 1
+    while True:
+        try:
+            statement()
+            return attempt
+        except Exception as exc:
+            if not any(name in str(exc) for name in _CONFLICTS):
+                raise
+            if attempt > retries:
+                raise CommitConflictError(
+                    f"table {table}: the erase commit conflicted with concurrent writers {attempt} times "
+                    f"(erase.commit_retries = {retries}); nothing was committed, the next run retries"
+                ) from None
+            time.sleep(backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+            attempt += 1

@@ -23,3 +23,11 @@ class RequestInputError(DsrError):
 
 class LedgerError(DsrError):
     """A ledger operation refers to an unknown request or an invalid transition."""
+
+
+class CommitConflictError(DsrError):
+    """Concurrent writers kept invalidating a commit; the bounded retries are exhausted."""
+
+
+class CatalogUnavailableError(DsrError):
+    """The catalog (or its storage) cannot be reached."""

@@ -259,3 +259,55 @@ def read_at(spark: SparkSession, settings: Settings, table: str, snapshot_id: in
     if snapshot_id is None:
         return spark.table(settings.table(table))
     return spark.read.option("snapshot-id", str(snapshot_id)).table(f"{settings.catalog.name}.{table}")
+
+
+@dataclass(frozen=True)
+class Commit:
+    snapshot_id: int
+    operation: str
+    summary: dict[str, str]
+
+
+def commits_between(spark: SparkSession, settings: Settings, table: str, after_id: int | None,
+                    before_id: int) -> list[Commit] | None:
+    """Commits after `after_id` and before `before_id` on `before_id`'s line, oldest first.
+
+    None when `after_id` is not an ancestor (the table was rolled back or replaced meanwhile).
+    Metadata only.
+    """
+    jtable = _jtable(spark, settings, table)
+    found: list[Commit] = []
+    parent = jtable.snapshot(before_id).parentId()
+    while parent is not None and parent != after_id:
+        snap = jtable.snapshot(parent)
+        if snap is None:
+            return None  # expired: the chain cannot be followed
+        found.append(Commit(snap.snapshotId(), str(snap.operation()), dict(snap.summary())))
+        parent = snap.parentId()
+    if parent != after_id:
+        return None
+    return found[::-1]
+
+
+def read_appended(spark: SparkSession, settings: Settings, table: str, commit: Commit, parent_id: int | None
+                  ) -> DataFrame:
+    """The rows one append commit added (an incremental read of that commit alone)."""
+    if parent_id is None:  # the table's first commit
+        return read_at(spark, settings, table, commit.snapshot_id)
+    return (spark.read.format("iceberg").option("start-snapshot-id", str(parent_id))
+            .option("end-snapshot-id", str(commit.snapshot_id)).load(f"{settings.catalog.name}.{table}"))
+
+
+def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_id: int | None) -> Snapshot | None:
+    """This Spark application's newest commit after `after_id`, found by the `spark.app.id` Iceberg
+    writes into each summary: other writers may have committed after it. Metadata only."""
+    app_id = spark.sparkContext.applicationId
+    jtable = _jtable(spark, settings, table)
+    snap = jtable.currentSnapshot()
+    while snap is not None and snap.snapshotId() != after_id:
+        summary = dict(snap.summary())
+        if summary.get("spark.app.id") == app_id and str(snap.operation()) != "append":
+            return Snapshot(snap.snapshotId(), snap.timestampMillis(), summary)
+        parent = snap.parentId()
+        snap = jtable.snapshot(parent) if parent is not None else None
+    return None

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from .config import Settings
 from .exceptions import LedgerError, RequestInputError
 from .hashing import keyed_hash, load_key, with_keyed_hash
+from .journal import Journal
 
 RequestType = Literal["erase", "access", "opt_out"]
 Regulation = Literal["gdpr", "ccpa"]
@@ -149,6 +150,7 @@ class Ledger:
         ns = settings.ledger_namespace
         self.requests_table, self.keys_table, self.audit_table = f"{ns}.requests", f"{ns}.request_keys", f"{ns}.audit"
         self._key: bytes | None = None
+        self.journal = Journal(spark, settings)
 
     @property
     def key(self) -> bytes:
@@ -168,6 +170,7 @@ class Ledger:
             self.spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {self.q(table)} ({schema}) USING iceberg TBLPROPERTIES ({props})"
             )
+        self.journal.ensure()
         if "purge_by" not in self._table(self.requests_table).columns:  # ledger written by an earlier version
             self.spark.sql(f"ALTER TABLE {self.q(self.requests_table)} ADD COLUMN purge_by date")
 
@@ -208,11 +211,12 @@ class Ledger:
         return self.spark.table(self.q(table))
 
     def pending(self, request_types: tuple[str, ...]) -> DataFrame:
-        """Requests the next run acts on: request_id, request_type, subject_id, regulation, due_date (small)."""
+        """Requests the next run acts on: request_id, request_type, subject_id, regulation, due_date, and the
+        status and run_id they were left with (in_progress: that run was interrupted). Small."""
         return (
             self._table(self.requests_table)
             .where(F.col("status").isin(*ACTIONABLE_STATUSES) & F.col("request_type").isin(*request_types))
-            .select("request_id", "request_type", "subject_id", "regulation", "due_date")
+            .select("request_id", "request_type", "subject_id", "regulation", "due_date", "status", "run_id")
         )
 
     def awaiting_purge(self) -> dict[str, date]:
@@ -349,7 +353,7 @@ class Ledger:
         self.spark.createDataFrame(rows, AUDIT_SCHEMA).writeTo(self.q(self.audit_table)).append()
 
     def tables(self) -> list[str]:
-        return [self.requests_table, self.keys_table, self.audit_table]
+        return [self.requests_table, self.keys_table, self.audit_table, self.journal.table]
 
 
 @dataclass

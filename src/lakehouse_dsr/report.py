@@ -33,6 +33,14 @@ class RunReport:
     not_processed: dict[str, int] = field(default_factory=dict)
     # batched purge policy: whether this run purged, how many requests wait, and the next deadline
     purge_schedule: dict = field(default_factory=dict)
+    # tables whose collateral check failed in this run (the run stopped before the purge)
+    collateral_failures: dict[str, str] = field(default_factory=dict)
+    # tables on hold from an earlier collateral failure: no erasure ran ({table: reason})
+    held: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def needs_attention(self) -> bool:
+        return bool(self.failed or self.held or self.collateral_failures)
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -84,6 +92,12 @@ class RunReport:
             e = self.export
             console.print(f"exports: {e['packages']} package(s) ({e['format']}) in {e['directory']}, "
                           f"manifest {e['manifest']}")
+        for table, detail in self.collateral_failures.items():
+            console.print(f"[red]collateral check failed in {table}[/]: {detail}; the run stopped before the purge")
+        for table, detail in self.held.items():
+            console.print(f"[red]{table} is on hold[/] after a collateral-check failure ({detail}); no erasure ran. "
+                          f"Inspect it (roll back with CALL <catalog>.system.rollback_to_snapshot if rows were "
+                          f"lost), then `dsr release {table} --reason ...`")
         for kind, n in self.not_processed.items():
             console.print(f"  {n} {kind} request(s) recorded, not processed by this version")
 

@@ -13,6 +13,7 @@ once for every waiting request and proves them all (live, history, storage).
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,9 +25,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StringType
 
-from . import access, erase, identity, purge, verify
+from . import access, collateral, erase, faults, iceberg, identity, purge, verify
 from .config import Settings
 from .datamap import check_against_catalog
+from .journal import Step
 from .ledger import OPEN_STATUSES, Ledger, Outcome
 from .metrics import IoCost, StageMeter
 from .progress import Progress, Silent
@@ -53,6 +55,7 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
     `today` (default: the current UTC date) is the day purge deadlines are compared with.
     """
     progress = progress or Silent()
+    faults.armed()  # a misspelt failpoint fails before anything changes
     started = datetime.now(UTC)
     today = today or started.date()
     report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
@@ -63,9 +66,13 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
         requests = spark.table(settings.table(ledger.requests_table)).where(F.col("status").isin(*OPEN_STATUSES))
         report.not_processed = {r.request_type: r["count"] for r in requests.where(F.col("request_type") == "opt_out")
                                 .groupBy("request_type").count().collect()}
-        batches = _start_batches(ledger, report.run_id)
+        report.held = {t: s.detail.get("reason", "") for t, s in ledger.journal.holds().items()}
+        batches = _start_batches(ledger, report.run_id, ("access",) if report.held else ("access", "erase"))
+    faults.failpoint("after_start")
     outcomes = _run_access(spark, settings, ledger, key_types, report, progress, *batches["access"])
-    outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress, today, *batches["erase"])
+    if not report.held:  # a table on hold stops every erasure and purge until `dsr release`
+        outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress, today, *batches["erase"])
+    faults.failpoint("after_verify")
     if outcomes:
         with _timed(report, "ledger", spark):
             progress.stage("ledger", 1)
@@ -81,23 +88,33 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
     return report
 
 
-def _start_batches(ledger: Ledger, run_id: str) -> dict[str, tuple[DataFrame, dict[str, date]]]:
-    """The access and erase requests this run acts on, checkpointed (they hold plaintext subjects)
-    and marked in progress in one commit: {type: (requests, {request id: due date})}."""
-    pending = ledger.pending(("access", "erase")).localCheckpoint()
+Batch = tuple[DataFrame, dict[str, date], list[str]]
+
+
+def _start_batches(ledger: Ledger, run_id: str, types: tuple[str, ...]) -> dict[str, Batch]:
+    """The requests of `types` this run acts on, checkpointed (they hold plaintext subjects) and marked
+    in progress in one commit: {type: (requests, {request id: due date}, runs that were interrupted
+    while working on them)}."""
+    pending = ledger.pending(types).localCheckpoint()
     due: dict[str, dict[str, date]] = {"access": {}, "erase": {}}
-    for r in pending.select("request_id", "request_type", "due_date").collect():
+    interrupted: dict[str, set[str]] = {"access": set(), "erase": set()}
+    for r in pending.select("request_id", "request_type", "due_date", "status", "run_id").collect():
         due[r.request_type][r.request_id] = r.due_date
+        if r.status == "in_progress" and r.run_id:
+            interrupted[r.request_type].add(r.run_id)
     if due["access"] or due["erase"]:
         ledger.start([*due["access"], *due["erase"]], run_id)
-    return {t: (pending.where(F.col("request_type") == t), due[t]) for t in due}
+    return {t: (pending.where(F.col("request_type") == t), due[t], sorted(interrupted[t])) for t in due}
 
 
 def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                report: RunReport, progress: Progress, batch: DataFrame, due: dict[str, date]) -> list[Outcome]:
+                report: RunReport, progress: Progress, batch: DataFrame, due: dict[str, date],
+                interrupted: list[str]) -> list[Outcome]:
     request_ids = sorted(due)
     if not request_ids:
         return []
+    for run_id in interrupted:  # a killed run's packages were never checked or recorded: personal data, unowned
+        shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
     out_dir = Path(settings.export.directory) / report.run_id
     with _timed(report, "export", spark):
         progress.stage("export", 1)
@@ -127,8 +144,8 @@ def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_typ
 
 
 def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                 report: RunReport, progress: Progress, today: date, batch: DataFrame, due: dict[str, date]
-                 ) -> list[Outcome]:
+                 report: RunReport, progress: Progress, today: date, batch: DataFrame, due: dict[str, date],
+                 interrupted: list[str]) -> list[Outcome]:
     request_ids = sorted(due)
     waiting = ledger.awaiting_purge()
     deadlines = {**waiting, **{rid: purge.purge_deadline(today, d, settings.purge) for rid, d in due.items()}}
@@ -138,6 +155,21 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         return []
     tables = settings.datamap.erase_order()
     erasures = _erase(spark, settings, ledger, batch, request_ids, tables, key_types, report, progress)
+    # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
+    resumed = {s.table: s for s in ledger.journal.steps(interrupted, "erased")}
+    ledger.journal.record([Step(report.run_id, t, "erased", e.snapshot_id,
+                                {"rows": e.plan.matches_by_request, "rounds": e.rounds})
+                           for t, e in erasures.items() if e.snapshot_id is not None])
+    faults.failpoint("after_erase")
+
+    damaged = {t: e.collateral for t, e in erasures.items() if e.collateral and not e.collateral.ok}
+    stop_reason = None
+    if damaged:  # stop before the purge: the pre-erase snapshots stay, so a rollback is possible
+        stop_reason = "run stopped before the purge: collateral check failed in " + ", ".join(sorted(damaged))
+        ledger.journal.record([Step(report.run_id, t, "held", erasures[t].plan.snapshot_before,
+                                    {"reason": c.detail}) for t, c in damaged.items() if c.conclusive])
+        report.collateral_failures = {t: c.detail for t, c in damaged.items()}
+        purge_now = False
 
     proven = request_ids + (sorted(waiting) if purge_now else [])
     prior = ledger.evidence(sorted(waiting)) if purge_now and waiting else {}
@@ -145,17 +177,20 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
     if purge_now:
         with _timed(report, "purge", spark):
             erased_earlier = {t for e in prior.values() for t, d in e.get("tables", {}).items() if d.get("snapshot_id")}
-            to_purge = [t for t in tables if t in erased_earlier
+            to_purge = [t for t in tables if t in erased_earlier or t in resumed
                         or (t in erasures and erasures[t].snapshot_id is not None)]
             progress.stage("purge", len(to_purge))
             for table in to_purge:
                 progress.step(table)
                 purges[table] = _purge(spark, settings, table)
             progress.done()
+        ledger.journal.record([Step(report.run_id, t, "purged", None, {"bytes_rewritten": p.bytes_rewritten})
+                               for t, p in purges.items()])
+        faults.failpoint("after_purge")
 
     hashes = ledger.key_hashes(proven).localCheckpoint()
     with _timed(report, "verify", spark):
-        progress.stage("verify" if purge_now else "verify live data (purge scheduled)", len(tables))
+        progress.stage("verify" if purge_now else "verify live data (purge not run)", len(tables))
         verifications = {}
         for table in tables:
             progress.step(table)
@@ -175,8 +210,8 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
             "purge": purges[table].as_dict() if table in purges else {},
             "verification": verifications[table].as_dict(),
         }
-    outcomes = _outcomes(proven, erasures, purges, verifications, report.run_id, prior,
-                         {} if purge_now else deadlines)
+    outcomes = _outcomes(proven, erasures, purges, verifications, report.run_id, prior, resumed,
+                         {} if purge_now or stop_reason else deadlines, stop_reason)
     report.purge_schedule = _schedule(settings, purge_now, {
         **({} if purge_now else waiting), **{o.request_id: o.purge_by for o in outcomes if o.status == "erased"}})
     return outcomes
@@ -190,7 +225,11 @@ def _schedule(settings: Settings, purged: bool, waiting: dict[str, date]) -> dic
 def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, batch: DataFrame, request_ids: list[str],
            tables: list[str], key_types: dict[str, DataType], report: RunReport, progress: Progress
            ) -> dict[str, erase.TableErasure]:
-    """Resolve the batch's identifiers, record their hashes, and erase them from every table."""
+    """Resolve the batch's identifiers, record their hashes, and erase them from every table.
+
+    Then, in at most `erase.max_rounds - 1` more rounds, erase rows of these subjects that other
+    writers appended meanwhile: only tables that took commits after ours are checked (live scan).
+    """
     if not request_ids:
         return {}
     with _timed(report, "resolve", spark):
@@ -200,20 +239,62 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, batch: DataF
         ledger.record_keys(keys)
         progress.done()
 
+    progress.stage("erase", len(tables))
     erasures: dict[str, erase.TableErasure] = {}
-    with _timed(report, "erase", spark):
-        progress.stage("erase", len(tables))
-        for table in tables:
+    for table in tables:
+        progress.step(table)
+        erasures[table] = _erase_table(spark, settings, table, keys, key_types[table], report)
+    progress.done()
+    hashes = ledger.key_hashes(request_ids)
+    for _ in range(settings.erase.max_rounds - 1):
+        with _timed(report, "erase", spark):
+            moved = [t for t, e in erasures.items() if not e.error and _changed_since(spark, settings, t, e)]
+            late = [t for t in moved if _verify(spark, settings, ledger, t, hashes, key_types, physical=False).live]
+        if not late:
+            break
+        progress.stage("erase late rows", len(late))
+        for table in late:
             progress.step(table)
-            start = time.perf_counter()
-            table_plan = erase.plan(spark, settings, table, keys, key_types[table])
-            try:
-                erasures[table] = erase.apply(spark, settings, table_plan, keys, key_types[table])
-            except Exception as exc:  # recorded; verification then shows what is left
-                erasures[table] = erase.TableErasure(table_plan, error=_first_line(exc))
-            erasures[table].seconds = round(time.perf_counter() - start, 3)
+            erasures[table].absorb(_erase_table(spark, settings, table, keys, key_types[table], report))
         progress.done()
     return erasures
+
+
+def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure: erase.TableErasure) -> bool:
+    current = iceberg.current_snapshot(spark, settings, table)
+    ours = erasure.snapshot_id if erasure.snapshot_id is not None else erasure.plan.snapshot_before
+    return current is not None and current.snapshot_id != ours
+
+
+def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType,
+                 report: RunReport) -> erase.TableErasure:
+    """Plan, fingerprint (collateral check), commit, and check one table."""
+    start = time.perf_counter()
+    mapping = settings.datamap.tables[table]
+    nulled = frozenset(mapping.redact) if mapping.action == "redact" else frozenset()
+    with _timed(report, "erase", spark):
+        table_plan = erase.plan(spark, settings, table, keys, key_type)
+    content = settings.erase.collateral_check == "content" and table_plan.rows_matched > 0
+    if content:
+        with _timed(report, "collateral", spark):
+            hits = erase.hits(keys, mapping, key_type)
+            table_plan.other_before, table_plan.requested_after = collateral.split(
+                iceberg.read_at(spark, settings, table, table_plan.snapshot_before), mapping.key, hits, nulled)
+    with _timed(report, "erase", spark):
+        try:
+            erasure = erase.apply(spark, settings, table_plan, keys, key_type)
+        except Exception as exc:  # recorded; verification then shows what is left
+            erasure = erase.TableErasure(table_plan, error=_first_line(exc))
+    if erasure.snapshot_id is not None:
+        with _timed(report, "collateral", spark):
+            erasure.collateral = collateral.check(
+                spark, settings, table, mapping.key, hits, nulled, table_plan.snapshot_before, erasure.snapshot_id,
+                table_plan.other_before, table_plan.requested_after,
+            ) if content else collateral.check_counts(
+                spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,
+                table_plan.expected_rows_after, erasure.rows_after)
+    erasure.seconds = round(time.perf_counter() - start, 3)
+    return erasure
 
 
 def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePurge:
@@ -228,37 +309,39 @@ def _verify(spark, settings, ledger, table, hashes, key_types, physical=True) ->
 
 
 def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:
-    """Rows after must equal rows before minus rows erased (redact: unchanged count)."""
-    p = erasure.plan
-    expected = p.expected_rows_after
     if erasure.error:
         verification.collateral_ok, verification.collateral_detail = False, f"erasure failed: {erasure.error}"
-    elif erasure.rows_after != expected:
-        verification.collateral_ok = False
-        verification.collateral_detail = (f"{p.rows_before} rows before, {p.rows_matched} matched, "
-                                          f"{erasure.rows_after} after (expected {expected})")
+    elif erasure.collateral and not erasure.collateral.ok:
+        verification.collateral_ok, verification.collateral_detail = False, erasure.collateral.detail
 
 
 def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
               purges: dict[str, purge.TablePurge], verifications: dict[str, verify.TableVerification],
-              run_id: str, prior: dict[str, dict], deadlines: dict[str, date]) -> list[Outcome]:
+              run_id: str, prior: dict[str, dict], resumed: dict[str, Step], deadlines: dict[str, date],
+              stop_reason: str | None) -> list[Outcome]:
     """Per request: completed (proven), failed (with reasons), or erased (live data proven, purge
-    due by its deadline). Requests erased in an earlier run keep that run's erase evidence."""
+    due by its deadline). Requests erased in an earlier run keep that run's erase evidence, and so
+    do requests an interrupted run erased (from the step journal)."""
     outcomes = []
     for request_id in request_ids:
         reasons, tables = [], {}
         earlier = prior.get(request_id, {})
         for table, v in verifications.items():
-            e, p = erasures.get(table), purges.get(table)
+            e, p, r = erasures.get(table), purges.get(table), resumed.get(table)
             reasons += v.failing.get(request_id, [])
-            if e and not v.collateral_ok and request_id in e.plan.matches_by_request:
+            if e and not v.collateral_ok and (request_id in e.plan.matches_by_request or e.error):
                 reasons.append(f"{table}: collateral check failed ({v.collateral_detail})")
-            entry = dict(earlier.get("tables", {}).get(table, {})) if e is None else {
-                "action": e.plan.action, "rows": e.plan.matches_by_request.get(request_id, 0),
-                "snapshot_id": e.snapshot_id,
-                # batch-wide costs of this table's erase + purge (shared by the batch's requests)
-                "data_files_rewritten": e.data_files_rewritten, "bytes_rewritten": e.bytes_rewritten,
-            }
+            if e is None:
+                entry = dict(earlier.get("tables", {}).get(table, {}))
+            elif not e.plan.matches_by_request.get(request_id) and r and r.detail["rows"].get(request_id):
+                entry = {"action": e.plan.action, "rows": r.detail["rows"][request_id], "snapshot_id": r.snapshot_id,
+                         "erased_in_run": r.run_id}
+            else:
+                entry = {"action": e.plan.action, "rows": e.plan.matches_by_request.get(request_id, 0),
+                         "snapshot_id": e.snapshot_id, "rounds": e.rounds}
+            if e is not None:  # batch-wide costs of this table's erase + purge (shared by the batch's requests)
+                entry["data_files_rewritten"] = e.data_files_rewritten
+                entry["bytes_rewritten"] = e.bytes_rewritten
             entry["purged"] = p is not None
             entry["data_files_rewritten"] = entry.get("data_files_rewritten", 0) + (p.data_files_rewritten if p else 0)
             entry["bytes_rewritten"] = entry.get("bytes_rewritten", 0) + (p.bytes_rewritten if p else 0)
@@ -266,6 +349,8 @@ def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
             entry["checks"] = {"live": v.live == 0, "collateral": v.collateral_ok,
                                **({"history": v.history == 0, "storage": v.storage == 0} if v.physical else {})}
             tables[table] = entry
+        if stop_reason:
+            reasons.append(stop_reason)
         evidence = {"run_id": run_id, "verified_at": datetime.now(UTC).isoformat(), "tables": tables}
         if earlier:
             evidence["erased_in_run"] = earlier.get("run_id")
