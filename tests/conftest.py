@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from pyspark.sql import SparkSession
 
 from lakehouse_dsr import synth
@@ -77,3 +82,44 @@ def add_subjects(spark, settings, ids: list[str], tag: str) -> None:
         .writeTo(settings.table("demo.orders")).append()
     people.selectExpr("email", "timestamp'2024-02-01' subscribed_at", "'weekly' list_name", "'account' source") \
         .writeTo(settings.table("demo.newsletter")).append()
+
+
+@pytest.fixture
+def disk_lakehouse(spark, tmp_path):
+    """A tiny lakehouse that other processes (dsr run, writers) share: returns (settings, dsr.yaml path).
+
+    Orphans are removed at once (a killed run leaves some; the tests say when another writer runs).
+    """
+    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0})
+    props = settings.catalog.properties
+    props["cache-enabled"] = "false"  # other processes commit: never serve a cached table state
+    attach(spark, settings)
+    synth.generate(spark, settings, users=40, events=600, seed=SEED, batches=2)
+    config = {
+        "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}},
+        "catalog": {"name": settings.catalog.name, "properties": dict(props)},
+        "secret_key_file": str(settings.key_file()),
+        "purge": {"orphan_min_age_minutes": 0},
+        "export": {"directory": str(settings.export.directory)},
+    }
+    path = tmp_path / "dsr.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return settings, path
+
+
+def dsr_run(config: Path, fail_at: str | None = None, kill_after: float | None = None) -> int:
+    """`dsr run` in its own process; killed with SIGKILL after `kill_after` seconds if still running."""
+    env = {k: v for k, v in os.environ.items() if k != "DSR_FAIL_AT"}
+    if fail_at:
+        env["DSR_FAIL_AT"] = fail_at
+    dsr = str(Path(sys.executable).parent / "dsr")
+    proc = subprocess.Popen([dsr, "-c", str(config), "run"], env=env, cwd=config.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate()
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"dsr run exited {proc.returncode}:\n{out.decode(errors='replace')[-3000:]}")
+    return proc.returncode

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichBars
 from rich.table import Table
@@ -287,7 +288,7 @@ def entry() -> None:
     try:
         app(standalone_mode=False)
     except DsrError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # messages hold file names, not markup
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -17,7 +17,7 @@ from .datamap import DataMap, demo_datamap
 from .exceptions import ConfigError
 
 DEFAULT_CONFIG_FILE = "dsr.yaml"
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 
 
 class _Strict(BaseModel):

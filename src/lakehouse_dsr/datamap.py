@@ -25,8 +25,8 @@ from pyspark.sql.types import AtomicType, DataType
 
 from .exceptions import DataMapError
 
-_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 
 
 def _check_table(name: str) -> str:

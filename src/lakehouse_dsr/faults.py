@@ -18,6 +18,7 @@ FAILPOINTS = (
     "after_erase",    # every table's erase committed, nothing purged
     "after_purge",    # tables purged, not verified
     "after_verify",   # verified, outcomes not yet recorded
+    "after_finish",   # outcomes recorded, the ledger's own history not yet purged
 )
 
 

@@ -55,8 +55,10 @@ class Journal:
                  json.dumps(s.detail, sort_keys=True)) for s in steps]
         self.spark.createDataFrame(rows, STEPS_SCHEMA).writeTo(self.settings.table(self.table)).append()
 
-    def steps(self, run_ids: list[str] | None = None, step: str | None = None) -> list[Step]:
-        """Steps (oldest first), optionally of some runs and of one kind. Small: a few rows per run and table."""
+    def steps(self, run_ids: list[str] | None = None, step: str | None = None, table: str | None = None
+              ) -> list[Step]:
+        """Steps (oldest first), optionally of some runs, of one kind, of one table. Small: a few rows per
+        run and table."""
         df = self.spark.table(self.settings.table(self.table))
         if run_ids is not None:
             if not run_ids:
@@ -64,6 +66,8 @@ class Journal:
             df = df.where(F.col("run_id").isin(*run_ids))
         if step is not None:
             df = df.where(F.col("step") == step)
+        if table is not None:
+            df = df.where(F.col("table_name") == table)
         return [Step(r.run_id, r.table_name, r.step, r.snapshot_id, json.loads(r.detail or "{}"), r.at)
                 for r in df.orderBy("at", "step_id").collect()]
 

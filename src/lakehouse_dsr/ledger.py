@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import calendar
 import csv
+import io
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .config import Settings
-from .exceptions import LedgerError, RequestInputError
+from .exceptions import CatalogUnavailableError, ConfigError, LedgerError, RequestInputError
 from .hashing import keyed_hash, load_key, with_keyed_hash
 from .journal import Journal
 
@@ -88,25 +92,53 @@ class RequestInput:
             raise RequestInputError(f"{prefix}subject id is empty")
         if len(self.subject_id) > MAX_SUBJECT_LENGTH:
             raise RequestInputError(f"{prefix}subject id is longer than {MAX_SUBJECT_LENGTH} characters")
+        if not self.subject_id.isascii() and _SURROGATE.search(self.subject_id):  # e.g. undecodable argv bytes
+            raise RequestInputError(f"{prefix}subject id is not valid Unicode text (it holds undecodable bytes)")
         if self.request_type not in REQUEST_TYPES:
             raise RequestInputError(
-                f"{prefix}unknown request type {self.request_type!r} (expected one of {', '.join(REQUEST_TYPES)})"
+                f"{prefix}unknown request type {_shown(self.request_type)} (expected one of {', '.join(REQUEST_TYPES)})"
             )
         if self.regulation not in REGULATIONS:
             raise RequestInputError(
-                f"{prefix}unknown regulation {self.regulation!r} (expected one of {', '.join(REGULATIONS)})"
+                f"{prefix}unknown regulation {_shown(self.regulation)} (expected one of {', '.join(REGULATIONS)})"
             )
         received = self.received_at
         if received is not None and received.tzinfo is None:
             received = received.replace(tzinfo=UTC)
+        if received is not None and received > _now() + timedelta(days=1):
+            raise RequestInputError(f"{prefix}received_at {received.isoformat()} is in the future")
         return RequestInput(self.subject_id, self.request_type, self.regulation, received)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# Values echoed in messages: mistyped keywords and dates. Anything else may be an identifier in the wrong
+# column (or a header that is really a row of data), and messages never show identifiers.
+_SHOWABLE = re.compile(r"[A-Za-z_]{0,20}|(?=[^:-]*[:-])[0-9TZ:+. -]{1,40}")
+
+
+def _shown(value: object) -> str:
+    return repr(value) if isinstance(value, str) and _SHOWABLE.fullmatch(value) else "(value not shown)"
+
+
+def _jvm_error(exc: Exception) -> str:
+    """The first line of a JVM error and of its root cause, without package names or stack."""
+    java = getattr(exc, "java_exception", None)
+    if java is None:  # AnalysisException and the like: their message is already plain
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    chain = [java]
+    while len(chain) < 20 and chain[-1].getCause() is not None:
+        chain.append(chain[-1].getCause())
+    first, root = (re.sub(r"^[\w.$]*\.(?=\w+(:|$))", "", str(e.toString()).strip().splitlines()[0])
+                   for e in (chain[0], chain[-1]))
+    return first if first == root else f"{first} ({root})"
 
 
 def parse_received(text: str, where: str = "") -> datetime:
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise RequestInputError(f"{where}: received_at {text!r} is not an ISO-8601 date or time") from None
+        raise RequestInputError(f"{where}: received_at {_shown(text)} is not an ISO-8601 date or time") from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
@@ -114,29 +146,46 @@ def read_requests_csv(path: str | Path) -> list[RequestInput]:
     """Parse and validate a whole CSV (`subject_id,type[,regulation][,received_at]`) before anything is submitted."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8-sig")
+        text = file.read_bytes().decode("utf-8-sig")  # bytes: a "\r" inside a field stays "\r"
     except FileNotFoundError:
         raise RequestInputError(f"{file} does not exist") from None
     except UnicodeDecodeError as exc:
         raise RequestInputError(f"{file} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    reader = csv.DictReader(text.splitlines())
-    columns = reader.fieldnames or []
-    allowed = {"subject_id", "type", "regulation", "received_at"}
-    if not {"subject_id", "type"} <= set(columns) or set(columns) - allowed:
-        raise RequestInputError(
-            f"{file}: header must be subject_id,type[,regulation][,received_at]; found {','.join(columns) or 'nothing'}"
-        )
+    except OSError as exc:  # a directory, no permission, ...
+        raise RequestInputError(f"{file} cannot be read: {exc.strerror or type(exc).__name__}") from None
+    # newline="": a line break inside a quoted field (and U+2028, U+0085 anywhere) belongs to the field.
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     requests = []
-    for line, row in enumerate(reader, start=2):
-        if None in row or any(v is None for v in row.values()):
-            raise RequestInputError(f"{file} line {line}: expected {len(columns)} fields")
-        received = parse_received(row["received_at"], f"{file} line {line}") if row.get("received_at") else None
-        requests.append(
-            RequestInput(
-                row["subject_id"], row["type"].strip().lower(), (row.get("regulation") or "gdpr").strip().lower(),
-                received,
-            ).validated(f"{file} line {line}")
-        )
+    try:
+        columns = [c.strip() for c in reader.fieldnames or []]
+        if any("\x00" in c for c in columns):
+            raise RequestInputError(f"{file} is not UTF-8 text (NUL bytes in the header: UTF-16?); save it as UTF-8")
+        allowed = ("subject_id", "type", "regulation", "received_at")
+        missing = [c for c in allowed[:2] if c not in columns]
+        unknown = [_shown(c) for c in columns if c not in allowed]
+        twice = [c for c in allowed if columns.count(c) > 1]
+        if missing or unknown or twice:
+            found = "; ".join([*([f"missing {', '.join(missing)}"] if missing else []),
+                               *([f"unknown column(s) {', '.join(unknown)}"] if unknown else []),
+                               *([f"{', '.join(twice)} given twice"] if twice else [])])
+            raise RequestInputError(
+                f"{file}: header must be subject_id,type[,regulation][,received_at]; "
+                + (found if columns else "the file is empty")
+            )
+        reader.fieldnames = columns
+        for row in reader:
+            where = f"{file} line {reader.line_num}"
+            if None in row or any(v is None for v in row.values()):
+                raise RequestInputError(f"{where}: expected {len(columns)} fields")
+            received = parse_received(row["received_at"], where) if row.get("received_at") else None
+            requests.append(
+                RequestInput(
+                    row["subject_id"], row["type"].strip().lower(), (row.get("regulation") or "gdpr").strip().lower(),
+                    received,
+                ).validated(where)
+            )
+    except csv.Error as exc:  # e.g. a field longer than the csv module's limit
+        raise RequestInputError(f"{file} line {reader.reader.line_num}: not valid CSV ({exc})") from None
     if not requests:
         raise RequestInputError(f"{file} holds no requests")
     return requests
@@ -155,15 +204,28 @@ class Ledger:
     @property
     def key(self) -> bytes:
         if self._key is None:
-            self._key = load_key(self.settings.key_file())
+            try:
+                key = load_key(self.settings.key_file())
+            except (ValueError, OSError) as exc:  # not hex, a directory, unreadable, ...
+                raise ConfigError(f"the key file {self.settings.key_file()} cannot be used: {exc}") from None
+            if not key:
+                raise ConfigError(f"the key file {self.settings.key_file()} is empty")
+            self._key = key
         return self._key
 
     def q(self, table: str) -> str:
         return self.settings.table(table)
 
     def ensure(self) -> None:
-        """Create the namespace and tables if missing (metadata only)."""
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.settings.namespace(self.settings.ledger_namespace)}")
+        """Create the namespace and tables if missing (metadata only).
+
+        The engine's first touch of the catalog: one that cannot be reached (server down, warehouse that
+        cannot be created) raises CatalogUnavailableError naming it."""
+        try:
+            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.settings.namespace(self.settings.ledger_namespace)}")
+        except (Py4JJavaError, CapturedException) as exc:
+            raise CatalogUnavailableError(
+                f"catalog {self.settings.catalog.name} cannot be reached: {_jvm_error(exc)}") from exc
         for table, schema, extra in ((self.requests_table, REQUESTS_SCHEMA, _SUBJECT_METRICS),
                                      (self.keys_table, KEYS_SCHEMA, {}), (self.audit_table, AUDIT_SCHEMA, {})):
             props = ", ".join(f"'{k}' = '{v}'" for k, v in {**_LEDGER_PROPS, **extra}.items())
@@ -211,12 +273,11 @@ class Ledger:
         return self.spark.table(self.q(table))
 
     def pending(self, request_types: tuple[str, ...]) -> DataFrame:
-        """Requests the next run acts on: request_id, request_type, subject_id, regulation, due_date, and the
-        status and run_id they were left with (in_progress: that run was interrupted). Small."""
+        """Requests the next run acts on: request_id, request_type, subject_id, regulation, due_date (small)."""
         return (
             self._table(self.requests_table)
             .where(F.col("status").isin(*ACTIONABLE_STATUSES) & F.col("request_type").isin(*request_types))
-            .select("request_id", "request_type", "subject_id", "regulation", "due_date", "status", "run_id")
+            .select("request_id", "request_type", "subject_id", "regulation", "due_date")
         )
 
     def awaiting_purge(self) -> dict[str, date]:
@@ -260,6 +321,18 @@ class Ledger:
             .where(F.col("request_id").isin(*request_ids)).select("request_id", "evidence").collect()
         )
         return {r.request_id: json.loads(r.evidence) if r.evidence else {} for r in rows}
+
+    def interrupted_runs(self, request_ids: list[str]) -> list[str]:
+        """Runs that started some of these requests and were killed before recording their outcome
+        (an `in_progress` audit event without an outcome event of the same run). Reads the audit log."""
+        outcome = F.array(*(F.lit(s) for s in ("completed", "failed", "erased")))
+        events = (self._table(self.audit_table).where(F.col("request_id").isin(*request_ids))
+                  .groupBy("run_id").agg(F.collect_set("event").alias("events"))
+                  .where(F.array_contains("events", "in_progress") & ~F.arrays_overlap("events", outcome)))
+        return sorted(r.run_id for r in events.select("run_id").collect())
+
+    def last_completion(self) -> datetime | None:
+        return self._table(self.requests_table).agg(F.max("completed_at").alias("at")).first().at
 
     def completed_ids(self, request_type: str) -> list[str]:
         done = (F.col("status") == "completed") & (F.col("request_type") == request_type)

@@ -67,44 +67,52 @@ def run(spark: SparkSession, settings: Settings, progress: Progress | None = Non
         report.not_processed = {r.request_type: r["count"] for r in requests.where(F.col("request_type") == "opt_out")
                                 .groupBy("request_type").count().collect()}
         report.held = {t: s.detail.get("reason", "") for t, s in ledger.journal.holds().items()}
-        batches = _start_batches(ledger, report.run_id, ("access",) if report.held else ("access", "erase"))
+        batches, interrupted = _start_batches(ledger, report.run_id,
+                                              ("access",) if report.held else ("access", "erase"))
     faults.failpoint("after_start")
-    outcomes = _run_access(spark, settings, ledger, key_types, report, progress, *batches["access"])
+    outcomes = _run_access(spark, settings, ledger, key_types, report, progress, *batches["access"], interrupted)
     if not report.held:  # a table on hold stops every erasure and purge until `dsr release`
-        outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress, today, *batches["erase"])
+        outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress, today, *batches["erase"],
+                                 interrupted)
     faults.failpoint("after_verify")
-    if outcomes:
-        with _timed(report, "ledger", spark):
-            progress.stage("ledger", 1)
-            progress.step("record outcomes, purge ledger history")
+    with _timed(report, "ledger", spark):
+        if outcomes:
             ledger.finish(outcomes, report.run_id)
-            # Completion drops plaintext ids from the current snapshot; under the batched policy the
-            # ledger's own history is purged with the tables'.
-            if any(o.status == "completed" for o in outcomes) and (
-                    settings.purge.policy == "immediate" or report.purge_schedule.get("purged")):
-                report.ledger_purge = purge_ledger(spark, settings, ledger)
-            progress.done()
+        faults.failpoint("after_finish")
+        # Completion drops plaintext ids from the current snapshot only; history keeps them until the
+        # ledger is purged too (under the batched policy, with the tables). Owed also when a run was
+        # killed between recording outcomes and this purge.
+        if _ledger_purge_owed(ledger) and (settings.purge.policy == "immediate"
+                                           or report.purge_schedule.get("purged")):
+            report.ledger_purge = purge_ledger(spark, settings, ledger)
+            ledger.journal.record([Step(report.run_id, ledger.requests_table, "purged")])
     report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
     return report
 
 
-Batch = tuple[DataFrame, dict[str, date], list[str]]
+def _ledger_purge_owed(ledger: Ledger) -> bool:
+    """A request completed after the ledger's last purge (metadata-sized reads)."""
+    completed = ledger.last_completion()
+    if completed is None:
+        return False
+    purges = ledger.journal.steps(step="purged", table=ledger.requests_table)
+    return not purges or purges[-1].at < completed
 
 
-def _start_batches(ledger: Ledger, run_id: str, types: tuple[str, ...]) -> dict[str, Batch]:
+def _start_batches(ledger: Ledger, run_id: str, types: tuple[str, ...]
+                   ) -> tuple[dict[str, tuple[DataFrame, dict[str, date]]], list[str]]:
     """The requests of `types` this run acts on, checkpointed (they hold plaintext subjects) and marked
-    in progress in one commit: {type: (requests, {request id: due date}, runs that were interrupted
-    while working on them)}."""
+    in progress in one commit: ({type: (requests, {request id: due date})}, runs that were killed
+    while working on any of them)."""
     pending = ledger.pending(types).localCheckpoint()
     due: dict[str, dict[str, date]] = {"access": {}, "erase": {}}
-    interrupted: dict[str, set[str]] = {"access": set(), "erase": set()}
-    for r in pending.select("request_id", "request_type", "due_date", "status", "run_id").collect():
+    for r in pending.select("request_id", "request_type", "due_date").collect():
         due[r.request_type][r.request_id] = r.due_date
-        if r.status == "in_progress" and r.run_id:
-            interrupted[r.request_type].add(r.run_id)
-    if due["access"] or due["erase"]:
-        ledger.start([*due["access"], *due["erase"]], run_id)
-    return {t: (pending.where(F.col("request_type") == t), due[t], sorted(interrupted[t])) for t in due}
+    ids = [*due["access"], *due["erase"]]
+    interrupted = ledger.interrupted_runs(ids) if ids else []
+    if ids:
+        ledger.start(ids, run_id)
+    return {t: (pending.where(F.col("request_type") == t), due[t]) for t in due}, interrupted
 
 
 def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],

@@ -1,0 +1,170 @@
+"""Collateral check, commit-conflict retries and late rows, in one process with real tables.
+
+Faults are injected by wrapping `erase.apply`: the wrapper runs what a concurrent writer or a
+faulty statement would commit, around the real erase.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from lakehouse_dsr import erase, iceberg, synth
+from lakehouse_dsr.exceptions import CommitConflictError, LedgerError
+from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.run import run
+from lakehouse_dsr.verify import verify_completed
+
+from conftest import SEED, snapshot_ids
+
+ERASED = [synth.user_id(SEED, 1), synth.user_id(SEED, 2)]
+BYSTANDER = synth.user_id(SEED, 9)
+
+
+def events_of(spark, settings, ids) -> int:
+    return spark.table(settings.table("demo.events")).where(F.col("user_id").isin(*ids)).count()
+
+
+def append_events(spark, settings, user_ids: list[str], tag: str) -> None:
+    spark.createDataFrame([(u,) for u in user_ids], "user_id string").selectExpr(
+        "uuid() event_id", "user_id", "'late' event_type", "timestamp'2024-07-01' event_timestamp",
+        "cast(null as string) page_url", "cast(null as string) product_id", f"'{tag}' event_details",
+    ).writeTo(settings.table("demo.events")).append()
+
+
+def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
+    """Run `before(plan, keys)` / `after()` around the real erase of `table` (first call only)."""
+    real, calls = erase.apply, []
+
+    def apply(spark, settings, table_plan, keys, key_type):
+        first = table_plan.table == table and not calls
+        if first:
+            calls.append(1)
+            if before:
+                before(spark, settings, keys)
+        result = real(spark, settings, table_plan, keys, key_type)
+        if first and after:
+            after(spark, settings)
+        return result
+
+    monkeypatch.setattr(erase, "apply", apply)
+
+
+@pytest.mark.parametrize("mode", ["content", "count"])
+def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(spark, new_lakehouse, monkeypatch,
+                                                                              mode):
+    settings = new_lakehouse(erase={"collateral_check": mode})
+    ledger = Ledger(spark, settings)
+    ledger.submit([RequestInput(s, "erase") for s in ERASED])
+    bystander_rows = events_of(spark, settings, [BYSTANDER])
+    assert bystander_rows > 0
+    real_keys_for_table = erase.keys_for_table
+
+    def faulty_keys(keys, mapping, key_type):  # a bug that also matches a bystander, in the statement only
+        extra = keys.sparkSession.createDataFrame([("bug", mapping.identifier, BYSTANDER)],
+                                                  "request_id string, key_type string, key_value string")
+        return real_keys_for_table(keys.unionByName(extra), mapping, key_type)
+
+    def before(spark, settings, keys):
+        monkeypatch.setattr(erase, "keys_for_table", faulty_keys)
+
+    def after(spark, settings):
+        monkeypatch.setattr(erase, "keys_for_table", real_keys_for_table)
+
+    wrap_apply(monkeypatch, "demo.events", before, after)
+    report = run(spark, settings)
+
+    assert "demo.events" in report.collateral_failures and report.needs_attention
+    assert report.tables["demo.events"]["purge"] == {}  # stopped before the purge
+    assert {r.status for r in report.requests} == {"failed"}
+    assert all("collateral check failed in demo.events" in r.reason for r in report.requests)
+    assert set(ledger.journal.holds()) == {"demo.events"}
+    # The pre-erase snapshot is still there: a rollback restores the bystander.
+    held_at = ledger.journal.holds()["demo.events"].snapshot_id
+    assert iceberg.read_at(spark, settings, "demo.events", held_at) \
+        .where(F.col("user_id") == BYSTANDER).count() == bystander_rows
+
+    # While held, a run erases and purges nothing and says why.
+    monkeypatch.undo()
+    before_ids = snapshot_ids(spark, settings, list(settings.datamap.tables))
+    held = run(spark, settings)
+    assert set(held.held) == {"demo.events"} and held.needs_attention and not held.tables
+    assert snapshot_ids(spark, settings, list(settings.datamap.tables)) == before_ids
+
+    with pytest.raises(LedgerError, match="reason"):
+        ledger.journal.release("demo.events", " ")
+    spark.sql(f"CALL {settings.catalog.name}.system.rollback_to_snapshot('demo.events', {held_at})")
+    ledger.journal.release("demo.events", "rolled back to the pre-erase snapshot")
+    assert not ledger.journal.holds()
+    with pytest.raises(LedgerError, match="not on hold"):
+        ledger.journal.release("demo.events", "again")
+
+    done = run(spark, settings)
+    assert {r.status for r in done.requests} == {"completed"}, [r.reason for r in done.requests]
+    assert events_of(spark, settings, [BYSTANDER]) == bystander_rows
+    assert events_of(spark, settings, ERASED) == 0
+
+
+def test_concurrent_appends_during_the_erase_are_kept_and_late_rows_erased(spark, new_lakehouse, monkeypatch):
+    settings = new_lakehouse()
+    Ledger(spark, settings).submit([RequestInput(s, "erase") for s in ERASED])
+    others = spark.table(settings.table("demo.events")).where(~F.col("user_id").isin(*ERASED)).count()
+
+    def during(spark, settings, keys):  # lands between the plan's snapshot and the erase commit
+        append_events(spark, settings, [BYSTANDER] * 5 + [ERASED[0]], "during")
+
+    def after(spark, settings):  # lands after the erase commit: a later round must catch it
+        append_events(spark, settings, [BYSTANDER] * 3 + [ERASED[1]] * 2, "after")
+
+    wrap_apply(monkeypatch, "demo.events", during, after)
+    report = run(spark, settings)
+
+    assert {r.status for r in report.requests} == {"completed"}, [r.reason for r in report.requests]
+    events = report.tables["demo.events"]["erase"]
+    assert events["collateral"]["ok"] and events["rounds"] == 2
+    assert events_of(spark, settings, ERASED) == 0
+    assert spark.table(settings.table("demo.events")).where(~F.col("user_id").isin(*ERASED)).count() == others + 8
+    assert all(not reasons for reasons in verify_completed(spark, settings).values())
+
+
+def test_redacting_table_with_a_concurrent_append_of_a_requested_subject(spark, new_lakehouse, monkeypatch):
+    """The erase may or may not see rows appended while it runs; either way the check must hold."""
+    settings = new_lakehouse()
+    Ledger(spark, settings).submit([RequestInput(ERASED[0], "erase")])
+
+    def during(spark, settings, keys):
+        spark.createDataFrame([(ERASED[0],), (BYSTANDER,)], "user_id string").selectExpr(
+            "uuid() order_id", "user_id", "cast(1.00 as decimal(10,2)) amount", "'N' customer_name",
+            "'S' shipping_address", "timestamp'2024-06-01' ordered_at").writeTo(settings.table("demo.orders")).append()
+
+    wrap_apply(monkeypatch, "demo.orders", during)
+    report = run(spark, settings)
+    assert report.tables["demo.orders"]["erase"]["collateral"]["ok"]
+    assert {r.status for r in report.requests} == {"completed"}, [r.reason for r in report.requests]
+
+
+def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(spark, new_lakehouse):
+    settings = new_lakehouse(erase={"commit_retries": 2, "retry_backoff_seconds": 0.01})
+    conflict = "org.apache.iceberg.exceptions.ValidationException: Found conflicting files that can contain records"
+    attempts = []
+
+    def flaky(fail_times):
+        def statement():
+            attempts.append(1)
+            if len(attempts) <= fail_times:
+                raise RuntimeError(conflict)
+        return statement
+
+    assert erase._with_retries(settings, "demo.events", flaky(2)) == 3
+    attempts.clear()
+    with pytest.raises(CommitConflictError, match="conflicted with concurrent writers 3 times"):
+        erase._with_retries(settings, "demo.events", flaky(5))
+    attempts.clear()
+
+    def broken():
+        attempts.append(1)
+        raise RuntimeError("AnalysisException: something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        erase._with_retries(settings, "demo.events", broken)
+    assert len(attempts) == 1  # other errors are not retried
