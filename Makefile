@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean install bench
+.PHONY: demo test test-slow lint clean install bench
 
 BENCH_EVENTS ?= 1000000
 
@@ -20,7 +20,11 @@ demo: $(STAMP)
 	$(VENV)/bin/dsr demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+# Subprocess kills (failpoints, random SIGKILL) and a concurrent writer: a few minutes more.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
 
 # The notebook's steps against `dsr run` on identical data; JSON + charts in bench/results/.
 bench: $(STAMP)

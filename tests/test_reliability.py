@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
+from conftest import SEED, snapshot_ids
 from lakehouse_dsr import erase, iceberg, synth
 from lakehouse_dsr.exceptions import CommitConflictError, LedgerError
 from lakehouse_dsr.ledger import Ledger, RequestInput
 from lakehouse_dsr.run import run
 from lakehouse_dsr.verify import verify_completed
-
-from conftest import SEED, snapshot_ids
 
 ERASED = [synth.user_id(SEED, 1), synth.user_id(SEED, 2)]
 BYSTANDER = synth.user_id(SEED, 9)
