@@ -2,9 +2,23 @@ import os
 import stat
 
 import pytest
+from typer.testing import CliRunner
 
+from lakehouse_dsr.cli import app
+from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import ConfigError
-from lakehouse_dsr.hashing import keyed_hash, load_key, with_keyed_hash
+from lakehouse_dsr.hashing import (
+    Keyring,
+    join_on_key,
+    key_id,
+    keyed_hash,
+    load_key,
+    load_retired,
+    retired_file,
+    rotate_key,
+    with_keyed_hash,
+    with_keyring_hashes,
+)
 
 VALUES = ["alice", "x' OR '1'='1", "%", "\u00e9l\u00e8ve \U0001f600", "a\x00b", " ", "k" * 10_000]
 
@@ -38,3 +52,92 @@ def test_key_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("DSR_SECRET_KEY", "from-env")
     assert load_key(tmp_path / "unused") == b"from-env"
     assert not (tmp_path / "unused").exists()
+
+
+def _key_settings(tmp_path):
+    return settings_from_dict({"secret_key_file": str(tmp_path / "dsr-secret.key")}, base=tmp_path)
+
+
+def test_rotation_retires_the_old_key_owner_only(tmp_path, monkeypatch):
+    monkeypatch.delenv("DSR_SECRET_KEY", raising=False)
+    settings = _key_settings(tmp_path)
+    with pytest.raises(ConfigError, match="nothing to rotate"):
+        rotate_key(settings)
+    first = load_key(settings.key_file())
+    one = rotate_key(settings)
+    second = load_key(settings.key_file())
+    two = rotate_key(settings)
+    third = load_key(settings.key_file())
+    retired = retired_file(settings.key_file())
+    assert len({first, second, third}) == 3 and len(third) == 32
+    assert (one.old_id, one.new_id, two.old_id, two.new_id) == (key_id(first), key_id(second), key_id(second),
+                                                                 key_id(third))
+    assert retired.read_text() == f"{first.hex()}\n{second.hex()}\n" and two.retired == 2
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (settings.key_file(), retired)} == {0o600}
+    ring = Keyring(third, load_retired(settings.key_file()))
+    assert list(ring.keys()) == [key_id(third), key_id(second), key_id(first)]  # active, then newest retired
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_rotation_interrupted_after_retiring_does_not_retire_twice(tmp_path, monkeypatch):
+    monkeypatch.delenv("DSR_SECRET_KEY", raising=False)
+    settings = _key_settings(tmp_path)
+    key = load_key(settings.key_file())
+    retired = retired_file(settings.key_file())
+    fd = os.open(retired, os.O_WRONLY | os.O_CREAT, 0o600)  # the old key is in the keyring, the key file unchanged
+    os.write(fd, key.hex().encode())  # no trailing newline (edited by hand)
+    os.close(fd)
+    rotate_key(settings)
+    assert retired.read_text() == key.hex() and load_key(settings.key_file()) != key  # not retired twice
+    second = load_key(settings.key_file())
+    rotate_key(settings)
+    assert retired.read_text() == f"{key.hex()}\n{second.hex()}\n"
+
+
+def test_keyring_file_must_be_owner_only_and_hex(tmp_path, monkeypatch):
+    monkeypatch.delenv("DSR_SECRET_KEY", raising=False)
+    settings = _key_settings(tmp_path)
+    load_key(settings.key_file())
+    retired = retired_file(settings.key_file())
+    retired.write_text("00ff\n")
+    retired.chmod(0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        load_retired(settings.key_file())
+    retired.chmod(0o600)
+    assert load_retired(settings.key_file()) == (b"\x00\xff",)
+    retired.write_text("00ff\n\nnot hex\n")
+    with pytest.raises(ConfigError, match="line 3 is not a hex key"):
+        rotate_key(settings)
+
+
+def test_rotation_refuses_a_key_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSR_SECRET_KEY", "from-env")
+    with pytest.raises(ConfigError, match="DSR_SECRET_KEY"):
+        rotate_key(_key_settings(tmp_path))
+
+
+def test_rotate_key_command(tmp_path, monkeypatch):
+    monkeypatch.delenv("DSR_SECRET_KEY", raising=False)
+    config = tmp_path / "dsr.yaml"
+    config.write_text(f"secret_key_file: {tmp_path / 'k' / 'dsr-secret.key'}\n")
+    load_key(tmp_path / "k" / "dsr-secret.key")
+    result = CliRunner().invoke(app, ["-c", str(config), "rotate-key"])
+    assert result.exit_code == 0, result.output
+    assert "is now active" in result.output and "retired to" in result.output
+    assert (tmp_path / "k" / "dsr-secret.key.retired").stat().st_mode & 0o077 == 0
+
+
+def test_each_hash_is_checked_under_the_key_that_made_it(spark):
+    old, new = b"old key", b"new key"
+    ring = Keyring(new, (old,))
+    df = spark.createDataFrame([(v,) for v in VALUES[:4]], "v string")
+    got = {(r.v, r.key_id): r.key_hash for r in with_keyring_hashes(spark, df, "v", ring).collect()}
+    assert got == {(v, key_id(k)): keyed_hash(k, v) for v in VALUES[:4] for k in (old, new)}
+    stored = spark.createDataFrame(
+        [("made-by-old", keyed_hash(old, "alice"), key_id(old)),
+         ("wrong-key-id", keyed_hash(old, "%"), key_id(new)),  # a hash compared only with its own key's candidates
+         ("legacy", keyed_hash(old, VALUES[3]), None)],        # NULL key id: any key of the ring
+        "request_id string, key_hash string, key_id string")
+    candidates = with_keyring_hashes(spark, df, "v", ring)
+    assert sorted(r.request_id for r in join_on_key(candidates, stored).collect()) == ["legacy", "made-by-old"]
+    assert sorted(r.v for r in join_on_key(candidates, stored, "left_semi").collect()) == ["alice", VALUES[3]]

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from conftest import SEED, snapshot_ids
 from lakehouse_dsr import erase, iceberg, synth
-from lakehouse_dsr.exceptions import CommitConflictError, LedgerError
+from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerError
 from lakehouse_dsr.ledger import Ledger, RequestInput
 from lakehouse_dsr.run import run
 from lakehouse_dsr.verify import verify_completed
@@ -167,3 +167,14 @@ def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(spark, 
     with pytest.raises(RuntimeError, match="something else"):
         erase._with_retries(settings, "demo.events", broken)
     assert len(attempts) == 1  # other errors are not retried
+
+
+def test_a_misspelt_failpoint_fails_before_anything_changes(spark, new_lakehouse, monkeypatch):
+    settings = new_lakehouse()
+    Ledger(spark, settings).submit([RequestInput(ERASED[0], "erase")])
+    tables = [*settings.datamap.tables, "dsr.requests", "dsr.audit"]
+    before = snapshot_ids(spark, settings, tables)
+    monkeypatch.setenv("DSR_FAIL_AT", "after_erse")
+    with pytest.raises(ConfigError, match="not a failpoint.*after_erase"):
+        run(spark, settings)
+    assert snapshot_ids(spark, settings, tables) == before

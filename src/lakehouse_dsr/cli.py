@@ -19,6 +19,7 @@ from . import access, layout, synth
 from .bench import run_bench
 from .config import Settings, load_settings
 from .exceptions import DsrError
+from .hashing import rotate_key
 from .ledger import REGULATIONS, REQUEST_TYPES, Ledger, RequestInput, parse_received, read_requests_csv
 from .run import run as run_batch
 from .spark import build_session
@@ -194,6 +195,14 @@ def verify_cmd(request_id: Annotated[list[str] | None, typer.Argument(help="defa
     console.print(f"{len(results) - len(bad)} of {len(results)} completed request(s) verified erased")
     if bad:
         raise typer.Exit(1)
+
+
+@app.command("rotate-key")
+def rotate_key_cmd() -> None:
+    """Replace the HMAC key; the old one is retired to the keyring file, so completed requests stay verifiable."""
+    r = rotate_key(_settings())
+    console.print(f"key {r.new_id} is now active; key {r.old_id} retired to {escape(str(r.retired_file))} "
+                  f"({r.retired} retired key(s), keep the file as safe as the key)")
 
 
 @app.command()

@@ -2,6 +2,11 @@
 
 The same HMAC is computed in Python (for submitted identifiers) and as a Spark expression (for
 table values), so completed requests can be re-verified without any plaintext identifier.
+
+Rotation: `rotate_key` moves the active key to the keyring of retired keys (`<key file>.retired`,
+0600, one hex key per line) and writes a new one. Every stored hash names the key that made it
+(`key_id`, 8 hex digits of the key's SHA-256), so a check computes candidate hashes under each key
+of the ring and compares each stored hash only with the candidates of its own key.
 """
 
 from __future__ import annotations
@@ -10,14 +15,20 @@ import hashlib
 import hmac
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .exceptions import ConfigError
 
+if TYPE_CHECKING:
+    from .config import Settings
+
 KEY_ENV = "DSR_SECRET_KEY"
+RETIRED_SUFFIX = ".retired"
 _BLOCK = 64  # SHA-256 block size in bytes
 
 
@@ -37,6 +48,125 @@ def load_key(key_file: Path) -> bytes:
     return bytes.fromhex(key_file.read_text().strip())
 
 
+def key_id(key: bytes) -> str:
+    """Names a key in the ledger (`request_keys.key_id`): the first 8 hex digits of its SHA-256."""
+    return hashlib.sha256(key).hexdigest()[:8]
+
+
+def retired_file(key_file: Path) -> Path:
+    """The keyring of retired keys, next to the key file: `dsr-secret.key.retired`."""
+    return key_file.with_name(key_file.name + RETIRED_SUFFIX)
+
+
+def load_retired(key_file: Path) -> tuple[bytes, ...]:
+    """The retired keys (oldest first); none if the keyring file does not exist."""
+    path = retired_file(key_file)
+    if not path.exists():
+        return ()
+    if path.stat().st_mode & 0o077:
+        raise ConfigError(f"retired key file {path} is readable by others; run: chmod 600 {path}")
+    keys = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                keys.append(bytes.fromhex(line.strip()))
+            except ValueError:
+                raise ConfigError(f"retired key file {path} line {number} is not a hex key") from None
+    return tuple(keys)
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """The active key (makes every new hash) and the retired ones (still check the hashes they made)."""
+
+    active: bytes
+    retired: tuple[bytes, ...] = ()
+
+    @property
+    def active_id(self) -> str:
+        return key_id(self.active)
+
+    def keys(self) -> dict[str, bytes]:
+        """{key_id: key}, active first, newest retired next; a key listed twice counts once."""
+        ring: dict[str, bytes] = {}
+        for key in (self.active, *reversed(self.retired)):
+            ring.setdefault(key_id(key), key)
+        return ring
+
+
+def keys_in_use(ring: Keyring, used: set[str | None]) -> dict[str, bytes]:
+    """The keys of `ring` named by `used` (the key ids of stored hashes), to hash with only those;
+    every key if some hash has no key id (NULL: made before key ids were recorded) or none is named."""
+    keys = ring.keys()
+    if None in used or not used & set(keys):
+        return keys
+    return {i: k for i, k in keys.items() if i in used}
+
+
+def as_keyring(key: bytes | Keyring, key_file: Path) -> Keyring:
+    """A bare key is the active key: the retired keys come from the keyring file next to `key_file`."""
+    return key if isinstance(key, Keyring) else Keyring(key, load_retired(key_file))
+
+
+@dataclass(frozen=True)
+class Rotation:
+    old_id: str
+    new_id: str
+    retired_file: Path
+    retired: int  # keys in the keyring file now
+
+
+def rotate_key(settings: Settings) -> Rotation:
+    """Retire the active key file's key (appended to `<key file>.retired`, 0600) and write a new one.
+
+    Only files change, in a crash-safe order: the old key is written (and synced) to the keyring
+    before the new key replaces it atomically, so no moment exists where a key is lost. Hashes made
+    before stay checkable under their retired key; new hashes use the new key.
+    """
+    key_file = settings.key_file()
+    retired = retired_file(key_file)
+    if os.environ.get(KEY_ENV):
+        raise ConfigError(
+            f"the HMAC key comes from ${KEY_ENV}; rotate it there: add its hex to {retired} (one key per line, "
+            "mode 0600), then set the new key"
+        )
+    if not key_file.exists():
+        raise ConfigError(f"no key file at {key_file}: nothing to rotate")
+    try:
+        old = load_key(key_file)
+    except ValueError:
+        raise ConfigError(f"the key file {key_file} does not hold a hex key: nothing was rotated") from None
+    if not old:
+        raise ConfigError(f"the key file {key_file} is empty: nothing was rotated")
+    kept = load_retired(key_file)
+    if key_id(old) not in {key_id(k) for k in kept}:  # a rotation that crashed after this step did it already
+        text = retired.read_text() if retired.exists() else ""
+        if text and not text.endswith("\n"):
+            text += "\n"
+        _write_private(retired, f"{text}{old.hex()}\n")
+        kept = (*kept, old)
+    new = secrets.token_bytes(32)
+    _write_private(key_file, new.hex())
+    return Rotation(key_id(old), key_id(new), retired, len(kept))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Replace `path` atomically with `text`, mode 0600, synced to disk."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
 def keyed_hash(key: bytes, value: str) -> str:
     return hmac.new(key, value.encode("utf-8"), hashlib.sha256).hexdigest()
 
@@ -53,8 +183,36 @@ def with_keyed_hash(spark: SparkSession, df: DataFrame, column: str, key: bytes,
 
     The key pads travel as a one-row broadcast DataFrame, never as literals in the query plan.
     """
-    inner, outer = _pads(key)
-    pads = spark.createDataFrame([(inner, outer)], "dsr_ipad binary, dsr_opad binary")
+    return _hashed(spark, df, column, {"": key}, out).drop("dsr_key_id")
+
+
+def with_keyring_hashes(spark: SparkSession, df: DataFrame, column: str, ring: Keyring | dict[str, bytes],
+                        out: str = "key_hash", id_out: str = "key_id") -> DataFrame:
+    """One row per row of `df` and key of `ring` ({key_id: key} or a Keyring): `id_out` = the key's id,
+    `out` = the HMAC under that key. Cost: one HMAC per row and key (one key: as `with_keyed_hash`)."""
+    keys = ring.keys() if isinstance(ring, Keyring) else ring
+    return _hashed(spark, df, column, keys, out).withColumnRenamed("dsr_key_id", id_out)
+
+
+def join_on_key(candidates: DataFrame, hashes: DataFrame, how: str = "inner") -> DataFrame:
+    """`candidates` (key_id, key_hash from `with_keyring_hashes`) joined with the broadcast `hashes`
+    (key_hash and, if it has one, the key_id that made each hash) on hash and key: a stored hash is
+    only compared with candidates of its own key. A NULL key_id (written before key ids were
+    recorded) matches a candidate of any key. `how`: inner, or left_semi to keep `candidates` only."""
+    made_by = F.col("key_id") if "key_id" in hashes.columns else F.lit(None).cast("string")
+    stored = hashes.select(*[c for c in hashes.columns if c != "key_id"], made_by.alias("dsr_made_by"))
+    same_key = F.col("dsr_made_by").isNull() | (F.col("dsr_made_by") == candidates["key_id"])
+    if how == "left_semi":
+        return candidates.join(F.broadcast(stored), (candidates["key_hash"] == stored["key_hash"]) & same_key,
+                               "left_semi")
+    if how != "inner":
+        raise ValueError(f"join_on_key: how must be inner or left_semi, not {how!r}")
+    return candidates.join(F.broadcast(stored), "key_hash").where(same_key).drop("dsr_made_by")
+
+
+def _hashed(spark: SparkSession, df: DataFrame, column: str, keys: dict[str, bytes], out: str) -> DataFrame:
+    pads = spark.createDataFrame([(kid, *_pads(key)) for kid, key in keys.items()],
+                                 "dsr_key_id string, dsr_ipad binary, dsr_opad binary")
     value = F.col(column).cast("string").cast("binary")
     return (
         df.crossJoin(F.broadcast(pads))

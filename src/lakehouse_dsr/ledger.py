@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 from .config import Settings
 from .exceptions import CatalogUnavailableError, ConfigError, LedgerError, RequestInputError
-from .hashing import keyed_hash, load_key, with_keyed_hash
+from .hashing import Keyring, key_id, keyed_hash, load_key, load_retired, with_keyed_hash
 from .journal import Journal
 
 RequestType = Literal["erase", "access", "opt_out"]
@@ -46,7 +46,8 @@ REQUESTS_SCHEMA = (
     "extension_reason string, updated_at timestamp, completed_at timestamp, run_id string, evidence string, "
     "purge_by date"
 )
-KEYS_SCHEMA = "request_id string, key_type string, key_hash string"
+# key_id: the key that made key_hash (hashing.key_id); NULL: the key in use before key rotation existed.
+KEYS_SCHEMA = "request_id string, key_type string, key_hash string, key_id string"
 AUDIT_SCHEMA = "event_id string, request_id string, run_id string, at timestamp, event string, detail string"
 # Copy-on-write so a nulled identifier never lingers in a data file behind a delete file, and no
 # column bounds for subject_id so manifests never carry an identifier.
@@ -168,6 +169,8 @@ def read_requests_csv(path: str | Path) -> list[RequestInput]:
             found = "; ".join([*([f"missing {', '.join(missing)}"] if missing else []),
                                *([f"unknown column(s) {', '.join(unknown)}"] if unknown else []),
                                *([f"{', '.join(twice)} given twice"] if twice else [])])
+            if any(c.lower() in REQUEST_TYPES for c in columns):  # a request, not a header: show none of it
+                found = "the first line looks like a request (is the header line missing?)"
             raise RequestInputError(
                 f"{file}: header must be subject_id,type[,regulation][,received_at]; "
                 + (found if columns else "the file is empty")
@@ -199,6 +202,7 @@ class Ledger:
         ns = settings.ledger_namespace
         self.requests_table, self.keys_table, self.audit_table = f"{ns}.requests", f"{ns}.request_keys", f"{ns}.audit"
         self._key: bytes | None = None
+        self._keyring: Keyring | None = None
         self.journal = Journal(spark, settings)
 
     @property
@@ -212,6 +216,13 @@ class Ledger:
                 raise ConfigError(f"the key file {self.settings.key_file()} is empty")
             self._key = key
         return self._key
+
+    @property
+    def keyring(self) -> Keyring:
+        """The active key and the retired ones (`<key file>.retired`), which still check the hashes they made."""
+        if self._keyring is None:
+            self._keyring = Keyring(self.key, load_retired(self.settings.key_file()))
+        return self._keyring
 
     def q(self, table: str) -> str:
         return self.settings.table(table)
@@ -235,31 +246,43 @@ class Ledger:
         self.journal.ensure()
         if "purge_by" not in self._table(self.requests_table).columns:  # ledger written by an earlier version
             self.spark.sql(f"ALTER TABLE {self.q(self.requests_table)} ADD COLUMN purge_by date")
+        if "key_id" not in self._table(self.keys_table).columns:  # ledger written before key rotation existed
+            self.spark.sql(f"ALTER TABLE {self.q(self.keys_table)} ADD COLUMN key_id string")
 
     # -- submission -------------------------------------------------------------------------
     def submit(self, inputs: list[RequestInput], now: datetime | None = None) -> SubmitResult:
         """Add requests; a request matching an open one (same subject and type) is not added twice.
 
-        One anti-join against the open requests (by subject hash) and one append commit.
+        One join against the open requests (by subject hash) and one append commit. An open request
+        submitted before a key rotation holds its subject's hash under a retired key: each new subject
+        is hashed under every key of the ring to find it.
         """
         now = now or _now()
         inputs = [r.validated() for r in inputs]
         self.ensure()
-        rows, seen = [], set()
+        retired = [k for kid, k in self.keyring.keys().items() if kid != self.keyring.active_id]
+        rows, probes, seen = [], [], set()
         for r in inputs:
             subject_hash = keyed_hash(self.key, r.subject_id)
             if (subject_hash, r.request_type) in seen:
                 continue
             seen.add((subject_hash, r.request_type))
             received = r.received_at or now
+            request_id = f"req-{uuid.uuid4().hex[:16]}"
             rows.append((
-                f"req-{uuid.uuid4().hex[:16]}", r.request_type, r.regulation, r.subject_id, subject_hash, "received",
+                request_id, r.request_type, r.regulation, r.subject_id, subject_hash, "received",
                 NOT_YET_PROCESSED.get(r.request_type), received, due_date(received.date(), r.regulation), False,
                 None, now, None, None, None, None,
             ))
+            probes += [(request_id, r.request_type, h)
+                       for h in (subject_hash, *(keyed_hash(k, r.subject_id) for k in retired))]
         new = self.spark.createDataFrame(rows, REQUESTS_SCHEMA)
         open_ = self._table(self.requests_table).where(F.col("status").isin(*OPEN_STATUSES))
-        fresh = new.join(open_.select("subject_hash", "request_type"), ["subject_hash", "request_type"], "left_anti")
+        duplicates = (
+            self.spark.createDataFrame(probes, "request_id string, request_type string, subject_hash string")
+            .join(open_.select("subject_hash", "request_type"), ["subject_hash", "request_type"], "left_semi")
+        )
+        fresh = new.join(duplicates.select("request_id"), "request_id", "left_anti")
         fresh = fresh.select(*new.columns).localCheckpoint()
         kept = {r.request_id for r in fresh.select("request_id").collect()}
         created = [row[0] for row in rows if row[0] in kept]  # in input order
@@ -341,7 +364,8 @@ class Ledger:
     # -- keys -----------------------------------------------------------------------------------
     def record_keys(self, keys: DataFrame) -> None:
         """Store HMACs of a batch's resolved identifiers (request_id, key_type, key_value); idempotent."""
-        hashed = with_keyed_hash(self.spark, keys, "key_value", self.key).select("request_id", "key_type", "key_hash")
+        hashed = with_keyed_hash(self.spark, keys, "key_value", self.key).select(
+            "request_id", "key_type", "key_hash", F.lit(key_id(self.key)).alias("key_id"))
         hashed.createOrReplaceTempView("dsr_new_keys")
         try:
             self.spark.sql(
@@ -353,7 +377,8 @@ class Ledger:
             self.spark.catalog.dropTempView("dsr_new_keys")
 
     def key_hashes(self, request_ids: list[str]) -> DataFrame:
-        """(request_id, key_type, key_hash) of the given requests' identifiers."""
+        """(request_id, key_type, key_hash, key_id) of the given requests' identifiers; key_id names the key
+        that made each hash (NULL: the key in use before rotation existed). Check them with the keyring."""
         return self._table(self.keys_table).where(F.col("request_id").isin(*request_ids))
 
     # -- transitions ------------------------------------------------------------------------

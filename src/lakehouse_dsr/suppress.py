@@ -17,16 +17,17 @@ from pyspark.sql import functions as F
 
 from .config import Settings, load_settings
 from .exceptions import DataMapError
-from .hashing import with_keyed_hash
+from .hashing import join_on_key, keys_in_use, with_keyring_hashes
 from .ledger import Ledger
 
 
 def suppression_list(ledger: Ledger, identifier: str) -> DataFrame:
-    """(key_hash) of every `identifier` value acted on for an erase request, any status (small)."""
+    """(key_hash, key_id) of every `identifier` value acted on for an erase request, any status (small).
+    key_id names the key that made the hash (NULL: made before key rotation existed)."""
     erase = (ledger.spark.table(ledger.q(ledger.requests_table)).where(F.col("request_type") == "erase")
              .select("request_id"))
     keys = ledger.spark.table(ledger.q(ledger.keys_table)).where(F.col("key_type") == identifier)
-    return keys.join(erase, "request_id", "left_semi").select("key_hash").distinct()
+    return keys.join(erase, "request_id", "left_semi").select("key_hash", "key_id").distinct()
 
 
 def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
@@ -36,7 +37,8 @@ def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
     `identifier` names the kind of value in the column (a data map identifier; default: the
     subject identifier). Rows with a NULL key pass. Cost: `df` is read twice (cache it if it is
     expensive to recompute): once for its distinct keys, which are hashed (one HMAC per distinct
-    value) and matched against the broadcast suppression list, and once for a broadcast
+    value and key of the keyring: hashes made before a key rotation are matched under their
+    retired key) and matched against the broadcast suppression list, and once for a broadcast
     anti-join with the few keys found. Settings default to ./dsr.yaml (see config.load_settings).
     """
     settings = settings or load_settings()
@@ -49,8 +51,9 @@ def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
     ledger = Ledger(df.sparkSession, settings)
     ledger.ensure()
     values = df.select(F.col(key_column).cast("string").alias("dsr_value")).where(F.col("dsr_value").isNotNull())
-    hashed = with_keyed_hash(df.sparkSession, values.distinct(), "dsr_value", ledger.key)
+    listed = suppression_list(ledger, identifier).localCheckpoint()
+    keys = keys_in_use(ledger.keyring, {r.key_id for r in listed.select("key_id").distinct().collect()})
+    hashed = with_keyring_hashes(df.sparkSession, values.distinct(), "dsr_value", keys)
     # Checkpointed: small, computed once, and no longer sharing lineage with `df` for the self-join.
-    erased = (hashed.join(F.broadcast(suppression_list(ledger, identifier)), "key_hash", "left_semi")
-              .select("dsr_value").localCheckpoint())
+    erased = join_on_key(hashed, listed, "left_semi").select("dsr_value").distinct().localCheckpoint()
     return df.join(F.broadcast(erased), F.col(key_column).cast("string") == erased.dsr_value, "left_anti")

@@ -6,7 +6,9 @@ For one table and a set of identifier hashes, count rows still holding an identi
   storage  every Parquet file under the table location, referenced or not (orphans)
   refs     each branch/tag snapshot (reported by name, as they block expiry)
 Values are grouped first, then hashed (HMAC-SHA256 in Spark) and joined to the hashes, so no
-plaintext identifier is needed and the driver receives only per-request counts.
+plaintext identifier is needed and the driver receives only per-request counts. After a key
+rotation each value is hashed under every key that made one of the hashes (the active key and
+retired ones), and each stored hash is compared with the candidates of its own key only.
 """
 
 from __future__ import annotations
@@ -21,24 +23,45 @@ from . import iceberg
 from .config import Settings
 from .datamap import check_against_catalog
 from .exceptions import LedgerError
-from .hashing import with_keyed_hash
+from .hashing import Keyring, as_keyring, join_on_key, key_id, keys_in_use, with_keyring_hashes
 from .ledger import Ledger
 
 
 def find_hashed(
-    spark: SparkSession, values: DataFrame, column: str, hashes: DataFrame, key: bytes
+    spark: SparkSession, values: DataFrame, column: str, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes]
 ) -> dict[str, int]:
-    """Rows of `values` whose `column` hashes to one of `hashes` (request_id, key_hash), per request.
+    """Rows of `values` whose `column` hashes to one of `hashes` (request_id, key_hash[, key_id]), per request.
 
-    One scan of the column; hashing cost is per distinct value, not per row.
+    `key`: one key, a Keyring or {key_id: key}; each stored hash is compared with the value's hash
+    under the key that made it (hashing.join_on_key). One scan of the column; hashing cost is per
+    distinct value and key, not per row. A value found twice for one request (its hashes were
+    recorded before and after a rotation) counts once.
     """
+    keys = {key_id(key): key} if isinstance(key, bytes) else key
     grouped = values.where(F.col(column).isNotNull()).groupBy(F.col(column).alias("dsr_value")).count()
-    hashed = with_keyed_hash(spark, grouped, "dsr_value", key)
+    hashed = with_keyring_hashes(spark, grouped, "dsr_value", keys)
+    stored = hashes.select("request_id", "key_hash", *(["key_id"] if "key_id" in hashes.columns else []))
     found = (
-        hashed.join(F.broadcast(hashes.select("request_id", "key_hash")), "key_hash")
+        join_on_key(hashed, stored).dropDuplicates(["request_id", "dsr_value"])
         .groupBy("request_id").agg(F.sum("count").alias("n")).collect()
     )
     return {r.request_id: int(r.n) for r in found}
+
+
+def keys_for(settings: Settings, hashes: DataFrame, key: bytes | Keyring) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The keys of the ring (a bare `key` is the active one; retired keys come from the keyring file)
+    that made `hashes`, and {request_id: key_id} for hashes whose key is in no keyring any more.
+
+    Cost: one distinct over the (small) hashes' key ids; only the keys in use are hashed with.
+    """
+    ring = as_keyring(key, settings.key_file())
+    if "key_id" not in hashes.columns:
+        return ring.keys(), {}
+    used = {r.key_id for r in hashes.select("key_id").distinct().collect()}
+    lost_ids = sorted(used - set(ring.keys()) - {None})
+    lost = {r.request_id: r.key_id for r in hashes.where(F.col("key_id").isin(*lost_ids))
+            .select("request_id", "key_id").distinct().collect()} if lost_ids else {}
+    return keys_in_use(ring, used), lost
 
 
 @dataclass
@@ -72,11 +95,14 @@ class TableVerification:
 
 def verify_column(
     spark: SparkSession, settings: Settings, table: str, column: str, data_type: DataType,
-    hashes: DataFrame, key: bytes, physical: bool = True,
+    hashes: DataFrame, key: bytes | Keyring, physical: bool = True,
 ) -> TableVerification:
     """Run the live, history, storage and ref checks for one column of one table.
 
     `physical=False` runs the live check only: one scan of the column in the current snapshot.
+    `key`: the keyring, or the active key (the retired ones are then read from the keyring file).
+    A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
+    it fails with that reason.
 
     Cost: one scan of the column in the current snapshot, one over the files of all retained
     snapshots, one over all Parquet files under the location, one per branch/tag. When the
@@ -87,6 +113,10 @@ def verify_column(
     file holds most subjects and grouping by (value, file) keeps millions of groups.
     """
     result = TableVerification(table, physical=physical)
+    key, lost = keys_for(settings, hashes, key)
+    for request_id, lost_key in sorted(lost.items()):
+        result.fail(request_id, f"{table}: hashed under key {lost_key}, which no keyring holds any more: "
+                    "cannot be verified")
     live = find_hashed(spark, spark.table(settings.table(table)).select(column), column, hashes, key)
     result.live = _record(result, live, "rows in the current snapshot")
     if not physical:
@@ -128,7 +158,7 @@ def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
 
 
 def verify_tables(
-    spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes, key_types: dict[str, DataType],
+    spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring, key_types: dict[str, DataType],
     tables: list[str] | None = None, physical: bool = True,
 ) -> list[TableVerification]:
     """Verify every mapped table against (request_id, key_type, key_hash) rows."""
@@ -161,7 +191,7 @@ def verify_completed(spark: SparkSession, settings: Settings, request_ids: list[
         return results
     key_types = check_against_catalog(spark, settings.datamap, settings.table)
     hashes = ledger.key_hashes(ids).localCheckpoint()
-    for table_result in verify_tables(spark, settings, hashes, ledger.key, key_types):
+    for table_result in verify_tables(spark, settings, hashes, ledger.keyring, key_types):
         for rid, reasons in table_result.failing.items():
             results[rid].extend(reasons)
     ledger.audit([(rid, None, "reverified", {"passed": not reasons}) for rid, reasons in results.items()])
