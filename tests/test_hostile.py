@@ -345,6 +345,7 @@ EXTRA = ["\x00", "nul\x00inside", "line\nbreak", "a\u2028b", "`quoted`", "' OR '
          "${jndi:ldap://x/a}"]
 
 
+@pytest.mark.slow  # a full run / real processes: make test-slow
 def test_hostile_identifiers_are_stored_as_given_and_never_become_sql(spark, lakehouse, sql_texts):
     settings = lakehouse
     ids = list(dict.fromkeys(HOSTILE + EXTRA + drawn(valid_ids, 10)))
@@ -511,6 +512,7 @@ def test_cli_submit_file_rejections_and_duplicates(spark, lakehouse, tmp_path, m
     assert again.created == [] and again.duplicates == 4  # the open ones are not added twice either
 
 
+@pytest.mark.slow  # a full run / real processes: make test-slow
 def test_cli_exit_codes_in_a_real_process(tmp_path):
     """The only two subprocesses: bytes no text decoding gives, and a catalog nobody listens for."""
     plain = write_config(settings_from_dict({"secret_key_file": str(tmp_path / "k")}, base=tmp_path),

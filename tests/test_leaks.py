@@ -34,6 +34,8 @@ from lakehouse_dsr.run import run
 from lakehouse_dsr.spark import attach
 from lakehouse_dsr.verify import verify_column, verify_completed
 
+pytestmark = pytest.mark.slow  # a full cycle with DEBUG logging captured: make test-slow
+
 LONG = 8  # values this long are also searched as substrings (and as 15-character prefixes: manifest bounds)
 
 

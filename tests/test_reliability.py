@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from conftest import SEED, snapshot_ids
+from conftest import SEED, make_settings, snapshot_ids
 from lakehouse_dsr import erase, iceberg, synth
 from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerError
 from lakehouse_dsr.ledger import Ledger, RequestInput
@@ -49,7 +49,7 @@ def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
     monkeypatch.setattr(erase, "apply", apply)
 
 
-@pytest.mark.parametrize("mode", ["content", "count"])
+@pytest.mark.parametrize("mode", ["content", pytest.param("count", marks=pytest.mark.slow)])
 def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(spark, new_lakehouse, monkeypatch,
                                                                               mode):
     settings = new_lakehouse(erase={"collateral_check": mode})
@@ -142,8 +142,8 @@ def test_redacting_table_with_a_concurrent_append_of_a_requested_subject(spark, 
     assert {r.status for r in report.requests} == {"completed"}, [r.reason for r in report.requests]
 
 
-def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(spark, new_lakehouse):
-    settings = new_lakehouse(erase={"commit_retries": 2, "retry_backoff_seconds": 0.01})
+def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(tmp_path):
+    settings = make_settings(tmp_path, erase={"commit_retries": 2, "retry_backoff_seconds": 0.01})
     conflict = "org.apache.iceberg.exceptions.ValidationException: Found conflicting files that can contain records"
     attempts = []
 
