@@ -7,8 +7,6 @@ The statement is chosen by `choose_strategy`, a rule measured with bench/strateg
 
 from __future__ import annotations
 
-import random
-import time
 import uuid
 from dataclasses import asdict, dataclass
 
@@ -20,11 +18,6 @@ from . import iceberg
 from .collateral import CollateralResult, Fingerprint
 from .config import Settings
 from .datamap import TableMapping
-from .exceptions import CommitConflictError
-
-# Iceberg's own retries cover appends; these mean a concurrent commit invalidated our whole statement.
-_CONFLICTS = ("org.apache.iceberg.exceptions.ValidationException",
-              "org.apache.iceberg.exceptions.CommitFailedException")
 
 
 @dataclass
@@ -213,24 +206,5 @@ def apply(
 
 
 def _with_retries(settings: Settings, table: str, statement) -> int:
-    """Run `statement`, again after a commit conflict (exponential backoff with jitter, bounded).
-
-    Returns the attempts made; raises CommitConflictError when they are exhausted. A retried
-    statement reads the table afresh, so rows a concurrent writer added are erased too.
-    """
-    retries, backoff = settings.erase.commit_retries, settings.erase.retry_backoff_seconds
-    attempt = 1
-    while True:
-        try:
-            statement()
-            return attempt
-        except Exception as exc:
-            if not any(name in str(exc) for name in _CONFLICTS):
-                raise
-            if attempt > retries:
-                raise CommitConflictError(
-                    f"table {table}: the erase commit conflicted with concurrent writers {attempt} times "
-                    f"(erase.commit_retries = {retries}); nothing was committed, the next run retries"
-                ) from None
-            time.sleep(backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
-            attempt += 1
+    """Run the erase statement, again after a commit conflict; returns the attempts made."""
+    return iceberg.with_conflict_retries(settings, f"table {table}: the erase commit", statement)[1]

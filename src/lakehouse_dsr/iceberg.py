@@ -6,14 +6,21 @@ can be added by providing the same operations.
 
 from __future__ import annotations
 
+import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import DataType, StructField, StructType
 
 from .config import Settings
+from .exceptions import CommitConflictError
+
+# Iceberg's own retries cover plain appends; these mean a concurrent commit invalidated the whole operation.
+_CONFLICTS = ("org.apache.iceberg.exceptions.ValidationException",
+              "org.apache.iceberg.exceptions.CommitFailedException")
 
 # Larger than any file: with min 0 and max this, rewrite_data_files selects files only for their deletes.
 _NO_SIZE_LIMIT = str(2**62)
@@ -311,3 +318,26 @@ def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_
         parent = snap.parentId()
         snap = jtable.snapshot(parent) if parent is not None else None
     return None
+
+
+def with_conflict_retries(settings: Settings, what: str, operation: Callable[[], object]) -> tuple[object, int]:
+    """Run `operation`, again after a commit conflict with another writer (exponential backoff with
+    jitter, at most `erase.commit_retries` more times); returns (its result, attempts made).
+
+    Only for operations that are safe to repeat: each attempt reads the table afresh. Raises
+    CommitConflictError when the retries are exhausted; other errors are not retried.
+    """
+    retries, backoff = settings.erase.commit_retries, settings.erase.retry_backoff_seconds
+    attempt = 1
+    while True:
+        try:
+            return operation(), attempt
+        except Exception as exc:
+            if not any(name in str(exc) for name in _CONFLICTS):
+                raise
+            if attempt > retries:
+                raise CommitConflictError(
+                    f"{what} conflicted with concurrent writers {attempt} times (erase.commit_retries = "
+                    f"{retries}); nothing was committed, the next run retries") from None
+            time.sleep(backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+            attempt += 1

@@ -36,6 +36,7 @@ class TablePurge:
     refs_dropped: list[str] = field(default_factory=list)
     refs_kept: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    error: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -28,6 +28,7 @@ from pyspark.sql.types import DataType, StringType
 from . import access, collateral, erase, faults, iceberg, identity, purge, verify
 from .config import Settings
 from .datamap import check_against_catalog
+from .exceptions import CommitConflictError
 from .journal import Step
 from .ledger import OPEN_STATUSES, Ledger, Outcome
 from .metrics import IoCost, StageMeter
@@ -193,7 +194,7 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
                 purges[table] = _purge(spark, settings, table)
             progress.done()
         ledger.journal.record([Step(report.run_id, t, "purged", None, {"bytes_rewritten": p.bytes_rewritten})
-                               for t, p in purges.items()])
+                               for t, p in purges.items() if not p.error])
         faults.failpoint("after_purge")
 
     hashes = ledger.key_hashes(proven).localCheckpoint()
@@ -306,8 +307,14 @@ def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: Data
 
 
 def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePurge:
+    """Purge one table; a purge step that another writer's commit invalidated is run again (every
+    step is safe to repeat). When the retries run out, verification reports what is left."""
     start = time.perf_counter()
-    result = purge.purge_table(spark, settings, table)
+    try:
+        result = iceberg.with_conflict_retries(settings, f"table {table}: the purge",
+                                               lambda: purge.purge_table(spark, settings, table))[0]
+    except CommitConflictError as exc:
+        result = purge.TablePurge(table, error=str(exc))
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 
