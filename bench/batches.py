@@ -21,7 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 from lakehouse_dsr import synth
-from lakehouse_dsr.config import settings_from_dict
+from lakehouse_dsr.bench import events_only_settings
 from lakehouse_dsr.ledger import Ledger, RequestInput
 from lakehouse_dsr.run import run
 from lakehouse_dsr.spark import build_session
@@ -85,14 +85,8 @@ def main() -> None:
     results = {}
     for policy in ("immediate", "batched"):
         shutil.rmtree(work / policy, ignore_errors=True)
-        settings = settings_from_dict({
-            "catalog": {"name": f"lh_{policy}",
-                        "properties": {"type": "hadoop", "warehouse": str(work / policy / "wh")}},
-            "secret_key_file": str(work / "dsr-secret.key"),
-            "purge": {"policy": policy, "max_delay_days": a.max_delay_days, "safety_margin_days": a.margin_days},
-        })
-        settings.datamap.tables = {"demo.events": settings.datamap.tables["demo.events"]}  # the notebook's table
-        settings.datamap.identifiers = {}
+        settings = events_only_settings(work, policy, purge={
+            "policy": policy, "max_delay_days": a.max_delay_days, "safety_margin_days": a.margin_days})
         spark = build_session(settings)
         results[policy] = simulate(spark, settings, users, a.events, a.days, a.per_day)
         print(policy, json.dumps(results[policy]), flush=True)

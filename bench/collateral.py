@@ -20,22 +20,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from lakehouse_dsr import synth
-from lakehouse_dsr.config import settings_from_dict
+from lakehouse_dsr.bench import events_only_settings
 from lakehouse_dsr.ledger import Ledger, RequestInput
 from lakehouse_dsr.run import run
 from lakehouse_dsr.spark import build_session
 
 
 def one_run(work: Path, mode: str, events: int, erase: int, round_: int) -> dict:
-    name = f"lh_{mode}_{round_}"
+    name = f"{mode}_{round_}"
     shutil.rmtree(work / name, ignore_errors=True)
-    settings = settings_from_dict({
-        "catalog": {"name": name, "properties": {"type": "hadoop", "warehouse": str(work / name / "wh")}},
-        "secret_key_file": str(work / "dsr-secret.key"),
-        "erase": {"collateral_check": mode},
-    })
-    settings.datamap.tables = {"demo.events": settings.datamap.tables["demo.events"]}  # the notebook's table
-    settings.datamap.identifiers = {}
+    settings = events_only_settings(work, name, erase={"collateral_check": mode})
     spark = build_session(settings)
     users = events // 100
     synth.generate(spark, settings, users=users, events=events, seed=round_)

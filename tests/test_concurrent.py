@@ -108,7 +108,7 @@ def test_appends_during_a_run_are_kept_late_rows_erased_and_readers_consistent(s
     if erased["error"]:
         assert "conflicted with concurrent writers" in erased["error"]
     else:
-        assert erased["collateral"]["ok"] and erased["attempts"] >= 1
+        assert erased["collateral"]["ok"] and erased["attempts"] >= erased["rounds"]  # a statement per round at least
 
     again = run(spark, settings)  # the writer has stopped: whatever arrived late is erased now
     statuses = {r.request_id: r.status for r in Ledger(spark, settings).statuses()}

@@ -63,8 +63,6 @@ def check_final_state(spark, settings, other_events: int) -> None:
     plaintext = verify_column(spark, settings, ledger.requests_table, "subject_id", StringType(), completed, ledger.key)
     assert plaintext.live == plaintext.history == plaintext.storage == 0
     assert len(export_runs(settings)) == 1  # the run that completed the access request; killed runs' removed
-    for r in ledger.statuses():
-        assert r.status == "completed"
 
 
 def test_every_failpoint_then_resume(spark, lakehouse):

@@ -154,10 +154,10 @@ def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(tmp_pat
                 raise RuntimeError(conflict)
         return statement
 
-    assert erase._with_retries(settings, "demo.events", flaky(2)) == 3
+    assert iceberg.with_conflict_retries(settings, "an erase", flaky(2))[1] == 3
     attempts.clear()
     with pytest.raises(CommitConflictError, match="conflicted with concurrent writers 3 times"):
-        erase._with_retries(settings, "demo.events", flaky(5))
+        iceberg.with_conflict_retries(settings, "an erase", flaky(5))
     attempts.clear()
 
     def broken():
@@ -165,7 +165,7 @@ def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(tmp_pat
         raise RuntimeError("AnalysisException: something else")
 
     with pytest.raises(RuntimeError, match="something else"):
-        erase._with_retries(settings, "demo.events", broken)
+        iceberg.with_conflict_retries(settings, "an erase", broken)
     assert len(attempts) == 1  # other errors are not retried
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from . import iceberg, synth
-from .config import Settings
+from .config import Settings, settings_from_dict
 from .datamap import DataMap
 from .ledger import Ledger, RequestInput
 from .metrics import StageMeter
@@ -35,6 +35,19 @@ from .progress import Progress, Silent
 from .run import run
 
 SEED = 1
+
+
+def events_only_settings(work: Path, name: str, **sections) -> Settings:
+    """Embedded settings for a scenario on the notebook's table alone: catalog `lh_<name>` with its
+    warehouse in `work/<name>`, the key file in `work`, plus the given config sections."""
+    settings = settings_from_dict({
+        "catalog": {"name": f"lh_{name}", "properties": {"type": "hadoop", "warehouse": str(work / name / "wh")}},
+        "secret_key_file": str(work / "dsr-secret.key"),
+        **sections,
+    })
+    settings.datamap.tables = {"demo.events": settings.datamap.tables["demo.events"]}
+    settings.datamap.identifiers = {}
+    return settings
 
 
 def _side(settings: Settings, side: str, tables: list[str] | None) -> Settings:

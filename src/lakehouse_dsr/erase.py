@@ -132,12 +132,12 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
     table_keys = keys_for_table(keys, mapping, key_type)
     snapshot = iceberg.current_snapshot(spark, settings, table)
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
-    hit_values = table_keys.select("key_value").distinct()
-    hits = hit_values.withColumn("hit", F.lit(True))
+    hit_values = hits(keys, mapping, key_type)
+    flagged = hit_values.withColumn("hit", F.lit(True))
     # Rows per matched key value, plus one NULL group for every other row: a tiny result.
     by_key = (
         rows.select(F.col(mapping.key).alias("key_value"))
-        .join(F.broadcast(hits), "key_value", "left")
+        .join(F.broadcast(flagged), "key_value", "left")
         .groupBy(F.when(F.col("hit"), F.col("key_value")).alias("key_value")).count()
         .localCheckpoint()
     )
@@ -177,7 +177,7 @@ def apply(
         return result
     mapping = settings.datamap.tables[table_plan.table]
     view = f"dsr_keys_{uuid.uuid4().hex[:12]}"
-    keys_for_table(keys, mapping, key_type).select("key_value").distinct().createOrReplaceTempView(view)
+    hits(keys, mapping, key_type).createOrReplaceTempView(view)
     target, key = settings.table(table_plan.table), f"`{mapping.key}`"
     nulls = ", ".join(f"t.`{c}` = NULL" for c in mapping.redact)
     exists = f"EXISTS (SELECT 1 FROM {view} s WHERE s.key_value = t.{key})"
@@ -189,7 +189,8 @@ def apply(
         "update_where_exists": f"UPDATE {target} AS t SET {nulls} WHERE {exists}",
     }
     try:
-        result.attempts = _with_retries(settings, table_plan.table, lambda: spark.sql(statements[table_plan.strategy]))
+        result.attempts = iceberg.with_conflict_retries(settings, f"table {table_plan.table}: the erase commit",
+                                                        lambda: spark.sql(statements[table_plan.strategy]))[1]
     finally:
         spark.catalog.dropTempView(view)
     snapshot = iceberg.own_commit_since(spark, settings, table_plan.table, table_plan.snapshot_before)
@@ -204,7 +205,3 @@ def apply(
                                                   table_plan.rows_before)
     return result
 
-
-def _with_retries(settings: Settings, table: str, statement) -> int:
-    """Run the erase statement, again after a commit conflict; returns the attempts made."""
-    return iceberg.with_conflict_retries(settings, f"table {table}: the erase commit", statement)[1]

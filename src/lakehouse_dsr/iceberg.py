@@ -283,17 +283,21 @@ def commits_between(spark: SparkSession, settings: Settings, table: str, after_i
     Metadata only.
     """
     jtable = _jtable(spark, settings, table)
-    found: list[Commit] = []
-    parent = jtable.snapshot(before_id).parentId()
-    while parent is not None and parent != after_id:
-        snap = jtable.snapshot(parent)
-        if snap is None:
-            return None  # expired: the chain cannot be followed
-        found.append(Commit(snap.snapshotId(), str(snap.operation()), dict(snap.summary())))
-        parent = snap.parentId()
-    if parent != after_id:
+    start = jtable.snapshot(before_id).parentId()
+    chain = list(_ancestors(jtable, start, after_id))
+    if (chain[-1].parentId() if chain else start) != after_id:  # the line ended or expired first
         return None
-    return found[::-1]
+    return [Commit(s.snapshotId(), str(s.operation()), dict(s.summary())) for s in reversed(chain)]
+
+
+def _ancestors(jtable, start_id: int | None, stop_id: int | None):
+    """Snapshots from `start_id` back along the parent line, up to (not including) `stop_id`; stops
+    early where the line ends or a snapshot has expired."""
+    snap = jtable.snapshot(start_id) if start_id is not None else None
+    while snap is not None and snap.snapshotId() != stop_id:
+        yield snap
+        parent = snap.parentId()
+        snap = jtable.snapshot(parent) if parent is not None else None
 
 
 def read_appended(spark: SparkSession, settings: Settings, table: str, commit: Commit, parent_id: int | None
@@ -310,13 +314,11 @@ def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_
     writes into each summary: other writers may have committed after it. Metadata only."""
     app_id = spark.sparkContext.applicationId
     jtable = _jtable(spark, settings, table)
-    snap = jtable.currentSnapshot()
-    while snap is not None and snap.snapshotId() != after_id:
+    current = jtable.currentSnapshot()
+    for snap in _ancestors(jtable, current.snapshotId() if current else None, after_id):
         summary = dict(snap.summary())
         if summary.get("spark.app.id") == app_id and str(snap.operation()) != "append":
             return Snapshot(snap.snapshotId(), snap.timestampMillis(), summary)
-        parent = snap.parentId()
-        snap = jtable.snapshot(parent) if parent is not None else None
     return None
 
 

@@ -283,6 +283,8 @@ def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: Data
     nulled = frozenset(mapping.redact) if mapping.action == "redact" else frozenset()
     with _timed(report, "erase", spark):
         table_plan = erase.plan(spark, settings, table, keys, key_type)
+    # Its own scan, not folded into the plan's: the plan reads the key column only, and a table
+    # where nothing matches is never committed to, so it needs no fingerprint of every column.
     content = settings.erase.collateral_check == "content" and table_plan.rows_matched > 0
     if content:
         with _timed(report, "collateral", spark):
@@ -320,7 +322,7 @@ def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePu
 
 
 def _verify(spark, settings, ledger, table, hashes, key_types, physical=True) -> verify.TableVerification:
-    return verify.verify_tables(spark, settings, hashes, ledger.key, key_types, [table], physical)[0]
+    return verify.verify_tables(spark, settings, hashes, ledger.keyring, key_types, [table], physical)[0]
 
 
 def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:
@@ -388,7 +390,7 @@ def purge_ledger(spark: SparkSession, settings: Settings, ledger: Ledger) -> dic
         .select("request_id", F.col("subject_hash").alias("key_hash"))
     )
     check = verify.verify_column(spark, settings, ledger.requests_table, "subject_id", StringType(), completed,
-                                 ledger.key)
+                                 ledger.keyring)
     result["plaintext_found"] = check.live + check.history + check.storage
     result["passed"] = check.passed
     return result
