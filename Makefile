@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint clean install bench
+.PHONY: demo test test-slow test-integration integration-deps jars lint clean install bench
 
 BENCH_EVENTS ?= 1000000
 
@@ -20,11 +20,30 @@ demo: $(STAMP)
 	$(VENV)/bin/dsr demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not integration"
 
 # Subprocess kills (failpoints, random SIGKILL) and a concurrent writer: a few minutes more.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# Debian packages for the shared-catalog set-ups: PostgreSQL and the two JDBC drivers. Installs only
+# what is missing (apt-get needs root, or sudo when there is one).
+DEBIAN_PACKAGES := postgresql libpostgresql-jdbc-java libxerial-sqlite-jdbc-java
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+integration-deps: $(STAMP) jars
+	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# S3A jars (hadoop-aws + AWS SDK bundle) extracted from the sagemaker-pyspark sdist into ~/.cache, once.
+jars: $(STAMP)
+	$(VENV)/bin/dsr fetch-jars
+
+# REST catalog + S3 (SeaweedFS), JDBC on PostgreSQL and SQLite, a standalone cluster, spark-submit.
+test-integration: integration-deps
+	$(PY) -m pytest -q -m integration tests/integration
 
 # The notebook's steps against `dsr run` on identical data; JSON + charts in bench/results/.
 bench: $(STAMP)

@@ -15,14 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColu
 from rich.progress import Progress as RichBars
 from rich.table import Table
 
-from . import access, layout, synth
+from . import access, connectors, layout, synth
 from .bench import run_bench
 from .config import Settings, load_settings
 from .exceptions import DsrError
 from .hashing import rotate_key
 from .ledger import REGULATIONS, REQUEST_TYPES, Ledger, RequestInput, parse_received, read_requests_csv
 from .run import run as run_batch
-from .spark import build_session
+from .spark import build_session, session_jars
 from .verify import verify_completed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -203,6 +203,22 @@ def rotate_key_cmd() -> None:
     r = rotate_key(_settings())
     console.print(f"key {r.new_id} is now active; key {r.old_id} retired to {escape(str(r.retired_file))} "
                   f"({r.retired} retired key(s), keep the file as safe as the key)")
+
+
+@app.command("fetch-jars")
+def fetch_jars(
+    dest: Annotated[Path | None, typer.Option(help="cache folder (default ~/.cache/lakehouse-dsr/jars)")] = None,
+) -> None:
+    """Fetch the S3A connector jars (hadoop-aws, AWS SDK bundle) once; print the folder for spark.jars."""
+    with err.status("fetching the S3A jars (a 180 MB download the first time)"):
+        jars = connectors.s3a_jars(dest)
+    print(jars[0].parent)  # plain stdout: scripts do DSR_JARS=$(dsr fetch-jars)
+
+
+@app.command()
+def jars() -> None:
+    """Print the jars this config puts on the session, comma-separated: `spark-submit --jars $(dsr jars)`."""
+    print(",".join(session_jars(_settings())))
 
 
 @app.command()

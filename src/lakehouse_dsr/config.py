@@ -6,6 +6,7 @@ named `lakehouse` with its warehouse at `./lakehouse`, and the demo data map.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from .exceptions import ConfigError
 
 DEFAULT_CONFIG_FILE = "dsr.yaml"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Strict(BaseModel):
@@ -54,7 +56,12 @@ class CatalogSettings(_Strict):
         return v
 
     def local_warehouse(self) -> Path | None:
-        """The warehouse directory when it lives on the local file system, else None."""
+        """The warehouse directory when it lives on the local file system, else None.
+
+        A REST catalog's `warehouse` names a warehouse on the server, never a path.
+        """
+        if self.properties.get("type") == "rest":
+            return None
         wh = self.properties.get("warehouse", "")
         if wh.startswith("file:"):
             return Path(re.sub(r"^file:/*", "/", wh))
@@ -130,8 +137,8 @@ class Settings(_Strict):
 def _absolutize(settings: Settings, base: Path) -> Settings:
     """Hadoop catalogs need an absolute URI; relative paths are read from the config's folder."""
     props = settings.catalog.properties
-    wh = props.get("warehouse")
-    if wh and "://" not in wh and not wh.startswith("file:"):
+    wh = settings.catalog.local_warehouse()
+    if wh and not props["warehouse"].startswith("file:"):
         props["warehouse"] = (base / wh).resolve().as_uri()
     if settings.secret_key_file and not settings.secret_key_file.is_absolute():
         settings.secret_key_file = (base / settings.secret_key_file).resolve()
@@ -156,7 +163,31 @@ def load_settings(path: str | Path | None = None) -> Settings:
         raw = yaml.safe_load(file.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file} is not valid YAML: {exc}") from None
-    return settings_from_dict(raw or {}, base=file.resolve().parent, source=str(file))
+    return settings_from_dict(expand_env(raw or {}, source=str(file)), base=file.resolve().parent, source=str(file))
+
+
+def expand_env(raw: Any, source: str = "config") -> Any:
+    """Replace `${NAME}` / `${NAME:-default}` in every string value with the environment's value.
+
+    Secrets (S3 keys, catalog credentials) and per-host values (ports, jar folders) stay out of the
+    file. An unset variable without a default is a ConfigError naming it (never its value).
+    """
+    if isinstance(raw, dict):
+        return {key: expand_env(value, source) for key, value in raw.items()}
+    if isinstance(raw, list):
+        return [expand_env(value, source) for value in raw]
+    if not isinstance(raw, str):
+        return raw
+
+    def value(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{source} refers to the environment variable {name}, which is not set")
+
+    return _ENV_REF.sub(value, raw)
 
 
 def settings_from_dict(raw: Any, base: Path | None = None, source: str = "config") -> Settings:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import importlib.resources
 import os
 import shutil
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
+from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from .config import Settings
@@ -15,6 +20,9 @@ from .exceptions import EnvironmentSetupError
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+# Read when the driver JVM starts: under spark-submit only the launcher can set them.
+_LAUNCH_ONLY = ("spark.master", "spark.jars", "spark.jars.packages", "spark.driver.extraJavaOptions",
+                "spark.driver.extraClassPath", "spark.driver.memory")
 
 
 def iceberg_jar() -> Path:
@@ -42,6 +50,20 @@ def _check_java() -> None:
     )
 
 
+def session_jars(settings: Settings) -> list[str]:
+    """The jars the session needs: the bundled Iceberg runtime unless the config brings its own, then the config's."""
+    user = settings.spark.conf
+    own = [jar for jar in user.get("spark.jars", "").split(",") if jar.strip()]
+    if "spark.jars.packages" in user or any("iceberg" in Path(jar).name for jar in own):
+        return own
+    return [str(iceberg_jar()), *own]
+
+
+def launched_by_spark_submit() -> bool:
+    """True in a Python driver that spark-submit (or another launcher) started with its JVM already running."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def session_conf(settings: Settings) -> dict[str, str]:
     """Every Spark conf the engine needs, with the user's `spark.conf` taking precedence."""
     conf = {
@@ -55,8 +77,7 @@ def session_conf(settings: Settings) -> dict[str, str]:
     if "spark.driver.extraJavaOptions" not in user:
         log_config = importlib.resources.files("lakehouse_dsr") / "log4j2.properties"
         conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log_config}"
-    if "spark.jars.packages" not in user and "iceberg" not in user.get("spark.jars", ""):
-        jars = [str(iceberg_jar())] + ([user["spark.jars"]] if user.get("spark.jars") else [])
+    if jars := session_jars(settings):
         conf["spark.jars"] = ",".join(jars)
     for key, value in settings.catalog.properties.items():
         conf[f"spark.sql.catalog.{settings.catalog.name}.{key}"] = value
@@ -69,18 +90,29 @@ def session_conf(settings: Settings) -> dict[str, str]:
 def build_session(settings: Settings) -> SparkSession:
     """Start (or reuse) a SparkSession configured for the catalog in `settings`.
 
-    Costs a JVM start (3-7 s) the first time in a process.
+    Costs a JVM start (3-7 s) the first time in a process. Under spark-submit the launcher's master,
+    jars and driver options win over dsr.yaml (the JVM is already running; pass the jars with
+    `--jars $(dsr jars)`); every other setting of dsr.yaml still applies.
     """
     _check_java()
-    if settings.spark.master.startswith("local"):
+    conf = session_conf(settings)
+    master: str | None = settings.spark.master
+    if launched_by_spark_submit():
+        launched = SparkConf()  # the running JVM's settings, as spark-submit gave them
+        conf = {k: v for k, v in conf.items() if k not in _LAUNCH_ONLY and not launched.contains(k)}
+        master = None
+    elif master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network lookups for a local session
-        # Python workers (access exports run there) must see this environment's packages; PySpark
-        # reads only this variable, not spark.pyspark.python.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(settings.spark.master).appName(settings.spark.app_name)
-    for key, value in session_conf(settings).items():
+    # Executors run Python for access exports. PySpark takes the interpreter from this variable only
+    # (not spark.pyspark.python); the driver's own interpreter has every package we need.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(settings.spark.app_name)
+    if master:
+        builder = builder.master(master)
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    _require_iceberg(spark)
     spark.sparkContext.setLogLevel(os.environ.get("DSR_SPARK_LOG_LEVEL", "ERROR"))
     attach(spark, settings)
     return spark
@@ -97,3 +129,33 @@ def attach(spark: SparkSession, settings: Settings) -> None:
     for key, value in settings.catalog.properties.items():
         spark.conf.set(f"{prefix}.{key}", value)
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    if not spark.sparkContext.master.startswith("local"):
+        spark.sparkContext.addPyFile(str(_package_zip()))
+
+
+def _require_iceberg(spark: SparkSession) -> None:
+    """A session without the Iceberg runtime fails late and cryptically; say what to pass instead."""
+    try:
+        jvm = spark.sparkContext._jvm
+        jvm.java.lang.Class.forName("org.apache.iceberg.spark.SparkCatalog", True,
+                                    jvm.java.lang.Thread.currentThread().getContextClassLoader())
+    except Exception:
+        raise EnvironmentSetupError(
+            "the Iceberg Spark runtime is not on the driver's classpath; under spark-submit pass "
+            "--jars $(dsr -c dsr.yaml jars) so the launcher loads it"
+        ) from None
+
+
+@functools.cache
+def _package_zip() -> Path:
+    """This package zipped once per process, for executors: they run the driver's version of our code
+    even where lakehouse-dsr is not installed (their Python still needs pyarrow, pydantic and PyYAML)."""
+    folder = Path(tempfile.mkdtemp(prefix="dsr-pyfiles-"))
+    atexit.register(shutil.rmtree, folder, True)
+    package = Path(__file__).parent
+    archive = folder / "lakehouse_dsr.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for file in sorted(package.rglob("*")):
+            if file.suffix in (".py", ".properties"):
+                zf.write(file, file.relative_to(package.parent))
+    return archive
