@@ -1,9 +1,8 @@
-"""Jars for storage and catalogs beyond the embedded lakehouse, found or fetched from registries we can reach.
+"""The S3A connector jars, fetched from a registry we can reach when Maven Central is not.
 
-Maven Central may be out of reach, so the S3A connector (`hadoop-aws` + the AWS SDK v1 bundle it was
-built against) is taken from the `sagemaker-pyspark` source distribution on PyPI: downloaded once,
-the two jars extracted into a cache directory and checked against pinned SHA-256 sums. JDBC drivers
-come from Debian packages (`libpostgresql-jdbc-java`, `libxerial-sqlite-jdbc-java`).
+`hadoop-aws` and the AWS SDK v1 bundle it was built against come from the `sagemaker-pyspark`
+source distribution on PyPI: downloaded once, the two jars extracted into a cache directory and
+checked against pinned SHA-256 sums. (JDBC drivers come from Debian packages: see the examples.)
 """
 
 from __future__ import annotations
@@ -23,10 +22,6 @@ SAGEMAKER_PYSPARK = "sagemaker-pyspark==1.4.5"
 S3A_JARS = {
     "hadoop-aws-3.3.1.jar": "6be50ad8a8b445d2802381b085b2a3ede5c29d353450a6a21f16b2fefa962b6e",
     "aws-java-sdk-bundle-1.11.901.jar": "b87175b32a16544cc1b37cf40390eb375833e62bed67f8ce6cde4b7ad6429ead",
-}
-JDBC_JARS = {
-    "postgresql": Path("/usr/share/java/postgresql.jar"),
-    "sqlite": Path("/usr/share/java/sqlite-jdbc.jar"),
 }
 
 
@@ -87,11 +82,3 @@ def s3a_jars(cache_dir: Path | None = None, fetch: bool = True) -> list[Path]:
         return jars
     raise EnvironmentSetupError(f"{SAGEMAKER_PYSPARK} did not contain {', '.join(S3A_JARS)}")
 
-
-def jdbc_jar(kind: str) -> Path:
-    """The Debian-installed JDBC driver for `kind` (postgresql or sqlite)."""
-    jar = JDBC_JARS[kind]
-    if not jar.is_file():
-        package = {"postgresql": "libpostgresql-jdbc-java", "sqlite": "libxerial-sqlite-jdbc-java"}[kind]
-        raise EnvironmentSetupError(f"{jar} is missing: install the Debian package {package} (make integration-deps)")
-    return jar

@@ -64,6 +64,11 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def launcher_wins(conf: dict[str, str], launched: set[str]) -> dict[str, str]:
+    """`conf` without what a launcher already set or alone can set (master, jars, driver JVM options)."""
+    return {key: value for key, value in conf.items() if key not in _LAUNCH_ONLY and key not in launched}
+
+
 def session_conf(settings: Settings) -> dict[str, str]:
     """Every Spark conf the engine needs, with the user's `spark.conf` taking precedence."""
     conf = {
@@ -98,8 +103,7 @@ def build_session(settings: Settings) -> SparkSession:
     conf = session_conf(settings)
     master: str | None = settings.spark.master
     if launched_by_spark_submit():
-        launched = SparkConf()  # the running JVM's settings, as spark-submit gave them
-        conf = {k: v for k, v in conf.items() if k not in _LAUNCH_ONLY and not launched.contains(k)}
+        conf = launcher_wins(conf, {key for key, _ in SparkConf().getAll()})  # the JVM's, as spark-submit set them
         master = None
     elif master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network lookups for a local session

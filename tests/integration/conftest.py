@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-TIMES: dict[str, dict[str, float]] = {}
+TIMES: dict[str, dict[str, float]] = {}  # wall clock of each dsr command, per set-up
+STAGES: dict[str, dict[str, float]] = {}  # the run report's seconds per stage, per set-up
 
 
 def pytest_collection_modifyitems(items):
@@ -13,11 +14,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
-def pytest_terminal_summary(terminalreporter):
-    if not TIMES:
+def _table(terminalreporter, title: str, rows: dict[str, dict[str, float]]) -> None:
+    if not rows:
         return
-    terminalreporter.section("full cycle per set-up (seconds)")
-    steps = list(next(iter(TIMES.values())))
-    terminalreporter.write_line(f"{'set-up':<28}" + "".join(f"{s:>10}" for s in steps))
-    for name, times in TIMES.items():
-        terminalreporter.write_line(f"{name:<28}" + "".join(f"{times.get(s, 0):>10.1f}" for s in steps))
+    terminalreporter.section(title)
+    columns = list(dict.fromkeys(c for row in rows.values() for c in row))
+    terminalreporter.write_line(f"{'set-up':<30}" + "".join(f"{c[:10]:>11}" for c in columns))
+    for name, row in rows.items():
+        terminalreporter.write_line(f"{name:<30}" + "".join(f"{row.get(c, 0):>11.1f}" for c in columns))
+
+
+def pytest_terminal_summary(terminalreporter):
+    _table(terminalreporter, "full cycle per set-up: seconds per dsr command", TIMES)
+    _table(terminalreporter, "inside dsr run: seconds per stage (run report)", STAGES)

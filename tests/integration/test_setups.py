@@ -21,7 +21,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from lakehouse_dsr.connectors import s3a_jars
 
-from .conftest import TIMES
+from .conftest import STAGES, TIMES
 from .reader import Reader, duckdb_count
 from .servers import Postgres, SeaweedFS, postgres, seaweedfs, spark_cluster
 
@@ -80,6 +80,7 @@ def full_cycle(name: str, workdir: Path, example: str, env: dict[str, str], read
     TIMES[name] = times
 
     report = json.loads((workdir / "report.json").read_text())
+    STAGES[name] = report["seconds"]
     assert report["summary"]["completed"] == len(erased) + len(accessed), report["requests"]
     assert f"{len(erased)} of {len(erased)} completed request(s) verified erased" in outputs[-1]
 
