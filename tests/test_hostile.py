@@ -471,6 +471,15 @@ def write_config(settings: Settings, path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize("command", [["status"], ["verify"], ["extend", "req-x", "--reason", "r"],
+                                     ["release", "demo.events", "--reason", "r"]])
+def test_cli_commands_with_an_unreachable_catalog(spark, tmp_path, monkeypatch, capsys, command):
+    config = tmp_path / "dsr.yaml"
+    config.write_text(yaml.safe_dump(unreachable(tmp_path)))
+    code, out, err = dsr_in_process(monkeypatch, capsys, "-c", str(config), *command)
+    assert code == 2 and "catalog offline cannot be reached" in err and "Traceback" not in out + err
+
+
 def test_cli_submit_file_rejections_and_duplicates(spark, lakehouse, tmp_path, monkeypatch, capsys):
     settings = lakehouse
     config = write_config(settings, tmp_path / "dsr.yaml")

@@ -84,6 +84,13 @@ def _spark():
     return _state["spark"]
 
 
+def _ledger() -> Ledger:
+    """The ledger, created if missing; a catalog that cannot be reached is a one-line error, not a traceback."""
+    ledger = Ledger(_spark(), _settings())
+    ledger.ensure()
+    return ledger
+
+
 @app.command()
 def generate(
     users: Annotated[int, typer.Option(min=1, help="number of users")] = 10_000,
@@ -154,7 +161,7 @@ def run_cmd(
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
     """List requests with their status and days left (no subject identifiers are shown)."""
-    rows = Ledger(_spark(), _settings()).statuses()
+    rows = _ledger().statuses()
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return
@@ -181,13 +188,14 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
 @app.command()
 def extend(request_id: str, reason: Annotated[str, typer.Option(help="why (told to the data subject)")]) -> None:
     """Apply the regulation's one allowed deadline extension (GDPR +2 months, CCPA +45 days)."""
-    r = Ledger(_spark(), _settings()).extend(request_id, reason)
+    r = _ledger().extend(request_id, reason)
     console.print(f"{r.request_id}: due {r.due_date} ({r.days_left} days left)")
 
 
 @app.command("verify")
 def verify_cmd(request_id: Annotated[list[str] | None, typer.Argument(help="default: all completed")] = None) -> None:
     """Re-run the erasure proof for completed requests (from their keyed hashes)."""
+    _ledger()
     results = verify_completed(_spark(), _settings(), request_id or None)
     bad = {rid: reasons for rid, reasons in results.items() if reasons}
     for rid, reasons in bad.items():
@@ -224,7 +232,7 @@ def jars() -> None:
 @app.command()
 def release(table: str, reason: Annotated[str, typer.Option(help="what was checked or rolled back")]) -> None:
     """Lift the hold a collateral-check failure put on a table, so runs erase and purge there again."""
-    step = Ledger(_spark(), _settings()).journal.release(table, reason)
+    step = _ledger().journal.release(table, reason)
     console.print(f"{table} released (held since run {step.detail['hold_run_id']})")
 
 
