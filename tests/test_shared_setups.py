@@ -9,6 +9,7 @@ import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -108,6 +109,19 @@ def test_session_jars_and_the_jars_command(tmp_path, monkeypatch):
     assert result.stdout.strip().split(",") == [str(spark_module.iceberg_jar()), "/opt/jars/a.jar", "/opt/jars/b.jar"]
     own = write(tmp_path, "spark:\n  conf: {spark.jars: /opt/iceberg-spark-runtime-3.5_2.12-1.9.0.jar}\n")
     assert spark_module.session_jars(load_settings(own)) == ["/opt/iceberg-spark-runtime-3.5_2.12-1.9.0.jar"]
+
+
+def test_a_session_without_the_iceberg_runtime_is_explained():
+    class NoIceberg:  # a JVM whose class loader lacks Iceberg, as py4j reports it
+        def __getattr__(self, name):
+            return self
+
+        def __call__(self, *args):
+            raise RuntimeError("java.lang.ClassNotFoundException: org.apache.iceberg.spark.SparkCatalog")
+
+    session = SimpleNamespace(sparkContext=SimpleNamespace(_jvm=NoIceberg()))
+    with pytest.raises(EnvironmentSetupError, match=r"pass --jars \"\$\(dsr -c dsr.yaml jars\)\""):
+        spark_module._require_iceberg(session)
 
 
 def test_executors_get_the_whole_package():

@@ -126,7 +126,8 @@ def attach(spark: SparkSession, settings: Settings) -> None:
     """Register our catalog on an existing session (a notebook's, a cluster job's).
 
     Catalog settings are runtime SQL confs, so this works after start-up; the Iceberg jar and
-    SQL extensions must already be on the session.
+    SQL extensions must already be on the session. On a cluster, executors also get this package's
+    code (a zip of ~75 KB, built once per process), so they run the driver's version of it.
     """
     prefix = f"spark.sql.catalog.{settings.catalog.name}"
     spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
@@ -145,8 +146,8 @@ def _require_iceberg(spark: SparkSession) -> None:
                                     jvm.java.lang.Thread.currentThread().getContextClassLoader())
     except Exception:
         raise EnvironmentSetupError(
-            "the Iceberg Spark runtime is not on the driver's classpath; under spark-submit pass "
-            "--jars $(dsr -c dsr.yaml jars) so the launcher loads it"
+            "the Iceberg Spark runtime is not on the driver's classpath: name it in spark.conf['spark.jars'] "
+            "or ['spark.jars.packages'], or under spark-submit pass --jars \"$(dsr -c dsr.yaml jars)\""
         ) from None
 
 
