@@ -15,6 +15,23 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, In
+from pyiceberg.table import StaticTable
+
+
+class HadoopTables:
+    """The part of pyiceberg's Catalog the reader uses, for the embedded (hadoop) catalog, which pyiceberg
+    has no catalog for: each table's current metadata file is named by its `version-hint.text`."""
+
+    def __init__(self, warehouse: Path):
+        self.warehouse = warehouse
+
+    def load_table(self, name: str) -> StaticTable:
+        metadata = self.warehouse.joinpath(*name.split("."), "metadata")
+        version = (metadata / "version-hint.text").read_text().strip()
+        return StaticTable.from_metadata(f"file://{metadata}/v{version}.metadata.json")
+
+    def list_tables(self, namespace: str) -> list[tuple[str, str]]:
+        return [(namespace, p.name) for p in sorted((self.warehouse / namespace).iterdir()) if p.is_dir()]
 
 
 def _strings(table: pa.Table) -> set[str]:
@@ -28,7 +45,7 @@ def _strings(table: pa.Table) -> set[str]:
 
 @dataclass
 class Reader:
-    catalog: Catalog
+    catalog: Catalog | HadoopTables
     storage: fs.FileSystem
 
     def count(self, table: str, column: str | None = None, values: set[str] | None = None,

@@ -22,7 +22,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from lakehouse_dsr.connectors import s3a_jars
 
 from .conftest import STAGES, TIMES
-from .reader import Reader, duckdb_count
+from .reader import HadoopTables, Reader, duckdb_count
 from .servers import Postgres, SeaweedFS, postgres, seaweedfs, spark_cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -168,6 +168,12 @@ def test_jdbc_catalog_on_sqlite(tmp_path):
     full_cycle("jdbc sqlite, local[2]", tmp_path, "jdbc-sqlite.yaml",
                {"DSR_SQLITE_FILE": str(db), "DSR_WAREHOUSE": str(tmp_path / "warehouse"),
                 "DSR_SPARK_MASTER": "local[2]"}, reader)
+
+
+def test_embedded_lakehouse_for_comparison(tmp_path):
+    """The default (hadoop catalog, local warehouse) through the same cycle: the baseline for the timings."""
+    reader = Reader(HadoopTables(tmp_path / "lakehouse"), fs.LocalFileSystem())
+    full_cycle("embedded (hadoop), local[2]", tmp_path, "dsr.yaml", {"DSR_SPARK_MASTER": "local[2]"}, reader)
 
 
 def _python_without_lakehouse_dsr(root: Path) -> Path:
