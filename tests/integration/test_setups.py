@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -150,16 +151,24 @@ def _pg_reader(server: Postgres) -> Reader:
     return Reader(SqlCatalog("lakehouse", uri=server.sqlalchemy_uri), fs.LocalFileSystem())
 
 
+def assert_stopped(*ports: int) -> None:
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
 def test_rest_catalog_on_s3(tmp_path, jars_dir):
     with seaweedfs(tmp_path) as server:
         full_cycle("rest + s3, local[2]", tmp_path, "rest-s3.yaml",
                    {**_rest_env(server, jars_dir), "DSR_SPARK_MASTER": "local[2]"}, _rest_reader(server))
+    assert_stopped(server.s3_port, server.iceberg_port)
 
 
 def test_jdbc_catalog_on_postgres(tmp_path):
     with postgres() as server:
         full_cycle("jdbc postgres, local[2]", tmp_path, "jdbc-postgres.yaml",
                    {**_pg_env(server, tmp_path), "DSR_SPARK_MASTER": "local[2]"}, _pg_reader(server))
+    assert_stopped(server.port)
 
 
 def test_jdbc_catalog_on_sqlite(tmp_path):
@@ -203,6 +212,7 @@ def test_standalone_cluster_on_rest_s3(tmp_path, jars_dir):
         assert _apps_registered(tmp_path / "cluster" / "master.log") == 4
         for worker in ("worker0.log", "worker1.log"):
             assert "Asked to launch executor" in (tmp_path / "cluster" / worker).read_text(errors="replace")
+    assert_stopped(server.s3_port, server.iceberg_port, int(cluster.master_url.rsplit(":", 1)[1]))
 
 
 def test_spark_submit_on_cluster_with_postgres(tmp_path):
@@ -218,3 +228,4 @@ def test_spark_submit_on_cluster_with_postgres(tmp_path):
         run = [submit, "--master", cluster.master_url, "--jars", jars, entry, "-c", "dsr.yaml", "run"]
         full_cycle("jdbc postgres, spark-submit", tmp_path, "jdbc-postgres.yaml", env, _pg_reader(server), run=run)
         assert _apps_registered(tmp_path / "cluster" / "master.log") == 1  # only the spark-submit step
+    assert_stopped(server.port, int(cluster.master_url.rsplit(":", 1)[1]))
