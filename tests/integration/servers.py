@@ -158,16 +158,17 @@ def _postgres_in(root: Path, server: Postgres, user: str | None) -> Iterator[Non
     data = root / "pgdata"
     secret = root / "pgpass"
     log = root / "postgres.log"
-    subprocess.run(["true"], user=user, check=True)  # fail early if the user cannot be switched to
     for path, content in ((secret, server.password + "\n"), (log, "")):
         path.write_text(content)
         if user:
             os.chown(path, pwd.getpwnam(user).pw_uid, -1)
-    subprocess.run(
+    init = subprocess.run(
         [str(_pg_bin() / "initdb"), "-D", str(data), "-U", server.user, "--auth=scram-sha-256",
          f"--pwfile={secret}", "-E", "UTF8", "--locale=C.UTF-8"],
-        check=True, capture_output=True, user=user, cwd=root,
+        capture_output=True, text=True, user=user, cwd=root,
     )
+    if init.returncode != 0:
+        raise RuntimeError(f"initdb failed ({init.returncode}): {init.stderr[-2000:]}")
     args = [str(_pg_bin() / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(server.port),
             "-k", str(root)]
     with _process(args, log, user=user) as proc:
