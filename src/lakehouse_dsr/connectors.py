@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -73,8 +74,7 @@ def s3a_jars(cache_dir: Path | None = None, fetch: bool = True) -> list[Path]:
                     continue
                 staged = Path(tmp) / name
                 with sdist.extractfile(member) as src, staged.open("wb") as dst:
-                    while block := src.read(1 << 20):
-                        dst.write(block)
+                    shutil.copyfileobj(src, dst, 1 << 20)
                 if _sha256(staged) != S3A_JARS[name]:
                     raise EnvironmentSetupError(f"{name} from {SAGEMAKER_PYSPARK} does not match its pinned checksum")
                 staged.replace(cache_dir / name)  # atomic: a half-written jar is never found as cached

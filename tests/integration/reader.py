@@ -57,13 +57,11 @@ class Reader:
     def table(self, table: str) -> pa.Table:
         return self.catalog.load_table(table).scan().to_arrow()
 
-    def snapshots(self, table: str) -> list[int]:
-        return [s.snapshot_id for s in self.catalog.load_table(table).snapshots()]
-
     def found_in_history(self, table: str, needles: set[str]) -> list[int]:
         """Snapshots still reachable from the table's metadata whose rows contain any of `needles`."""
-        return [sid for sid in self.snapshots(table)
-                if _strings(self.catalog.load_table(table).scan(snapshot_id=sid).to_arrow()) & needles]
+        loaded = self.catalog.load_table(table)
+        return [s.snapshot_id for s in loaded.snapshots()
+                if _strings(loaded.scan(snapshot_id=s.snapshot_id).to_arrow()) & needles]
 
     def found_in_storage(self, table: str, needles: set[str]) -> list[str]:
         """Every Parquet file under the table's location (referenced or orphaned) holding any of `needles`."""

@@ -181,8 +181,11 @@ def _postgres_in(root: Path, server: Postgres, user: str | None) -> Iterator[Non
 
 @dataclass(frozen=True)
 class SparkCluster:
-    master_url: str
-    workers: int
+    port: int
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
 
 
 @contextlib.contextmanager
@@ -192,19 +195,21 @@ def spark_cluster(root: Path, workers: int = 2, cores: int = 1, memory: str = "1
     env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
            "SPARK_WORKER_DIR": str(root / "work"), "SPARK_LOG_DIR": str(root), "PYSPARK_PYTHON": sys.executable}
     spark_class = str(spark_home / "bin" / "spark-class")
-    port = free_port()
-    url = f"spark://127.0.0.1:{port}"
-    with contextlib.ExitStack() as stack:
-        log = root / "master.log"
-        master = stack.enter_context(_process(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-             "--webui-port", str(free_port())], log, env))
-        _wait(lambda: "I have been elected leader" in log.read_text(errors="replace"), master, "spark master", log)
-        for i in range(workers):
-            stack.enter_context(_process(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(cores),
-                 "--memory", memory, "--webui-port", str(free_port()), url], root / f"worker{i}.log", env))
-        _wait(lambda: log.read_text(errors="replace").count("Registering worker") >= workers, master,
-              "spark workers", log)
-        yield SparkCluster(url, workers)
+    cluster = SparkCluster(free_port())
+    log = root / "master.log"
+    try:
+        with contextlib.ExitStack() as stack:
+            master = stack.enter_context(_process(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                 str(cluster.port), "--webui-port", str(free_port())], log, env))
+            _wait(lambda: "I have been elected leader" in log.read_text(errors="replace"), master, "spark master", log)
+            for i in range(workers):
+                stack.enter_context(_process(
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores",
+                     str(cores), "--memory", memory, "--webui-port", str(free_port()), cluster.master_url],
+                    root / f"worker{i}.log", env))
+            _wait(lambda: log.read_text(errors="replace").count("Registering worker") >= workers, master,
+                  "spark workers", log)
+            yield cluster
+    finally:  # executors' copies of every jar (~240 MB per application), once every process has stopped
         shutil.rmtree(root / "work", ignore_errors=True)

@@ -20,6 +20,7 @@ from pyarrow import fs
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 
+import lakehouse_dsr
 from lakehouse_dsr.connectors import s3a_jars
 
 from .conftest import STAGES, TIMES
@@ -71,10 +72,13 @@ def full_cycle(name: str, workdir: Path, example: str, env: dict[str, str], read
     erased_events = reader.count("demo.events", "user_id", set(erased))
     accessed_events = {s: reader.count("demo.events", "user_id", {s}) for s in accessed}
     assert erased_events > 0 and reader.count("demo.newsletter", "email", emails) == 2
+    # Positive controls: the history and storage scans below find the erased values before the run.
+    assert reader.found_in_history("demo.events", needles) and reader.found_in_storage("demo.newsletter", needles)
     (workdir / "requests.csv").write_text(
         "subject_id,type\n" + "".join(f"{s},erase\n" for s in erased) + "".join(f"{s},access\n" for s in accessed))
 
     step("submit", [*dsr, "submit", "--file", "requests.csv"])
+    assert reader.found_in_storage("dsr.requests", needles)  # the ledger holds plaintext until completion
     step("run", (run or [*dsr, "run"]) + ["--report", str(workdir / "report.json")])
     step("verify", [*dsr, "verify"])
     times["total"] = sum(times.values())
@@ -212,7 +216,7 @@ def test_standalone_cluster_on_rest_s3(tmp_path, jars_dir):
         assert _apps_registered(tmp_path / "cluster" / "master.log") == 4
         for worker in ("worker0.log", "worker1.log"):
             assert "Asked to launch executor" in (tmp_path / "cluster" / worker).read_text(errors="replace")
-    assert_stopped(server.s3_port, server.iceberg_port, int(cluster.master_url.rsplit(":", 1)[1]))
+    assert_stopped(server.s3_port, server.iceberg_port, cluster.port)
 
 
 def test_spark_submit_on_cluster_with_postgres(tmp_path):
@@ -224,8 +228,8 @@ def test_spark_submit_on_cluster_with_postgres(tmp_path):
         jars = subprocess.run([str(BIN / "dsr"), "-c", str(EXAMPLES / "jdbc-postgres.yaml"), "jars"],
                               env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout.strip()
         submit = str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
-        entry = str(Path(__import__("lakehouse_dsr").__file__).parent / "__main__.py")
+        entry = str(Path(lakehouse_dsr.__file__).parent / "__main__.py")
         run = [submit, "--master", cluster.master_url, "--jars", jars, entry, "-c", "dsr.yaml", "run"]
         full_cycle("jdbc postgres, spark-submit", tmp_path, "jdbc-postgres.yaml", env, _pg_reader(server), run=run)
         assert _apps_registered(tmp_path / "cluster" / "master.log") == 1  # only the spark-submit step
-    assert_stopped(server.port, int(cluster.master_url.rsplit(":", 1)[1]))
+    assert_stopped(server.port, cluster.port)
