@@ -22,9 +22,10 @@ from pathlib import Path
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.bench import events_only_settings
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.lake.spark import build_session
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.spark import build_session
 
 DAY0 = date(2026, 1, 5)
 

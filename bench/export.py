@@ -18,10 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from lakehouse_dsr import access, layout, synth
+from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
-from lakehouse_dsr.datamap import check_against_catalog
-from lakehouse_dsr.spark import build_session
+from lakehouse_dsr.datamap.check import check_against_catalog
+from lakehouse_dsr.lake import layout
+from lakehouse_dsr.lake.spark import build_session
+from lakehouse_dsr.stages import access
 
 
 def main() -> None:

@@ -18,10 +18,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from lakehouse_dsr import erase, identity, synth
+from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
-from lakehouse_dsr.datamap import check_against_catalog
-from lakehouse_dsr.spark import build_session
+from lakehouse_dsr.datamap.check import check_against_catalog
+from lakehouse_dsr.lake.spark import build_session
+from lakehouse_dsr.stages import erase, identity
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import Settings, settings_from_dict
-from lakehouse_dsr.spark import attach, build_session
+from lakehouse_dsr.lake.spark import attach, build_session
 
 SEED = 7
 HOSTILE = ["x' OR '1'='1", "%", "' ; DROP TABLE demo.events; --", "Jos\u00e9 \u4e2d\u6587 \U0001f600", "k" * 10_000,

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from lakehouse_dsr.stages.access import EMPTY_NOTE
 from pyiceberg.table import StaticTable
 
 from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, make_settings
 from lakehouse_dsr import synth
-from lakehouse_dsr.access import EMPTY_NOTE
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.spark import attach
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 KEYS = {"demo.users": "user_id", "demo.events": "user_id", "demo.newsletter": "email", "demo.orders": "user_id"}

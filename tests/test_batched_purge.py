@@ -13,9 +13,10 @@ from pyspark.sql import functions as F
 from conftest import SEED
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
-from lakehouse_dsr.ledger import Ledger, RequestInput, due_date
-from lakehouse_dsr.purge import purge_deadline, purge_due
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput, due_date
 from lakehouse_dsr.run import run
+from lakehouse_dsr.stages.purge import purge_deadline, purge_due
 
 DAY0 = date(2026, 3, 2)
 BATCHED = {"policy": "batched", "max_delay_days": 7, "safety_margin_days": 3}

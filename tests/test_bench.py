@@ -5,7 +5,7 @@ import statistics
 
 from conftest import make_settings
 from lakehouse_dsr.bench import run_bench
-from lakehouse_dsr.spark import attach
+from lakehouse_dsr.lake.spark import attach
 
 
 def test_bench_writes_results_and_charts(spark, tmp_path):

@@ -16,7 +16,8 @@ from conftest import SEED, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.exceptions import DsrError, LedgerError
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 
 DSR = Path(sys.executable).parent / "dsr"
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders", "dsr.requests", "dsr.audit"]

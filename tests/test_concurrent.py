@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 
 from conftest import SEED
 from lakehouse_dsr import synth
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,7 @@ WRITER = textwrap.dedent('''
     import json, sys, time
     from pathlib import Path
     from lakehouse_dsr.config import load_settings
-    from lakehouse_dsr.spark import build_session
+    from lakehouse_dsr.lake.spark import build_session
     config, out, others, erased = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
     settings = load_settings(config)
     spark = build_session(settings)

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from lakehouse_dsr.config import load_settings, settings_from_dict
-from lakehouse_dsr.datamap import DataMap, check_against_catalog, demo_datamap
+from lakehouse_dsr.datamap import DataMap, demo_datamap
+from lakehouse_dsr.datamap.check import check_against_catalog
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
 
 

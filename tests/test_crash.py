@@ -18,9 +18,10 @@ from pyspark.sql.types import StringType
 
 from conftest import SEED, dsr_run, snapshot_ids
 from lakehouse_dsr import synth
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import _ledger_purge_owed
-from lakehouse_dsr.verify import verify_column, verify_completed
+from lakehouse_dsr.stages.verify import verify_column, verify_completed
 
 pytestmark = pytest.mark.slow
 DEMO = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]

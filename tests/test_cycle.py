@@ -12,10 +12,11 @@ from pyiceberg.table import StaticTable
 
 from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, make_settings, snapshot_ids
 from lakehouse_dsr import synth
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.spark import attach
-from lakehouse_dsr.verify import verify_completed
+from lakehouse_dsr.stages.verify import verify_completed
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 USERS = 40

@@ -7,17 +7,15 @@ from typer.testing import CliRunner
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import ConfigError
-from lakehouse_dsr.hashing import (
+from lakehouse_dsr.lake.hmac import join_on_key, with_keyed_hash, with_keyring_hashes
+from lakehouse_dsr.ledger.keys import (
     Keyring,
-    join_on_key,
     key_id,
     keyed_hash,
     load_key,
     load_retired,
     retired_file,
     rotate_key,
-    with_keyed_hash,
-    with_keyring_hashes,
 )
 
 VALUES = ["alice", "x' OR '1'='1", "%", "\u00e9l\u00e8ve \U0001f600", "a\x00b", " ", "k" * 10_000]
@@ -131,13 +129,13 @@ def test_each_hash_is_checked_under_the_key_that_made_it(spark):
     old, new = b"old key", b"new key"
     ring = Keyring(new, (old,))
     df = spark.createDataFrame([(v,) for v in VALUES[:4]], "v string")
-    got = {(r.v, r.key_id): r.key_hash for r in with_keyring_hashes(spark, df, "v", ring).collect()}
+    got = {(r.v, r.key_id): r.key_hash for r in with_keyring_hashes(spark, df, "v", ring.keys()).collect()}
     assert got == {(v, key_id(k)): keyed_hash(k, v) for v in VALUES[:4] for k in (old, new)}
     stored = spark.createDataFrame(
         [("made-by-old", keyed_hash(old, "alice"), key_id(old)),
          ("wrong-key-id", keyed_hash(old, "%"), key_id(new)),  # a hash compared only with its own key's candidates
          ("legacy", keyed_hash(old, VALUES[3]), None)],        # NULL key id: any key of the ring
         "request_id string, key_hash string, key_id string")
-    candidates = with_keyring_hashes(spark, df, "v", ring)
+    candidates = with_keyring_hashes(spark, df, "v", ring.keys())
     assert sorted(r.request_id for r in join_on_key(candidates, stored).collect()) == ["legacy", "made-by-old"]
     assert sorted(r.v for r in join_on_key(candidates, stored, "left_semi").collect()) == ["alice", VALUES[3]]

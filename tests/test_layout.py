@@ -8,9 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SEED
-from lakehouse_dsr import layout, synth
+from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import DataMapError
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.lake import layout
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
 
 

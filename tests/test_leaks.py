@@ -28,11 +28,12 @@ from pyspark.sql.types import StringType
 
 from conftest import HOSTILE, SEED, add_subjects, make_settings
 from lakehouse_dsr import suppress, synth
-from lakehouse_dsr.hashing import KEY_ENV, key_id, load_key, retired_file, rotate_key
-from lakehouse_dsr.ledger import KEYS_SCHEMA, Ledger, RequestInput
+from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.ledger.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
+from lakehouse_dsr.ledger.ledger import KEYS_SCHEMA, Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.spark import attach
-from lakehouse_dsr.verify import verify_column, verify_completed
+from lakehouse_dsr.stages.verify import verify_column, verify_completed
 
 pytestmark = pytest.mark.slow  # a full cycle with DEBUG logging captured: make test-slow
 

@@ -4,8 +4,9 @@ import pytest
 
 from conftest import make_settings, snapshot_ids
 from lakehouse_dsr.exceptions import LedgerError, RequestInputError
-from lakehouse_dsr.ledger import Ledger, RequestInput, add_months, due_date, read_requests_csv
-from lakehouse_dsr.spark import attach
+from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput, add_months, due_date, read_requests_csv
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,12 @@ import time
 from pathlib import Path
 
 from conftest import SEED
-from lakehouse_dsr import erase, synth
+from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
+from lakehouse_dsr.stages import erase
 
 
 def _submit(spark, settings, *indexes) -> list[str]:

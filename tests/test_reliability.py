@@ -10,11 +10,14 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import SEED, make_settings, snapshot_ids
-from lakehouse_dsr import erase, iceberg, synth
+from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerError
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.verify import verify_completed
+from lakehouse_dsr.stages import erase
+from lakehouse_dsr.stages.verify import verify_completed
 
 ERASED = [synth.user_id(SEED, 1), synth.user_id(SEED, 2)]
 BYSTANDER = synth.user_id(SEED, 9)

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from lakehouse_dsr import connectors
-from lakehouse_dsr import spark as spark_module
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import load_settings
 from lakehouse_dsr.exceptions import ConfigError, EnvironmentSetupError
+from lakehouse_dsr.lake import connectors
+from lakehouse_dsr.lake import spark as spark_module
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -127,8 +127,9 @@ def test_a_session_without_the_iceberg_runtime_is_explained():
 def test_executors_get_the_whole_package():
     with zipfile.ZipFile(spark_module._package_zip()) as zf:
         names = set(zf.namelist())
-    package = Path(spark_module.__file__).parent
-    expected = {f"lakehouse_dsr/{p.name}" for p in package.glob("*.py")} | {"lakehouse_dsr/log4j2.properties"}
+    package = Path(spark_module.__file__).resolve().parents[1]
+    expected = {f"lakehouse_dsr/{p.relative_to(package)}" for p in package.rglob("*.py")} \
+        | {"lakehouse_dsr/log4j2.properties"}
     assert names == expected
 
 

@@ -1,8 +1,8 @@
 import pytest
 
-from lakehouse_dsr import spark as spark_module
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import EnvironmentSetupError
+from lakehouse_dsr.lake import spark as spark_module
 
 
 def test_catalog_properties_and_user_conf_become_spark_conf(tmp_path):

@@ -8,14 +8,15 @@ from pyspark.sql import functions as F
 from conftest import HOSTILE, SEED, add_subjects
 from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.exceptions import DataMapError
-from lakehouse_dsr.ledger import Ledger, RequestInput
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
 
 
 @pytest.fixture(scope="module")
 def erased(spark, tmp_path_factory):
     from conftest import make_settings
-    from lakehouse_dsr.spark import attach
+    from lakehouse_dsr.lake.spark import attach
 
     settings = make_settings(tmp_path_factory.mktemp("suppress"))
     attach(spark, settings)

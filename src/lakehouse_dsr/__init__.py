@@ -1,5 +1,5 @@
 """lakehouse-dsr: data subject requests (erasure, access) over an Apache Iceberg lakehouse."""
 
-from .suppress import suppress
+from .ingest.suppress import suppress
 
 __all__ = ["suppress"]

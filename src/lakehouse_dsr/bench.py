@@ -26,11 +26,13 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from . import iceberg, synth
+from . import synth
 from .config import Settings, settings_from_dict
 from .datamap import DataMap
-from .ledger import Ledger, RequestInput
-from .metrics import StageMeter
+from .lake import iceberg
+from .lake.metrics import StageMeter
+from .ledger.ledger import Ledger
+from .ledger.requests import RequestInput
 from .progress import Progress, Silent
 from .run import run
 

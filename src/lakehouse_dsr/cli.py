@@ -15,15 +15,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColu
 from rich.progress import Progress as RichBars
 from rich.table import Table
 
-from . import access, connectors, layout, synth
+from . import synth
 from .bench import run_bench
 from .config import Settings, load_settings
 from .exceptions import DsrError
-from .hashing import rotate_key
-from .ledger import REGULATIONS, REQUEST_TYPES, Ledger, RequestInput, parse_received, read_requests_csv
+from .lake import connectors, layout
+from .lake.spark import build_session, session_jars
+from .ledger.keys import rotate_key
+from .ledger.ledger import Ledger
+from .ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, parse_received, read_requests_csv
 from .run import run as run_batch
-from .spark import build_session, session_jars
-from .verify import verify_completed
+from .stages import access
+from .stages.verify import verify_completed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Data subject requests (GDPR/CCPA) on an Apache Iceberg lakehouse.")

@@ -25,15 +25,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StringType
 
-from . import access, collateral, erase, faults, iceberg, identity, purge, verify
+from . import faults
 from .config import Settings
-from .datamap import check_against_catalog
+from .datamap.check import check_against_catalog
+from .evidence.report import RequestResult, RunReport
 from .exceptions import CommitConflictError
-from .journal import Step
-from .ledger import OPEN_STATUSES, Ledger, Outcome
-from .metrics import IoCost, StageMeter
+from .lake import iceberg
+from .lake.metrics import IoCost, StageMeter
+from .ledger.journal import Step
+from .ledger.ledger import OPEN_STATUSES, Ledger, Outcome
 from .progress import Progress, Silent
-from .report import RequestResult, RunReport
+from .stages import access, collateral, erase, identity, purge, verify
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 import lakehouse_dsr
-from lakehouse_dsr.connectors import s3a_jars
+from lakehouse_dsr.lake.connectors import s3a_jars
 
 from .conftest import STAGES, TIMES
 from .reader import HadoopTables, Reader, duckdb_count

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from .config import Settings
-from .exceptions import LedgerError
+from ..config import Settings
+from ..exceptions import LedgerError
 
 STEPS_SCHEMA = ("step_id string, run_id string, table_name string, step string, snapshot_id bigint, "
                 "at timestamp, detail string")

@@ -21,8 +21,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from . import iceberg
-from .config import Settings
+from ..config import Settings
+from ..lake import iceberg
 
 _HIT = "dsr_hit"
 

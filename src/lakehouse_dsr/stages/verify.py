@@ -19,12 +19,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from . import iceberg
-from .config import Settings
-from .datamap import check_against_catalog
-from .exceptions import LedgerError
-from .hashing import Keyring, as_keyring, join_on_key, key_id, keys_in_use, with_keyring_hashes
-from .ledger import Ledger
+from ..config import Settings
+from ..datamap.check import check_against_catalog
+from ..exceptions import LedgerError
+from ..lake import iceberg
+from ..lake.hmac import join_on_key, with_keyring_hashes
+from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
+from ..ledger.ledger import Ledger
 
 
 def find_hashed(

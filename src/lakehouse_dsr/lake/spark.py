@@ -15,8 +15,8 @@ from pathlib import Path
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
-from .config import Settings
-from .exceptions import EnvironmentSetupError
+from ..config import Settings
+from ..exceptions import EnvironmentSetupError
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
@@ -157,7 +157,7 @@ def _package_zip() -> Path:
     even where lakehouse-dsr is not installed (their Python still needs pyarrow, pydantic and PyYAML)."""
     folder = Path(tempfile.mkdtemp(prefix="dsr-pyfiles-"))
     atexit.register(shutil.rmtree, folder, True)
-    package = Path(__file__).parent
+    package = Path(__file__).resolve().parents[1]  # lakehouse_dsr/, not lake/
     archive = folder / "lakehouse_dsr.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for file in sorted(package.rglob("*")):

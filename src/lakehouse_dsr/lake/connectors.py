@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .exceptions import EnvironmentSetupError
+from ..exceptions import EnvironmentSetupError
 
 SAGEMAKER_PYSPARK = "sagemaker-pyspark==1.4.5"
 # The pair Spark 3.5's Hadoop 3.3 client works with; sums of the jars inside the pinned sdist.

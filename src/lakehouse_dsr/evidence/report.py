@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .metrics import IoCost
+from ..lake.metrics import IoCost
 
 
 @dataclass

@@ -14,10 +14,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from . import iceberg
+from ..config import Settings
+from ..datamap import TableMapping
+from ..lake import iceberg
 from .collateral import CollateralResult, Fingerprint
-from .config import Settings
-from .datamap import TableMapping
 
 
 @dataclass

@@ -19,8 +19,8 @@ from datetime import date, timedelta
 
 from pyspark.sql import SparkSession
 
-from . import iceberg
-from .config import PurgeSettings, Settings
+from ..config import PurgeSettings, Settings
+from ..lake import iceberg
 
 
 @dataclass

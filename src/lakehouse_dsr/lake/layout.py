@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 
 from pyspark.sql import SparkSession
 
+from ..config import Settings
+from ..exceptions import DataMapError
 from . import iceberg
-from .config import Settings
-from .exceptions import DataMapError
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .config import Settings
+from ..config import Settings
 
 
 def resolve(spark: SparkSession, settings: Settings, batch: DataFrame) -> DataFrame:

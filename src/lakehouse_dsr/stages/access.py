@@ -26,9 +26,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from . import faults, identity
-from .config import Settings
-from .datamap import check_against_catalog
+from .. import faults
+from ..config import Settings
+from ..datamap.check import check_against_catalog
+from . import identity
 from .erase import keys_for_table
 
 FORMATS = ("json", "csv", "parquet")

@@ -15,10 +15,11 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from .config import Settings, load_settings
-from .exceptions import DataMapError
-from .hashing import join_on_key, keys_in_use, with_keyring_hashes
-from .ledger import Ledger
+from ..config import Settings, load_settings
+from ..exceptions import DataMapError
+from ..lake.hmac import join_on_key, with_keyring_hashes
+from ..ledger.keys import keys_in_use
+from ..ledger.ledger import Ledger
 
 
 def suppression_list(ledger: Ledger, identifier: str) -> DataFrame:

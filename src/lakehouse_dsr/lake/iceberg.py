@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import DataType, StructField, StructType
 
-from .config import Settings
-from .exceptions import CommitConflictError
+from ..config import Settings
+from ..exceptions import CommitConflictError
 
 # Iceberg's own retries cover plain appends; these mean a concurrent commit invalidated the whole operation.
 _CONFLICTS = ("org.apache.iceberg.exceptions.ValidationException",

@@ -1,0 +1,1 @@
+"""What a run proves and costs: the run report."""

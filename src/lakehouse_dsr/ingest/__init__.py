@@ -1,0 +1,1 @@
+"""Keeping erased people out of incoming data."""

@@ -1,0 +1,1 @@
+"""The lake as the engine sees it: Spark session, the Iceberg seam, connectors, layout, costs."""

@@ -1,0 +1,65 @@
+"""HMAC-SHA256 as a Spark expression: the same keyed hash ledger/keys.py computes in Python, over
+table values, so stored hashes can be matched without any plaintext identifier."""
+
+from __future__ import annotations
+
+import hashlib
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+_BLOCK = 64  # SHA-256 block size in bytes
+
+
+def _pads(key: bytes) -> tuple[bytes, bytes]:
+    if len(key) > _BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+
+
+def with_keyed_hash(spark: SparkSession, df: DataFrame, column: str, key: bytes, out: str = "key_hash") -> DataFrame:
+    """Add `out` = HMAC-SHA256(key, UTF-8 of `column` cast to string), computed by Spark.
+
+    The key pads travel as a one-row broadcast DataFrame, never as literals in the query plan.
+    """
+    return _hashed(spark, df, column, {"": key}, out).drop("dsr_key_id")
+
+
+def with_keyring_hashes(spark: SparkSession, df: DataFrame, column: str, keys: dict[str, bytes],
+                        out: str = "key_hash", id_out: str = "key_id") -> DataFrame:
+    """One row per row of `df` and key of `keys` ({key_id: key}): `id_out` = the key's id,
+    `out` = the HMAC under that key. Cost: one HMAC per row and key (one key: as `with_keyed_hash`)."""
+    return _hashed(spark, df, column, keys, out).withColumnRenamed("dsr_key_id", id_out)
+
+
+def join_on_key(candidates: DataFrame, hashes: DataFrame, how: str = "inner") -> DataFrame:
+    """`candidates` (key_id, key_hash from `with_keyring_hashes`) joined with the broadcast `hashes`
+    (key_hash and, if it has one, the key_id that made each hash) on hash and key: a stored hash is
+    only compared with candidates of its own key. A NULL key_id (written before key ids were
+    recorded) matches a candidate of any key. `how`: inner, or left_semi to keep `candidates` only."""
+    made_by = F.col("key_id") if "key_id" in hashes.columns else F.lit(None).cast("string")
+    stored = hashes.select(*[c for c in hashes.columns if c != "key_id"], made_by.alias("dsr_made_by"))
+    same_key = F.col("dsr_made_by").isNull() | (F.col("dsr_made_by") == candidates["key_id"])
+    if how == "left_semi":
+        return candidates.join(F.broadcast(stored), (candidates["key_hash"] == stored["key_hash"]) & same_key,
+                               "left_semi")
+    if how != "inner":
+        raise ValueError(f"join_on_key: how must be inner or left_semi, not {how!r}")
+    return candidates.join(F.broadcast(stored), "key_hash").where(same_key).drop("dsr_made_by")
+
+
+def _hashed(spark: SparkSession, df: DataFrame, column: str, keys: dict[str, bytes], out: str) -> DataFrame:
+    pads = spark.createDataFrame([(kid, *_pads(key)) for kid, key in keys.items()],
+                                 "dsr_key_id string, dsr_ipad binary, dsr_opad binary")
+    value = F.col(column).cast("string").cast("binary")
+    return (
+        df.crossJoin(F.broadcast(pads))
+        .withColumn(out, _hmac(value))
+        .drop("dsr_ipad", "dsr_opad")
+    )
+
+
+def _hmac(message: Column) -> Column:
+    inner = F.unhex(F.sha2(F.concat(F.col("dsr_ipad"), message), 256))
+    return F.sha2(F.concat(F.col("dsr_opad"), inner), 256)

@@ -1,0 +1,1 @@
+"""The request ledger: requests, keys, audit, the step journal."""

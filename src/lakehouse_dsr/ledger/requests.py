@@ -1,0 +1,140 @@
+"""Requests as people file them: validation, deadlines and CSV intake. No Spark, no catalog."""
+
+from __future__ import annotations
+
+import calendar
+import csv
+import io
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Literal
+
+from ..exceptions import RequestInputError
+
+RequestType = Literal["erase", "access", "opt_out"]
+Regulation = Literal["gdpr", "ccpa"]
+REQUEST_TYPES: tuple[str, ...] = ("erase", "access", "opt_out")
+REGULATIONS: tuple[str, ...] = ("gdpr", "ccpa")
+MAX_SUBJECT_LENGTH = 65_536
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def add_months(day: date, months: int) -> date:
+    """Same day `months` later, clamped to the month's end (Jan 31 + 1 month = Feb 28/29)."""
+    month_index = day.month - 1 + months
+    year, month = day.year + month_index // 12, month_index % 12 + 1
+    return date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
+
+
+def due_date(received: date, regulation: str, extended: bool = False) -> date:
+    """GDPR Art. 12(3): one month, extendable by two more; CCPA §1798.130: 45 days, extendable by 45."""
+    if regulation == "gdpr":
+        return add_months(received, 3 if extended else 1)
+    if regulation == "ccpa":
+        return received + timedelta(days=90 if extended else 45)
+    raise RequestInputError(f"unknown regulation {regulation!r} (expected one of {', '.join(REGULATIONS)})")
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    subject_id: str
+    request_type: str
+    regulation: str = "gdpr"
+    received_at: datetime | None = None
+
+    def validated(self, where: str = "") -> RequestInput:
+        prefix = f"{where}: " if where else ""
+        if not isinstance(self.subject_id, str) or not self.subject_id.strip():
+            raise RequestInputError(f"{prefix}subject id is empty")
+        if len(self.subject_id) > MAX_SUBJECT_LENGTH:
+            raise RequestInputError(f"{prefix}subject id is longer than {MAX_SUBJECT_LENGTH} characters")
+        if not self.subject_id.isascii() and _SURROGATE.search(self.subject_id):  # e.g. undecodable argv bytes
+            raise RequestInputError(f"{prefix}subject id is not valid Unicode text (it holds undecodable bytes)")
+        if self.request_type not in REQUEST_TYPES:
+            raise RequestInputError(
+                f"{prefix}unknown request type {_shown(self.request_type)} (expected one of {', '.join(REQUEST_TYPES)})"
+            )
+        if self.regulation not in REGULATIONS:
+            raise RequestInputError(
+                f"{prefix}unknown regulation {_shown(self.regulation)} (expected one of {', '.join(REGULATIONS)})"
+            )
+        received = self.received_at
+        if received is not None and received.tzinfo is None:
+            received = received.replace(tzinfo=UTC)
+        if received is not None and received > utc_now() + timedelta(days=1):
+            raise RequestInputError(f"{prefix}received_at {received.isoformat()} is in the future")
+        return RequestInput(self.subject_id, self.request_type, self.regulation, received)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# Values echoed in messages: mistyped keywords and dates. Anything else may be an identifier in the wrong
+# column (or a header that is really a row of data), and messages never show identifiers.
+_SHOWABLE = re.compile(r"[A-Za-z_]{0,20}|(?=[^:-]*[:-])[0-9TZ:+. -]{1,40}")
+
+
+def _shown(value: object) -> str:
+    return repr(value) if isinstance(value, str) and _SHOWABLE.fullmatch(value) else "(value not shown)"
+
+
+def parse_received(text: str, where: str = "") -> datetime:
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise RequestInputError(f"{where}: received_at {_shown(text)} is not an ISO-8601 date or time") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def read_requests_csv(path: str | Path) -> list[RequestInput]:
+    """Parse and validate a whole CSV (`subject_id,type[,regulation][,received_at]`) before anything is submitted."""
+    file = Path(path)
+    try:
+        text = file.read_bytes().decode("utf-8-sig")  # bytes: a "\r" inside a field stays "\r"
+    except FileNotFoundError:
+        raise RequestInputError(f"{file} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise RequestInputError(f"{file} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise RequestInputError(f"{file} cannot be read: {exc.strerror or type(exc).__name__}") from None
+    # newline="": a line break inside a quoted field (and U+2028, U+0085 anywhere) belongs to the field.
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    requests = []
+    try:
+        columns = [c.strip() for c in reader.fieldnames or []]
+        if any("\x00" in c for c in columns):
+            raise RequestInputError(f"{file} is not UTF-8 text (NUL bytes in the header: UTF-16?); save it as UTF-8")
+        allowed = ("subject_id", "type", "regulation", "received_at")
+        missing = [c for c in allowed[:2] if c not in columns]
+        unknown = [_shown(c) for c in columns if c not in allowed]
+        twice = [c for c in allowed if columns.count(c) > 1]
+        if missing or unknown or twice:
+            found = "; ".join([*([f"missing {', '.join(missing)}"] if missing else []),
+                               *([f"unknown column(s) {', '.join(unknown)}"] if unknown else []),
+                               *([f"{', '.join(twice)} given twice"] if twice else [])])
+            if any(c.lower() in REQUEST_TYPES for c in columns):  # a request, not a header: show none of it
+                found = "the first line looks like a request (is the header line missing?)"
+            raise RequestInputError(
+                f"{file}: header must be subject_id,type[,regulation][,received_at]; "
+                + (found if columns else "the file is empty")
+            )
+        reader.fieldnames = columns
+        for row in reader:
+            where = f"{file} line {reader.line_num}"
+            if None in row or any(v is None for v in row.values()):
+                raise RequestInputError(f"{where}: expected {len(columns)} fields")
+            received = parse_received(row["received_at"], where) if row.get("received_at") else None
+            requests.append(
+                RequestInput(
+                    row["subject_id"], row["type"].strip().lower(), (row.get("regulation") or "gdpr").strip().lower(),
+                    received,
+                ).validated(where)
+            )
+    except csv.Error as exc:  # e.g. a field longer than the csv module's limit
+        raise RequestInputError(f"{file} line {reader.reader.line_num}: not valid CSV ({exc})") from None
+    if not requests:
+        raise RequestInputError(f"{file} holds no requests")
+    return requests
