@@ -33,7 +33,7 @@ DAY0 = date(2026, 1, 5)
 def simulate(spark, settings, users: int, events: int, days: int, per_day: int) -> dict:
     synth.generate(spark, settings, users=users, events=events, seed=1)
     picks = random.Random(1).sample(range(users), days * per_day)
-    ledger = Ledger(spark, settings)
+    ledger = Ledger(settings)
     totals = {"seconds": 0.0, "bytes_rewritten": 0, "data_files_rewritten": 0, "purges": 0, "runs": 0,
               "max_waiting": 0, "completed": 0, "late": 0, "stage_seconds": {}}
     completed_on: dict[str, date] = {}

@@ -35,7 +35,7 @@ def one_run(work: Path, mode: str, events: int, erase: int, round_: int) -> dict
     users = events // 100
     synth.generate(spark, settings, users=users, events=events, seed=round_)
     picks = random.Random(round_).sample(range(users), erase)
-    Ledger(spark, settings).submit([RequestInput(synth.user_id(round_, i), "erase") for i in picks])
+    Ledger(settings).submit([RequestInput(synth.user_id(round_, i), "erase") for i in picks])
     start = time.perf_counter()
     report = run(spark, settings)
     total = round(time.perf_counter() - start, 2)

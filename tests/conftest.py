@@ -59,11 +59,19 @@ def snapshot_ids(spark: SparkSession, settings: Settings, tables: list[str]) -> 
     out = {}
     for table in tables:
         try:
+            spark.catalog.refreshTable(settings.table(table))  # the ledger is written by pyiceberg, not this session
             rows = spark.sql(f"SELECT snapshot_id FROM {settings.table(table)}.snapshots").collect()
             out[table] = sorted(r.snapshot_id for r in rows)
         except Exception:
             out[table] = None
     return out
+
+
+def ledger_table(spark: SparkSession, settings: Settings, table: str):
+    """A ledger table as committed now: the control plane writes it through pyiceberg, so Spark's
+    cached copy is refreshed first."""
+    spark.catalog.refreshTable(settings.table(table))
+    return spark.table(settings.table(table))
 
 
 def add_subjects(spark, settings, ids: list[str], tag: str) -> None:

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from lakehouse_dsr.stages.access import EMPTY_NOTE
 from pyiceberg.table import StaticTable
 
-from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, make_settings
+from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
+from lakehouse_dsr.stages.access import EMPTY_NOTE
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 KEYS = {"demo.users": "user_id", "demo.events": "user_id", "demo.newsletter": "email", "demo.orders": "user_id"}
@@ -43,7 +43,7 @@ def lake(spark, tmp_path_factory):
 def _submit_and_run(spark, lake, fmt: str):
     settings = lake["settings"].model_copy(deep=True)
     settings.export.format = fmt
-    ledger = Ledger(spark, settings)
+    ledger = Ledger(settings)
     created = ledger.submit([RequestInput(s, "access", "gdpr") for s in lake["subjects"]]).created
     report = run(spark, settings)
     return dict(zip(created, lake["subjects"], strict=True)), report, Path(report.export["directory"])
@@ -119,11 +119,11 @@ def test_subject_without_data_gets_a_valid_empty_package(json_run):
 
 def test_ledger_keeps_path_and_checksum(spark, json_run, lake):
     requests, _, out = json_run
-    evidence = Ledger(spark, lake["settings"]).evidence(list(requests))
+    evidence = Ledger(lake["settings"]).evidence(list(requests))
     for request_id, e in evidence.items():
         assert Path(e["file"]) == out / f"{request_id}.json"
         assert e["sha256"] == hashlib.sha256(Path(e["file"]).read_bytes()).hexdigest()
-    rows = spark.table(lake["settings"].table("dsr.requests")).where("request_type = 'access'").collect()
+    rows = ledger_table(spark, lake["settings"], "dsr.requests").where("request_type = 'access'").collect()
     assert all(r.subject_id is None for r in rows)  # completed: only the keyed hash remains
 
 

@@ -52,14 +52,14 @@ def test_immediate_policy_purges_in_the_same_run():
 def _submit(spark, settings, index: int, regulation: str = "gdpr", received: date = DAY0) -> str:
     at = datetime.combine(received, datetime.min.time(), tzinfo=UTC)
     request = RequestInput(synth.user_id(SEED, index), "erase", regulation, at)
-    return Ledger(spark, settings).submit([request]).created[0]
+    return Ledger(settings).submit([request]).created[0]
 
 
 def _on_schedule(spark, settings, today: date) -> dict[str, str]:
     """Statuses by request; asserts every open request still has time before due date minus margin."""
     margin = timedelta(days=settings.purge.safety_margin_days)
     statuses = {}
-    for r in Ledger(spark, settings).statuses(today):
+    for r in Ledger(settings).statuses(today):
         statuses[r.request_id] = r.status
         if r.status != "completed":
             assert today < date.fromisoformat(r.due_date) - margin, r
@@ -102,7 +102,7 @@ def test_batched_policy_purges_once_before_any_deadline(spark, new_lakehouse):
     assert _rows_of(spark, settings, subject_a, first_snapshot) > 0  # ...but still in history: not completed
     assert subject_a in _storage_values(settings)
     assert _on_schedule(spark, settings, DAY0) == {request_a: "erased"}
-    assert Ledger(spark, settings).request(request_a).purge_by == "2026-03-09"
+    assert Ledger(settings).request(request_a).purge_by == "2026-03-09"
 
     # Day 2: B joins the wait; nothing is purged yet.
     request_b = _submit(spark, settings, 2, received=DAY0 + timedelta(days=2))
@@ -126,13 +126,13 @@ def test_batched_policy_purges_once_before_any_deadline(spark, new_lakehouse):
     assert events["erase"] == {} and events["purge"]["data_files_rewritten"] > 0
     assert events["verification"]["physical"] and events["verification"]["passed"]
     assert not {subject_a, subject_b} & _storage_values(settings)
-    evidence = Ledger(spark, settings).evidence([request_a])[request_a]
+    evidence = Ledger(settings).evidence([request_a])[request_a]
     assert evidence["erased_in_run"] != evidence["run_id"]
     assert evidence["tables"]["demo.events"]["purged"] and evidence["tables"]["demo.events"]["rows"] > 0
     assert evidence["tables"]["demo.events"]["checks"] == {"live": True, "history": True, "storage": True,
                                                            "collateral": True}
     assert set(_on_schedule(spark, settings, DAY0 + timedelta(days=7)).values()) == {"completed"}
-    assert Ledger(spark, settings).request(request_a).purge_by is None  # set only while a request waits
+    assert Ledger(settings).request(request_a).purge_by is None  # set only while a request waits
 
 
 def test_request_close_to_its_due_date_is_purged_in_the_same_run(spark, new_lakehouse):
@@ -150,7 +150,7 @@ def test_request_with_live_rows_left_is_failed_not_erased(spark, new_lakehouse):
     """A logical erasure that leaves live rows is not scheduled for purge: it stays open to be retried."""
     settings = new_lakehouse(purge=BATCHED)
     request = _submit(spark, settings, 4)
-    ledger = Ledger(spark, settings)
+    ledger = Ledger(settings)
     report = run(spark, settings, today=DAY0)
     assert report.requests[0].status == "erased"
     # A late backfill brings the subject back before the purge.

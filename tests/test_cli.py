@@ -37,7 +37,7 @@ def dsr(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture
 def configured(spark, new_lakehouse, tmp_path):
     settings = new_lakehouse(users=20, events=100)
-    Ledger(spark, settings).submit([RequestInput(synth.user_id(SEED, 0), "erase")])
+    Ledger(settings).submit([RequestInput(synth.user_id(SEED, 0), "erase")])
     return settings, write_config(settings, tmp_path / "dsr.yaml")
 
 

@@ -59,7 +59,7 @@ WRITER = textwrap.dedent('''
 def test_appends_during_a_run_are_kept_late_rows_erased_and_readers_consistent(spark, disk_lakehouse, tmp_path):
     settings, config = disk_lakehouse
     settings.purge.orphan_min_age_minutes = 60  # a writer is committing: never treat its new files as orphans
-    Ledger(spark, settings).submit([RequestInput(s, "erase") for s in ERASED])
+    Ledger(settings).submit([RequestInput(s, "erase") for s in ERASED])
     events = spark.table(settings.table("demo.events"))
     writer_rows = F.col("event_details").startswith("w")
     base_others = events.where(~writer_rows & ~F.col("user_id").isin(*ERASED)).count()
@@ -112,7 +112,7 @@ def test_appends_during_a_run_are_kept_late_rows_erased_and_readers_consistent(s
         assert erased["collateral"]["ok"] and erased["attempts"] >= erased["rounds"]  # a statement per round at least
 
     again = run(spark, settings)  # the writer has stopped: whatever arrived late is erased now
-    statuses = {r.request_id: r.status for r in Ledger(spark, settings).statuses()}
+    statuses = {r.request_id: r.status for r in Ledger(settings).statuses()}
     assert set(statuses.values()) == {"completed"}, [r.reason for r in again.requests]
     assert events.where(F.col("user_id").isin(*ERASED)).count() == 0
     assert others_now.where(writer_rows).count() == 20 * written["batches"]

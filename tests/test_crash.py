@@ -20,7 +20,6 @@ from conftest import SEED, dsr_run, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import _ledger_purge_owed
 from lakehouse_dsr.stages.verify import verify_column, verify_completed
 
 pytestmark = pytest.mark.slow
@@ -32,12 +31,12 @@ COPIED = synth.user_id(SEED, 5)
 @pytest.fixture
 def lakehouse(spark, disk_lakehouse):
     settings, config = disk_lakehouse
-    Ledger(spark, settings).submit([RequestInput(s, "erase") for s in ERASED] + [RequestInput(COPIED, "access")])
+    Ledger(settings).submit([RequestInput(s, "erase") for s in ERASED] + [RequestInput(COPIED, "access")])
     return settings, config
 
 
 def statuses(spark, settings) -> dict[str, str]:
-    return {r.request_id: r.status for r in Ledger(spark, settings).statuses()}
+    return {r.request_id: r.status for r in Ledger(settings).statuses()}
 
 
 def subject_rows(spark, settings) -> int:
@@ -52,15 +51,15 @@ def export_runs(settings) -> list[str]:
 
 def check_final_state(spark, settings, other_events: int) -> None:
     """Everything completed with proof, nothing else touched, nothing left behind."""
-    ledger = Ledger(spark, settings)
+    ledger = Ledger(settings)
     assert set(statuses(spark, settings).values()) == {"completed"}
     assert subject_rows(spark, settings) == 0
     events = spark.table(settings.table("demo.events"))
     assert events.where(~F.col("user_id").isin(*ERASED)).count() == other_events
     assert all(not reasons for reasons in verify_completed(spark, settings).values())
-    assert not _ledger_purge_owed(ledger)
-    completed = ledger._table(ledger.requests_table).where(F.col("status") == "completed") \
-        .select("request_id", F.col("subject_hash").alias("key_hash"))
+    assert not ledger.purge_owed(ledger.journal.steps())
+    completed = spark.createDataFrame([(r["request_id"], r["subject_hash"]) for r in ledger.requests(("completed",))],
+                                      "request_id string, key_hash string")
     plaintext = verify_column(spark, settings, ledger.requests_table, "subject_id", StringType(), completed, ledger.key)
     assert plaintext.live == plaintext.history == plaintext.storage == 0
     assert len(export_runs(settings)) == 1  # the run that completed the access request; killed runs' removed
@@ -68,7 +67,7 @@ def check_final_state(spark, settings, other_events: int) -> None:
 
 def test_every_failpoint_then_resume(spark, lakehouse):
     settings, config = lakehouse
-    ledger = Ledger(spark, settings)
+    ledger = Ledger(settings)
     before = snapshot_ids(spark, settings, DEMO)
     other_events = spark.table(settings.table("demo.events")).where(~F.col("user_id").isin(*ERASED)).count()
     assert subject_rows(spark, settings) > 0
@@ -95,7 +94,7 @@ def test_every_failpoint_then_resume(spark, lakehouse):
 
     assert dsr_run(config, "after_finish") == -signal.SIGKILL
     assert set(statuses(spark, settings).values()) == {"completed"}
-    assert _ledger_purge_owed(ledger)  # outcomes recorded, plaintext still in the ledger's history
+    assert ledger.purge_owed(ledger.journal.steps())  # outcomes recorded, plaintext still in the ledger's history
 
     assert dsr_run(config) == 0
     check_final_state(spark, settings, other_events)

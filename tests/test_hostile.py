@@ -315,7 +315,7 @@ def test_unusable_key_file(spark, tmp_path, monkeypatch, content, message):
     key_file.chmod(0o700)
     settings = make_settings(tmp_path, secret_key_file=str(key_file))
     with pytest.raises(ConfigError, match=message):
-        Ledger(spark, settings).key  # noqa: B018
+        Ledger(settings).key  # noqa: B018
 
 
 # -- Spark: identifiers never become SQL text; data maps; CLI -----------------------------------------
@@ -353,7 +353,7 @@ def test_hostile_identifiers_are_stored_as_given_and_never_become_sql(spark, lak
     assert len(ids) >= 25 and any(len(s) >= 10_000 for s in ids) and any("\x00" in s for s in ids)
     add_subjects(spark, settings, ids, "hx")
     emails = [f"hx{i}@example.net" for i in range(len(ids))]  # linked identifiers, resolved by the run
-    ledger = Ledger(spark, settings)
+    ledger = Ledger(settings)
     ledger.ensure()
     before = snapshot_ids(spark, settings, TABLES)
     for blank in ["", " ", "\t\n", "\u3000\u2028"]:
@@ -364,8 +364,7 @@ def test_hostile_identifiers_are_stored_as_given_and_never_become_sql(spark, lak
     sql_texts.clear()
     submitted = ledger.submit([RequestInput(s, "erase") for s in ids])
     assert len(submitted.created) == len(ids) and submitted.duplicates == 0
-    stored = ledger._table(ledger.requests_table).select("subject_id").collect()
-    assert sorted(r.subject_id for r in stored) == sorted(ids)
+    assert sorted(r["subject_id"] for r in ledger.requests()) == sorted(ids)
 
     settings.erase.collateral_check = "count"  # the content check adds scans, not SQL text
     report = run(spark, settings)
@@ -385,7 +384,7 @@ def mismatched(spark, lakehouse):
                 "strict (user_id string NOT NULL, name string NOT NULL, note string)"):
         spark.sql(f"CREATE TABLE {settings.namespace('demo')}.{ddl} USING iceberg")
     spark.sql(f"INSERT INTO {settings.table('demo.strict')} VALUES ('u1', 'Name', 'x')")
-    Ledger(spark, settings).submit([RequestInput(synth.user_id(SEED, 0), "erase")])
+    Ledger(settings).submit([RequestInput(synth.user_id(SEED, 0), "erase")])
     return settings
 
 
@@ -415,7 +414,7 @@ def test_datamap_that_does_not_match_the_catalog_changes_nothing(spark, mismatch
         assert expected in text, text
     assert "demo.events" not in text
     assert snapshot_ids(spark, settings, tables) == before
-    assert [s.status for s in Ledger(spark, settings).statuses()] == ["received"]
+    assert [s.status for s in Ledger(settings).statuses()] == ["received"]
 
 
 # -- an unreachable catalog ------------------------------------------------------------------------------
@@ -434,9 +433,9 @@ def unreachable(root: Path) -> dict:
 def test_unreachable_rest_catalog(spark, tmp_path):
     settings = settings_from_dict(unreachable(tmp_path), base=tmp_path)
     attach(spark, settings)
-    message = r"catalog offline cannot be reached: RESTException: .*\(.*Connection refused\)"
+    message = r"catalog offline cannot be reached: .*Connection refused"
     with pytest.raises(CatalogUnavailableError, match=message):
-        Ledger(spark, settings).submit([RequestInput("someone", "erase")])
+        Ledger(settings).submit([RequestInput("someone", "erase")])
     with pytest.raises(CatalogUnavailableError, match=message):
         run(spark, settings)
     assert not (tmp_path / "dsr-secret.key").exists()
@@ -447,11 +446,11 @@ def test_warehouse_that_cannot_be_created(spark, tmp_path):
     settings = settings_from_dict({"catalog": {"name": "nowhere", "properties": {
         "type": "hadoop", "warehouse": str(tmp_path / "a-file" / "wh")}}}, base=tmp_path)
     attach(spark, settings)
-    message = "catalog nowhere cannot be reached: .*Parent path is not a directory"
+    message = "catalog nowhere cannot be reached: the warehouse .* cannot be created: .* is not a directory"
     with pytest.raises(CatalogUnavailableError, match=message):
         run(spark, settings)
     with pytest.raises(CatalogUnavailableError, match=message):
-        Ledger(spark, settings).submit([RequestInput("someone", "erase")])
+        Ledger(settings).submit([RequestInput("someone", "erase")])
 
 
 # -- through the CLI ---------------------------------------------------------------------------------
@@ -484,7 +483,7 @@ def test_cli_commands_with_an_unreachable_catalog(spark, tmp_path, monkeypatch, 
 def test_cli_submit_file_rejections_and_duplicates(spark, lakehouse, tmp_path, monkeypatch, capsys):
     settings = lakehouse
     config = write_config(settings, tmp_path / "dsr.yaml")
-    Ledger(spark, settings).ensure()
+    Ledger(settings).ensure()
     before = snapshot_ids(spark, settings, TABLES)
     email = "jane.doe+dsr@example.org"
     files = {
@@ -518,7 +517,7 @@ def test_cli_submit_file_rejections_and_duplicates(spark, lakehouse, tmp_path, m
     code, out, err = dsr_in_process(monkeypatch, capsys, "-c", str(config), "submit", "--file",
                                     str(tmp_path / "dups.csv"))
     assert code == 0 and "2 request(s) submitted, 2 duplicate(s) of open requests ignored" in out, err
-    again = Ledger(spark, settings).submit(read_requests_csv(tmp_path / "dups.csv"))
+    again = Ledger(settings).submit(read_requests_csv(tmp_path / "dups.csv"))
     assert again.created == [] and again.duplicates == 4  # the open ones are not added twice either
 
 
@@ -539,5 +538,5 @@ def test_cli_exit_codes_in_a_real_process(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     err = words(result.stderr)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "error: catalog offline cannot be reached: RESTException" in err and "Connection refused" in err, err
+    assert "error: catalog offline cannot be reached:" in err and "Connection refused" in err, err
     assert "Traceback" not in err and HOSTILE[2] not in result.stdout + result.stderr

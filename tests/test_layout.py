@@ -53,7 +53,7 @@ def test_optimize_clusters_by_key_and_keeps_rows(spark, new_lakehouse):
 def test_purge_keeps_a_clustered_table_sorted(spark, new_lakehouse):
     settings = new_lakehouse(users=40, events=3000)  # events is merge-on-read: the purge must rewrite
     layout.optimize(spark, settings, "demo.events", target_file_size_bytes=16_000)  # declares the sort order
-    Ledger(spark, settings).submit([RequestInput(synth.user_id(SEED, i), "erase") for i in range(3)])
+    Ledger(settings).submit([RequestInput(synth.user_id(SEED, i), "erase") for i in range(3)])
     report = run(spark, settings)
     purged = report.tables["demo.events"]["purge"]
     assert purged["data_files_rewritten"] >= 1 and purged["delete_files_removed"] >= 1

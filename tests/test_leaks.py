@@ -26,14 +26,14 @@ from pyiceberg.avro.file import AvroFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyspark.sql.types import StringType
 
-from conftest import HOSTILE, SEED, add_subjects, make_settings
+from conftest import HOSTILE, SEED, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
-from lakehouse_dsr.ledger.ledger import KEYS_SCHEMA, Ledger
+from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.stages.verify import verify_column, verify_completed
+from lakehouse_dsr.stages.verify import stored_hashes, verify_column, verify_completed
 
 pytestmark = pytest.mark.slow  # a full cycle with DEBUG logging captured: make test-slow
 
@@ -247,7 +247,7 @@ def lake(spark, tmp_path_factory):
     needles = _needles(erased, users)
     before = Scanner(needles).scan_tree(root / "wh")
 
-    submitted = Ledger(spark, settings).submit([RequestInput(s, "erase") for s in erased]
+    submitted = Ledger(settings).submit([RequestInput(s, "erase") for s in erased]
                                                + [RequestInput(accessed, "access"), RequestInput(waiting, "opt_out")])
     logs = tmp_path_factory.mktemp("logs")
     undo = _spark_log_to(spark, logs / "spark.log")
@@ -319,7 +319,7 @@ def test_key_report_and_exports_are_owner_only(lake):
 def _key_ids(spark, settings) -> dict[str, set]:
     """{request_id: key ids of its stored hashes} (hashes and key ids only: no identifier)."""
     out: dict[str, set] = {}
-    for r in spark.table(settings.table("dsr.request_keys")).select("request_id", "key_id").distinct().collect():
+    for r in ledger_table(spark, settings, "dsr.request_keys").select("request_id", "key_id").distinct().collect():
         out.setdefault(r.request_id, set()).add(r.key_id)
     return out
 
@@ -339,7 +339,7 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
     assert {stat.S_IMODE(p.stat().st_mode) for p in (settings.key_file(), retired_file(settings.key_file()))} == {0o600}
 
     # Dedup still works: the open opt-out's subject hash was made by the retired key.
-    again = Ledger(spark, settings).submit([RequestInput(waiting, "opt_out"), RequestInput(second, "erase")])
+    again = Ledger(settings).submit([RequestInput(waiting, "opt_out"), RequestInput(second, "erase")])
     assert again.duplicates == 1 and len(again.created) == 1
     (done_after,) = again.created
     assert [(r.request_id, r.status) for r in run(spark, settings).requests] == [(done_after, "completed")]
@@ -368,12 +368,13 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
     keys = settings.table("dsr.request_keys")
 
     def user_ids():  # read afresh after each change (a DataFrame keeps the table state it was analysed with)
-        return Ledger(spark, settings).key_hashes([done_before, done_after]).where("key_type = 'user_id'")
+        return stored_hashes(spark, Ledger(settings), [done_before, done_after]).where("key_type = 'user_id'")
 
+    spark.catalog.refreshTable(keys)  # written by the control plane (pyiceberg) since this session looked
     spark.sql(f"UPDATE {keys} SET key_id = NULL")
     assert {r.key_id for r in user_ids().collect()} == {None}
     live = verify_column(spark, settings, "demo.events", "user_id", StringType(), user_ids(),
-                         Ledger(spark, settings).keyring, physical=False)
+                         Ledger(settings).keyring, physical=False)
     assert (live.live, set(live.failing)) == (1, {done_before})
     # request ids and key ids only in SQL text, never an identifier
     spark.sql(f"UPDATE {keys} SET key_id = '{rotation.old_id}' WHERE request_id = '{done_before}'")
@@ -382,7 +383,7 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
     # Destroying the retired key shreds the proof: the request can no longer be verified, and says so.
     retired_file(settings.key_file()).unlink()
     live = verify_column(spark, settings, "demo.events", "user_id", StringType(), user_ids(),
-                         Ledger(spark, settings).key, physical=False)
+                         Ledger(settings).key, physical=False)
     assert live.failing == {done_before: [f"demo.events: hashed under key {rotation.old_id}, which no keyring "
                                           "holds any more: cannot be verified"]}
 
@@ -391,7 +392,8 @@ def test_ledger_of_an_earlier_version_gets_the_key_id_column(spark, tmp_path):
     settings = make_settings(tmp_path)
     attach(spark, settings)
     spark.sql(f"CREATE NAMESPACE {settings.namespace('dsr')}")
-    old_schema = KEYS_SCHEMA.replace(", key_id string", "")
+    old_schema = "request_id string, key_type string, key_hash string"
     spark.sql(f"CREATE TABLE {settings.table('dsr.request_keys')} ({old_schema}) USING iceberg")
-    Ledger(spark, settings).ensure()
-    assert spark.table(settings.table("dsr.request_keys")).columns == ["request_id", "key_type", "key_hash", "key_id"]
+    Ledger(settings).ensure()
+    upgraded = Ledger(settings).store.load("request_keys").schema()
+    assert [f.name for f in upgraded.fields] == ["request_id", "key_type", "key_hash", "key_id"]

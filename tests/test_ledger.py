@@ -77,7 +77,7 @@ def test_csv_good(tmp_path):
 def ledger(spark, tmp_path):
     settings = make_settings(tmp_path)
     attach(spark, settings)
-    return Ledger(spark, settings)
+    return Ledger(settings)
 
 
 def test_submit_statuses_duplicates_and_extension(ledger):

@@ -7,7 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
-from conftest import SEED
+from conftest import SEED, ledger_table
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -18,7 +18,7 @@ from lakehouse_dsr.stages import erase
 
 def _submit(spark, settings, *indexes) -> list[str]:
     inputs = [RequestInput(synth.user_id(SEED, i), "erase") for i in indexes]
-    return Ledger(spark, settings).submit(inputs).created
+    return Ledger(settings).submit(inputs).created
 
 
 def test_tag_pinning_erased_rows_blocks_until_dropped(spark, new_lakehouse):
@@ -35,9 +35,9 @@ def test_tag_pinning_erased_rows_blocks_until_dropped(spark, new_lakehouse):
     assert events["live"] == 0  # invisible, but not yet gone
     assert events["history"] > 0 and events["storage"] >= events["history"]  # the tag's files still hold it
     assert events["refs"]["tag audit_2024"] > 0
-    status = Ledger(spark, settings).request(request_id)
+    status = Ledger(settings).request(request_id)
     assert status.status == "failed" and "audit_2024" in status.status_reason
-    still_open = spark.table(settings.table("dsr.requests")).where("subject_id IS NOT NULL").count()
+    still_open = ledger_table(spark, settings, "dsr.requests").where("subject_id IS NOT NULL").count()
     assert still_open == 1  # an open request keeps what it needs to be retried
 
     dropping = settings.model_copy(update={"purge": PurgeSettings(pinned_refs="drop")})

@@ -56,7 +56,7 @@ def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
 def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(spark, new_lakehouse, monkeypatch,
                                                                               mode):
     settings = new_lakehouse(erase={"collateral_check": mode})
-    ledger = Ledger(spark, settings)
+    ledger = Ledger(settings)
     ledger.submit([RequestInput(s, "erase") for s in ERASED])
     bystander_rows = events_of(spark, settings, [BYSTANDER])
     assert bystander_rows > 0
@@ -109,7 +109,7 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
 
 def test_concurrent_appends_during_the_erase_are_kept_and_late_rows_erased(spark, new_lakehouse, monkeypatch):
     settings = new_lakehouse()
-    Ledger(spark, settings).submit([RequestInput(s, "erase") for s in ERASED])
+    Ledger(settings).submit([RequestInput(s, "erase") for s in ERASED])
     others = spark.table(settings.table("demo.events")).where(~F.col("user_id").isin(*ERASED)).count()
 
     def during(spark, settings, keys):  # lands between the plan's snapshot and the erase commit
@@ -132,7 +132,7 @@ def test_concurrent_appends_during_the_erase_are_kept_and_late_rows_erased(spark
 def test_redacting_table_with_a_concurrent_append_of_a_requested_subject(spark, new_lakehouse, monkeypatch):
     """The erase may or may not see rows appended while it runs; either way the check must hold."""
     settings = new_lakehouse()
-    Ledger(spark, settings).submit([RequestInput(ERASED[0], "erase")])
+    Ledger(settings).submit([RequestInput(ERASED[0], "erase")])
 
     def during(spark, settings, keys):
         spark.createDataFrame([(ERASED[0],), (BYSTANDER,)], "user_id string").selectExpr(
@@ -174,7 +174,7 @@ def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(tmp_pat
 
 def test_a_misspelt_failpoint_fails_before_anything_changes(spark, new_lakehouse, monkeypatch):
     settings = new_lakehouse()
-    Ledger(spark, settings).submit([RequestInput(ERASED[0], "erase")])
+    Ledger(settings).submit([RequestInput(ERASED[0], "erase")])
     tables = [*settings.datamap.tables, "dsr.requests", "dsr.audit"]
     before = snapshot_ids(spark, settings, tables)
     monkeypatch.setenv("DSR_FAIL_AT", "after_erse")

@@ -24,7 +24,7 @@ def erased(spark, tmp_path_factory):
     add_subjects(spark, settings, HOSTILE[:3], "hostile")
     emails = {r.user_id: r.email for r in spark.table(settings.table("demo.users")).collect()}
     gone = [synth.user_id(SEED, 0), HOSTILE[0], HOSTILE[2]]
-    Ledger(spark, settings).submit([RequestInput(s, "erase") for s in gone]
+    Ledger(settings).submit([RequestInput(s, "erase") for s in gone]
                                    + [RequestInput(synth.user_id(SEED, 1), "access")])
     assert {r.status for r in run(spark, settings).requests} == {"completed"}
     return settings, gone, emails
@@ -50,7 +50,7 @@ def test_other_identifiers_and_column_names(spark, erased):
 
 def test_numeric_keys_are_compared_as_text(spark, erased):
     settings, _, _ = erased
-    Ledger(spark, settings).submit([RequestInput("4711", "erase")])
+    Ledger(settings).submit([RequestInput("4711", "erase")])
     run(spark, settings)
     ids = spark.range(4700, 4720).select(F.col("id").alias("user_id"))
     assert 4711 not in {r.user_id for r in suppress(ids, "user_id", settings=settings).collect()}

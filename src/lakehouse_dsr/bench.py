@@ -139,7 +139,7 @@ def side_plain(spark: SparkSession, settings: Settings, deletes: list[str], expo
 def side_b(spark: SparkSession, settings: Settings, deletes: list[str], exports: list[str], work: Path) -> dict:
     """`dsr run` on the same requests, verification included."""
     settings.export.directory = work / "b-exports"
-    Ledger(spark, settings).submit([RequestInput(u, "erase") for u in deletes]
+    Ledger(settings).submit([RequestInput(u, "erase") for u in deletes]
                                    + [RequestInput(u, "access") for u in exports])
     start = time.perf_counter()
     report = run(spark, settings)
@@ -193,7 +193,7 @@ def run_bench(
             progress.stage(f"round {round_ + 1}/{repeats}, side {name}", 2)
             progress.step("build workload")
             synth.generate(spark, side_settings, users=users, events=events, seed=SEED)
-            for table in Ledger(spark, side_settings).tables():  # each round starts with an empty ledger
+            for table in Ledger(side_settings).tables():  # each round starts with an empty ledger
                 spark.sql(f"DROP TABLE IF EXISTS {side_settings.table(table)} PURGE")
             progress.step({"a": "notebook steps", "plain": "plain rewrite"}.get(name, "dsr run"))
             rounds[name].append(runners.get(name, side_b)(spark, side_settings, deletes, exports, work))

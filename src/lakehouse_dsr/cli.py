@@ -1,4 +1,8 @@
-"""`dsr`: a thin command-line shell over the library (every command is one library call)."""
+"""`dsr`: a thin command-line shell over the library (every command is one library call).
+
+The control-plane commands (submit, status, extend, release, and a run with nothing to do) never
+import PySpark or start a JVM: Spark-side modules are imported inside the commands that need them.
+"""
 
 from __future__ import annotations
 
@@ -15,18 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColu
 from rich.progress import Progress as RichBars
 from rich.table import Table
 
-from . import synth
-from .bench import run_bench
-from .config import Settings, load_settings
-from .exceptions import DsrError
-from .lake import connectors, layout
-from .lake.spark import build_session, session_jars
+from .config import EXPORT_FORMATS, Settings, load_settings
+from .exceptions import DsrError, LedgerBusyError
 from .ledger.keys import rotate_key
 from .ledger.ledger import Ledger
 from .ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, parse_received, read_requests_csv
-from .run import run as run_batch
-from .stages import access
-from .stages.verify import verify_completed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Data subject requests (GDPR/CCPA) on an Apache Iceberg lakehouse.")
@@ -81,17 +78,17 @@ def _settings() -> Settings:
 
 
 def _spark():
-    """One session per invocation (demo runs several commands)."""
+    """One session per invocation (demo runs several commands), started on first need."""
     if "spark" not in _state:
+        from .lake.spark import build_session
+
         _state["spark"] = build_session(_settings())
     return _state["spark"]
 
 
 def _ledger() -> Ledger:
-    """The ledger, created if missing; a catalog that cannot be reached is a one-line error, not a traceback."""
-    ledger = Ledger(_spark(), _settings())
-    ledger.ensure()
-    return ledger
+    """The ledger through pyiceberg (no JVM); a catalog that cannot be reached is a one-line error."""
+    return Ledger(_settings())
 
 
 @app.command()
@@ -102,6 +99,8 @@ def generate(
     batches: Annotated[int | None, typer.Option(min=1, help="event append batches (default: one per 1M)")] = None,
 ) -> None:
     """(Re)create the demo tables: users, events, newsletter (by email), orders (redacted)."""
+    from . import synth
+
     spark = _spark()
     with Bars() as bars:
         result = synth.generate(spark, _settings(), users, events, seed, batches, bars)
@@ -128,7 +127,7 @@ def submit(
                            f"regulations: {', '.join(REGULATIONS)})")
         when = parse_received(received, "--received") if received else None
         inputs = [RequestInput(subject, type_.lower(), regulation.lower(), when).validated()]
-    result = Ledger(_spark(), _settings()).submit(inputs)
+    result = _ledger().submit(inputs)
     for request_id in result.created:
         console.print(f"submitted {request_id}")
     console.print(f"{len(result.created)} request(s) submitted, "
@@ -142,16 +141,17 @@ def run_cmd(
     export_dir: Annotated[Path | None, typer.Option(help="where access packages go (default ./exports)")] = None,
 ) -> None:
     """Fulfil every open access request (one package each), then erase, purge and verify every erase request."""
+    from .run import run as run_batch
+
     settings = _settings()
     if export_format is not None:
-        if export_format not in access.FORMATS:
-            raise DsrError(f"unknown export format {export_format!r} (expected one of {', '.join(access.FORMATS)})")
+        if export_format not in EXPORT_FORMATS:
+            raise DsrError(f"unknown export format {export_format!r} (expected one of {', '.join(EXPORT_FORMATS)})")
         settings.export.format = export_format
     if export_dir is not None:
         settings.export.directory = export_dir.resolve()
-    spark = _spark()
     with Bars() as bars:
-        result = run_batch(spark, settings, bars)
+        result = run_batch(_spark, settings, bars)  # Spark starts only if there is work
     if report:
         result.write(report)
     if not result.requests:
@@ -198,7 +198,8 @@ def extend(request_id: str, reason: Annotated[str, typer.Option(help="why (told 
 @app.command("verify")
 def verify_cmd(request_id: Annotated[list[str] | None, typer.Argument(help="default: all completed")] = None) -> None:
     """Re-run the erasure proof for completed requests (from their keyed hashes)."""
-    _ledger()
+    from .stages.verify import verify_completed
+
     results = verify_completed(_spark(), _settings(), request_id or None)
     bad = {rid: reasons for rid, reasons in results.items() if reasons}
     for rid, reasons in bad.items():
@@ -221,6 +222,8 @@ def fetch_jars(
     dest: Annotated[Path | None, typer.Option(help="cache folder (default ~/.cache/lakehouse-dsr/jars)")] = None,
 ) -> None:
     """Fetch the S3A connector jars (hadoop-aws, AWS SDK bundle) once; print the folder for spark.jars."""
+    from .lake import connectors
+
     with err.status("fetching the S3A jars (a 180 MB download the first time)"):
         jars = connectors.s3a_jars(dest)
     print(jars[0].parent)  # plain stdout: scripts do DSR_JARS=$(dsr fetch-jars)
@@ -229,6 +232,8 @@ def fetch_jars(
 @app.command()
 def jars() -> None:
     """Print the jars this config puts on the session, comma-separated: `spark-submit --jars $(dsr jars)`."""
+    from .lake.spark import session_jars
+
     print(",".join(session_jars(_settings())))
 
 
@@ -245,6 +250,8 @@ def optimize(
     target_file_size_mb: Annotated[int, typer.Option(min=1, help="target data file size")] = 128,
 ) -> None:
     """Cluster tables by their subject key: write order, bloom filter, sorted rewrite."""
+    from .lake import layout
+
     settings = _settings()
     tables = table or list(settings.datamap.tables)
     spark = _spark()
@@ -274,6 +281,8 @@ def bench(
     repeats: Annotated[int, typer.Option(min=1, help="rounds (rebuilt each round); medians are reported")] = 1,
 ) -> None:
     """Run the notebook's steps and `dsr run` on identical data; write JSON and charts."""
+    from .bench import run_bench
+
     users = users or max(erase + access, events // 100)
     with Bars() as bars:
         out = run_bench(_spark(), _settings(), events, users, erase, access, results, progress=bars, repeats=repeats)
@@ -301,6 +310,8 @@ def demo(
     report: Annotated[Path, typer.Option(help="JSON run report")] = Path("reports/demo-run.json"),
 ) -> None:
     """Generate the demo lakehouse, submit erase and access requests, run them, show the ledger."""
+    from . import synth
+
     spark = _spark()
     settings = _settings()
     with Bars() as bars:
@@ -312,7 +323,7 @@ def demo(
     erased += [synth.user_id(seed, users + k) for k in range(unknown)]
     inputs = [RequestInput(s, "erase", "ccpa" if i % 4 == 0 else "gdpr") for i, s in enumerate(erased)]
     inputs += [RequestInput(synth.user_id(seed, i), "access") for i in picks[:access_requests]]
-    submitted = Ledger(spark, settings).submit(inputs)
+    submitted = Ledger(settings).submit(inputs)
     console.print(f"submitted {len(submitted.created)} requests: {len(erased)} erase "
                   f"({unknown} for subjects found in no table), {access_requests} access")
     run_cmd(report)
@@ -323,10 +334,16 @@ def demo(
 def entry() -> None:
     try:
         app(standalone_mode=False)
-    except DsrError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # messages hold file names, not markup
-        sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
+    except typer.TyperException as exc:  # Click's own: unknown command or option, bad value: usage, exit 2
+        exc.show()
+        sys.exit(exc.exit_code)
+    except LedgerBusyError as exc:  # another run holds the ledger: a distinct code, so schedulers can retry
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(3)
+    except DsrError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # messages hold file names, not markup
+        sys.exit(2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -46,7 +46,11 @@ class CatalogSettings(_Strict):
     name: str = "lakehouse"
     properties: dict[str, str] = Field(default_factory=lambda: {"type": "hadoop", "warehouse": "lakehouse"})
 
-    _coerce_props = field_validator("properties", mode="before")(_as_str_map)
+    # Extra pyiceberg properties for the control plane (dsr submit/status/extend, the ledger), which
+    # reads and writes the ledger without a JVM; normally derived from `properties` (see lake/catalog.py).
+    pyiceberg: dict[str, str] = Field(default_factory=dict)
+
+    _coerce_props = field_validator("properties", "pyiceberg", mode="before")(_as_str_map)
 
     @field_validator("name")
     @classmethod
@@ -83,9 +87,13 @@ class PurgeSettings(_Strict):
     target_file_size_mb: int = Field(default=128, ge=1)
 
 
+ExportFormat = Literal["json", "csv", "parquet"]
+EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
+
+
 class ExportSettings(_Strict):
     directory: Path = Path("exports")  # one sub-folder per run; relative to the config file's folder
-    format: Literal["json", "csv", "parquet"] = "json"
+    format: ExportFormat = "json"
 
 
 class EraseSettings(_Strict):
@@ -101,6 +109,16 @@ class EraseSettings(_Strict):
     max_rounds: int = Field(default=3, ge=1)
 
 
+class RunSettings(_Strict):
+    # A second `dsr run` while another holds the ledger: exit 3 at once, or wait for it.
+    concurrent: Literal["wait", "fail"] = "fail"
+    # The lease a run holds on the ledger lapses this long after its last heartbeat (a killed run's
+    # lease blocks others at most this long; on the same host a dead holder is noticed at once).
+    lease_seconds: float = Field(default=120.0, ge=2)
+    # Tables erased, purged and verified at once (Spark jobs and commits of one session, in threads).
+    parallel_tables: int = Field(default=4, ge=1)
+
+
 class Settings(_Strict):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
@@ -108,6 +126,7 @@ class Settings(_Strict):
     purge: PurgeSettings = Field(default_factory=PurgeSettings)
     erase: EraseSettings = Field(default_factory=EraseSettings)
     export: ExportSettings = Field(default_factory=ExportSettings)
+    run: RunSettings = Field(default_factory=RunSettings)
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"
     secret_key_file: Path | None = None
@@ -140,6 +159,9 @@ def _absolutize(settings: Settings, base: Path) -> Settings:
     wh = settings.catalog.local_warehouse()
     if wh and not props["warehouse"].startswith("file:"):
         props["warehouse"] = (base / wh).resolve().as_uri()
+    sqlite = props.get("uri", "")
+    if sqlite.startswith("jdbc:sqlite:") and not sqlite[len("jdbc:sqlite:"):].startswith(("/", "file:")):
+        props["uri"] = f"jdbc:sqlite:{(base / sqlite[len('jdbc:sqlite:'):]).resolve()}"  # both planes: one file
     if settings.secret_key_file and not settings.secret_key_file.is_absolute():
         settings.secret_key_file = (base / settings.secret_key_file).resolve()
     if not settings.export.directory.is_absolute():

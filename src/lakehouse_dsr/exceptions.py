@@ -31,3 +31,7 @@ class CommitConflictError(DsrError):
 
 class CatalogUnavailableError(DsrError):
     """The catalog (or its storage) cannot be reached."""
+
+
+class LedgerBusyError(DsrError):
+    """Another run holds the ledger's lease (the CLI exits 3)."""

@@ -16,14 +16,16 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, StringType
+from pyspark.sql.types import DataType
 
 from . import faults
 from .config import Settings
@@ -31,106 +33,165 @@ from .datamap.check import check_against_catalog
 from .evidence.report import RequestResult, RunReport
 from .exceptions import CommitConflictError
 from .lake import iceberg
+from .lake.hmac import with_keyed_hash
 from .lake.metrics import IoCost, StageMeter
 from .ledger.journal import Step
+from .ledger.keys import key_id
+from .ledger.lease import Lease
 from .ledger.ledger import OPEN_STATUSES, Ledger, Outcome
+from .ledger.requests import utc_now
 from .progress import Progress, Silent
 from .stages import access, collateral, erase, identity, purge, verify
 
 
 @contextmanager
-def _timed(report: RunReport, stage: str, spark: SparkSession) -> Iterator[None]:
-    """Add the block's seconds and Spark I/O (rows, bytes read/written, shuffled) to the stage's totals."""
-    meter = StageMeter(spark)
-    mark = meter.mark()
+def _timed(report: RunReport, stage: str, spark: SparkSession | None = None) -> Iterator[None]:
+    """Add the block's seconds, and with Spark its I/O (rows, bytes read/written, shuffled), to the stage's totals."""
+    meter = StageMeter(spark) if spark is not None else None
+    mark = meter.mark() if meter else None
     start = time.perf_counter()
     try:
         yield
     finally:
         report.seconds[stage] = round(report.seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
-        report.cost[stage] = IoCost(**report.cost.get(stage, {})).add(meter.since(mark)).as_dict()
+        if meter:
+            report.cost[stage] = IoCost(**report.cost.get(stage, {})).add(meter.since(mark)).as_dict()
 
 
-def run(spark: SparkSession, settings: Settings, progress: Progress | None = None,
+@dataclass
+class _Work:
+    """What the ledger holds for this run, from one read of requests and one of the journal."""
+
+    access: dict[str, dict]  # request id -> ledger row (subject id included: stays in this process and Spark)
+    erase: dict[str, dict]  # empty while a table is on hold
+    waiting: dict[str, date]  # logically erased, purge due by
+    steps: list[Step]
+    interrupted: list[str]  # runs that lapsed without returning the lease: their work is ours now
+    deadlines: dict[str, date]  # purge deadline of each erase request, waiting or new
+    purge_now: bool
+    ledger_purge: bool  # the ledger's own history still holds plaintext of completed requests
+
+    @property
+    def ids(self) -> list[str]:
+        return [*self.access, *self.erase]
+
+    @property
+    def needs_lease(self) -> bool:
+        return bool(self.ids or self.purge_now or self.ledger_purge)
+
+
+def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, progress: Progress | None = None,
         today: date | None = None) -> RunReport:
     """Process every open access and erase request; returns the run report (no identifiers).
 
+    `spark`: a session, or a function making one: called only when there is work for Spark, so a
+    run with nothing to do costs two small pyiceberg reads, writes nothing and starts no JVM.
     `today` (default: the current UTC date) is the day purge deadlines are compared with.
+    A run with work takes the ledger's lease (ledger/lease.py) and reads the ledger again under it:
+    another live holder makes this one wait or raise LedgerBusyError, per `run.concurrent`.
     """
     progress = progress or Silent()
     faults.armed()  # a misspelt failpoint fails before anything changes
-    started = datetime.now(UTC)
+    started = utc_now()
     today = today or started.date()
     report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
-    ledger = Ledger(spark, settings)
-    with _timed(report, "ledger", spark):
-        ledger.ensure()
-        key_types = check_against_catalog(spark, settings.datamap, settings.table)  # before anything changes
-        requests = spark.table(settings.table(ledger.requests_table)).where(F.col("status").isin(*OPEN_STATUSES))
-        report.not_processed = {r.request_type: r["count"] for r in requests.where(F.col("request_type") == "opt_out")
-                                .groupBy("request_type").count().collect()}
-        report.held = {t: s.detail.get("reason", "") for t, s in ledger.journal.holds().items()}
-        batches, interrupted = _start_batches(ledger, report.run_id,
-                                              ("access",) if report.held else ("access", "erase"))
-    faults.failpoint("after_start")
-    outcomes = _run_access(spark, settings, ledger, key_types, report, progress, *batches["access"], interrupted)
-    if not report.held:  # a table on hold stops every erasure and purge until `dsr release`
-        outcomes += _run_erasure(spark, settings, ledger, key_types, report, progress, today, *batches["erase"],
-                                 interrupted)
-    faults.failpoint("after_verify")
-    with _timed(report, "ledger", spark):
-        if outcomes:
-            ledger.finish(outcomes, report.run_id)
-        faults.failpoint("after_finish")
-        # Completion drops plaintext ids from the current snapshot only; history keeps them until the
-        # ledger is purged too (under the batched policy, with the tables). Owed also when a run was
-        # killed between recording outcomes and this purge.
-        if _ledger_purge_owed(ledger) and (settings.purge.policy == "immediate"
-                                           or report.purge_schedule.get("purged")):
-            report.ledger_purge = purge_ledger(spark, settings, ledger)
-            ledger.journal.record([Step(report.run_id, ledger.requests_table, "purged")])
-    report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
-    return report
+    ledger = Ledger(settings)
+    with _timed(report, "ledger"):
+        work = _read_work(ledger, settings, today, (), report)
+    if not work.needs_lease:
+        report.purge_schedule = _schedule(settings, False, work.waiting)
+        return report
+    lease = Lease(ledger.store, report.run_id, settings.run.lease_seconds)
+    with _timed(report, "ledger"):
+        holder = lease.acquire(settings.run.concurrent == "wait",
+                               notify=lambda h: progress.step(f"waiting for run {h.run_id} to return the ledger"))
+    try:
+        with _timed(report, "ledger"):
+            work = _read_work(ledger, settings, today, holder.interrupted, report)  # as it is now we hold it
+            if work.ids:
+                lease.working_on(work.ids)
+        if not work.ids and not work.purge_now:
+            report.purge_schedule = _schedule(settings, False, work.waiting)
+            if work.ledger_purge:
+                _purge_ledger(ledger, report)
+            return report
+        for run_id in ledger.unrecorded_runs(work.interrupted):
+            # packages a killed run wrote but never checked or recorded: personal data nobody owns
+            shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
+        session = spark() if callable(spark) else spark
+        faults.failpoint("after_start")
+        with _timed(report, "ledger", session):
+            key_types = check_against_catalog(session, settings.datamap, settings.table)  # before anything changes
+        outcomes = _run_access(session, settings, key_types, report, progress, work)
+        if not report.held:  # a table on hold stops every erasure and purge until `dsr release`
+            outcomes += _run_erasure(session, settings, ledger, key_types, report, progress, work)
+        faults.failpoint("after_verify")
+        with _timed(report, "ledger"):
+            lease.check()  # a run that lost its lease must not record anything: its successor acts
+            ledger.finish(outcomes, report.run_id, started)
+            faults.failpoint("after_finish")
+            # Completion drops plaintext ids from the current snapshot only; history keeps them until the
+            # ledger is purged too (under the batched policy, with the tables). Owed also when a run was
+            # killed between recording outcomes and this purge.
+            if any(o.status == "completed" for o in outcomes) or work.ledger_purge:
+                if settings.purge.policy == "immediate" or report.purge_schedule.get("purged"):
+                    _purge_ledger(ledger, report)
+        report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
+        return report
+    finally:
+        lease.release()
 
 
-def _ledger_purge_owed(ledger: Ledger) -> bool:
-    """A request completed after the ledger's last purge (metadata-sized reads)."""
-    completed = ledger.last_completion()
-    if completed is None:
-        return False
-    purges = ledger.journal.steps(step="purged", table=ledger.requests_table)
-    return not purges or purges[-1].at < completed
+def _read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tuple[str, ...], report: RunReport
+               ) -> _Work:
+    """One read of the open requests and one of the journal (plus, when a purge happened, one pruned
+    read of requests completed since); sets the report's held tables and the requests this version
+    records but does not process."""
+    rows = ledger.requests(OPEN_STATUSES)
+    steps = ledger.journal.steps()
+    report.held = {t: s.detail.get("reason", "") for t, s in ledger.journal.holds(steps).items()}
+    report.not_processed = {}
+    by_type: dict[str, dict[str, dict]] = {"access": {}, "erase": {}}
+    waiting: dict[str, date] = {}
+    for r in rows:
+        if r["status"] == "erased":
+            waiting[r["request_id"]] = r["purge_by"]
+        elif r["request_type"] in by_type:
+            by_type[r["request_type"]][r["request_id"]] = r
+        else:
+            report.not_processed[r["request_type"]] = report.not_processed.get(r["request_type"], 0) + 1
+    erase = {} if report.held else by_type["erase"]
+    deadlines = {**waiting, **{rid: purge.purge_deadline(today, r["due_date"], settings.purge)
+                               for rid, r in erase.items()}}
+    return _Work(by_type["access"], erase, waiting, steps, list(interrupted), deadlines,
+                 not report.held and purge.purge_due(deadlines.values(), today),
+                 settings.purge.policy == "immediate" and ledger.purge_owed(steps))
 
 
-def _start_batches(ledger: Ledger, run_id: str, types: tuple[str, ...]
-                   ) -> tuple[dict[str, tuple[DataFrame, dict[str, date]]], list[str]]:
-    """The requests of `types` this run acts on, checkpointed (they hold plaintext subjects) and marked
-    in progress in one commit: ({type: (requests, {request id: due date})}, runs that were killed
-    while working on any of them)."""
-    pending = ledger.pending(types).localCheckpoint()
-    due: dict[str, dict[str, date]] = {"access": {}, "erase": {}}
-    for r in pending.select("request_id", "request_type", "due_date").collect():
-        due[r.request_type][r.request_id] = r.due_date
-    ids = [*due["access"], *due["erase"]]
-    interrupted = ledger.interrupted_runs(ids) if ids else []
-    if ids:
-        ledger.start(ids, run_id)
-    return {t: (pending.where(F.col("request_type") == t), due[t]) for t in due}, interrupted
+def _purge_ledger(ledger: Ledger, report: RunReport) -> None:
+    """Purge the ledger's own history (old snapshots hold plaintext subject ids) and prove it."""
+    report.ledger_purge = ledger.purge_history()
+    ledger.journal.record([Step(report.run_id, ledger.requests_table, "purged")])
 
 
-def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                report: RunReport, progress: Progress, batch: DataFrame, due: dict[str, date],
-                interrupted: list[str]) -> list[Outcome]:
-    request_ids = sorted(due)
+def _batch(spark: SparkSession, rows: dict[str, dict]) -> DataFrame:
+    """(request_id, subject_id, regulation) of a batch as a small DataFrame: identifiers travel as data,
+    never as SQL text."""
+    return spark.createDataFrame([(rid, r["subject_id"], r["regulation"]) for rid, r in sorted(rows.items())],
+                                 "request_id string, subject_id string, regulation string")
+
+
+def _run_access(spark: SparkSession, settings: Settings, key_types: dict[str, DataType], report: RunReport,
+                progress: Progress, work: _Work) -> list[Outcome]:
+    request_ids = sorted(work.access)
     if not request_ids:
         return []
-    for run_id in interrupted:  # a killed run's packages were never checked or recorded: personal data, unowned
-        shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
     out_dir = Path(settings.export.directory) / report.run_id
     with _timed(report, "export", spark):
         progress.stage("export", 1)
         progress.step(f"{len(request_ids)} package(s), {settings.export.format}")
         try:
+            batch = _batch(spark, work.access)
             keys = identity.resolve(spark, settings, batch)
             result = access.export(spark, settings, batch, out_dir, settings.export.format, key_types, keys)
             checked = access.checked_packages(result)
@@ -155,19 +216,16 @@ def _run_access(spark: SparkSession, settings: Settings, ledger: Ledger, key_typ
 
 
 def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
-                 report: RunReport, progress: Progress, today: date, batch: DataFrame, due: dict[str, date],
-                 interrupted: list[str]) -> list[Outcome]:
-    request_ids = sorted(due)
-    waiting = ledger.awaiting_purge()
-    deadlines = {**waiting, **{rid: purge.purge_deadline(today, d, settings.purge) for rid, d in due.items()}}
-    purge_now = purge.purge_due(deadlines.values(), today)
+                 report: RunReport, progress: Progress, work: _Work) -> list[Outcome]:
+    request_ids = sorted(work.erase)
+    waiting, deadlines, purge_now = work.waiting, work.deadlines, work.purge_now
     if not request_ids and not purge_now:
         report.purge_schedule = _schedule(settings, False, waiting)
         return []
     tables = settings.datamap.erase_order()
-    erasures = _erase(spark, settings, ledger, batch, request_ids, tables, key_types, report, progress)
+    erasures = _erase(spark, settings, ledger, work, request_ids, tables, key_types, report, progress)
     # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
-    resumed = {s.table: s for s in ledger.journal.steps(interrupted, "erased")}
+    resumed = {s.table: s for s in work.steps if s.run_id in work.interrupted and s.step == "erased"}
     ledger.journal.record([Step(report.run_id, t, "erased", e.snapshot_id,
                                 {"rows": e.plan.matches_by_request, "rounds": e.rounds})
                            for t, e in erasures.items() if e.snapshot_id is not None])
@@ -181,7 +239,6 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
                                     {"reason": c.detail}) for t, c in damaged.items() if c.conclusive])
         report.collateral_failures = {t: c.detail for t, c in damaged.items()}
         purge_now = False
-
     proven = request_ids + (sorted(waiting) if purge_now else [])
     prior = ledger.evidence(sorted(waiting)) if purge_now and waiting else {}
     purges: dict[str, purge.TablePurge] = {}
@@ -190,30 +247,25 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
             erased_earlier = {t for e in prior.values() for t, d in e.get("tables", {}).items() if d.get("snapshot_id")}
             to_purge = [t for t in tables if t in erased_earlier or t in resumed
                         or (t in erasures and erasures[t].snapshot_id is not None)]
-            progress.stage("purge", len(to_purge))
-            for table in to_purge:
-                progress.step(table)
-                purges[table] = _purge(spark, settings, table)
-            progress.done()
+            purges = _each_table(settings, progress, "purge", to_purge, lambda t: _purge(spark, settings, t))
         ledger.journal.record([Step(report.run_id, t, "purged", None, {"bytes_rewritten": p.bytes_rewritten})
                                for t, p in purges.items() if not p.error])
         faults.failpoint("after_purge")
 
-    hashes = ledger.key_hashes(proven).localCheckpoint()
+    hashes = verify.stored_hashes(spark, ledger, proven)
+    def prove(table: str) -> verify.TableVerification:
+        checked = _verify(spark, settings, ledger, table, hashes, key_types, purge_now)
+        if purge_now and not checked.live and (checked.history or checked.storage):
+            # Left over from an earlier, interrupted run: purge now and prove again.
+            purges[table] = _purge(spark, settings, table)
+            checked = _verify(spark, settings, ledger, table, hashes, key_types)
+        if table in erasures:
+            _check_collateral(erasures[table], checked)
+        return checked
+
     with _timed(report, "verify", spark):
-        progress.stage("verify" if purge_now else "verify live data (purge not run)", len(tables))
-        verifications = {}
-        for table in tables:
-            progress.step(table)
-            verifications[table] = _verify(spark, settings, ledger, table, hashes, key_types, purge_now)
-            if purge_now and not verifications[table].live and (verifications[table].history
-                                                                 or verifications[table].storage):
-                # Left over from an earlier, interrupted run: purge now and prove again.
-                purges[table] = _purge(spark, settings, table)
-                verifications[table] = _verify(spark, settings, ledger, table, hashes, key_types)
-            if table in erasures:
-                _check_collateral(erasures[table], verifications[table])
-        progress.done()
+        verifications = _each_table(settings, progress, "verify" if purge_now else "verify live data (purge not run)",
+                                    tables, prove)
 
     for table in tables:
         report.tables[table] = {
@@ -233,7 +285,15 @@ def _schedule(settings: Settings, purged: bool, waiting: dict[str, date]) -> dic
             "next_purge_by": min(waiting.values()).isoformat() if waiting else None}
 
 
-def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, batch: DataFrame, request_ids: list[str],
+def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> None:
+    """Store the keyed hashes of a batch's resolved identifiers before anything is erased (linked
+    identifiers are read from tables the erasure empties). Hashed in Spark: only hashes reach the driver."""
+    hashed = with_keyed_hash(spark, keys, "key_value", ledger.key).select("request_id", "key_type", "key_hash")
+    made_by = key_id(ledger.key)
+    ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in hashed.collect()])
+
+
+def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work, request_ids: list[str],
            tables: list[str], key_types: dict[str, DataType], report: RunReport, progress: Progress
            ) -> dict[str, erase.TableErasure]:
     """Resolve the batch's identifiers, record their hashes, and erase them from every table.
@@ -246,28 +306,30 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, batch: DataF
     with _timed(report, "resolve", spark):
         progress.stage("resolve identifiers", 1)
         progress.step(f"{len(request_ids)} subjects")
-        keys = identity.resolve(spark, settings, batch)
-        ledger.record_keys(keys)
+        keys = identity.resolve(spark, settings, _batch(spark, {rid: work.erase[rid] for rid in request_ids}))
+        _record_keys(spark, ledger, keys)
         progress.done()
 
-    progress.stage("erase", len(tables))
-    erasures: dict[str, erase.TableErasure] = {}
-    for table in tables:
-        progress.step(table)
-        erasures[table] = _erase_table(spark, settings, table, keys, key_types[table], report)
-    progress.done()
-    hashes = ledger.key_hashes(request_ids)
+    with _timed(report, "erase", spark):
+        # Tables that identifiers are resolved through go last (datamap.erase_order): a resumed run can
+        # still resolve from them. Within a wave, tables are erased side by side.
+        sources = {link.table for link in settings.datamap.identifiers.values()}
+        erasures: dict[str, erase.TableErasure] = {}
+        for wave in ([t for t in tables if t not in sources], [t for t in tables if t in sources]):
+            erasures.update(_each_table(settings, progress, "erase", wave,
+                                        lambda t: _erase_table(spark, settings, t, keys, key_types[t])))
+    hashes = verify.stored_hashes(spark, ledger, request_ids)
     for _ in range(settings.erase.max_rounds - 1):
         with _timed(report, "erase", spark):
             moved = [t for t, e in erasures.items() if not e.error and _changed_since(spark, settings, t, e)]
             late = [t for t in moved if _verify(spark, settings, ledger, t, hashes, key_types, physical=False).live]
         if not late:
             break
-        progress.stage("erase late rows", len(late))
-        for table in late:
-            progress.step(table)
-            erasures[table].absorb(_erase_table(spark, settings, table, keys, key_types[table], report))
-        progress.done()
+        with _timed(report, "erase", spark):
+            again = _each_table(settings, progress, "erase late rows", late,
+                                lambda t: _erase_table(spark, settings, t, keys, key_types[t]))
+        for table, later in again.items():
+            erasures[table].absorb(later)
     return erasures
 
 
@@ -277,37 +339,55 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
     return current is not None and current.snapshot_id != ours
 
 
-def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType,
-                 report: RunReport) -> erase.TableErasure:
-    """Plan, fingerprint (collateral check), commit, and check one table."""
+def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType
+                 ) -> erase.TableErasure:
+    """Plan, fingerprint (collateral check), commit, and check one table (thread-safe: runs beside
+    other tables' erasures on the same session)."""
     start = time.perf_counter()
     mapping = settings.datamap.tables[table]
     nulled = frozenset(mapping.redact) if mapping.action == "redact" else frozenset()
-    with _timed(report, "erase", spark):
-        table_plan = erase.plan(spark, settings, table, keys, key_type)
+    table_plan = erase.plan(spark, settings, table, keys, key_type)
     # Its own scan, not folded into the plan's: the plan reads the key column only, and a table
     # where nothing matches is never committed to, so it needs no fingerprint of every column.
     content = settings.erase.collateral_check == "content" and table_plan.rows_matched > 0
     if content:
-        with _timed(report, "collateral", spark):
-            hits = erase.hits(keys, mapping, key_type)
-            table_plan.other_before, table_plan.requested_after = collateral.split(
-                iceberg.read_at(spark, settings, table, table_plan.snapshot_before), mapping.key, hits, nulled)
-    with _timed(report, "erase", spark):
-        try:
-            erasure = erase.apply(spark, settings, table_plan, keys, key_type)
-        except Exception as exc:  # recorded; verification then shows what is left
-            erasure = erase.TableErasure(table_plan, error=_first_line(exc))
+        hits = erase.hits(keys, mapping, key_type)
+        table_plan.other_before, table_plan.requested_after = collateral.split(
+            iceberg.read_at(spark, settings, table, table_plan.snapshot_before), mapping.key, hits, nulled)
+    try:
+        erasure = erase.apply(spark, settings, table_plan, keys, key_type)
+    except Exception as exc:  # recorded; verification then shows what is left
+        erasure = erase.TableErasure(table_plan, error=_first_line(exc))
     if erasure.snapshot_id is not None:
-        with _timed(report, "collateral", spark):
-            erasure.collateral = collateral.check(
-                spark, settings, table, mapping.key, hits, nulled, table_plan.snapshot_before, erasure.snapshot_id,
-                table_plan.other_before, table_plan.requested_after,
-            ) if content else collateral.check_counts(
-                spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,
-                table_plan.expected_rows_after, erasure.rows_after)
+        erasure.collateral = collateral.check(
+            spark, settings, table, mapping.key, hits, nulled, table_plan.snapshot_before, erasure.snapshot_id,
+            table_plan.other_before, table_plan.requested_after,
+        ) if content else collateral.check_counts(
+            spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,
+            table_plan.expected_rows_after, erasure.rows_after)
     erasure.seconds = round(time.perf_counter() - start, 3)
     return erasure
+
+
+T = TypeVar("T")
+
+
+def _each_table(settings: Settings, progress: Progress, stage: str, tables: list[str], work: Callable[[str], T]
+                ) -> dict[str, T]:
+    """`work(table)` for every table, `run.parallel_tables` at a time on threads sharing the session:
+    tables are independent, so their small Spark jobs, commits and procedure calls overlap instead of
+    queueing (Spark schedules concurrent jobs side by side). Results in the order of `tables`."""
+    if not tables:
+        return {}
+    progress.stage(stage, len(tables))
+    done: dict[str, T] = {}
+    with ThreadPoolExecutor(min(settings.run.parallel_tables, len(tables)), thread_name_prefix="dsr-table") as pool:
+        futures = {pool.submit(work, table): table for table in tables}
+        for future in as_completed(futures):
+            progress.step(futures[future])
+            done[futures[future]] = future.result()
+    progress.done()
+    return {table: done[table] for table in tables}
 
 
 def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePurge:
@@ -382,20 +462,6 @@ def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
         else:
             outcomes.append(Outcome(request_id, "completed", None, evidence))
     return outcomes
-
-
-def purge_ledger(spark: SparkSession, settings: Settings, ledger: Ledger) -> dict:
-    """Purge the ledger's own history (old snapshots hold plaintext subject ids) and prove it."""
-    result = _purge(spark, settings, ledger.requests_table).as_dict()
-    completed = (
-        spark.table(settings.table(ledger.requests_table)).where(F.col("status") == "completed")
-        .select("request_id", F.col("subject_hash").alias("key_hash"))
-    )
-    check = verify.verify_column(spark, settings, ledger.requests_table, "subject_id", StringType(), completed,
-                                 ledger.keyring)
-    result["plaintext_found"] = check.live + check.history + check.storage
-    result["passed"] = check.passed
-    return result
 
 
 def _first_line(exc: Exception) -> str:

@@ -22,15 +22,6 @@ from ..ledger.keys import keys_in_use
 from ..ledger.ledger import Ledger
 
 
-def suppression_list(ledger: Ledger, identifier: str) -> DataFrame:
-    """(key_hash, key_id) of every `identifier` value acted on for an erase request, any status (small).
-    key_id names the key that made the hash (NULL: made before key rotation existed)."""
-    erase = (ledger.spark.table(ledger.q(ledger.requests_table)).where(F.col("request_type") == "erase")
-             .select("request_id"))
-    keys = ledger.spark.table(ledger.q(ledger.keys_table)).where(F.col("key_type") == identifier)
-    return keys.join(erase, "request_id", "left_semi").select("key_hash", "key_id").distinct()
-
-
 def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
              settings: Settings | None = None) -> DataFrame:
     """`df` without the rows whose `key_column` holds an identifier of a person who asked to be erased.
@@ -49,11 +40,12 @@ def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
         raise DataMapError(f"unknown identifier {identifier!r}: the data map knows {', '.join(sorted(known))}")
     if key_column not in df.columns:
         raise DataMapError(f"the DataFrame has no column {key_column!r} (columns: {', '.join(df.columns)})")
-    ledger = Ledger(df.sparkSession, settings)
-    ledger.ensure()
+    ledger = Ledger(settings)
     values = df.select(F.col(key_column).cast("string").alias("dsr_value")).where(F.col("dsr_value").isNotNull())
-    listed = suppression_list(ledger, identifier).localCheckpoint()
-    keys = keys_in_use(ledger.keyring, {r.key_id for r in listed.select("key_id").distinct().collect()})
+    hashes = ledger.suppression_hashes(identifier)
+    listed = df.sparkSession.createDataFrame([(h["key_hash"], h["key_id"]) for h in hashes],
+                                             "key_hash string, key_id string")
+    keys = keys_in_use(ledger.keyring, {h["key_id"] for h in hashes})
     hashed = with_keyring_hashes(df.sparkSession, values.distinct(), "dsr_value", keys)
     # Checkpointed: small, computed once, and no longer sharing lineage with `df` for the self-join.
     erased = join_on_key(hashed, listed, "left_semi").select("dsr_value").distinct().localCheckpoint()

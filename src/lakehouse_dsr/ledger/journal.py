@@ -16,15 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
-
-from ..config import Settings
 from ..exceptions import LedgerError
-
-STEPS_SCHEMA = ("step_id string, run_id string, table_name string, step string, snapshot_id bigint, "
-                "at timestamp, detail string")
-STEPS = ("erased", "purged", "held", "released")
+from .store import Store
 
 
 @dataclass
@@ -38,43 +31,34 @@ class Step:
 
 
 class Journal:
-    def __init__(self, spark: SparkSession, settings: Settings):
-        self.spark, self.settings = spark, settings
-        self.table = f"{settings.ledger_namespace}.steps"
-
-    def ensure(self) -> None:
-        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self.settings.table(self.table)} ({STEPS_SCHEMA}) USING iceberg "
-                       "TBLPROPERTIES ('format-version' = '2')")
+    def __init__(self, store: Store):
+        self.store = store
+        self.table = store.name("steps")
 
     def record(self, steps: list[Step]) -> None:
         """Append steps in one commit."""
-        if not steps:
-            return
         now = datetime.now(UTC)
-        rows = [(uuid.uuid4().hex, s.run_id, s.table, s.step, s.snapshot_id, s.at or now,
-                 json.dumps(s.detail, sort_keys=True)) for s in steps]
-        self.spark.createDataFrame(rows, STEPS_SCHEMA).writeTo(self.settings.table(self.table)).append()
+        self.store.append("steps", [
+            {"step_id": uuid.uuid4().hex, "run_id": s.run_id, "table_name": s.table, "step": s.step,
+             "snapshot_id": s.snapshot_id, "at": s.at or now, "detail": json.dumps(s.detail, sort_keys=True)}
+            for s in steps])
 
     def steps(self, run_ids: list[str] | None = None, step: str | None = None, table: str | None = None
               ) -> list[Step]:
         """Steps (oldest first), optionally of some runs, of one kind, of one table. Small: a few rows per
-        run and table."""
-        df = self.spark.table(self.settings.table(self.table))
-        if run_ids is not None:
-            if not run_ids:
-                return []
-            df = df.where(F.col("run_id").isin(*run_ids))
-        if step is not None:
-            df = df.where(F.col("step") == step)
-        if table is not None:
-            df = df.where(F.col("table_name") == table)
-        return [Step(r.run_id, r.table_name, r.step, r.snapshot_id, json.loads(r.detail or "{}"), r.at)
-                for r in df.orderBy("at", "step_id").collect()]
+        run and table; one read."""
+        if run_ids is not None and not run_ids:
+            return []
+        rows = sorted(self.store.rows("steps"), key=lambda r: (r["at"], r["step_id"]))
+        return [Step(r["run_id"], r["table_name"], r["step"], r["snapshot_id"], json.loads(r["detail"] or "{}"),
+                     r["at"])
+                for r in rows if (run_ids is None or r["run_id"] in run_ids) and step in (None, r["step"])
+                and table in (None, r["table_name"])]
 
-    def holds(self) -> dict[str, Step]:
+    def holds(self, steps: list[Step] | None = None) -> dict[str, Step]:
         """Tables whose latest hold/release step is a hold: {table: the hold step}."""
         latest: dict[str, Step] = {}
-        for s in self.steps():
+        for s in steps if steps is not None else self.steps():
             if s.step in ("held", "released"):
                 latest[s.table] = s
         return {t: s for t, s in latest.items() if s.step == "held"}

@@ -1,82 +1,57 @@
-"""The request ledger: Iceberg tables `<ns>.requests`, `<ns>.request_keys` and `<ns>.audit`.
+"""The request ledger: Iceberg tables `<ns>.requests`, `<ns>.request_keys`, `<ns>.audit` (plus the step
+journal and the run lease), read and written without a JVM (store.py).
 
 Lifecycle: received -> in_progress -> completed | failed (failed stays open and is retried).
 Under the batched purge policy an erase request goes in_progress -> erased (logically erased,
 live data verified, physical purge scheduled by `purge_by`) -> completed once purged and proven.
-While open, a request holds its subject id in plaintext (needed to act on it); on completion
-only the HMAC remains, and the ledger's own history is purged like any table (see purge.py).
-Every write is one small Iceberg commit; identifiers travel as DataFrames, never as SQL text.
+A request is in progress while a run holding the lease works on it (lease.py). While open, a
+request holds its subject id in plaintext (needed to act on it); on completion only the HMAC
+remains, and the ledger's own history is purged (`purge_history`).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import secrets
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Literal
 
-from py4j.protocol import Py4JJavaError
-from pyspark.errors.exceptions.captured import CapturedException
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyiceberg.expressions import EqualTo, GreaterThan, In, NotNull
 
 from ..config import Settings
-from ..exceptions import CatalogUnavailableError, ConfigError, LedgerError
-from ..lake.hmac import with_keyed_hash
-from .journal import Journal
-from .keys import Keyring, key_id, keyed_hash, load_key, load_retired
+from ..exceptions import ConfigError, LedgerError
+from .journal import Journal, Step
+from .keys import Keyring, keyed_hash, load_key, load_retired
+from .lease import current_holder
 from .requests import RequestInput, due_date, utc_now
+from .store import Store, arrow_rows
 
 ACTIONABLE_STATUSES = ("received", "in_progress", "failed")  # picked up by the next run
 OPEN_STATUSES = (*ACTIONABLE_STATUSES, "erased")  # erased: waiting for the physical purge
 NOT_YET_PROCESSED = {"opt_out": "recorded; opt-out requests are not yet processed by this version"}
-
-REQUESTS_SCHEMA = (
-    "request_id string, request_type string, regulation string, subject_id string, subject_hash string, "
-    "status string, status_reason string, received_at timestamp, due_date date, extended boolean, "
-    "extension_reason string, updated_at timestamp, completed_at timestamp, run_id string, evidence string, "
-    "purge_by date"
-)
-# key_id: the key that made key_hash (hashing.key_id); NULL: the key in use before key rotation existed.
-KEYS_SCHEMA = "request_id string, key_type string, key_hash string, key_id string"
-AUDIT_SCHEMA = "event_id string, request_id string, run_id string, at timestamp, event string, detail string"
-# Copy-on-write so a nulled identifier never lingers in a data file behind a delete file, and no
-# column bounds for subject_id so manifests never carry an identifier.
-_LEDGER_PROPS = {
-    "format-version": "2",
-    "write.delete.mode": "copy-on-write",
-    "write.update.mode": "copy-on-write",
-    "write.merge.mode": "copy-on-write",
-}
-_SUBJECT_METRICS = {"write.metadata.metrics.column.subject_id": "counts"}
+LEDGER_TABLES = ("requests", "request_keys", "audit", "steps", "lease")
 
 
-def _jvm_error(exc: Exception) -> str:
-    """The first line of a JVM error and of its root cause, without package names or stack."""
-    java = getattr(exc, "java_exception", None)
-    if java is None:  # AnalysisException and the like: their message is already plain
-        text = str(exc).strip()
-        return text.splitlines()[0] if text else type(exc).__name__
-    chain = [java]
-    while len(chain) < 20 and chain[-1].getCause() is not None:
-        chain.append(chain[-1].getCause())
-    first, root = (re.sub(r"^[\w.$]*\.(?=\w+(:|$))", "", str(e.toString()).strip().splitlines()[0])
-                   for e in (chain[0], chain[-1]))
-    return first if first == root else f"{first} ({root})"
+def new_request_id() -> str:
+    """`req-` and 16 hex digits, the first 11 the creation time in ms: ids sort by age, so the
+    ledger's file statistics let a run skip files of long-completed requests."""
+    return f"req-{int(time.time() * 1000):011x}{secrets.token_hex(3)[:5]}"
 
 
 class Ledger:
-    """Handle on the ledger tables of one catalog; cheap to create."""
+    """Handle on the ledger tables of one catalog; cheap to create (the catalog opens on first use)."""
 
-    def __init__(self, spark: SparkSession, settings: Settings):
-        self.spark, self.settings = spark, settings
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.store = Store(settings)
+        self.journal = Journal(self.store)
         ns = settings.ledger_namespace
         self.requests_table, self.keys_table, self.audit_table = f"{ns}.requests", f"{ns}.request_keys", f"{ns}.audit"
         self._key: bytes | None = None
         self._keyring: Keyring | None = None
-        self.journal = Journal(spark, settings)
 
     @property
     def key(self) -> bytes:
@@ -97,113 +72,67 @@ class Ledger:
             self._keyring = Keyring(self.key, load_retired(self.settings.key_file()))
         return self._keyring
 
-    def q(self, table: str) -> str:
-        return self.settings.table(table)
+    def tables(self) -> list[str]:
+        return [self.store.name(t) for t in LEDGER_TABLES]
 
     def ensure(self) -> None:
-        """Create the namespace and tables if missing (metadata only).
-
-        The engine's first touch of the catalog: one that cannot be reached (server down, warehouse that
-        cannot be created) raises CatalogUnavailableError naming it."""
-        try:
-            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.settings.namespace(self.settings.ledger_namespace)}")
-        except (Py4JJavaError, CapturedException) as exc:
-            raise CatalogUnavailableError(
-                f"catalog {self.settings.catalog.name} cannot be reached: {_jvm_error(exc)}") from exc
-        for table, schema, extra in ((self.requests_table, REQUESTS_SCHEMA, _SUBJECT_METRICS),
-                                     (self.keys_table, KEYS_SCHEMA, {}), (self.audit_table, AUDIT_SCHEMA, {})):
-            props = ", ".join(f"'{k}' = '{v}'" for k, v in {**_LEDGER_PROPS, **extra}.items())
-            self.spark.sql(
-                f"CREATE TABLE IF NOT EXISTS {self.q(table)} ({schema}) USING iceberg TBLPROPERTIES ({props})"
-            )
-        self.journal.ensure()
-        if "purge_by" not in self._table(self.requests_table).columns:  # ledger written by an earlier version
-            self.spark.sql(f"ALTER TABLE {self.q(self.requests_table)} ADD COLUMN purge_by date")
-        if "key_id" not in self._table(self.keys_table).columns:  # ledger written before key rotation existed
-            self.spark.sql(f"ALTER TABLE {self.q(self.keys_table)} ADD COLUMN key_id string")
+        """Create the namespace and tables if missing (metadata only). The first touch of the catalog:
+        one that cannot be reached raises CatalogUnavailableError naming it."""
+        for table in LEDGER_TABLES:
+            self.store.load(table)
 
     # -- submission -------------------------------------------------------------------------
     def submit(self, inputs: list[RequestInput], now: datetime | None = None) -> SubmitResult:
         """Add requests; a request matching an open one (same subject and type) is not added twice.
 
-        One join against the open requests (by subject hash) and one append commit. An open request
-        submitted before a key rotation holds its subject's hash under a retired key: each new subject
-        is hashed under every key of the ring to find it.
+        One read of the open requests and one append, in one commit that asserts the state it read
+        (a concurrent submission makes it look again, so duplicates never slip in between), then one
+        audit append. An open request submitted before a key rotation holds its subject's hash under
+        a retired key: each new subject is hashed under every key of the ring to find it.
         """
         now = now or utc_now()
         inputs = [r.validated() for r in inputs]
-        self.ensure()
-        retired = [k for kid, k in self.keyring.keys().items() if kid != self.keyring.active_id]
-        rows, probes, seen = [], [], set()
-        for r in inputs:
-            subject_hash = keyed_hash(self.key, r.subject_id)
-            if (subject_hash, r.request_type) in seen:
-                continue
-            seen.add((subject_hash, r.request_type))
-            received = r.received_at or now
-            request_id = f"req-{uuid.uuid4().hex[:16]}"
-            rows.append((
-                request_id, r.request_type, r.regulation, r.subject_id, subject_hash, "received",
-                NOT_YET_PROCESSED.get(r.request_type), received, due_date(received.date(), r.regulation), False,
-                None, now, None, None, None, None,
-            ))
-            probes += [(request_id, r.request_type, h)
-                       for h in (subject_hash, *(keyed_hash(k, r.subject_id) for k in retired))]
-        new = self.spark.createDataFrame(rows, REQUESTS_SCHEMA)
-        open_ = self._table(self.requests_table).where(F.col("status").isin(*OPEN_STATUSES))
-        duplicates = (
-            self.spark.createDataFrame(probes, "request_id string, request_type string, subject_hash string")
-            .join(open_.select("subject_hash", "request_type"), ["subject_hash", "request_type"], "left_semi")
-        )
-        fresh = new.join(duplicates.select("request_id"), "request_id", "left_anti")
-        fresh = fresh.select(*new.columns).localCheckpoint()
-        kept = {r.request_id for r in fresh.select("request_id").collect()}
-        created = [row[0] for row in rows if row[0] in kept]  # in input order
-        if created:
-            fresh.writeTo(self.q(self.requests_table)).append()
-            self.audit([(rid, None, "submitted", {}) for rid in created])
+        created: list[str] = []
+
+        def attempt(loaded) -> None:
+            keys = self.keyring.keys()  # after the catalog answered: an unreachable one leaves no key file behind
+            rows = loaded.scan(row_filter=In("status", OPEN_STATUSES), selected_fields=("subject_hash", "request_type")
+                               ).to_arrow().to_pylist() if loaded.current_snapshot() else []
+            seen = {(r["subject_hash"], r["request_type"]) for r in rows}
+            fresh = []
+            for r in inputs:
+                hashes = [keyed_hash(k, r.subject_id) for k in keys.values()]
+                if any((h, r.request_type) in seen for h in hashes):
+                    continue
+                seen.add((hashes[0], r.request_type))
+                received = r.received_at or now
+                fresh.append({
+                    "request_id": new_request_id(), "request_type": r.request_type, "regulation": r.regulation,
+                    "subject_id": r.subject_id, "subject_hash": hashes[0], "status": "received",
+                    "status_reason": NOT_YET_PROCESSED.get(r.request_type), "received_at": received,
+                    "due_date": due_date(received.date(), r.regulation), "extended": False, "updated_at": now})
+            created[:] = [f["request_id"] for f in fresh]
+            if fresh:
+                loaded.append(arrow_rows(loaded, fresh))
+
+        self.store.transact("requests", attempt)
+        self.audit([(rid, None, "submitted", {}) for rid in created], now)
         return SubmitResult(created, len(inputs) - len(created))
 
     # -- reading ------------------------------------------------------------------------------
-    def _table(self, table: str) -> DataFrame:
-        return self.spark.table(self.q(table))
-
-    def pending(self, request_types: tuple[str, ...]) -> DataFrame:
-        """Requests the next run acts on: request_id, request_type, subject_id, regulation, due_date (small)."""
-        return (
-            self._table(self.requests_table)
-            .where(F.col("status").isin(*ACTIONABLE_STATUSES) & F.col("request_type").isin(*request_types))
-            .select("request_id", "request_type", "subject_id", "regulation", "due_date")
-        )
-
-    def awaiting_purge(self) -> dict[str, date]:
-        """Logically erased requests waiting for the physical purge: {request_id: purge_by}."""
-        rows = (self._table(self.requests_table).where(F.col("status") == "erased")
-                .select("request_id", "purge_by").collect())
-        return {r.request_id: r.purge_by for r in rows}
+    def requests(self, statuses: tuple[str, ...] | None = None) -> list[dict]:
+        """Raw request rows (subject ids included: for the run, never for display). One read."""
+        return self.store.rows("requests", In("status", statuses) if statuses else None)
 
     def statuses(self, today: date | None = None, request_id: str | None = None) -> list[RequestStatus]:
-        """Every request (or one) without its subject: for `dsr status`."""
+        """Every request (or one) without its subject: for `dsr status`. Requests a run holding the
+        lease works on show as in progress. Two small reads."""
         today = today or utc_now().date()
-        requests = self._table(self.requests_table)
-        if request_id is not None:
-            requests = requests.where(F.col("request_id") == request_id)
-        rows = (
-            requests
-            .select("request_id", "request_type", "regulation", "status", "status_reason", "due_date", "extended",
-                    F.date_format("received_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("received"),
-                    F.date_format("completed_at", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("completed"), "purge_by")
-            .orderBy("received_at", "request_id")
-            .collect()
-        )
-        return [
-            RequestStatus(
-                r.request_id, r.request_type, r.regulation, r.status, r.status_reason, r.received,
-                r.due_date.isoformat(), (r.due_date - today).days if r.status != "completed" else None,
-                bool(r.extended), r.completed, r.purge_by.isoformat() if r.purge_by else None,
-            )
-            for r in rows
-        ]
+        rows = self.store.rows("requests", In("request_id", [request_id]) if request_id else None)
+        holder = current_holder(self.store)
+        working = set(holder.requests) if holder else set()
+        rows.sort(key=lambda r: (r["received_at"], r["request_id"]))
+        return [_status(r, today, r["request_id"] in working) for r in rows]
 
     def request(self, request_id: str) -> RequestStatus:
         found = self.statuses(request_id=request_id)
@@ -212,119 +141,122 @@ class Ledger:
         return found[0]
 
     def evidence(self, request_ids: list[str]) -> dict[str, dict]:
-        rows = (
-            self._table(self.requests_table)
-            .where(F.col("request_id").isin(*request_ids)).select("request_id", "evidence").collect()
-        )
-        return {r.request_id: json.loads(r.evidence) if r.evidence else {} for r in rows}
+        rows = self.store.rows("requests", In("request_id", request_ids)) if request_ids else []
+        return {r["request_id"]: json.loads(r["evidence"]) if r["evidence"] else {} for r in rows}
 
-    def interrupted_runs(self, request_ids: list[str]) -> list[str]:
-        """Runs that started some of these requests and were killed before recording their outcome
-        (an `in_progress` audit event without an outcome event of the same run). Reads the audit log."""
-        outcome = F.array(*(F.lit(s) for s in ("completed", "failed", "erased")))
-        events = (self._table(self.audit_table).where(F.col("request_id").isin(*request_ids))
-                  .groupBy("run_id").agg(F.collect_set("event").alias("events"))
-                  .where(F.array_contains("events", "in_progress") & ~F.arrays_overlap("events", outcome)))
-        return sorted(r.run_id for r in events.select("run_id").collect())
-
-    def last_completion(self) -> datetime | None:
-        return self._table(self.requests_table).agg(F.max("completed_at").alias("at")).first().at
+    def unrecorded_runs(self, run_ids: list[str]) -> list[str]:
+        """Those of `run_ids` that recorded no outcome (a run killed after `finish` did). One small read."""
+        recorded = {r["run_id"] for r in self.store.rows("requests", In("run_id", run_ids), ("run_id",))} \
+            if run_ids else set()
+        return [r for r in run_ids if r not in recorded]
 
     def completed_ids(self, request_type: str) -> list[str]:
-        done = (F.col("status") == "completed") & (F.col("request_type") == request_type)
-        return [r.request_id for r in self._table(self.requests_table).where(done).select("request_id").collect()]
+        return sorted(r["request_id"] for r in self.requests(("completed",)) if r["request_type"] == request_type)
 
     # -- keys -----------------------------------------------------------------------------------
-    def record_keys(self, keys: DataFrame) -> None:
-        """Store HMACs of a batch's resolved identifiers (request_id, key_type, key_value); idempotent."""
-        hashed = with_keyed_hash(self.spark, keys, "key_value", self.key).select(
-            "request_id", "key_type", "key_hash", F.lit(key_id(self.key)).alias("key_id"))
-        hashed.createOrReplaceTempView("dsr_new_keys")
-        try:
-            self.spark.sql(
-                f"MERGE INTO {self.q(self.keys_table)} t USING dsr_new_keys s "
-                "ON t.request_id = s.request_id AND t.key_type = s.key_type AND t.key_hash = s.key_hash "
-                "WHEN NOT MATCHED THEN INSERT *"
-            )
-        finally:
-            self.spark.catalog.dropTempView("dsr_new_keys")
+    def record_keys(self, hashed: list[tuple[str, str, str, str]]) -> None:
+        """Store (request_id, key_type, key_hash, key_id) of a batch's resolved identifiers; what is
+        already stored is not stored twice. One read of these requests' keys, one append."""
+        if not hashed:
+            return
+        ids = sorted({h[0] for h in hashed})
+        stored = self.store.rows("request_keys", In("request_id", ids))
+        have = {(r["request_id"], r["key_type"], r["key_hash"]) for r in stored}
+        new = [{"request_id": r, "key_type": t, "key_hash": h, "key_id": k}
+               for r, t, h, k in dict.fromkeys(hashed) if (r, t, h) not in have]
+        self.store.append("request_keys", new)
 
-    def key_hashes(self, request_ids: list[str]) -> DataFrame:
-        """(request_id, key_type, key_hash, key_id) of the given requests' identifiers; key_id names the key
-        that made each hash (NULL: the key in use before rotation existed). Check them with the keyring."""
-        return self._table(self.keys_table).where(F.col("request_id").isin(*request_ids))
+    def key_hashes(self, request_ids: list[str]) -> list[dict]:
+        """(request_id, key_type, key_hash, key_id) of the given requests' identifiers; key_id names the
+        key that made each hash (NULL: the key in use before rotation existed)."""
+        return self.store.rows("request_keys", In("request_id", request_ids)) if request_ids else []
+
+    def suppression_hashes(self, identifier: str) -> list[dict]:
+        """(key_hash, key_id) of every `identifier` value acted on for an erase request, any status."""
+        erasures = self.store.rows("requests", EqualTo("request_type", "erase"), ("request_id",))
+        erase = {r["request_id"] for r in erasures}
+        keys = self.store.rows("request_keys")
+        return list({(r["key_hash"], r["key_id"]): {"key_hash": r["key_hash"], "key_id": r["key_id"]}
+                     for r in keys if r["key_type"] == identifier and r["request_id"] in erase}.values())
 
     # -- transitions ------------------------------------------------------------------------
-    def _update(self, rows: list[tuple], assignments: str) -> None:
-        """MERGE per-request values into the requests table in one commit."""
-        if not rows:
+    def finish(self, outcomes: list[Outcome], run_id: str, started_at: datetime | None = None) -> None:
+        """Record outcomes in one commit of the requests table, and the run's audit events (in progress
+        since `started_at`, then the outcome) in one more. Completed requests lose their plaintext."""
+        if not outcomes:
             return
-        update = self.spark.createDataFrame(
-            rows, "request_id string, status string, status_reason string, run_id string, evidence string, "
-            "purge_by date"
-        )
-        update.createOrReplaceTempView("dsr_ledger_update")
-        try:
-            self.spark.sql(
-                f"MERGE INTO {self.q(self.requests_table)} t USING dsr_ledger_update s "
-                f"ON t.request_id = s.request_id WHEN MATCHED THEN UPDATE SET {assignments}"
-            )
-        finally:
-            self.spark.catalog.dropTempView("dsr_ledger_update")
+        by_id = {o.request_id: o for o in outcomes}
+        now = utc_now()
 
-    def start(self, request_ids: list[str], run_id: str) -> None:
-        self._update([(rid, "in_progress", None, run_id, None, None) for rid in request_ids],
-                     "t.status = s.status, t.run_id = s.run_id, t.updated_at = current_timestamp()")
-        self.audit([(rid, run_id, "in_progress", {}) for rid in request_ids])
+        def change(rows: list[dict]) -> list[dict]:
+            for r in rows:
+                o = by_id[r["request_id"]]
+                done = o.status == "completed"
+                r.update(status=o.status, status_reason=o.reason, run_id=run_id, purge_by=o.purge_by, updated_at=now,
+                         evidence=json.dumps(o.evidence, sort_keys=True), completed_at=now if done else None,
+                         subject_id=None if done else r["subject_id"])
+            return rows
 
-    def finish(self, outcomes: list[Outcome], run_id: str) -> None:
-        """Record outcomes in one commit. Completed requests lose their plaintext subject id."""
-        rows = [(o.request_id, o.status, o.reason, run_id, json.dumps(o.evidence, sort_keys=True), o.purge_by)
-                for o in outcomes]
-        self._update(rows, (
-            "t.status = s.status, t.status_reason = s.status_reason, t.run_id = s.run_id, t.evidence = s.evidence, "
-            "t.purge_by = s.purge_by, t.updated_at = current_timestamp(), "
-            "t.subject_id = CASE WHEN s.status = 'completed' THEN NULL ELSE t.subject_id END, "
-            "t.completed_at = CASE WHEN s.status = 'completed' THEN current_timestamp() ELSE NULL END"
-        ))
-        self.audit([(o.request_id, run_id, o.status, _audit_detail(o)) for o in outcomes])
+        self.store.replace("requests", "request_id", sorted(by_id), change)
+        self.audit([*((o.request_id, run_id, "in_progress", {}, started_at) for o in outcomes if started_at),
+                    *((o.request_id, run_id, o.status, _audit_detail(o)) for o in outcomes)], now)
 
     def extend(self, request_id: str, reason: str, now: datetime | None = None) -> RequestStatus:
         """Apply the regulation's one allowed extension to an open request."""
         if not reason.strip():
             raise LedgerError("an extension needs a reason (it is told to the data subject)")
-        current = self.request(request_id)
-        if current.status == "completed":
-            raise LedgerError(f"request {request_id} is already completed")
-        if current.extended:
-            raise LedgerError(f"request {request_id} was already extended; the law allows one extension")
-        received = datetime.fromisoformat(current.received.replace("Z", "+00:00")).date()
-        update = self.spark.createDataFrame(
-            [(request_id, due_date(received, current.regulation, extended=True), reason)],
-            "request_id string, due_date date, extension_reason string",
-        )
-        update.createOrReplaceTempView("dsr_ledger_extend")
-        try:
-            self.spark.sql(
-                f"MERGE INTO {self.q(self.requests_table)} t USING dsr_ledger_extend s ON t.request_id = s.request_id "
-                "WHEN MATCHED THEN UPDATE SET t.due_date = s.due_date, t.extended = true, "
-                "t.extension_reason = s.extension_reason, t.updated_at = current_timestamp()"
-            )
-        finally:
-            self.spark.catalog.dropTempView("dsr_ledger_extend")
+
+        def change(rows: list[dict]) -> list[dict]:
+            if not rows:
+                raise LedgerError(f"no request {request_id!r} in the ledger")
+            (r,) = rows
+            if r["status"] == "completed":
+                raise LedgerError(f"request {request_id} is already completed")
+            if r["extended"]:
+                raise LedgerError(f"request {request_id} was already extended; the law allows one extension")
+            r.update(due_date=due_date(r["received_at"].date(), r["regulation"], extended=True), extended=True,
+                     extension_reason=reason, updated_at=now or utc_now())
+            return rows
+
+        self.store.replace("requests", "request_id", [request_id], change)
         self.audit([(request_id, None, "extended", {"reason": reason})], now)
         return self.request(request_id)
 
-    def audit(self, events: list[tuple[str, str | None, str, dict]], now: datetime | None = None) -> None:
-        """Append audit events (request_id, run_id, event, detail); details never hold identifiers."""
-        if not events:
-            return
+    def audit(self, events: list[tuple], now: datetime | None = None) -> None:
+        """Append audit events (request_id, run_id, event, detail[, at]); details never hold identifiers."""
         at = now or utc_now()
-        rows = [(uuid.uuid4().hex, rid, run, at, event, json.dumps(detail)) for rid, run, event, detail in events]
-        self.spark.createDataFrame(rows, AUDIT_SCHEMA).writeTo(self.q(self.audit_table)).append()
+        self.store.append("audit", [
+            {"event_id": uuid.uuid4().hex, "request_id": e[0], "run_id": e[1], "at": e[4] if len(e) > 4 else at,
+             "event": e[2], "detail": json.dumps(e[3])} for e in events])
 
-    def tables(self) -> list[str]:
-        return [self.requests_table, self.keys_table, self.audit_table, self.journal.table]
+    # -- the ledger's own history ---------------------------------------------------------------
+    def purge_owed(self, steps: list[Step]) -> bool:
+        """A request completed after the ledger's last purge (per the journal `steps`): its plaintext
+        is still in old files. Cost: one read pruned to files of requests completed since."""
+        last = max((s.at for s in steps if s.step == "purged" and s.table == self.requests_table), default=None)
+        since = GreaterThan("completed_at", last.isoformat()) if last else NotNull("completed_at")
+        return bool(self.store.rows("requests", since, ("request_id",)))
+
+    def purge_history(self) -> dict:
+        """Purge the requests table's history (old snapshots and files hold plaintext subject ids of
+        requests completed since) and prove it: no stored file holds the plaintext of a completed
+        request, by keyed hash. Cost: metadata, a listing, and the subject column of the ledger's files."""
+        result = self.store.purge_history("requests", self.settings.purge.orphan_min_age_minutes)
+        completed = {(r["subject_hash"]) for r in self.requests(("completed",))}
+        keys = list(self.keyring.keys().values())
+        found = sum(1 for value in set(self.store.column_values("requests", "subject_id"))
+                    if any(keyed_hash(k, value) in completed for k in keys))
+        return {**result.__dict__, "plaintext_found": found, "passed": found == 0}
+
+
+def _status(r: dict, today: date, working: bool) -> RequestStatus:
+    status = "in_progress" if working and r["status"] in ACTIONABLE_STATUSES else r["status"]
+    return RequestStatus(
+        r["request_id"], r["request_type"], r["regulation"], status, r["status_reason"],
+        f"{r['received_at']:%Y-%m-%dT%H:%M:%SZ}", r["due_date"].isoformat(),
+        (r["due_date"] - today).days if r["status"] != "completed" else None, bool(r["extended"]),
+        f"{r['completed_at']:%Y-%m-%dT%H:%M:%SZ}" if r["completed_at"] else None,
+        r["purge_by"].isoformat() if r["purge_by"] else None)
 
 
 @dataclass
@@ -362,3 +294,4 @@ class RequestStatus:
     extended: bool
     completed: str | None
     purge_by: str | None = None
+

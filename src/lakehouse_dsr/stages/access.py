@@ -27,12 +27,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from .. import faults
-from ..config import Settings
+from ..config import EXPORT_FORMATS, Settings
 from ..datamap.check import check_against_catalog
 from . import identity
 from .erase import keys_for_table
 
-FORMATS = ("json", "csv", "parquet")
 _TS = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # ISO-8601, microseconds, offset (Z under UTC)
 EMPTY_NOTE = "no personal data was found for this subject in any mapped table"
 
@@ -71,8 +70,8 @@ def export(
     Cost: one scan of every mapped table (broadcast join with the batch's identifiers), a shuffle of
     the matching rows only, and one file write per request. Also writes `manifest.json`.
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(EXPORT_FORMATS)})")
     if key_types is None:
         key_types = check_against_catalog(spark, settings.datamap, settings.table)
     keys = keys if keys is not None else identity.resolve(spark, settings, requests)

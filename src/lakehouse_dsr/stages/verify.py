@@ -65,6 +65,14 @@ def keys_for(settings: Settings, hashes: DataFrame, key: bytes | Keyring) -> tup
     return keys_in_use(ring, used), lost
 
 
+def stored_hashes(spark: SparkSession, ledger: Ledger, request_ids: list[str]) -> DataFrame:
+    """(request_id, key_type, key_hash, key_id) the ledger holds for these requests, as a small
+    DataFrame (hashes only, no plaintext). Cost: one pyiceberg read of the ledger's keys."""
+    return spark.createDataFrame([(h["request_id"], h["key_type"], h["key_hash"], h["key_id"])
+                                  for h in ledger.key_hashes(request_ids)],
+                                 "request_id string, key_type string, key_hash string, key_id string")
+
+
 @dataclass
 class TableVerification:
     table: str
@@ -179,8 +187,7 @@ def verify_completed(spark: SparkSession, settings: Settings, request_ids: list[
     Returns {request_id: reasons}; an empty list means the request is still proven erased.
     Same cost as the run's verify stage, for all mapped tables.
     """
-    ledger = Ledger(spark, settings)
-    ledger.ensure()
+    ledger = Ledger(settings)
     completed = set(ledger.completed_ids("erase"))
     if request_ids:
         unknown = [r for r in request_ids if r not in completed]
@@ -191,7 +198,7 @@ def verify_completed(spark: SparkSession, settings: Settings, request_ids: list[
     if not ids:
         return results
     key_types = check_against_catalog(spark, settings.datamap, settings.table)
-    hashes = ledger.key_hashes(ids).localCheckpoint()
+    hashes = stored_hashes(spark, ledger, ids)
     for table_result in verify_tables(spark, settings, hashes, ledger.keyring, key_types):
         for rid, reasons in table_result.failing.items():
             results[rid].extend(reasons)

@@ -1,0 +1,177 @@
+"""One run at a time: a lease on the ledger, held in the ledger's own `lease` table.
+
+A run takes the lease before it acts on any request and gives it back at the end. Taking,
+renewing and returning are compare-and-set commits on that table (each asserts the snapshot it
+read), so two processes, on one host or on many, can never both hold it. A holder renews it
+every quarter of `run.lease_seconds` from a background thread; a holder that died (`kill -9`,
+lost host) stops renewing and its lease lapses after `run.lease_seconds`, or at once when it ran
+on this host and its process is gone. A lease that lapsed without being returned names a run
+that was interrupted: the next holder finishes its work (see run.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from ..exceptions import LedgerBusyError
+from .store import Store
+
+TABLE = "lease"
+
+
+@dataclass(frozen=True)
+class Holder:
+    run_id: str
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    requests: tuple[str, ...] = ()
+    # Runs that lapsed without returning the lease, whose work this holder took over (oldest first).
+    interrupted: tuple[str, ...] = ()
+
+    def alive(self, now: datetime) -> bool:
+        """Still renewing: not lapsed, and, on this host, its process still exists."""
+        if now >= self.expires_at:
+            return False
+        if self.host == socket.gethostname():
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:  # another user's process: it exists
+                return True
+        return True
+
+    def row(self) -> dict:
+        return {"run_id": self.run_id, "host": self.host, "pid": self.pid, "started_at": self.started_at,
+                "heartbeat_at": self.heartbeat_at, "expires_at": self.expires_at,
+                "requests": json.dumps(list(self.requests)), "interrupted": json.dumps(list(self.interrupted))}
+
+    @staticmethod
+    def of(row: dict) -> Holder:
+        return Holder(row["run_id"], row["host"], int(row["pid"]), row["started_at"], row["heartbeat_at"],
+                      row["expires_at"], tuple(json.loads(row["requests"] or "[]")),
+                      tuple(json.loads(row.get("interrupted") or "[]")))
+
+
+def current_holder(store: Store) -> Holder | None:
+    """The run holding the lease (alive or lapsed without returning it), if any. Cost: one small read."""
+    rows = store.rows(TABLE)
+    return Holder.of(rows[0]) if rows else None
+
+
+class Lease:
+    """The lease of one run: `acquire()`, then `renew()` on a heartbeat, `release()` at the end."""
+
+    def __init__(self, store: Store, run_id: str, seconds: float):
+        self.store, self.run_id, self.seconds = store, run_id, seconds
+        self.holder: Holder | None = None
+        self.lost: str | None = None  # set when a renewal found someone else holding it
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def acquire(self, wait: bool, poll_seconds: float = 1.0, notify=None) -> Holder:
+        """Take the lease; returns this run's holder, whose `interrupted` names the runs that lapsed
+        without returning it (and the requests they worked on are in its `requests`): their work is
+        this run's to finish, and stays listed until this run returns the lease.
+
+        Another live holder: LedgerBusyError at once (`wait=False`), or wait for it, calling
+        `notify(holder)` once. Cost: a read and a commit of a one-row table (plus a poll per second)."""
+        told = False
+        while True:
+            snapshot = self.store.snapshot_id(TABLE)
+            previous = current_holder(self.store)
+            now = datetime.now(UTC)
+            if previous is not None and previous.alive(now) and previous.run_id != self.run_id:
+                if not wait:
+                    raise LedgerBusyError(f"another run ({previous.run_id}, started at "
+                                          f"{previous.started_at:%Y-%m-%d %H:%M:%S} UTC on {previous.host}) holds "
+                                          "the ledger; try again when it has finished, or set run.concurrent: wait")
+                if notify and not told:
+                    notify(previous)
+                    told = True
+                time.sleep(poll_seconds)
+                continue
+            inherited = (*previous.interrupted, previous.run_id) if previous else ()
+            mine = Holder(self.run_id, socket.gethostname(), os.getpid(), now, now,
+                          now + timedelta(seconds=self.seconds), previous.requests if previous else (), inherited)
+            if self.store.compare_and_set(TABLE, snapshot, [mine.row()]):
+                self.holder = mine
+                self._start_heartbeat()
+                return mine
+            # another process committed between our read and our commit: look again
+
+    def working_on(self, request_ids: list[str]) -> None:
+        """Record which requests this run works on (`dsr status` shows them in progress); those of
+        interrupted runs stay listed."""
+        self._write(requests=tuple(sorted({*self.holder.requests, *request_ids})))
+
+    def renew(self) -> None:
+        self._write()
+
+    def _write(self, **changes) -> None:
+        with self._lock:
+            if self.holder is None or self.lost:
+                return
+            for _ in range(5):
+                snapshot = self.store.snapshot_id(TABLE)
+                now_holder = current_holder(self.store)
+                if now_holder is None or now_holder.run_id != self.run_id:
+                    self.lost = "the run's lease on the ledger was taken over (its heartbeat lapsed)"
+                    return
+                now = datetime.now(UTC)
+                updated = Holder(**{**self.holder.__dict__, "heartbeat_at": now,
+                                    "expires_at": now + timedelta(seconds=self.seconds), **changes})
+                if self.store.compare_and_set(TABLE, snapshot, [updated.row()]):
+                    self.holder = updated
+                    return
+
+    def check(self) -> None:
+        """Raise if the lease was lost (then this run must not record anything)."""
+        self.renew()
+        if self.lost:
+            raise LedgerBusyError(self.lost)
+
+    def release(self) -> None:
+        """Give the lease back (only if still ours) and drop the lease table's old snapshots."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        with self._lock:
+            if self.holder is None:
+                return
+            for _ in range(5):
+                snapshot = self.store.snapshot_id(TABLE)
+                now_holder = current_holder(self.store)
+                if now_holder is None or now_holder.run_id != self.run_id:
+                    break
+                if self.store.compare_and_set(TABLE, snapshot, []):
+                    break
+            self.holder = None
+        self.store.purge_history(TABLE, orphan_min_age_minutes=60)
+
+    def _start_heartbeat(self) -> None:
+        def beat() -> None:
+            while not self._stop.wait(self.seconds / 4):
+                try:
+                    self.renew()
+                except Exception:  # a failed renewal is retried on the next beat; lapsing is the safe outcome
+                    continue
+
+        self._thread = threading.Thread(target=beat, name=f"lease-{self.run_id}", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,299 @@
+"""The ledger's I/O: its Iceberg tables read and written through pyiceberg, without a JVM.
+
+Every table lives in the ledger namespace of the configured catalog (the same catalog Spark's
+data tables use). Reads return Python rows (the ledger is small: requests, their keys, audit
+events, per-table steps, the run lease). Every write is one commit that asserts the snapshot it
+was computed from; a commit that lost a race with another writer (the intake service, a
+concurrent `dsr submit`) is computed again from the new state and retried. Tables are created
+on first use; columns added by later versions are added to older ledgers the same way.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.table import Table
+
+from ..config import Settings
+from ..exceptions import CatalogUnavailableError, LedgerError
+from ..lake.catalog import open_catalog
+
+_TS = pa.timestamp("us", tz="UTC")
+SCHEMAS: dict[str, pa.Schema] = {
+    "requests": pa.schema([
+        ("request_id", pa.string()), ("request_type", pa.string()), ("regulation", pa.string()),
+        ("subject_id", pa.string()), ("subject_hash", pa.string()), ("status", pa.string()),
+        ("status_reason", pa.string()), ("received_at", _TS), ("due_date", pa.date32()), ("extended", pa.bool_()),
+        ("extension_reason", pa.string()), ("updated_at", _TS), ("completed_at", _TS), ("run_id", pa.string()),
+        ("evidence", pa.string()), ("purge_by", pa.date32()),
+    ]),
+    # key_id: the key that made key_hash (keys.key_id); NULL: the key in use before key rotation existed.
+    "request_keys": pa.schema([("request_id", pa.string()), ("key_type", pa.string()), ("key_hash", pa.string()),
+                               ("key_id", pa.string())]),
+    "audit": pa.schema([("event_id", pa.string()), ("request_id", pa.string()), ("run_id", pa.string()),
+                        ("at", _TS), ("event", pa.string()), ("detail", pa.string())]),
+    "steps": pa.schema([("step_id", pa.string()), ("run_id", pa.string()), ("table_name", pa.string()),
+                        ("step", pa.string()), ("snapshot_id", pa.int64()), ("at", _TS), ("detail", pa.string())]),
+    # One row while a run holds the ledger (see lease.py); `requests`: a JSON list of the ids it works on,
+    # `interrupted`: of the runs it took over from.
+    "lease": pa.schema([("run_id", pa.string()), ("host", pa.string()), ("pid", pa.int64()), ("started_at", _TS),
+                        ("heartbeat_at", _TS), ("expires_at", _TS), ("requests", pa.string()),
+                       ("interrupted", pa.string())]),
+}
+# No column bounds for subject_id, so no manifest ever carries an identifier; old metadata files go.
+_PROPS = {"format-version": "2", "write.metadata.delete-after-commit.enabled": "true",
+          "write.metadata.previous-versions-max": "10"}
+_EXTRA_PROPS = {"requests": {"write.metadata.metrics.column.subject_id": "counts"}}
+_RETRIES = 12
+# An overwrite of rows not yet there (the first lease, a request's first outcome) is normal here.
+warnings.filterwarnings("ignore", "Delete operation did not match any records", UserWarning, "pyiceberg")
+
+
+@dataclass
+class HistoryPurge:
+    """What purging a ledger table's history did."""
+
+    snapshots_expired: int = 0
+    files_deleted: int = 0
+    orphans_removed: int = 0
+
+
+class Store:
+    """The ledger tables of one catalog. Cheap to create: the catalog is opened on first use."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.namespace = settings.ledger_namespace
+        self._ready: set[str] = set()
+
+    @cached_property
+    def catalog(self):
+        return open_catalog(self.settings)
+
+    def name(self, table: str) -> str:
+        return f"{self.namespace}.{table}"
+
+    # -- tables -----------------------------------------------------------------------------------
+    def load(self, table: str, create: bool = True) -> Table:
+        """The table as now committed, created if missing (unless `create` is False: NoSuchTableError),
+        and given the columns of this version on first use in this store."""
+        try:
+            loaded = self.catalog.load_table(self.name(table))
+        except NoSuchTableError:
+            if not create:
+                raise
+            loaded = self._create(table)
+        except CatalogUnavailableError:
+            raise
+        except Exception as exc:  # storage or server unreachable
+            raise CatalogUnavailableError(f"catalog {self.settings.catalog.name} cannot be reached: "
+                                          f"{_first_line(exc)}") from exc
+        if table not in self._ready:
+            loaded = self._upgrade(table, loaded)
+            self._ready.add(table)
+        return loaded
+
+    def _create(self, table: str) -> Table:
+        try:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+            return self.catalog.create_table(self.name(table), SCHEMAS[table],
+                                             properties={**_PROPS, **_EXTRA_PROPS.get(table, {})})
+        except Exception as exc:
+            try:  # created meanwhile by another process
+                return self.catalog.load_table(self.name(table))
+            except NoSuchTableError:
+                raise CatalogUnavailableError(f"catalog {self.settings.catalog.name}: the ledger table "
+                                              f"{self.name(table)} cannot be created: {_first_line(exc)}") from exc
+
+    def _upgrade(self, table: str, loaded: Table) -> Table:
+        """Columns a ledger written by an earlier version lacks (purge_by, key_id) are added."""
+        have = {f.name for f in loaded.schema().fields}
+        missing = [f for f in SCHEMAS[table] if f.name not in have]
+        if not missing:
+            return loaded
+        with loaded.update_schema() as update:
+            for f in missing:
+                update.add_column(f.name, _iceberg_type(f.type))
+        return self.catalog.load_table(self.name(table))
+
+    # -- reading ---------------------------------------------------------------------------------
+    def rows(self, table: str, row_filter: BooleanExpression | None = None, columns: tuple[str, ...] = ("*",)
+             ) -> list[dict]:
+        """Rows of `table` (all, or those matching `row_filter`; all columns or `columns`); a table not
+        created yet has none (reading creates nothing). Cost: reads the table's files that may hold
+        such rows (pruned by their column statistics)."""
+        try:
+            loaded = self.load(table, create=False)
+        except NoSuchTableError:
+            return []
+        if loaded.current_snapshot() is None:
+            return []
+        return loaded.scan(row_filter=row_filter or AlwaysTrue(), selected_fields=columns).to_arrow().to_pylist()
+
+    # -- writing ---------------------------------------------------------------------------------
+    def append(self, table: str, rows: list[dict]) -> None:
+        """Append rows in one commit (retried after a concurrent commit)."""
+        if rows:
+            self.transact(table, lambda loaded: loaded.append(arrow_rows(loaded, rows)))
+
+    def replace(self, table: str, key: str, ids: list[str], change: Callable[[list[dict]], list[dict]]) -> None:
+        """Replace the rows whose `key` is in `ids` with `change(those rows)`, in one commit.
+
+        `change` sees the rows as committed at the moment of each attempt, so a concurrent change
+        to other columns or other rows (an extension, a new request) is never lost. Cost: reads the
+        files that may hold those rows, rewrites the ones that do.
+        """
+        if not ids:
+            return
+
+        def attempt(loaded: Table) -> None:
+            snapshot = loaded.current_snapshot()
+            current = loaded.scan(row_filter=In(key, ids)).to_arrow().to_pylist() if snapshot else []
+            loaded.overwrite(arrow_rows(loaded, change(current)), overwrite_filter=In(key, ids))
+
+        self.transact(table, attempt)
+
+    def compare_and_set(self, table: str, expected_snapshot: int | None, rows: list[dict]) -> bool:
+        """Make `rows` the whole content of `table` in one commit, only if the table is still at
+        `expected_snapshot` (None: no snapshot yet). False when another writer got there first."""
+        loaded = self.load(table)
+        current = loaded.current_snapshot()
+        if (current.snapshot_id if current else None) != expected_snapshot:
+            return False
+        try:
+            if rows:
+                loaded.overwrite(arrow_rows(loaded, rows))
+            elif current is not None:
+                loaded.delete(AlwaysTrue())
+        except CommitFailedException:
+            return False
+        return True
+
+    def snapshot_id(self, table: str) -> int | None:
+        current = self.load(table).current_snapshot()
+        return current.snapshot_id if current else None
+
+    def transact(self, table: str, attempt: Callable[[Table], None]) -> None:
+        """Run `attempt(table as now committed)`, which commits once; again from the new state when a
+        concurrent commit made it fail."""
+        for n in range(_RETRIES):
+            try:
+                attempt(self.load(table))
+                return
+            except CommitFailedException:
+                time.sleep(min(2.0, 0.02 * 2 ** n) * random.uniform(0.5, 1.5))
+        raise LedgerError(f"ledger table {self.name(table)} kept changing under concurrent writers "
+                          f"({_RETRIES} attempts); nothing was written, try again")
+
+    # -- history and storage --------------------------------------------------------------------
+    def purge_history(self, table: str, orphan_min_age_minutes: float) -> HistoryPurge:
+        """Expire every snapshot but the current one (and those branches or tags hold), delete the files
+        only they referenced, and delete unreferenced files older than the orphan window.
+
+        A concurrent writer is safe: only files of expired snapshots are deleted at once, and files no
+        snapshot references (a writer may be about to commit them) only once older than the window.
+        Cost: reads the manifests of every snapshot and lists the table location."""
+        result = HistoryPurge()
+        loaded = self.load(table)
+        current = loaded.current_snapshot()
+        if current is not None:
+            protected = {ref.snapshot_id for ref in loaded.metadata.refs.values()}
+            expired = [s.snapshot_id for s in loaded.snapshots() if s.snapshot_id not in protected]
+            if expired:
+                before = _reachable(loaded, loaded.snapshots())
+                try:
+                    loaded.maintenance.expire_snapshots().by_ids(expired).commit()
+                except CommitFailedException:
+                    return self.purge_history(table, orphan_min_age_minutes)
+                loaded = self.load(table)
+                gone = before - _reachable(loaded, loaded.snapshots())
+                for path in gone:
+                    loaded.io.delete(path)
+                result.snapshots_expired, result.files_deleted = len(expired), len(gone)
+        referenced = _reachable(loaded, loaded.snapshots()) | {_normal(loaded.metadata_location)}
+        cutoff = time.time() - orphan_min_age_minutes * 60
+        for info in self.files(loaded):
+            if info.uri not in referenced and info.path.endswith((".parquet", ".avro")) and info.mtime < cutoff:
+                info.fs.delete_file(info.path)
+                result.orphans_removed += 1
+        return result
+
+    def files(self, loaded: Table) -> list[StoredFile]:
+        """Every file under the table's location, as the storage lists it."""
+        location = loaded.location()
+        scheme, netloc, path = PyArrowFileIO.parse_location(location)
+        filesystem = loaded.io.fs_by_scheme(scheme, netloc) if isinstance(loaded.io, PyArrowFileIO) \
+            else PyArrowFileIO(loaded.io.properties).fs_by_scheme(scheme, netloc)
+        prefix = location[: len(location) - len(path.lstrip("/"))] if scheme != "file" else "file://"
+        infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        return [StoredFile(filesystem, i.path, _uri(prefix, i.path, scheme), i.mtime.timestamp() if i.mtime else 0.0)
+                for i in infos if i.type == pafs.FileType.File]
+
+    def column_values(self, table: str, column: str) -> Iterator[str]:
+        """Every non-null value of `column` in every Parquet file under the table's location, referenced
+        or not: what storage still holds. Cost: reads that column of each file."""
+        for stored in self.files(self.load(table)):
+            if not stored.path.endswith(".parquet"):
+                continue
+            with stored.fs.open_input_file(stored.path) as fh:
+                parquet = pq.ParquetFile(fh)
+                if column in parquet.schema_arrow.names:
+                    yield from (v for v in parquet.read(columns=[column]).column(column).to_pylist() if v is not None)
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    fs: pafs.FileSystem
+    path: str
+    uri: str
+    mtime: float
+
+
+def _uri(prefix: str, path: str, scheme: str) -> str:
+    return f"file://{path}" if scheme == "file" else f"{prefix}{path.lstrip('/')}"
+
+
+def _reachable(loaded: Table, snapshots) -> set[str]:
+    """Manifest lists, manifests and live data/delete files of `snapshots`, normalised to URIs."""
+    files: set[str] = set()
+    for snapshot in snapshots:
+        files.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(loaded.io):
+            files.add(manifest.manifest_path)
+            files.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(loaded.io))
+    return {_normal(f) for f in files}
+
+
+def _normal(path: str) -> str:
+    """One spelling per local file: `file:/x`, `file:///x` and `/x` are the same file."""
+    if path.startswith("file:"):
+        return "file://" + "/" + path[len("file:"):].lstrip("/")
+    return "file://" + path if path.startswith("/") else path
+
+
+def arrow_rows(loaded: Table, rows: list[dict]) -> pa.Table:
+    """Python rows as Arrow in the table's own schema (names, types, order)."""
+    return pa.Table.from_pylist(rows, schema=loaded.schema().as_arrow())
+
+
+def _iceberg_type(arrow_type: pa.DataType):
+    from pyiceberg.types import BooleanType, DateType, LongType, StringType, TimestamptzType
+
+    return {pa.string(): StringType(), pa.int64(): LongType(), pa.date32(): DateType(), pa.bool_(): BooleanType(),
+            _TS: TimestamptzType()}[arrow_type]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
