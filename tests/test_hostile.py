@@ -342,6 +342,10 @@ def sql_texts(monkeypatch):
     return texts
 
 
+# Words of the engine's own SQL (`rewrite_data_files(table => ..., options => map(...))`): a drawn id
+# equal to one of them is found in the SQL text without having leaked into it.
+ENGINE_SQL_WORDS = {"table", "options", "strategy", "map", "call", "system", "select", "from", "where", "delete",
+                    "update", "merge", "into", "using", "true", "false", "set", "null"}
 EXTRA = ["\x00", "nul\x00inside", "line\nbreak", "a\u2028b", "`quoted`", "' OR ''='", "100%_done", "\ufeffbom",
          "${jndi:ldap://x/a}"]
 
@@ -369,7 +373,8 @@ def test_hostile_identifiers_are_stored_as_given_and_never_become_sql(spark, lak
     settings.erase.collateral_check = "count"  # the content check adds scans, not SQL text
     report = run(spark, settings)
     assert any("MERGE INTO" in t for t in sql_texts) and any("rewrite_data_files" in t for t in sql_texts)
-    leaked = [i for i, s in enumerate(ids + emails) if len(s) >= 3 and any(s in t for t in sql_texts)]
+    leaked = [i for i, s in enumerate(ids + emails)
+              if len(s) >= 3 and s.lower() not in ENGINE_SQL_WORDS and any(s in t for t in sql_texts)]
     assert leaked == [], [(ids + emails)[i][:40] for i in leaked]
     assert not report.failed and len(report.completed) == len(ids)
     remaining = {r.user_id for r in spark.table(settings.table("demo.events")).select("user_id").collect()}

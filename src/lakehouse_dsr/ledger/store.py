@@ -20,7 +20,7 @@ from functools import cached_property
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
@@ -56,6 +56,8 @@ _PROPS = {"format-version": "2", "write.metadata.delete-after-commit.enabled": "
           "write.metadata.previous-versions-max": "10"}
 _EXTRA_PROPS = {"requests": {"write.metadata.metrics.column.subject_id": "counts"}}
 _RETRIES = 12
+# A commit that lost a race: the catalog refused it, or pyiceberg's own check found the other writer's files.
+_LOST_RACE = (CommitFailedException, ValidationException)
 # An overwrite of rows not yet there (the first lease, a request's first outcome) is normal here.
 warnings.filterwarnings("ignore", "Delete operation did not match any records", UserWarning, "pyiceberg")
 
@@ -176,7 +178,7 @@ class Store:
                 loaded.overwrite(arrow_rows(loaded, rows))
             elif current is not None:
                 loaded.delete(AlwaysTrue())
-        except CommitFailedException:
+        except _LOST_RACE:
             return False
         return True
 
@@ -191,7 +193,7 @@ class Store:
             try:
                 attempt(self.load(table))
                 return
-            except CommitFailedException:
+            except _LOST_RACE:
                 time.sleep(min(2.0, 0.02 * 2 ** n) * random.uniform(0.5, 1.5))
         raise LedgerError(f"ledger table {self.name(table)} kept changing under concurrent writers "
                           f"({_RETRIES} attempts); nothing was written, try again")
@@ -214,7 +216,7 @@ class Store:
                 before = _reachable(loaded, loaded.snapshots())
                 try:
                     loaded.maintenance.expire_snapshots().by_ids(expired).commit()
-                except CommitFailedException:
+                except _LOST_RACE:
                     return self.purge_history(table, orphan_min_age_minutes)
                 loaded = self.load(table)
                 gone = before - _reachable(loaded, loaded.snapshots())
