@@ -198,6 +198,8 @@ def expire_snapshots_before_current(spark: SparkSession, settings: Settings, tab
     if current is None:
         return ExpireResult(0, 0, 0)
     before = sum(1 for _ in jtable.snapshots())
+    if before == 1:  # only the current snapshot: nothing to expire, no job to start
+        return ExpireResult(0, 0, 0)
     result = (
         _actions(spark).expireSnapshots(jtable).expireOlderThan(current.timestampMillis()).retainLast(1).execute()
     )
@@ -217,8 +219,38 @@ def remove_orphan_files(spark: SparkSession, settings: Settings, table: str, min
     still committing; Iceberg's procedure refuses windows under 24 h, the action does not.
     """
     cutoff = int((time.time() - min_age_minutes * 60) * 1000)
-    result = _actions(spark).deleteOrphanFiles(_jtable(spark, settings, table)).olderThan(cutoff).execute()
+    jtable = _jtable(spark, settings, table)
+    if not _may_hold_orphans(spark, settings, table, jtable, cutoff):
+        return 0
+    result = _actions(spark).deleteOrphanFiles(jtable).olderThan(cutoff).execute()
     return sum(1 for _ in result.orphanFileLocations())
+
+
+def _may_hold_orphans(spark: SparkSession, settings: Settings, table: str, jtable, cutoff_ms: int) -> bool:
+    """Whether some file under the location, older than the cutoff, is not among the files the table's
+    metadata names (data, delete, manifest, manifest-list, metadata and statistics files). Cheap: one
+    listing and two metadata-table queries, against the orphan action's distributed listing and
+    anti-join; when in doubt (a file kind not accounted for) it says yes, so the action runs."""
+    path = spark._jvm.org.apache.hadoop.fs.Path(jtable.location())
+    listing = path.getFileSystem(spark._jsc.hadoopConfiguration()).listFiles(path, True)
+    old: list[str] = []
+    while listing.hasNext():
+        status = listing.next()
+        if status.getModificationTime() < cutoff_ms:
+            old.append(same_file(status.getPath().toString()))
+    if not old:
+        return False
+    name = settings.table(table)
+    known = {r[0] for r in spark.sql(f"SELECT file_path FROM {name}.all_files UNION ALL "
+                                     f"SELECT path FROM {name}.all_manifests").collect()}
+    metadata = jtable.operations().current()
+    known.add(metadata.metadataFileLocation())
+    known.update(entry.file() for entry in metadata.previousFiles())
+    known.update(snapshot.manifestListLocation() for snapshot in jtable.snapshots())
+    known.update(stats.path() for stats in metadata.statisticsFiles())
+    known.update(stats.path() for stats in metadata.partitionStatisticsFiles())
+    known = {same_file(k) for k in known if k}
+    return any(f not in known and not f.endswith("version-hint.text") for f in old)
 
 
 def referenced_files(spark: SparkSession, settings: Settings, table: str) -> DataFrame:
