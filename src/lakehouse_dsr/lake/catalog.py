@@ -77,6 +77,27 @@ def open_catalog(settings: Settings) -> Catalog:
                                       f"{_first_line(exc)}") from exc
 
 
+def spark_catalog_properties(settings: Settings) -> dict[str, str]:
+    """The catalog's properties as Spark's Iceberg catalog gets them.
+
+    On a JDBC catalog in SQLite, Iceberg's JdbcCatalog looks for its tables at start-up with a result
+    set it never closes: the read lock that leaves on the file lasts as long as the session and makes
+    every other writer (the ledger's commits through pyiceberg, another process) fail with "database
+    is locked". So the tables are created here, through pyiceberg, and Spark told not to look.
+    Cost: opens the database once per process."""
+    props = dict(settings.catalog.properties)
+    if props.get("type") == "jdbc" and props.get("uri", "").startswith("jdbc:sqlite:") \
+            and "jdbc.init-catalog-tables" not in props:
+        if (uri := sqlalchemy_uri(props)) not in _SQLITE_READY:
+            open_catalog(settings)  # SqlCatalog creates the catalog tables when missing
+            _SQLITE_READY.add(uri)
+        props["jdbc.init-catalog-tables"] = "false"
+    return props
+
+
+_SQLITE_READY: set[str] = set()
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
@@ -173,10 +194,13 @@ class HadoopCatalog(MetastoreCatalog):
         return self.root.joinpath(*self.identifier_to_tuple(identifier), "metadata")
 
     def _current_version(self, metadata: Path) -> tuple[int, Path] | None:
-        """The newest version, as Java finds it: the version hint, then any newer file."""
+        """The newest version, as Java finds it: the version hint, then any newer file (all files when
+        the hint names one already deleted: a writer that wrote its hint late)."""
         try:
             version = int((metadata / "version-hint.text").read_text().strip())
         except (OSError, ValueError):
+            version = None
+        if version is None or not self._version_file(metadata, version):
             found = [int(m.group(1)) for p in metadata.glob("v*.metadata.json") if (m := _VERSION.match(p.name))]
             if not found:
                 return None
@@ -194,13 +218,17 @@ class HadoopCatalog(MetastoreCatalog):
         return None
 
     def load_table(self, identifier):
+        return self._load_version(identifier)[1]
+
+    def _load_version(self, identifier) -> tuple[int, Table]:
+        """The current version number and the table as that version's file describes it."""
         current = self._current_version(self._metadata_dir(identifier))
         if current is None:
             raise NoSuchTableError(f"table {'.'.join(self.identifier_to_tuple(identifier))} does not exist")
         location = current[1].as_uri()
         io = load_file_io(self.properties, location)
         metadata = FromInputFile.table_metadata(io.new_input(location))
-        return Table(self.identifier_to_tuple(identifier), metadata, location, io, self)
+        return current[0], Table(self.identifier_to_tuple(identifier), metadata, location, io, self)
 
     def create_table(self, identifier, schema, location=None, partition_spec=None, sort_order=None,
                      properties=None):
@@ -213,8 +241,8 @@ class HadoopCatalog(MetastoreCatalog):
 
     def commit_table(self, table, requirements, updates):
         metadata_dir = self._metadata_dir(table.name())
-        current_table = self.load_table(table.name())
-        version = self._current_version(metadata_dir)[0]
+        # The requirements are checked against the very version the new one must follow.
+        version, current_table = self._load_version(table.name())
         staged = self._update_and_stage_table(current_table, table.name(), requirements, updates)
         if staged.metadata == current_table.metadata:
             return CommitTableResponse(metadata=current_table.metadata,

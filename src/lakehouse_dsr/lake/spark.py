@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from ..config import Settings
 from ..exceptions import EnvironmentSetupError
+from .catalog import spark_catalog_properties
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
@@ -84,7 +85,7 @@ def session_conf(settings: Settings) -> dict[str, str]:
         conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log_config}"
     if jars := session_jars(settings):
         conf["spark.jars"] = ",".join(jars)
-    for key, value in settings.catalog.properties.items():
+    for key, value in spark_catalog_properties(settings).items():
         conf[f"spark.sql.catalog.{settings.catalog.name}.{key}"] = value
     for key, value in user.items():
         if key != "spark.jars":
@@ -131,7 +132,7 @@ def attach(spark: SparkSession, settings: Settings) -> None:
     """
     prefix = f"spark.sql.catalog.{settings.catalog.name}"
     spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
-    for key, value in settings.catalog.properties.items():
+    for key, value in spark_catalog_properties(settings).items():
         spark.conf.set(f"{prefix}.{key}", value)
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     if not spark.sparkContext.master.startswith("local"):

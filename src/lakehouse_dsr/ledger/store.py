@@ -52,8 +52,11 @@ SCHEMAS: dict[str, pa.Schema] = {
                        ("interrupted", pa.string())]),
 }
 # No column bounds for subject_id, so no manifest ever carries an identifier; old metadata files go.
+# No retries inside pyiceberg: it would re-apply a write computed from rows another writer has since
+# changed (a lost update, or two lease holders); `transact` recomputes from the new state instead.
+_NO_RETRY = {"commit.retry.num-retries": "0"}
 _PROPS = {"format-version": "2", "write.metadata.delete-after-commit.enabled": "true",
-          "write.metadata.previous-versions-max": "10"}
+          "write.metadata.previous-versions-max": "10", **_NO_RETRY}
 _EXTRA_PROPS = {"requests": {"write.metadata.metrics.column.subject_id": "counts"}}
 _RETRIES = 12
 # A commit that lost a race: the catalog refused it, or pyiceberg's own check found the other writer's files.
@@ -119,14 +122,20 @@ class Store:
                                               f"{self.name(table)} cannot be created: {_first_line(exc)}") from exc
 
     def _upgrade(self, table: str, loaded: Table) -> Table:
-        """Columns a ledger written by an earlier version lacks (purge_by, key_id) are added."""
+        """Columns a ledger written by an earlier version lacks (purge_by, key_id) are added, and
+        pyiceberg's own commit retries turned off."""
         have = {f.name for f in loaded.schema().fields}
         missing = [f for f in SCHEMAS[table] if f.name not in have]
-        if not missing:
+        retries_on = any(loaded.properties.get(k) != v for k, v in _NO_RETRY.items())
+        if not missing and not retries_on:
             return loaded
-        with loaded.update_schema() as update:
-            for f in missing:
-                update.add_column(f.name, _iceberg_type(f.type))
+        with loaded.transaction() as tx:
+            if retries_on:
+                tx.set_properties(_NO_RETRY)
+            if missing:
+                with tx.update_schema() as update:
+                    for f in missing:
+                        update.add_column(f.name, _iceberg_type(f.type))
         return self.catalog.load_table(self.name(table))
 
     # -- reading ---------------------------------------------------------------------------------
