@@ -81,7 +81,8 @@ def dsr(cfg: Path, *args: str) -> float:
     done = subprocess.run([str(Path(sys.executable).parent / "dsr"), "--config", str(cfg), *args],
                           capture_output=True, text=True)
     if done.returncode:
-        raise SystemExit(f"dsr {' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise SystemExit(f"dsr {' '.join(args)} exited {done.returncode}:\n"
+                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return round(time.perf_counter() - start, 3)
 
 

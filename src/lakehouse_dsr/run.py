@@ -102,9 +102,17 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         report.purge_schedule = _schedule(settings, False, work.waiting)
         return report
     lease = Lease(ledger.store, report.run_id, settings.run.lease_seconds)
+    waited: list[str] = []
+
+    def waiting(other) -> None:  # a stage of its own, so the bar says why nothing moves
+        waited.append(other.run_id)
+        progress.stage("wait for the ledger", 1)
+        progress.step(f"run {other.run_id} holds it")
+
     with _timed(report, "ledger"):
-        holder = lease.acquire(settings.run.concurrent == "wait",
-                               notify=lambda h: progress.step(f"waiting for run {h.run_id} to return the ledger"))
+        holder = lease.acquire(settings.run.concurrent == "wait", notify=waiting)
+    if waited:
+        progress.done()
     try:
         with _timed(report, "ledger"):
             work = _read_work(ledger, settings, today, holder.interrupted, report)  # as it is now we hold it
@@ -254,7 +262,9 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
 
     hashes = verify.stored_hashes(spark, ledger, proven)
     def prove(table: str) -> verify.TableVerification:
-        checked = _verify(spark, settings, ledger, table, hashes, key_types, purge_now)
+        e = erasures.get(table)
+        at_commit = (e.snapshot_id, e.values_at_commit) if e and e.values_at_commit is not None else None
+        checked = _verify(spark, settings, ledger, table, hashes, key_types, purge_now, at_commit)
         if purge_now and not checked.live and (checked.history or checked.storage):
             # Left over from an earlier, interrupted run: purge now and prove again.
             purges[table] = _purge(spark, settings, table)
@@ -345,26 +355,21 @@ def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: Data
     other tables' erasures on the same session)."""
     start = time.perf_counter()
     mapping = settings.datamap.tables[table]
-    nulled = frozenset(mapping.redact) if mapping.action == "redact" else frozenset()
-    table_plan = erase.plan(spark, settings, table, keys, key_type)
-    # Its own scan, not folded into the plan's: the plan reads the key column only, and a table
-    # where nothing matches is never committed to, so it needs no fingerprint of every column.
-    content = settings.erase.collateral_check == "content" and table_plan.rows_matched > 0
-    if content:
-        hits = erase.hits(keys, mapping, key_type)
-        table_plan.other_before, table_plan.requested_after = collateral.split(
-            iceberg.read_at(spark, settings, table, table_plan.snapshot_before), mapping.key, hits, nulled)
+    nulled = frozenset(mapping.redact)
+    content = settings.erase.collateral_check == "content"
+    table_plan = erase.plan(spark, settings, table, keys, key_type, fingerprint=content)
+    hits = erase.hits(keys, mapping, key_type)
     try:
         erasure = erase.apply(spark, settings, table_plan, keys, key_type)
     except Exception as exc:  # recorded; verification then shows what is left
         erasure = erase.TableErasure(table_plan, error=_first_line(exc))
     if erasure.snapshot_id is not None:
-        erasure.collateral = collateral.check(
+        erasure.collateral, erasure.values_at_commit = collateral.check(
             spark, settings, table, mapping.key, hits, nulled, table_plan.snapshot_before, erasure.snapshot_id,
             table_plan.other_before, table_plan.requested_after,
-        ) if content else collateral.check_counts(
+        ) if content else (collateral.check_counts(
             spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,
-            table_plan.expected_rows_after, erasure.rows_after)
+            table_plan.expected_rows_after, erasure.rows_after), None)
     erasure.seconds = round(time.perf_counter() - start, 3)
     return erasure
 
@@ -403,8 +408,10 @@ def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePu
     return result
 
 
-def _verify(spark, settings, ledger, table, hashes, key_types, physical=True) -> verify.TableVerification:
-    return verify.verify_tables(spark, settings, hashes, ledger.keyring, key_types, [table], physical)[0]
+def _verify(spark, settings, ledger, table, hashes, key_types, physical=True, values_at=None
+            ) -> verify.TableVerification:
+    return verify.verify_tables(spark, settings, hashes, ledger.keyring, key_types, [table], physical,
+                                {table: values_at} if values_at else None)[0]
 
 
 def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:

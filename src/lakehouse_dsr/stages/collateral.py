@@ -5,12 +5,12 @@ null flag, so a NULL cannot pass for a shifted value). A set of rows is summaris
 the exact sum of the first hashes and the XOR of the second: a fingerprint that ignores row order
 and file layout (a rewrite does not change it) and adds up across parts.
 
-Before the erase commit, the plan's scan fingerprints the rows NOT belonging to requested
-subjects (and, for redacting tables, what the requested rows must become). After it, one scan
-of the erase snapshot fingerprints the same. Rows other writers appended in between are
-fingerprinted from their own commits (incremental reads) and added to the expectation, so a
-concurrent append never passes for damage. Cost: the plan's scan reads every column instead of
-the key alone, plus one full scan of the erase snapshot.
+Before the erase commit, the plan's own scan (erase.plan, one read of the pre-erase snapshot)
+also fingerprints the rows NOT belonging to requested subjects (and, for redacting tables, what
+the requested rows must become). After it, one scan of the erase snapshot fingerprints the same.
+Rows other writers appended in between are fingerprinted from their own commits (incremental
+reads) and added to the expectation, so a concurrent append never passes for damage. Cost: the
+plan's scan reads every column instead of the key alone, plus one full scan of the erase snapshot.
 """
 
 from __future__ import annotations
@@ -73,6 +73,27 @@ def aggregates(prefix: str, where: Column) -> list[Column]:
             F.bit_xor(F.when(where, F.col(f"{prefix}h2"))).alias(f"{prefix}xor")]
 
 
+def group_aggregates(nulled: frozenset[str] | None) -> list[Column]:
+    """Per-group fingerprint parts over columns made by `row_hashes` ("o_" always, "r_" when
+    `nulled` is given for a redacting table): summed and XORed again by `from_groups`."""
+    prefixes = ["o_", *(["r_"] if nulled else [])]
+    return [agg for p in prefixes for agg in (F.sum(f"{p}h1").alias(f"{p}sum"), F.bit_xor(f"{p}h2").alias(f"{p}xor"))]
+
+
+def from_groups(groups: DataFrame, requested: Column, nulled: frozenset[str]) -> tuple[Fingerprint, Fingerprint]:
+    """(rows not requested, requested rows as the erasure must leave them) from groups that carry
+    `count` and `group_aggregates`, `requested` marking the groups of requested rows."""
+    other = ~requested
+    parts = [F.sum(F.when(other, F.col("count"))).alias("o_rows"), F.sum(F.when(other, F.col("o_sum"))).alias("o_sum"),
+             F.bit_xor(F.when(other, F.col("o_xor"))).alias("o_xor")]
+    if nulled:
+        parts += [F.sum(F.when(requested, F.col("count"))).alias("r_rows"),
+                  F.sum(F.when(requested, F.col("r_sum"))).alias("r_sum"),
+                  F.bit_xor(F.when(requested, F.col("r_xor"))).alias("r_xor")]
+    totals = groups.agg(*parts).first()
+    return pick(totals, "o_"), pick(totals, "r_") if nulled else Fingerprint()
+
+
 def pick(row, prefix: str) -> Fingerprint:
     return Fingerprint(int(row[f"{prefix}rows"] or 0), int(row[f"{prefix}sum"] or 0), int(row[f"{prefix}xor"] or 0))
 
@@ -106,8 +127,9 @@ class CollateralResult:
 
 def check(spark: SparkSession, settings: Settings, table: str, key: str, hits: DataFrame, nulled: frozenset[str],
           snapshot_before: int | None, erase_snapshot: int, other_before: Fingerprint,
-          requested_after: Fingerprint) -> CollateralResult:
-    """Compare the erase snapshot with what the plan's snapshot allows (see the module doc).
+          requested_after: Fingerprint) -> tuple[CollateralResult, DataFrame | None]:
+    """Compare the erase snapshot with what the plan's snapshot allows (see the module doc); also
+    returns the erase snapshot's key values (`by_value`) when it was read, for the live verification.
 
     Redacting tables: requested rows become NULL-keyed rows, indistinguishable from other rows, so
     they are expected among them; with concurrent appends of requested rows the erase may have
@@ -117,7 +139,8 @@ def check(spark: SparkSession, settings: Settings, table: str, key: str, hits: D
     if between is None or any(c.operation not in ("append", "replace") for c in between):
         ops = sorted({c.operation for c in between or []} - {"append", "replace"})
         return CollateralResult(False, False, "cannot prove: the table changed by other than appends while it was "
-                                f"erased ({', '.join(ops) or 'history rewritten'}); nothing purged, retried next run")
+                                f"erased ({', '.join(ops) or 'history rewritten'}); nothing purged, retried next run"
+                                ), None
     expected, late_redacted = other_before, []
     parent = snapshot_before
     for commit in between:
@@ -127,14 +150,25 @@ def check(spark: SparkSession, settings: Settings, table: str, key: str, hits: D
             expected = expected + added_other
             late_redacted.append(added_requested)
         parent = commit.snapshot_id
-    after, _ = split(iceberg.read_at(spark, settings, table, erase_snapshot), key, hits, frozenset())
+    values = by_value(iceberg.read_at(spark, settings, table, erase_snapshot), key)
+    flags = hits.select(F.col("key_value").alias("dsr_value"), F.lit(True).alias(_HIT)).distinct()
+    after, _ = from_groups(values.join(F.broadcast(flags), "dsr_value", "left"), F.col(_HIT).isNotNull(), frozenset())
     candidates = [expected + requested_after]
     for extra in late_redacted if nulled else []:
         candidates.append(candidates[-1] + extra)
     if after in candidates:
-        return CollateralResult(True)
+        return CollateralResult(True), values
     return CollateralResult(False, True, f"rows not requested changed: expected {candidates[0].describe()}, "
-                                         f"found {after.describe()} at snapshot {erase_snapshot}")
+                                         f"found {after.describe()} at snapshot {erase_snapshot}"), values
+
+
+def by_value(rows: DataFrame, key: str) -> DataFrame:
+    """(dsr_value, count, o_sum, o_xor): `rows` grouped by key value, with each group's fingerprint
+    parts; the live verification of the same snapshot reads its values from here. Kept (local
+    checkpoint): one small row per distinct key value."""
+    return (rows.select(F.col(f"`{key}`").alias("dsr_value"), *row_hashes(rows, "o_"))
+            .groupBy("dsr_value").agg(F.count(F.lit(1)).alias("count"), *group_aggregates(None))
+            .localCheckpoint())
 
 
 def check_counts(spark: SparkSession, settings: Settings, table: str, snapshot_before: int | None,

@@ -8,7 +8,7 @@ The statement is chosen by `choose_strategy`, a rule measured with bench/strateg
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -17,6 +17,7 @@ from pyspark.sql.types import DataType
 from ..config import Settings
 from ..datamap import TableMapping
 from ..lake import iceberg
+from . import collateral
 from .collateral import CollateralResult, Fingerprint
 
 
@@ -55,6 +56,8 @@ class TableErasure:
     attempts: int = 1  # statements run: more than one when concurrent commits conflicted
     rounds: int = 1  # erase rounds: more than one when late rows of requested subjects arrived
     collateral: CollateralResult | None = None
+    # The erase snapshot's key values (collateral.by_value), when the content check read them
+    values_at_commit: DataFrame | None = None
 
     @property
     def rows_changed(self) -> int:
@@ -74,10 +77,10 @@ class TableErasure:
         self.error = later.error or self.error
         if later.collateral and not later.collateral.ok or self.collateral is None:
             self.collateral = later.collateral
+        self.values_at_commit = later.values_at_commit if later.snapshot_id else self.values_at_commit
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("plan")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("plan", "values_at_commit")}
         d["collateral"] = asdict(self.collateral) if self.collateral else None
         plan = {k: v for k, v in asdict(self.plan).items()
                 if k not in ("matches_by_request", "other_before", "requested_after")}
@@ -123,10 +126,14 @@ def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str
     return {op: iceberg.write_mode(spark, settings, table, op) for op in ("delete", "update", "merge")}
 
 
-def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType) -> TablePlan:
-    """Count matches per request (one scan of the key column, broadcast join) and pick the strategy.
+def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType,
+         fingerprint: bool = False) -> TablePlan:
+    """Count matches per request (one scan, broadcast join) and pick the strategy.
 
-    The same scan counts the table's rows; a row two requests share counts once in the totals.
+    The same scan counts the table's rows (a row two requests share counts once in the totals)
+    and, with `fingerprint` (the content collateral check), fingerprints the rows not requested and
+    what the requested rows must become. Cost: reads the key column, or every column with
+    `fingerprint`; the result is one small row per matched key value.
     """
     mapping = settings.datamap.tables[table]
     table_keys = keys_for_table(keys, mapping, key_type)
@@ -134,11 +141,15 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
     hit_values = hits(keys, mapping, key_type)
     flagged = hit_values.withColumn("hit", F.lit(True))
+    nulled = frozenset(mapping.redact)  # empty for deleting tables (the data map allows redact columns only there)
+    hashes = [*collateral.row_hashes(rows, "o_"), *(collateral.row_hashes(rows, "r_", nulled) if nulled else [])
+              ] if fingerprint else []
     # Rows per matched key value, plus one NULL group for every other row: a tiny result.
     by_key = (
-        rows.select(F.col(mapping.key).alias("key_value"))
+        rows.select(F.col(f"`{mapping.key}`").alias("key_value"), *hashes)
         .join(F.broadcast(flagged), "key_value", "left")
-        .groupBy(F.when(F.col("hit"), F.col("key_value")).alias("key_value")).count()
+        .groupBy(F.when(F.col("hit"), F.col("key_value")).alias("key_value"))
+        .agg(F.count(F.lit(1)).alias("count"), *(collateral.group_aggregates(nulled) if fingerprint else []))
         .localCheckpoint()
     )
     totals = by_key.agg(F.sum("count").alias("rows"),
@@ -149,6 +160,8 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
     action = mapping.action
     modes = write_modes(spark, settings, table)
     strategy = choose_strategy(action, distinct_keys, settings.erase.broadcast_max_keys, modes)
+    other_before, requested_after = collateral.from_groups(by_key, F.col("key_value").isNotNull(), nulled) \
+        if fingerprint else (None, None)
     return TablePlan(
         table=table,
         key=mapping.key,
@@ -160,6 +173,8 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
         rows_matched=int(totals.matched or 0),
         matches_by_request=matches,
         snapshot_before=snapshot.snapshot_id if snapshot else None,
+        other_before=other_before,
+        requested_after=requested_after,
     )
 
 

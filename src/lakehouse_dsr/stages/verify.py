@@ -38,9 +38,15 @@ def find_hashed(
     distinct value and key, not per row. A value found twice for one request (its hashes were
     recorded before and after a rotation) counts once.
     """
+    grouped = values.groupBy(F.col(column).alias("dsr_value")).count()
+    return find_hashed_in_groups(spark, grouped, hashes, key)
+
+
+def find_hashed_in_groups(spark: SparkSession, grouped: DataFrame, hashes: DataFrame,
+                          key: bytes | Keyring | dict[str, bytes]) -> dict[str, int]:
+    """`find_hashed` over values already grouped: (dsr_value, count), one row per distinct value."""
     keys = {key_id(key): key} if isinstance(key, bytes) else key
-    grouped = values.where(F.col(column).isNotNull()).groupBy(F.col(column).alias("dsr_value")).count()
-    hashed = with_keyring_hashes(spark, grouped, "dsr_value", keys)
+    hashed = with_keyring_hashes(spark, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value", keys)
     stored = hashes.select("request_id", "key_hash", *(["key_id"] if "key_id" in hashes.columns else []))
     found = (
         join_on_key(hashed, stored).dropDuplicates(["request_id", "dsr_value"])
@@ -104,14 +110,16 @@ class TableVerification:
 
 def verify_column(
     spark: SparkSession, settings: Settings, table: str, column: str, data_type: DataType,
-    hashes: DataFrame, key: bytes | Keyring, physical: bool = True,
+    hashes: DataFrame, key: bytes | Keyring, physical: bool = True, values_at: tuple[int, DataFrame] | None = None,
 ) -> TableVerification:
     """Run the live, history, storage and ref checks for one column of one table.
 
     `physical=False` runs the live check only: one scan of the column in the current snapshot.
     `key`: the keyring, or the active key (the retired ones are then read from the keyring file).
     A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
-    it fails with that reason.
+    it fails with that reason. `values_at`: (snapshot id, that snapshot's column values grouped as
+    (dsr_value, count)), read already by the collateral check: used instead of the live scan while
+    that snapshot is still the current one.
 
     Cost: one scan of the column in the current snapshot, one over the files of all retained
     snapshots, one over all Parquet files under the location, one per branch/tag. When the
@@ -126,7 +134,11 @@ def verify_column(
     for request_id, lost_key in sorted(lost.items()):
         result.fail(request_id, f"{table}: hashed under key {lost_key}, which no keyring holds any more: "
                     "cannot be verified")
-    live = find_hashed(spark, spark.table(settings.table(table)).select(column), column, hashes, key)
+    current_snapshot = iceberg.current_snapshot(spark, settings, table) if values_at else None
+    if current_snapshot and current_snapshot.snapshot_id == values_at[0]:
+        live = find_hashed_in_groups(spark, values_at[1], hashes, key)
+    else:
+        live = find_hashed(spark, spark.table(settings.table(table)).select(column), column, hashes, key)
     result.live = _record(result, live, "rows in the current snapshot")
     if not physical:
         return result
@@ -168,15 +180,15 @@ def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
 
 def verify_tables(
     spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring, key_types: dict[str, DataType],
-    tables: list[str] | None = None, physical: bool = True,
+    tables: list[str] | None = None, physical: bool = True, values_at: dict[str, tuple[int, DataFrame]] | None = None,
 ) -> list[TableVerification]:
-    """Verify every mapped table against (request_id, key_type, key_hash) rows."""
+    """Verify every mapped table against (request_id, key_type, key_hash) rows (`values_at`: see verify_column)."""
     results = []
     for table in tables or settings.datamap.erase_order():
         mapping = settings.datamap.tables[table]
         table_hashes = hashes.where(F.col("key_type") == mapping.identifier)
         results.append(verify_column(spark, settings, table, mapping.key, key_types[table], table_hashes, key,
-                                     physical))
+                                     physical, (values_at or {}).get(table)))
     return results
 
 
