@@ -295,12 +295,18 @@ def _schedule(settings: Settings, purged: bool, waiting: dict[str, date]) -> dic
             "next_purge_by": min(waiting.values()).isoformat() if waiting else None}
 
 
-def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> None:
+def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> dict[str, int]:
     """Store the keyed hashes of a batch's resolved identifiers before anything is erased (linked
-    identifiers are read from tables the erasure empties). Hashed in Spark: only hashes reach the driver."""
+    identifiers are read from tables the erasure empties). Hashed in Spark: only hashes reach the driver.
+    Returns the number of distinct values per identifier (distinct hashes), which every table's plan needs."""
     hashed = with_keyed_hash(spark, keys, "key_value", ledger.key).select("request_id", "key_type", "key_hash")
     made_by = key_id(ledger.key)
-    ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in hashed.collect()])
+    rows = hashed.collect()
+    ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in rows])
+    distinct: dict[str, set[str]] = {}
+    for r in rows:
+        distinct.setdefault(r.key_type, set()).add(r.key_hash)
+    return {key_type: len(h) for key_type, h in distinct.items()}
 
 
 def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work, request_ids: list[str],
@@ -317,7 +323,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         progress.stage("resolve identifiers", 1)
         progress.step(f"{len(request_ids)} subjects")
         keys = identity.resolve(spark, settings, _batch(spark, {rid: work.erase[rid] for rid in request_ids}))
-        _record_keys(spark, ledger, keys)
+        distinct = _record_keys(spark, ledger, keys)
         progress.done()
 
     with _timed(report, "erase", spark):
@@ -327,7 +333,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         erasures: dict[str, erase.TableErasure] = {}
         for wave in ([t for t in tables if t not in sources], [t for t in tables if t in sources]):
             erasures.update(_each_table(settings, progress, "erase", wave,
-                                        lambda t: _erase_table(spark, settings, t, keys, key_types[t])))
+                                        lambda t: _erase_table(spark, settings, t, keys, key_types[t], distinct)))
     hashes = verify.stored_hashes(spark, ledger, request_ids)
     for _ in range(settings.erase.max_rounds - 1):
         with _timed(report, "erase", spark):
@@ -337,7 +343,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
             break
         with _timed(report, "erase", spark):
             again = _each_table(settings, progress, "erase late rows", late,
-                                lambda t: _erase_table(spark, settings, t, keys, key_types[t]))
+                                lambda t: _erase_table(spark, settings, t, keys, key_types[t], distinct))
         for table, later in again.items():
             erasures[table].absorb(later)
     return erasures
@@ -349,15 +355,16 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
     return current is not None and current.snapshot_id != ours
 
 
-def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType
-                 ) -> erase.TableErasure:
+def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType,
+                 distinct: dict[str, int]) -> erase.TableErasure:
     """Plan, fingerprint (collateral check), commit, and check one table (thread-safe: runs beside
-    other tables' erasures on the same session)."""
+    other tables' erasures on the same session). `distinct`: the batch's distinct values per identifier."""
     start = time.perf_counter()
     mapping = settings.datamap.tables[table]
     nulled = frozenset(mapping.redact)
     content = settings.erase.collateral_check == "content"
-    table_plan = erase.plan(spark, settings, table, keys, key_type, fingerprint=content)
+    table_plan = erase.plan(spark, settings, table, keys, key_type, fingerprint=content,
+                            distinct_keys=distinct.get(mapping.identifier or settings.datamap.subject, 0))
     hits = erase.hits(keys, mapping, key_type)
     try:
         erasure = erase.apply(spark, settings, table_plan, keys, key_type)

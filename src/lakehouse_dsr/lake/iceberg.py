@@ -71,9 +71,11 @@ def write_mode(spark: SparkSession, settings: Settings, table: str, operation: s
 
 
 def refs(spark: SparkSession, settings: Settings, table: str) -> list[Ref]:
-    """Branches and tags other than main: each pins its snapshots against expiry."""
-    rows = spark.sql(f"SELECT name, type, snapshot_id FROM {settings.table(table)}.refs").collect()
-    return [Ref(r.name, r.type, r.snapshot_id) for r in rows if not (r.name == "main" and r.type == "BRANCH")]
+    """Branches and tags other than main: each pins its snapshots against expiry. Table metadata only."""
+    found = _jtable(spark, settings, table).refs()
+    return sorted((Ref(name, "BRANCH" if ref.isBranch() else "TAG", ref.snapshotId())
+                   for name, ref in ((n, found.get(n)) for n in found.keySet()) if name != "main"),
+                  key=lambda r: r.name)
 
 
 def drop_ref(spark: SparkSession, settings: Settings, table: str, ref: Ref) -> None:
@@ -253,14 +255,14 @@ def _may_hold_orphans(spark: SparkSession, settings: Settings, table: str, jtabl
     return any(f not in known and not f.endswith("version-hint.text") for f in old)
 
 
-def referenced_files(spark: SparkSession, settings: Settings, table: str) -> DataFrame:
-    """Paths of every data and delete file referenced by any retained snapshot (metadata only)."""
-    return spark.sql(f"SELECT DISTINCT file_path FROM {settings.table(table)}.all_files")
-
-
-def current_files(spark: SparkSession, settings: Settings, table: str) -> DataFrame:
-    """Paths of the data and delete files of the current snapshot (metadata only)."""
-    return spark.sql(f"SELECT file_path FROM {settings.table(table)}.files")
+def retained_files(spark: SparkSession, settings: Settings, table: str) -> tuple[list[str], set[str]]:
+    """(paths of every data and delete file any retained snapshot references, the current snapshot's
+    among them). Metadata only, one query."""
+    name = settings.table(table)
+    rows = spark.sql(f"SELECT file_path, bool_or(current) AS current FROM (SELECT file_path, false AS current "
+                     f"FROM {name}.all_files UNION ALL SELECT file_path, true FROM {name}.files) GROUP BY file_path"
+                     ).collect()
+    return [r.file_path for r in rows], {r.file_path for r in rows if r.current}
 
 
 def parquet_files_under(spark: SparkSession, location: str) -> list[str]:

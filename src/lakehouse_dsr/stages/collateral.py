@@ -80,18 +80,9 @@ def group_aggregates(nulled: frozenset[str] | None) -> list[Column]:
     return [agg for p in prefixes for agg in (F.sum(f"{p}h1").alias(f"{p}sum"), F.bit_xor(f"{p}h2").alias(f"{p}xor"))]
 
 
-def from_groups(groups: DataFrame, requested: Column, nulled: frozenset[str]) -> tuple[Fingerprint, Fingerprint]:
-    """(rows not requested, requested rows as the erasure must leave them) from groups that carry
-    `count` and `group_aggregates`, `requested` marking the groups of requested rows."""
-    other = ~requested
-    parts = [F.sum(F.when(other, F.col("count"))).alias("o_rows"), F.sum(F.when(other, F.col("o_sum"))).alias("o_sum"),
-             F.bit_xor(F.when(other, F.col("o_xor"))).alias("o_xor")]
-    if nulled:
-        parts += [F.sum(F.when(requested, F.col("count"))).alias("r_rows"),
-                  F.sum(F.when(requested, F.col("r_sum"))).alias("r_sum"),
-                  F.bit_xor(F.when(requested, F.col("r_xor"))).alias("r_xor")]
-    totals = groups.agg(*parts).first()
-    return pick(totals, "o_"), pick(totals, "r_") if nulled else Fingerprint()
+def part(group, prefix: str) -> Fingerprint:
+    """The fingerprint of one collected group (`count` and `group_aggregates` with `prefix`)."""
+    return Fingerprint(int(group["count"]), int(group[f"{prefix}sum"] or 0), int(group[f"{prefix}xor"] or 0))
 
 
 def pick(row, prefix: str) -> Fingerprint:
@@ -152,7 +143,9 @@ def check(spark: SparkSession, settings: Settings, table: str, key: str, hits: D
         parent = commit.snapshot_id
     values = by_value(iceberg.read_at(spark, settings, table, erase_snapshot), key)
     flags = hits.select(F.col("key_value").alias("dsr_value"), F.lit(True).alias(_HIT)).distinct()
-    after, _ = from_groups(values.join(F.broadcast(flags), "dsr_value", "left"), F.col(_HIT).isNotNull(), frozenset())
+    kept = values.join(F.broadcast(flags), "dsr_value", "left").where(F.col(_HIT).isNull())
+    after = pick(kept.agg(F.sum("count").alias("o_rows"), F.sum("o_sum").alias("o_sum"),
+                          F.bit_xor("o_xor").alias("o_xor")).first(), "o_")
     candidates = [expected + requested_after]
     for extra in late_redacted if nulled else []:
         candidates.append(candidates[-1] + extra)

@@ -127,41 +127,47 @@ def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str
 
 
 def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType,
-         fingerprint: bool = False) -> TablePlan:
-    """Count matches per request (one scan, broadcast join) and pick the strategy.
+         fingerprint: bool = False, distinct_keys: int | None = None) -> TablePlan:
+    """Count matches per request and pick the strategy: one scan, one Spark job.
 
     The same scan counts the table's rows (a row two requests share counts once in the totals)
     and, with `fingerprint` (the content collateral check), fingerprints the rows not requested and
     what the requested rows must become. Cost: reads the key column, or every column with
-    `fingerprint`; the result is one small row per matched key value.
+    `fingerprint`; the driver receives one row per matched key value (request ids, a count and hash
+    parts; never the value). `distinct_keys`: the batch's distinct values of this identifier, when
+    the caller knows it (else counted: one more small job).
     """
     mapping = settings.datamap.tables[table]
     table_keys = keys_for_table(keys, mapping, key_type)
     snapshot = iceberg.current_snapshot(spark, settings, table)
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
     hit_values = hits(keys, mapping, key_type)
-    flagged = hit_values.withColumn("hit", F.lit(True))
+    requesters = table_keys.groupBy("key_value").agg(F.collect_set("request_id").alias("request_ids"))
     nulled = frozenset(mapping.redact)  # empty for deleting tables (the data map allows redact columns only there)
     hashes = [*collateral.row_hashes(rows, "o_"), *(collateral.row_hashes(rows, "r_", nulled) if nulled else [])
               ] if fingerprint else []
-    # Rows per matched key value, plus one NULL group for every other row: a tiny result.
-    by_key = (
+    # One group per matched key value, with the requests naming it, plus one (no requests) for every other row.
+    groups = (
         rows.select(F.col(f"`{mapping.key}`").alias("key_value"), *hashes)
-        .join(F.broadcast(flagged), "key_value", "left")
-        .groupBy(F.when(F.col("hit"), F.col("key_value")).alias("key_value"))
+        .join(F.broadcast(requesters), "key_value", "left")
+        .groupBy("request_ids")
         .agg(F.count(F.lit(1)).alias("count"), *(collateral.group_aggregates(nulled) if fingerprint else []))
-        .localCheckpoint()
+        .collect()
     )
-    totals = by_key.agg(F.sum("count").alias("rows"),
-                        F.sum(F.when(F.col("key_value").isNotNull(), F.col("count"))).alias("matched")).first()
-    per_request = by_key.join(table_keys, "key_value").groupBy("request_id").agg(F.sum("count").alias("n"))
-    matches = {r.request_id: int(r.n) for r in per_request.collect()}
-    distinct_keys = hit_values.count()  # small: the batch's identifiers
+    matched = [g for g in groups if g.request_ids]
+    matches: dict[str, int] = {}
+    for g in matched:
+        for request_id in g.request_ids:
+            matches[request_id] = matches.get(request_id, 0) + g["count"]
+    if distinct_keys is None:
+        distinct_keys = hit_values.count()
     action = mapping.action
     modes = write_modes(spark, settings, table)
     strategy = choose_strategy(action, distinct_keys, settings.erase.broadcast_max_keys, modes)
-    other_before, requested_after = collateral.from_groups(by_key, F.col("key_value").isNotNull(), nulled) \
-        if fingerprint else (None, None)
+    other_before = requested_after = None
+    if fingerprint:
+        other_before = sum((collateral.part(g, "o_") for g in groups if not g.request_ids), Fingerprint())
+        requested_after = sum((collateral.part(g, "r_") for g in matched), Fingerprint()) if nulled else Fingerprint()
     return TablePlan(
         table=table,
         key=mapping.key,
@@ -169,8 +175,8 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
         action=action,
         strategy=strategy,
         write_mode=modes[strategy.split("_")[0]],
-        rows_before=int(totals.rows or 0),
-        rows_matched=int(totals.matched or 0),
+        rows_before=sum(g["count"] for g in groups),
+        rows_matched=sum(g["count"] for g in matched),
         matches_by_request=matches,
         snapshot_before=snapshot.snapshot_id if snapshot else None,
         other_before=other_before,

@@ -143,9 +143,9 @@ def verify_column(
     if not physical:
         return result
 
-    paths = [r.file_path for r in iceberg.referenced_files(spark, settings, table).collect()]
+    paths, current_paths = iceberg.retained_files(spark, settings, table)
     location = iceberg.table_location(spark, settings, table)
-    current = {iceberg.same_file(r.file_path) for r in iceberg.current_files(spark, settings, table).collect()}
+    current = {iceberg.same_file(p) for p in current_paths}
     result.one_scan = (
         not iceberg.summary_count(spark, settings, table, "total-delete-files")
         and {iceberg.same_file(p) for p in paths} == current
