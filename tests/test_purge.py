@@ -114,3 +114,15 @@ def test_large_key_sets_use_shuffle_statements(spark, new_lakehouse):
                           "demo.newsletter": "delete_where_exists", "demo.orders": "update_where_exists"}
     ids = {synth.user_id(SEED, i) for i in range(2)}
     assert not {r.user_id for r in spark.table(settings.table("demo.events")).collect()} & ids
+
+
+def test_a_catalog_named_like_the_namespace_is_purged_in_its_own_tables(spark, new_lakehouse):
+    """Catalog `demo`, tables `demo.*`: a procedure given `demo.events` alone would look for `events`
+    in catalog demo's default namespace."""
+    settings = new_lakehouse(catalog={"name": "demo", "properties": {"type": "hadoop", "warehouse": "wh"}})
+    _submit(spark, settings, 0)
+    report = run(spark, settings)
+    assert [r.status for r in report.requests] == ["completed"]
+    events = report.tables["demo.events"]
+    assert events["purge"]["data_files_rewritten"] >= 1 and not events["purge"]["error"]
+    assert events["verification"]["passed"]

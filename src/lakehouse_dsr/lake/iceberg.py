@@ -46,6 +46,12 @@ def _jtable(spark: SparkSession, settings: Settings, table: str):
     )
 
 
+def _in_catalog(settings: Settings, table: str) -> str:
+    """A procedure's table argument with the catalog spelled out: a bare `ns.t` whose namespace is also
+    a catalog's name would be read as table `t` of that catalog."""
+    return f"`{settings.catalog.name}`.{table}"
+
+
 def _actions(spark: SparkSession):
     return spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
 
@@ -114,8 +120,8 @@ def rows_after_commit(spark: SparkSession, settings: Settings, table: str, snaps
 def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str, target_file_size_bytes: int) -> int:
     """Rewrite all data files sorted by `key`; returns bytes rewritten. Reads and writes the whole table."""
     row = spark.sql(
-        # Procedures take the table without the catalog; data-map names are validated plain identifiers.
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{table}', "
+        # Data-map names are validated plain identifiers.
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{_in_catalog(settings, table)}', "
         f"strategy => 'sort', sort_order => '{key} ASC NULLS LAST', options => map("
         f"'rewrite-all', 'true', 'target-file-size-bytes', '{int(target_file_size_bytes)}'))"
     ).collect()[0]
@@ -142,7 +148,8 @@ def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: s
     """
     strategy = "" if _jtable(spark, settings, table).sortOrder().isUnsorted() else ", strategy => 'sort'"
     row = spark.sql(
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{table}'{strategy}, options => map("
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files("
+        f"table => '{_in_catalog(settings, table)}'{strategy}, options => map("
         f"'delete-file-threshold', '1', 'min-file-size-bytes', '0', 'max-file-size-bytes', '{_NO_SIZE_LIMIT}',"
         f" 'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false',"
         f" 'target-file-size-bytes', '{int(target_file_size_bytes)}'))"
@@ -162,7 +169,8 @@ def drop_dangling_position_deletes(spark: SparkSession, settings: Settings, tabl
     delete files would stay in every scan plan. Reads only the delete files; a commit when any.
     """
     row = spark.sql(
-        f"CALL `{settings.catalog.name}`.system.rewrite_position_delete_files(table => '{table}', "
+        f"CALL `{settings.catalog.name}`.system.rewrite_position_delete_files("
+        f"table => '{_in_catalog(settings, table)}', "
         "options => map('rewrite-all', 'true'))"
     ).collect()[0]
     return row.rewritten_delete_files_count - row.added_delete_files_count
