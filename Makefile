@@ -45,9 +45,11 @@ jars: $(STAMP)
 test-integration: integration-deps
 	$(PY) -m pytest -q -m integration tests/integration
 
-# The notebook's steps against `dsr run` on identical data; JSON + charts in bench/results/.
+# The notebook's steps against `dsr run` on identical data, then a wide lake (10, 50, 100 mapped
+# tables of 10k rows: whole `dsr run` processes against per-table SQL); JSON + charts in bench/results/.
 bench: $(STAMP)
 	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
+	$(PY) bench/tables.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

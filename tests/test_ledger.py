@@ -5,7 +5,8 @@ import pytest
 from conftest import make_settings, snapshot_ids
 from lakehouse_dsr.exceptions import LedgerError, RequestInputError
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger import ledger as ledger_module
+from lakehouse_dsr.ledger.ledger import Ledger, new_request_id
 from lakehouse_dsr.ledger.requests import RequestInput, add_months, due_date, read_requests_csv
 
 
@@ -123,3 +124,18 @@ def test_invalid_request_changes_nothing(ledger, spark):
         with pytest.raises(RequestInputError):
             ledger.submit([RequestInput("fine", "erase"), bad])
     assert snapshot_ids(spark, ledger.settings, ledger.tables()) == before
+
+
+def test_request_ids_made_in_the_same_millisecond_with_the_same_random_part_differ(monkeypatch):
+    randoms = iter(["00000000aa", "00000000aa", "00000000bb"])
+    monkeypatch.setattr(ledger_module.secrets, "token_hex", lambda n: next(randoms))
+    monkeypatch.setattr(ledger_module.time, "time", lambda: 1_700_000_000.0)
+    taken: set[str] = set()
+    first, second = new_request_id(taken), new_request_id(taken)
+    assert first != second and taken == {first, second} and second.endswith("bb")
+
+
+def test_a_large_batch_gets_one_id_per_request(ledger):
+    created = ledger.submit([RequestInput(f"person-{i}", "access") for i in range(3000)]).created
+    assert len(created) == len(set(created)) == 3000
+    assert len({r["request_id"] for r in ledger.store.rows("requests", columns=("request_id",))}) == 3000

@@ -35,10 +35,15 @@ NOT_YET_PROCESSED = {"opt_out": "recorded; opt-out requests are not yet processe
 LEDGER_TABLES = ("requests", "request_keys", "audit", "steps", "lease")
 
 
-def new_request_id() -> str:
-    """`req-` and 16 hex digits, the first 11 the creation time in ms: ids sort by age, so the
-    ledger's file statistics let a run skip files of long-completed requests."""
-    return f"req-{int(time.time() * 1000):011x}{secrets.token_hex(3)[:5]}"
+def new_request_id(taken: set[str]) -> str:
+    """`req-` and 21 hex digits: the creation time in ms (11), so ids sort by age and the ledger's file
+    statistics let a run skip files of long-completed requests, then 40 random bits. Never one of
+    `taken` (the ids made so far in this batch, which share milliseconds by the hundred); the id is
+    added to it."""
+    while (request_id := f"req-{int(time.time() * 1000):011x}{secrets.token_hex(5)}") in taken:
+        continue
+    taken.add(request_id)
+    return request_id
 
 
 class Ledger:
@@ -99,7 +104,7 @@ class Ledger:
             rows = loaded.scan(row_filter=In("status", OPEN_STATUSES), selected_fields=("subject_hash", "request_type")
                                ).to_arrow().to_pylist() if loaded.current_snapshot() else []
             seen = {(r["subject_hash"], r["request_type"]) for r in rows}
-            fresh = []
+            fresh, ids = [], set()
             for r in inputs:
                 hashes = [keyed_hash(k, r.subject_id) for k in keys.values()]
                 if any((h, r.request_type) in seen for h in hashes):
@@ -107,7 +112,7 @@ class Ledger:
                 seen.add((hashes[0], r.request_type))
                 received = r.received_at or now
                 fresh.append({
-                    "request_id": new_request_id(), "request_type": r.request_type, "regulation": r.regulation,
+                    "request_id": new_request_id(ids), "request_type": r.request_type, "regulation": r.regulation,
                     "subject_id": r.subject_id, "subject_hash": hashes[0], "status": "received",
                     "status_reason": NOT_YET_PROCESSED.get(r.request_type), "received_at": received,
                     "due_date": due_date(received.date(), r.regulation), "extended": False, "updated_at": now})
