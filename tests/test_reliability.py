@@ -102,7 +102,8 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
 
     with pytest.raises(LedgerError, match="reason"):
         ledger.journal.release("demo.events", " ")
-    spark.sql(f"CALL {settings.catalog.name}.system.rollback_to_snapshot('demo.events', {held_at})")
+    spark.sql(f"CALL {settings.catalog.name}.system.rollback_to_snapshot("
+              f"'{iceberg.procedure_table(settings, 'demo.events')}', {held_at})")
     ledger.journal.release("demo.events", "rolled back to the pre-erase snapshot")
     assert not ledger.journal.holds()
     with pytest.raises(LedgerError, match="not on hold"):

@@ -85,6 +85,7 @@ def side_a(spark: SparkSession, settings: Settings, deletes: list[str], exports:
     """The notebook's steps, as it writes them (events only, copy-on-write)."""
     ns = settings.demo_namespace
     events, requests = settings.table(f"{ns}.events"), settings.table(f"{ns}.gdpr_requests")
+    events_arg = iceberg.procedure_table(settings, f"{ns}.events")
     spark.sql(f"ALTER TABLE {events} SET TBLPROPERTIES ('write.delete.mode'='copy-on-write', "
               "'write.update.mode'='copy-on-write', 'write.merge.mode'='copy-on-write')")
     rows = [(u, "delete") for u in deletes] + [(u, "export") for u in exports]
@@ -98,7 +99,7 @@ def side_a(spark: SparkSession, settings: Settings, deletes: list[str], exports:
     summary = iceberg.current_snapshot(spark, settings, f"{ns}.events").summary
     cutoff = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     stages["expire"], _ = timed("expire", lambda: spark.sql(
-        f"CALL `{settings.catalog.name}`.system.expire_snapshots('{ns}.events', TIMESTAMP '{cutoff}', 1)").collect())
+        f"CALL `{settings.catalog.name}`.system.expire_snapshots('{events_arg}', TIMESTAMP '{cutoff}', 1)").collect())
 
     def export(out: Path) -> int:
         spark.sql(f"SELECT e.* FROM {events} e JOIN {requests} r ON r.request_type = 'export' "
@@ -109,7 +110,7 @@ def side_a(spark: SparkSession, settings: Settings, deletes: list[str], exports:
     # The notebook passes no options; on its 650 MB table that sorted everything. Our synthetic rows
     # are smaller and Iceberg skips groups under the 512 MB target, so 'rewrite-all' keeps the effect.
     stages["sort_rewrite"], _ = timed("sort_rewrite", lambda: spark.sql(
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{ns}.events', strategy => 'sort', "
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{events_arg}', strategy => 'sort', "
         "sort_order => 'user_id ASC', options => map('rewrite-all', 'true'))").collect())
     stages["export_after_sort"], files_sorted = timed("export_after_sort", lambda: export(work / "a-export-sorted"))
     return {
@@ -129,8 +130,9 @@ def side_plain(spark: SparkSession, settings: Settings, deletes: list[str], expo
     table, the same files side B's purge rewrites, to the same file size: the purge's yardstick."""
     cost: dict[str, dict] = {}
     target = settings.purge.target_file_size_mb * 1024 * 1024
+    events_arg = iceberg.procedure_table(settings, f"{settings.demo_namespace}.events")
     seconds, row = _measured(spark, cost, "plain_rewrite", lambda: spark.sql(
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{settings.demo_namespace}.events', "
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{events_arg}', "
         f"options => map('rewrite-all', 'true', 'target-file-size-bytes', '{target}'))").collect()[0])
     return {"seconds": {"plain_rewrite": seconds}, "cost": cost, "full_cycle_s": seconds,
             "data_files_rewritten": row.rewritten_data_files_count, "bytes_rewritten": row.rewritten_bytes_count}

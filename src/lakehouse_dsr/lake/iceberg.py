@@ -46,7 +46,7 @@ def _jtable(spark: SparkSession, settings: Settings, table: str):
     )
 
 
-def _in_catalog(settings: Settings, table: str) -> str:
+def procedure_table(settings: Settings, table: str) -> str:
     """A procedure's table argument with the catalog spelled out: a bare `ns.t` whose namespace is also
     a catalog's name would be read as table `t` of that catalog."""
     return f"`{settings.catalog.name}`.{table}"
@@ -121,7 +121,7 @@ def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str
     """Rewrite all data files sorted by `key`; returns bytes rewritten. Reads and writes the whole table."""
     row = spark.sql(
         # Data-map names are validated plain identifiers.
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{_in_catalog(settings, table)}', "
+        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{procedure_table(settings, table)}', "
         f"strategy => 'sort', sort_order => '{key} ASC NULLS LAST', options => map("
         f"'rewrite-all', 'true', 'target-file-size-bytes', '{int(target_file_size_bytes)}'))"
     ).collect()[0]
@@ -149,7 +149,7 @@ def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: s
     strategy = "" if _jtable(spark, settings, table).sortOrder().isUnsorted() else ", strategy => 'sort'"
     row = spark.sql(
         f"CALL `{settings.catalog.name}`.system.rewrite_data_files("
-        f"table => '{_in_catalog(settings, table)}'{strategy}, options => map("
+        f"table => '{procedure_table(settings, table)}'{strategy}, options => map("
         f"'delete-file-threshold', '1', 'min-file-size-bytes', '0', 'max-file-size-bytes', '{_NO_SIZE_LIMIT}',"
         f" 'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false',"
         f" 'target-file-size-bytes', '{int(target_file_size_bytes)}'))"
@@ -170,7 +170,7 @@ def drop_dangling_position_deletes(spark: SparkSession, settings: Settings, tabl
     """
     row = spark.sql(
         f"CALL `{settings.catalog.name}`.system.rewrite_position_delete_files("
-        f"table => '{_in_catalog(settings, table)}', "
+        f"table => '{procedure_table(settings, table)}', "
         "options => map('rewrite-all', 'true'))"
     ).collect()[0]
     return row.rewritten_delete_files_count - row.added_delete_files_count
