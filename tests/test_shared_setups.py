@@ -78,6 +78,7 @@ def test_examples_load_and_name_every_variable_they_need(example, monkeypatch, t
     settings = load_settings(EXAMPLES / example)
     assert settings.spark.master == "local[*]"
     conf = spark_module.session_conf(settings)
+    assert not (EXAMPLES / "catalog.db").exists()  # computing the conf touches no database
     assert conf["spark.jars"].startswith(str(spark_module.iceberg_jar()))
     if example == "rest-s3.yaml":
         assert conf["spark.sql.catalog.lakehouse.uri"] == "http://127.0.0.1:8181"
@@ -85,6 +86,8 @@ def test_examples_load_and_name_every_variable_they_need(example, monkeypatch, t
         assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://s3"
     else:
         assert settings.catalog.properties["type"] == "jdbc"
+        sqlite = example == "jdbc-sqlite.yaml"  # Spark must not create the tables (its lock would block pyiceberg)
+        assert (conf.get("spark.sql.catalog.lakehouse.jdbc.init-catalog-tables") == "false") == sqlite
         assert settings.catalog.local_warehouse() == EXAMPLES / "lakehouse"  # relative to the file
     for name in EXAMPLE_ENV[example]:  # each variable is required: unset, the error names it
         monkeypatch.delenv(name)

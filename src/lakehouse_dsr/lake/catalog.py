@@ -78,24 +78,28 @@ def open_catalog(settings: Settings) -> Catalog:
 
 
 def spark_catalog_properties(settings: Settings) -> dict[str, str]:
-    """The catalog's properties as Spark's Iceberg catalog gets them.
+    """The catalog's properties as Spark's Iceberg catalog gets them (computed, nothing touched).
 
     On a JDBC catalog in SQLite, Iceberg's JdbcCatalog looks for its tables at start-up with a result
     set it never closes: the read lock that leaves on the file lasts as long as the session and makes
     every other writer (the ledger's commits through pyiceberg, another process) fail with "database
-    is locked". So the tables are created here, through pyiceberg, and Spark told not to look.
-    Cost: opens the database once per process."""
+    is locked". So Spark is told not to look, and `create_catalog_tables` makes them instead."""
     props = dict(settings.catalog.properties)
-    if props.get("type") == "jdbc" and props.get("uri", "").startswith("jdbc:sqlite:") \
-            and "jdbc.init-catalog-tables" not in props:
-        if (uri := sqlalchemy_uri(props)) not in _SQLITE_READY:
-            open_catalog(settings)  # SqlCatalog creates the catalog tables when missing
-            _SQLITE_READY.add(uri)
+    if _creates_tables_for_spark(props):
         props["jdbc.init-catalog-tables"] = "false"
     return props
 
 
-_SQLITE_READY: set[str] = set()
+def create_catalog_tables(settings: Settings) -> None:
+    """Before a Spark session uses a SQLite JDBC catalog: its tables, through pyiceberg's SqlCatalog
+    (which creates them when missing). Cost: opens the database; nothing for other catalogs."""
+    if _creates_tables_for_spark(settings.catalog.properties):
+        open_catalog(settings)
+
+
+def _creates_tables_for_spark(props: dict[str, str]) -> bool:
+    return props.get("type") == "jdbc" and props.get("uri", "").startswith("jdbc:sqlite:") \
+        and "jdbc.init-catalog-tables" not in props
 
 
 def _first_line(exc: BaseException) -> str:

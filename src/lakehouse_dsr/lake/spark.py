@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 
 from ..config import Settings
 from ..exceptions import EnvironmentSetupError
-from .catalog import spark_catalog_properties
+from .catalog import create_catalog_tables, spark_catalog_properties
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
@@ -130,6 +130,7 @@ def attach(spark: SparkSession, settings: Settings) -> None:
     SQL extensions must already be on the session. On a cluster, executors also get this package's
     code (a zip of ~75 KB, built once per process), so they run the driver's version of it.
     """
+    create_catalog_tables(settings)  # before Spark's catalog first opens (lazily, on first use)
     prefix = f"spark.sql.catalog.{settings.catalog.name}"
     spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
     for key, value in spark_catalog_properties(settings).items():

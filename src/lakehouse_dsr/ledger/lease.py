@@ -122,18 +122,26 @@ class Lease:
         with self._lock:
             if self.holder is None or self.lost:
                 return
-            for _ in range(5):
-                snapshot = self.store.snapshot_id(TABLE)
-                now_holder = current_holder(self.store)
-                if now_holder is None or now_holder.run_id != self.run_id:
-                    self.lost = "the run's lease on the ledger was taken over (its heartbeat lapsed)"
-                    return
-                now = datetime.now(UTC)
-                updated = Holder(**{**self.holder.__dict__, "heartbeat_at": now,
-                                    "expires_at": now + timedelta(seconds=self.seconds), **changes})
-                if self.store.compare_and_set(TABLE, snapshot, [updated.row()]):
-                    self.holder = updated
-                    return
+            now = datetime.now(UTC)
+            updated = Holder(**{**self.holder.__dict__, "heartbeat_at": now,
+                                "expires_at": now + timedelta(seconds=self.seconds), **changes})
+            committed = self._commit_while_ours([updated.row()])
+            if committed is False:
+                self.lost = "the run's lease on the ledger was taken over (its heartbeat lapsed)"
+            elif committed:
+                self.holder = updated
+
+    def _commit_while_ours(self, rows: list[dict]) -> bool | None:
+        """Make `rows` the lease table's content if this run still holds the lease: True when committed,
+        False when another run holds it, None when other commits kept winning (the next beat retries)."""
+        for _ in range(5):
+            snapshot = self.store.snapshot_id(TABLE)
+            now_holder = current_holder(self.store)
+            if now_holder is None or now_holder.run_id != self.run_id:
+                return False
+            if self.store.compare_and_set(TABLE, snapshot, rows):
+                return True
+        return None
 
     def check(self) -> None:
         """Raise if the lease was lost (then this run must not record anything)."""
@@ -149,13 +157,7 @@ class Lease:
         with self._lock:
             if self.holder is None:
                 return
-            for _ in range(5):
-                snapshot = self.store.snapshot_id(TABLE)
-                now_holder = current_holder(self.store)
-                if now_holder is None or now_holder.run_id != self.run_id:
-                    break
-                if self.store.compare_and_set(TABLE, snapshot, []):
-                    break
+            self._commit_while_ours([])
             self.holder = None
         self.store.purge_history(TABLE, orphan_min_age_minutes=60)
 

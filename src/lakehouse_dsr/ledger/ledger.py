@@ -180,9 +180,9 @@ class Ledger:
         """(key_hash, key_id) of every `identifier` value acted on for an erase request, any status."""
         erasures = self.store.rows("requests", EqualTo("request_type", "erase"), ("request_id",))
         erase = {r["request_id"] for r in erasures}
-        keys = self.store.rows("request_keys")
+        keys = self.store.rows("request_keys", EqualTo("key_type", identifier), ("request_id", "key_hash", "key_id"))
         return list({(r["key_hash"], r["key_id"]): {"key_hash": r["key_hash"], "key_id": r["key_id"]}
-                     for r in keys if r["key_type"] == identifier and r["request_id"] in erase}.values())
+                     for r in keys if r["request_id"] in erase}.values())
 
     # -- transitions ------------------------------------------------------------------------
     def finish(self, outcomes: list[Outcome], run_id: str, started_at: datetime | None = None) -> None:
@@ -247,7 +247,8 @@ class Ledger:
         requests completed since) and prove it: no stored file holds the plaintext of a completed
         request, by keyed hash. Cost: metadata, a listing, and the subject column of the ledger's files."""
         result = self.store.purge_history("requests", self.settings.purge.orphan_min_age_minutes)
-        completed = {(r["subject_hash"]) for r in self.requests(("completed",))}
+        completed = {r["subject_hash"] for r in self.store.rows("requests", EqualTo("status", "completed"),
+                                                                ("subject_hash",))}
         keys = list(self.keyring.keys().values())
         found = sum(1 for value in set(self.store.column_values("requests", "subject_id"))
                     if any(keyed_hash(k, value) in completed for k in keys))
