@@ -10,6 +10,7 @@ from pathlib import Path
 from conftest import SEED, ledger_table
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
+from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
@@ -126,3 +127,34 @@ def test_a_catalog_named_like_the_namespace_is_purged_in_its_own_tables(spark, n
     events = report.tables["demo.events"]
     assert events["purge"]["data_files_rewritten"] >= 1 and not events["purge"]["error"]
     assert events["verification"]["passed"]
+
+
+def test_manifest_rewrite_and_expiry_leave_only_the_current_snapshots_files(spark, new_lakehouse):
+    """Both run in the driver (Iceberg's core API): the manifest rewrite drops the entries of removed
+    files, the expiry leaves storage holding the current snapshot's files and no more, counts the
+    data and delete files it removed, and the data stays."""
+    settings = new_lakehouse()
+    table = "demo.events"
+    name = settings.table(table)
+    spark.sql(f"DELETE FROM {name} WHERE event_type = 'click'")  # merge-on-read: adds delete files
+    iceberg.rewrite_files_with_deletes(spark, settings, table, 128 * 1024 * 1024)
+    rows = spark.table(name).count()
+    removed = f"SELECT * FROM {name}.entries WHERE status = 2"  # DELETED entries keep removed files' bounds
+    assert spark.sql(removed).count() > 0
+    assert iceberg.rewrite_manifests(spark, settings, table) > 0
+    assert spark.sql(removed).count() == 0 and spark.table(name).count() == rows
+    location = iceberg.table_location(spark, settings, table)
+    before = set(map(iceberg.same_file, iceberg.parquet_files_under(spark, location)))
+    current = {iceberg.same_file(r.file_path) for r in spark.sql(f"SELECT file_path FROM {name}.files").collect()}
+    snapshots = spark.sql(f"SELECT * FROM {name}.snapshots").count()
+    assert snapshots >= 3 and before > current
+
+    expired = iceberg.expire_snapshots_before_current(spark, settings, table)
+
+    after = set(map(iceberg.same_file, iceberg.parquet_files_under(spark, location)))
+    assert after == current
+    assert expired.files_deleted == len(before - after)
+    assert expired.snapshots_expired == snapshots - 1
+    assert spark.sql(f"SELECT * FROM {name}.snapshots").count() == 1
+    assert spark.table(name).count() == rows
+    assert iceberg.expire_snapshots_before_current(spark, settings, table) == iceberg.ExpireResult(0, 0)

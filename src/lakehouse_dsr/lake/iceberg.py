@@ -177,11 +177,13 @@ def drop_dangling_position_deletes(spark: SparkSession, settings: Settings, tabl
 
 
 def rewrite_manifests(spark: SparkSession, settings: Settings, table: str) -> int:
-    """Rewrite the current snapshot's manifests keeping only live entries.
+    """Rewrite the current snapshot's manifests keeping only live entries; returns how many were replaced.
 
     A commit that removes files keeps DELETED entries in its manifests, with the removed files'
     column bounds (16-character prefixes of values such as erased ids). After this commit and an
-    expiry, no manifest describes removed files. Metadata only: reads and writes manifests.
+    expiry, no manifest describes removed files. Metadata only: reads and writes manifests, data
+    and delete manifests alike (Iceberg's core rewrite, which would need no Spark job, keeps delete
+    manifests as they are).
     """
     jtable = _jtable(spark, settings, table)
     if jtable.currentSnapshot() is None:
@@ -193,33 +195,62 @@ def rewrite_manifests(spark: SparkSession, settings: Settings, table: str) -> in
 @dataclass(frozen=True)
 class ExpireResult:
     snapshots_expired: int
-    data_files_deleted: int
-    delete_files_deleted: int
+    files_deleted: int  # data and delete files (manifests and manifest lists not counted)
 
 
 def expire_snapshots_before_current(spark: SparkSession, settings: Settings, table: str) -> ExpireResult:
     """Expire every snapshot older than the current one that no branch or tag retains.
 
     Deletes from storage the data, delete and manifest files only those snapshots referenced.
-    Reads manifests of all snapshots; no data files are read.
+    Without branches, tags or retention settings on main, Iceberg's core expiry runs in the driver,
+    no Spark job: it reads the manifest lists and manifests of the snapshots (a few small Avro files
+    per commit), never a data file. Iceberg's Spark action plans the same set difference with Spark
+    jobs over metadata tables (about 1 s of fixed cost per table on a small lake); it serves the rest.
     """
     jtable = _jtable(spark, settings, table)
     current = jtable.currentSnapshot()
     if current is None:
-        return ExpireResult(0, 0, 0)
-    before = sum(1 for _ in jtable.snapshots())
-    if before == 1:  # only the current snapshot: nothing to expire, no job to start
-        return ExpireResult(0, 0, 0)
-    result = (
-        _actions(spark).expireSnapshots(jtable).expireOlderThan(current.timestampMillis()).retainLast(1).execute()
-    )
+        return ExpireResult(0, 0)
+    snapshots = list(jtable.snapshots())
+    older = [s.snapshotId() for s in snapshots if s.timestampMillis() < current.timestampMillis()]
+    if not older:  # only the current snapshot (or newer ones): nothing to expire
+        return ExpireResult(0, 0)
+    main = jtable.refs().get("main")
+    if refs(spark, settings, table) or main is None or main.minSnapshotsToKeep() is not None \
+            or main.maxSnapshotAgeMs() is not None:  # refs, or main's own retention: Iceberg decides what stays
+        result = (_actions(spark).expireSnapshots(jtable).expireOlderThan(current.timestampMillis())
+                  .retainLast(1).execute())
+        deleted = (result.deletedDataFilesCount() + result.deletedPositionDeleteFilesCount()
+                   + result.deletedEqualityDeleteFilesCount())
+    else:
+        deleted = _expire_in_driver(spark, jtable, current.timestampMillis(), snapshots, older[0])
     jtable.refresh()
-    after = sum(1 for _ in jtable.snapshots())
-    return ExpireResult(
-        before - after,
-        result.deletedDataFilesCount(),
-        result.deletedPositionDeleteFilesCount() + result.deletedEqualityDeleteFilesCount(),
-    )
+    return ExpireResult(len(snapshots) - sum(1 for _ in jtable.snapshots()), deleted)
+
+
+def _expire_in_driver(spark: SparkSession, jtable, before_ms: int, snapshots: list, one_expired: int) -> int:
+    """Core expiry of a table without refs; returns the data and delete files it deleted.
+
+    Naming one snapshot the expiry removes anyway makes Iceberg clean up by reachability (files no
+    retained snapshot references), like its Spark action; its default incremental cleanup only
+    deletes files whose removal an expired snapshot recorded, so it would leave the files the
+    current snapshot replaced.
+    """
+    io, metadata = jtable.io(), jtable.operations().current()
+    # Paths that are metadata, to tell them from data and delete files among the deleted ones.
+    known_metadata = {s.manifestListLocation() for s in snapshots}
+    known_metadata.update(m.path() for s in snapshots for m in s.allManifests(io))
+    known_metadata.update(f.path() for f in metadata.statisticsFiles())
+    known_metadata.update(f.path() for f in metadata.partitionStatisticsFiles())
+    jvm = spark._jvm
+    deleted = jvm.java.util.stream.Stream.builder()  # a Consumer<String>: collects what the expiry drops
+    (jtable.expireSnapshots().expireOlderThan(before_ms).retainLast(1).expireSnapshotId(one_expired)
+     .deleteWith(deleted).commit())
+    paths = deleted.build().collect(jvm.java.util.stream.Collectors.toList())
+    # After the commit, as Iceberg's own expiry does (bulk where the FileIO can; failures are logged,
+    # and a file left behind is an orphan that the orphan removal and the storage check both see).
+    jvm.org.apache.iceberg.CatalogUtil.deleteFiles(io, paths, "expired", False)
+    return sum(1 for path in paths if path not in known_metadata)
 
 
 def remove_orphan_files(spark: SparkSession, settings: Settings, table: str, min_age_minutes: float) -> int:
@@ -340,6 +371,18 @@ def _ancestors(jtable, start_id: int | None, stop_id: int | None):
         yield snap
         parent = snap.parentId()
         snap = jtable.snapshot(parent) if parent is not None else None
+
+
+def same_rows_since(spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> bool:
+    """Whether the current snapshot holds exactly the rows of `snapshot_id`: it is that snapshot, or
+    every commit since is a `replace` (compaction, manifest rewrite: by the spec, files change and
+    the table's data does not). Metadata only."""
+    current = current_snapshot(spark, settings, table)
+    if current is None or current.snapshot_id == snapshot_id:
+        return current is not None
+    between = commits_between(spark, settings, table, snapshot_id, current.snapshot_id)
+    operation = str(_jtable(spark, settings, table).snapshot(current.snapshot_id).operation())
+    return between is not None and operation == "replace" and all(c.operation == "replace" for c in between)
 
 
 def read_appended(spark: SparkSession, settings: Settings, table: str, commit: Commit, parent_id: int | None

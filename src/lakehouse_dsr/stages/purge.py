@@ -81,7 +81,7 @@ def purge_table(spark: SparkSession, settings: Settings, table: str) -> TablePur
             result.refs_kept.append(f"{ref.kind.lower()} {ref.name}")
     expired = iceberg.expire_snapshots_before_current(spark, settings, table)
     result.snapshots_expired = expired.snapshots_expired
-    result.files_deleted = expired.data_files_deleted + expired.delete_files_deleted
+    result.files_deleted = expired.files_deleted
     result.orphans_removed = iceberg.remove_orphan_files(
         spark, settings, table, settings.purge.orphan_min_age_minutes
     )
