@@ -224,9 +224,10 @@ def test_reverification_detects_data_that_came_back(spark, cycle):
     assert any("demo.events: 1 rows in the current snapshot" in r for r in reasons)
 
 
-def test_live_verification_uses_the_collateral_scan_only_while_its_snapshot_is_current(spark, new_lakehouse):
+def test_live_verification_uses_the_collateral_scan_only_while_its_rows_are_current(spark, new_lakehouse):
     """The erase snapshot's grouped key values (read once by the collateral check) stand for the live
-    scan while that snapshot is current; after another commit the table is read again."""
+    scan while the table holds that snapshot's rows (rewrites since change files, not rows); after a
+    commit that changes rows the table is read again."""
     settings = new_lakehouse()
     subject, key = synth.user_id(SEED, 0), Ledger(settings).key
     hashes = spark.createDataFrame([("r1", "user_id", keyed_hash(key, subject), key_id(key))],
@@ -241,8 +242,17 @@ def test_live_verification_uses_the_collateral_scan_only_while_its_snapshot_is_c
     shared = verify_column(spark, settings, "demo.events", "user_id", StringType(), hashes, key,
                            physical=False, values_at=(snapshot, others))
     assert shared.live == 0
-    # A newer snapshot (an append): the stale values are ignored and the live scan finds the subject.
+    # Rewrites since (the purge's compaction and manifest rewrite) keep the rows: the values still stand.
+    iceberg.rewrite_sorted(spark, settings, "demo.events", "user_id", 128 * 1024 * 1024)
+    iceberg.rewrite_manifests(spark, settings, "demo.events")
+    rewritten = verify_column(spark, settings, "demo.events", "user_id", StringType(), hashes, key,
+                              physical=False, values_at=(snapshot, others))
+    assert iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id != snapshot
+    assert rewritten.live == 0
+    # A newer snapshot with new rows (an append, then another rewrite): the stale values are ignored
+    # and the live scan finds the subject.
     events.join(subject_df, "user_id").writeTo(settings.table("demo.events")).append()
+    iceberg.rewrite_manifests(spark, settings, "demo.events")
     fresh = verify_column(spark, settings, "demo.events", "user_id", StringType(), hashes, key,
                           physical=False, values_at=(snapshot, others))
     assert fresh.live == 2 * rows and set(fresh.failing) == {"r1"}

@@ -261,14 +261,15 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         faults.failpoint("after_purge")
 
     hashes = verify.stored_hashes(spark, ledger, proven)
+    hash_keys = verify.keys_for(settings, hashes, ledger.keyring)  # once, for every table
     def prove(table: str) -> verify.TableVerification:
         e = erasures.get(table)
         at_commit = (e.snapshot_id, e.values_at_commit) if e and e.values_at_commit is not None else None
-        checked = _verify(spark, settings, ledger, table, hashes, key_types, purge_now, at_commit)
+        checked = _verify(spark, settings, hash_keys, table, hashes, key_types, purge_now, at_commit)
         if purge_now and not checked.live and (checked.history or checked.storage):
             # Left over from an earlier, interrupted run: purge now and prove again.
             purges[table] = _purge(spark, settings, table)
-            checked = _verify(spark, settings, ledger, table, hashes, key_types)
+            checked = _verify(spark, settings, hash_keys, table, hashes, key_types)
         if table in erasures:
             _check_collateral(erasures[table], checked)
         return checked
@@ -335,10 +336,13 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
             erasures.update(_each_table(settings, progress, "erase", wave,
                                         lambda t: _erase_table(spark, settings, t, keys, key_types[t], distinct)))
     hashes = verify.stored_hashes(spark, ledger, request_ids)
+    hash_keys: verify.HashKeys | None = None
     for _ in range(settings.erase.max_rounds - 1):
         with _timed(report, "erase", spark):
             moved = [t for t, e in erasures.items() if not e.error and _changed_since(spark, settings, t, e)]
-            late = [t for t in moved if _verify(spark, settings, ledger, t, hashes, key_types, physical=False).live]
+            if moved and hash_keys is None:
+                hash_keys = verify.keys_for(settings, hashes, ledger.keyring)
+            late = [t for t in moved if _verify(spark, settings, hash_keys, t, hashes, key_types, physical=False).live]
         if not late:
             break
         with _timed(report, "erase", spark):
@@ -415,9 +419,9 @@ def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePu
     return result
 
 
-def _verify(spark, settings, ledger, table, hashes, key_types, physical=True, values_at=None
+def _verify(spark, settings, keys, table, hashes, key_types, physical=True, values_at=None
             ) -> verify.TableVerification:
-    return verify.verify_tables(spark, settings, hashes, ledger.keyring, key_types, [table], physical,
+    return verify.verify_tables(spark, settings, hashes, keys, key_types, [table], physical,
                                 {table: values_at} if values_at else None)[0]
 
 

@@ -55,20 +55,31 @@ def find_hashed_in_groups(spark: SparkSession, grouped: DataFrame, hashes: DataF
     return {r.request_id: int(r.n) for r in found}
 
 
-def keys_for(settings: Settings, hashes: DataFrame, key: bytes | Keyring) -> tuple[dict[str, bytes], dict[str, str]]:
-    """The keys of the ring (a bare `key` is the active one; retired keys come from the keyring file)
-    that made `hashes`, and {request_id: key_id} for hashes whose key is in no keyring any more.
+@dataclass(frozen=True)
+class HashKeys:
+    """The keys that made a set of stored hashes, resolved once for every table a run verifies."""
 
-    Cost: one distinct over the (small) hashes' key ids; only the keys in use are hashed with.
+    keys: dict[str, bytes]  # key id -> key, only the keys in use
+    lost: dict[str, str]  # request id -> id of a key that made its hashes and that no keyring holds
+
+
+def keys_for(settings: Settings, hashes: DataFrame, key: bytes | Keyring | HashKeys) -> HashKeys:
+    """The keys of the ring (a bare `key` is the active one; retired keys come from the keyring file)
+    that made `hashes`, and the requests whose hashes were made by a key in no keyring any more.
+
+    Cost: one distinct over the (small) hashes' key ids (none when given HashKeys); only the keys in
+    use are hashed with.
     """
+    if isinstance(key, HashKeys):
+        return key
     ring = as_keyring(key, settings.key_file())
     if "key_id" not in hashes.columns:
-        return ring.keys(), {}
+        return HashKeys(ring.keys(), {})
     used = {r.key_id for r in hashes.select("key_id").distinct().collect()}
     lost_ids = sorted(used - set(ring.keys()) - {None})
     lost = {r.request_id: r.key_id for r in hashes.where(F.col("key_id").isin(*lost_ids))
             .select("request_id", "key_id").distinct().collect()} if lost_ids else {}
-    return keys_in_use(ring, used), lost
+    return HashKeys(keys_in_use(ring, used), lost)
 
 
 def stored_hashes(spark: SparkSession, ledger: Ledger, request_ids: list[str]) -> DataFrame:
@@ -110,16 +121,19 @@ class TableVerification:
 
 def verify_column(
     spark: SparkSession, settings: Settings, table: str, column: str, data_type: DataType,
-    hashes: DataFrame, key: bytes | Keyring, physical: bool = True, values_at: tuple[int, DataFrame] | None = None,
+    hashes: DataFrame, key: bytes | Keyring | HashKeys, physical: bool = True,
+    values_at: tuple[int, DataFrame] | None = None,
 ) -> TableVerification:
     """Run the live, history, storage and ref checks for one column of one table.
 
     `physical=False` runs the live check only: one scan of the column in the current snapshot.
-    `key`: the keyring, or the active key (the retired ones are then read from the keyring file).
+    `key`: the keyring, or the active key (the retired ones are then read from the keyring file), or
+    the keys `keys_for` resolved already for a set of hashes including these.
     A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
     it fails with that reason. `values_at`: (snapshot id, that snapshot's column values grouped as
     (dsr_value, count)), read already by the collateral check: used instead of the live scan while
-    that snapshot is still the current one.
+    the table holds the same rows as at that snapshot (no commit since, or only rewrites, such as
+    the purge's).
 
     Cost: one scan of the column in the current snapshot, one over the files of all retained
     snapshots, one over all Parquet files under the location, one per branch/tag. When the
@@ -130,12 +144,12 @@ def verify_column(
     file holds most subjects and grouping by (value, file) keeps millions of groups.
     """
     result = TableVerification(table, physical=physical)
-    key, lost = keys_for(settings, hashes, key)
-    for request_id, lost_key in sorted(lost.items()):
+    resolved = keys_for(settings, hashes, key)
+    key = resolved.keys
+    for request_id, lost_key in sorted(resolved.lost.items()):
         result.fail(request_id, f"{table}: hashed under key {lost_key}, which no keyring holds any more: "
                     "cannot be verified")
-    current_snapshot = iceberg.current_snapshot(spark, settings, table) if values_at else None
-    if current_snapshot and current_snapshot.snapshot_id == values_at[0]:
+    if values_at and iceberg.same_rows_since(spark, settings, table, values_at[0]):
         live = find_hashed_in_groups(spark, values_at[1], hashes, key)
     else:
         live = find_hashed(spark, spark.table(settings.table(table)).select(column), column, hashes, key)
@@ -179,10 +193,12 @@ def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
 
 
 def verify_tables(
-    spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring, key_types: dict[str, DataType],
-    tables: list[str] | None = None, physical: bool = True, values_at: dict[str, tuple[int, DataFrame]] | None = None,
+    spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring | HashKeys,
+    key_types: dict[str, DataType], tables: list[str] | None = None, physical: bool = True,
+    values_at: dict[str, tuple[int, DataFrame]] | None = None,
 ) -> list[TableVerification]:
     """Verify every mapped table against (request_id, key_type, key_hash) rows (`values_at`: see verify_column)."""
+    key = keys_for(settings, hashes, key)  # once for all tables
     results = []
     for table in tables or settings.datamap.erase_order():
         mapping = settings.datamap.tables[table]
