@@ -42,6 +42,7 @@ def main() -> None:
                                   "request_id string, subject_id string")
     keys = identity.resolve(spark, settings, batch)
     key_type = check_against_catalog(spark, settings.datamap, settings.table)["demo.events"]
+    key_set = erase.key_set(keys, settings.datamap.tables["demo.events"], key_type)
     files = spark.sql(f"SELECT count(*) n FROM {settings.table('demo.events')}.files").first().n
 
     timings: dict[str, list[float]] = {}
@@ -56,9 +57,9 @@ def main() -> None:
                           f"AS SELECT * FROM {settings.table('demo.events')}")
                 trial_settings = settings.model_copy(deep=True)
                 trial_settings.datamap.tables[clone] = trial_settings.datamap.tables["demo.events"]
-                plan = replace(erase.plan(spark, trial_settings, clone, keys, key_type), strategy=strategy)
+                plan = replace(erase.plan(spark, trial_settings, clone, key_set), strategy=strategy)
                 start = time.perf_counter()
-                result = erase.apply(spark, trial_settings, plan, keys, key_type)
+                result = erase.apply(spark, trial_settings, plan, key_set)
                 seconds = time.perf_counter() - start - _count_seconds(spark, trial_settings, clone)
                 name = f"{mode} {strategy}"
                 timings.setdefault(name, []).append(round(seconds, 2))

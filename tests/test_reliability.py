@@ -6,8 +6,6 @@ faulty statement would commit, around the real erase.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from pyspark.sql import functions as F
 
@@ -37,16 +35,16 @@ def append_events(spark, settings, user_ids: list[str], tag: str) -> None:
 
 
 def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
-    """Run `before(plan, keys)` / `after()` around the real erase of `table` (first call only)."""
+    """Run `before(spark, settings, keys)` / `after()` around the real erase of `table` (first call
+    only); a KeySet that `before` returns replaces the batch's in the statement."""
     real, calls = erase.apply, []
 
-    def apply(spark, settings, table_plan, keys, key_type):
+    def apply(spark, settings, table_plan, keys):
         first = table_plan.table == table and not calls
         if first:
             calls.append(1)
-            if before:
-                before(spark, settings, keys)
-        result = real(spark, settings, table_plan, keys, key_type)
+            keys = (before(spark, settings, keys) if before else None) or keys
+        result = real(spark, settings, table_plan, keys)
         if first and after:
             after(spark, settings)
         return result
@@ -62,25 +60,12 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
     ledger.submit([RequestInput(s, "erase") for s in ERASED])
     bystander_rows = events_of(spark, settings, [BYSTANDER])
     assert bystander_rows > 0
-    real_keys_for_table = erase.keys_for_table
 
-    buggy_thread: list[int] = []  # tables are erased on parallel threads: the bug strikes in the events one
+    def before(spark, settings, keys):  # a bug that also matches a bystander, in the statement only
+        extra = spark.createDataFrame([(BYSTANDER, ["bug"])], "key_value string, request_ids array<string>")
+        return erase.KeySet(keys.requesters.unionByName(extra))
 
-    def faulty_keys(keys, mapping, key_type):  # a bug that also matches a bystander, in the statement only
-        if threading.get_ident() not in buggy_thread:
-            return real_keys_for_table(keys, mapping, key_type)
-        extra = keys.sparkSession.createDataFrame([("bug", mapping.identifier, BYSTANDER)],
-                                                  "request_id string, key_type string, key_value string")
-        return real_keys_for_table(keys.unionByName(extra), mapping, key_type)
-
-    def before(spark, settings, keys):
-        buggy_thread.append(threading.get_ident())
-        monkeypatch.setattr(erase, "keys_for_table", faulty_keys)
-
-    def after(spark, settings):
-        monkeypatch.setattr(erase, "keys_for_table", real_keys_for_table)
-
-    wrap_apply(monkeypatch, "demo.events", before, after)
+    wrap_apply(monkeypatch, "demo.events", before)
     report = run(spark, settings)
 
     assert "demo.events" in report.collateral_failures and report.needs_attention

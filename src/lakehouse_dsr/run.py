@@ -331,10 +331,11 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         # Tables that identifiers are resolved through go last (datamap.erase_order): a resumed run can
         # still resolve from them. Within a wave, tables are erased side by side.
         sources = {link.table for link in settings.datamap.identifiers.values()}
+        key_sets = _key_sets(settings, keys, key_types, tables)
         erasures: dict[str, erase.TableErasure] = {}
         for wave in ([t for t in tables if t not in sources], [t for t in tables if t in sources]):
             erasures.update(_each_table(settings, progress, "erase", wave,
-                                        lambda t: _erase_table(spark, settings, t, keys, key_types[t], distinct)))
+                                        lambda t: _erase_table(spark, settings, t, key_sets[t], distinct)))
     hashes = verify.stored_hashes(spark, ledger, request_ids)
     hash_keys: verify.HashKeys | None = None
     for _ in range(settings.erase.max_rounds - 1):
@@ -347,7 +348,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
             break
         with _timed(report, "erase", spark):
             again = _each_table(settings, progress, "erase late rows", late,
-                                lambda t: _erase_table(spark, settings, t, keys, key_types[t], distinct))
+                                lambda t: _erase_table(spark, settings, t, key_sets[t], distinct))
         for table, later in again.items():
             erasures[table].absorb(later)
     return erasures
@@ -359,24 +360,38 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
     return current is not None and current.snapshot_id != ours
 
 
-def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType,
-                 distinct: dict[str, int]) -> erase.TableErasure:
+def _key_sets(settings: Settings, keys: DataFrame, key_types: dict[str, DataType], tables: list[str]
+              ) -> dict[str, erase.KeySet]:
+    """Each table's KeySet, built once per (identifier, key type): a hundred tables keyed by user_id
+    share one."""
+    built: dict[tuple[str, str], erase.KeySet] = {}
+    out = {}
+    for table in tables:
+        mapping = settings.datamap.tables[table]
+        shape = (mapping.identifier or settings.datamap.subject, key_types[table].simpleString())
+        if shape not in built:
+            built[shape] = erase.key_set(keys, mapping, key_types[table])
+        out[table] = built[shape]
+    return out
+
+
+def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: erase.KeySet, distinct: dict[str, int]
+                 ) -> erase.TableErasure:
     """Plan, fingerprint (collateral check), commit, and check one table (thread-safe: runs beside
     other tables' erasures on the same session). `distinct`: the batch's distinct values per identifier."""
     start = time.perf_counter()
     mapping = settings.datamap.tables[table]
     nulled = frozenset(mapping.redact)
     content = settings.erase.collateral_check == "content"
-    table_plan = erase.plan(spark, settings, table, keys, key_type, fingerprint=content,
+    table_plan = erase.plan(spark, settings, table, keys, fingerprint=content,
                             distinct_keys=distinct.get(mapping.identifier or settings.datamap.subject, 0))
-    hits = erase.hits(keys, mapping, key_type)
     try:
-        erasure = erase.apply(spark, settings, table_plan, keys, key_type)
+        erasure = erase.apply(spark, settings, table_plan, keys)
     except Exception as exc:  # recorded; verification then shows what is left
         erasure = erase.TableErasure(table_plan, error=_first_line(exc))
     if erasure.snapshot_id is not None:
         erasure.collateral, erasure.values_at_commit = collateral.check(
-            spark, settings, table, mapping.key, hits, nulled, table_plan.snapshot_before, erasure.snapshot_id,
+            spark, settings, table, mapping.key, keys.hits, nulled, table_plan.snapshot_before, erasure.snapshot_id,
             table_plan.other_before, table_plan.requested_after,
         ) if content else (collateral.check_counts(
             spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,

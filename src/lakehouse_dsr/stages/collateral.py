@@ -92,7 +92,7 @@ def pick(row, prefix: str) -> Fingerprint:
 def split(rows: DataFrame, key: str, hits: DataFrame, nulled: frozenset[str]) -> tuple[Fingerprint, Fingerprint]:
     """(rows not requested, requested rows as the erasure must leave them) for `rows`. One scan.
 
-    `hits` holds the requested key values (column `key_value`); requested rows become nothing
+    `hits` holds the distinct requested key values (column `key_value`); requested rows become nothing
     (`nulled` empty: delete) or themselves with `nulled` columns set to NULL (redact).
     """
     marked = _mark(rows, key, hits)
@@ -105,7 +105,7 @@ def split(rows: DataFrame, key: str, hits: DataFrame, nulled: frozenset[str]) ->
 
 def _mark(rows: DataFrame, key: str, hits: DataFrame) -> DataFrame:
     """`rows` plus a `dsr_hit` column: true where the key is a requested value, NULL elsewhere."""
-    flags = hits.select(F.col("key_value").alias("dsr_hit_key"), F.lit(True).alias(_HIT)).distinct()
+    flags = hits.select(F.col("key_value").alias("dsr_hit_key"), F.lit(True).alias(_HIT))
     return (rows.join(F.broadcast(flags), rows[f"`{key}`"] == flags.dsr_hit_key, "left").drop("dsr_hit_key"))
 
 
@@ -142,7 +142,7 @@ def check(spark: SparkSession, settings: Settings, table: str, key: str, hits: D
             late_redacted.append(added_requested)
         parent = commit.snapshot_id
     values = by_value(iceberg.read_at(spark, settings, table, erase_snapshot), key)
-    flags = hits.select(F.col("key_value").alias("dsr_value"), F.lit(True).alias(_HIT)).distinct()
+    flags = hits.select(F.col("key_value").alias("dsr_value"), F.lit(True).alias(_HIT))
     kept = values.join(F.broadcast(flags), "dsr_value", "left").where(F.col(_HIT).isNull())
     after = pick(kept.agg(F.sum("count").alias("o_rows"), F.sum("o_sum").alias("o_sum"),
                           F.bit_xor("o_xor").alias("o_xor")).first(), "o_")

@@ -100,9 +100,26 @@ def keys_for_table(keys: DataFrame, mapping: TableMapping, key_type: DataType) -
     )
 
 
-def hits(keys: DataFrame, mapping: TableMapping, key_type: DataType) -> DataFrame:
-    """The distinct requested values of this table's key (column `key_value`)."""
-    return keys_for_table(keys, mapping, key_type).select("key_value").distinct()
+@dataclass(frozen=True)
+class KeySet:
+    """A batch's values of one identifier, cast to one key type, grouped by value with the requests
+    naming each (`key_value`, `request_ids`). Kept (local checkpoint, one small row per value) and
+    built once per run for every table keyed by that identifier and type, so no table's plan,
+    statement or check shuffles the batch again."""
+
+    requesters: DataFrame
+
+    @property
+    def hits(self) -> DataFrame:
+        """The distinct requested values (column `key_value`)."""
+        return self.requesters.select("key_value")
+
+
+def key_set(keys: DataFrame, mapping: TableMapping, key_type: DataType) -> KeySet:
+    """The KeySet of `mapping`'s identifier at `key_type`. Cost: one small job over the batch's keys."""
+    grouped = keys_for_table(keys, mapping, key_type).groupBy("key_value").agg(
+        F.collect_set("request_id").alias("request_ids"))
+    return KeySet(grouped.localCheckpoint(eager=True))
 
 
 def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, modes: dict[str, str]) -> str:
@@ -126,8 +143,8 @@ def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str
     return {op: iceberg.write_mode(spark, settings, table, op) for op in ("delete", "update", "merge")}
 
 
-def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType,
-         fingerprint: bool = False, distinct_keys: int | None = None) -> TablePlan:
+def plan(spark: SparkSession, settings: Settings, table: str, keys: KeySet, fingerprint: bool = False,
+         distinct_keys: int | None = None) -> TablePlan:
     """Count matches per request and pick the strategy: one scan, one Spark job.
 
     The same scan counts the table's rows (a row two requests share counts once in the totals)
@@ -138,18 +155,15 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
     the caller knows it (else counted: one more small job).
     """
     mapping = settings.datamap.tables[table]
-    table_keys = keys_for_table(keys, mapping, key_type)
     snapshot = iceberg.current_snapshot(spark, settings, table)
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
-    hit_values = hits(keys, mapping, key_type)
-    requesters = table_keys.groupBy("key_value").agg(F.collect_set("request_id").alias("request_ids"))
     nulled = frozenset(mapping.redact)  # empty for deleting tables (the data map allows redact columns only there)
     hashes = [*collateral.row_hashes(rows, "o_"), *(collateral.row_hashes(rows, "r_", nulled) if nulled else [])
               ] if fingerprint else []
     # One group per matched key value, with the requests naming it, plus one (no requests) for every other row.
     groups = (
         rows.select(F.col(f"`{mapping.key}`").alias("key_value"), *hashes)
-        .join(F.broadcast(requesters), "key_value", "left")
+        .join(F.broadcast(keys.requesters), "key_value", "left")
         .groupBy("request_ids")
         .agg(F.count(F.lit(1)).alias("count"), *(collateral.group_aggregates(nulled) if fingerprint else []))
         .collect()
@@ -160,7 +174,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
         for request_id in g.request_ids:
             matches[request_id] = matches.get(request_id, 0) + g["count"]
     if distinct_keys is None:
-        distinct_keys = hit_values.count()
+        distinct_keys = keys.hits.count()
     action = mapping.action
     modes = write_modes(spark, settings, table)
     strategy = choose_strategy(action, distinct_keys, settings.erase.broadcast_max_keys, modes)
@@ -184,9 +198,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, k
     )
 
 
-def apply(
-    spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: DataFrame, key_type: DataType
-) -> TableErasure:
+def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: KeySet) -> TableErasure:
     """Run the plan as one commit. Skips tables without matches (no empty commits).
 
     Copy-on-write: reads and rewrites every data file holding a match. Merge-on-read: reads the
@@ -198,7 +210,7 @@ def apply(
         return result
     mapping = settings.datamap.tables[table_plan.table]
     view = f"dsr_keys_{uuid.uuid4().hex[:12]}"
-    hits(keys, mapping, key_type).createOrReplaceTempView(view)
+    keys.hits.createOrReplaceTempView(view)
     target, key = settings.table(table_plan.table), f"`{mapping.key}`"
     nulls = ", ".join(f"t.`{c}` = NULL" for c in mapping.redact)
     exists = f"EXISTS (SELECT 1 FROM {view} s WHERE s.key_value = t.{key})"
