@@ -48,8 +48,9 @@ def find_hashed_in_groups(spark: SparkSession, grouped: DataFrame, hashes: DataF
     keys = {key_id(key): key} if isinstance(key, bytes) else key
     hashed = with_keyring_hashes(spark, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value", keys)
     stored = hashes.select("request_id", "key_hash", *(["key_id"] if "key_id" in hashes.columns else []))
+    # One shuffle: partitioned by request, both the de-duplication and the sum run in place.
     found = (
-        join_on_key(hashed, stored).dropDuplicates(["request_id", "dsr_value"])
+        join_on_key(hashed, stored).repartition("request_id").dropDuplicates(["request_id", "dsr_value"])
         .groupBy("request_id").agg(F.sum("count").alias("n")).collect()
     )
     return {r.request_id: int(r.n) for r in found}
