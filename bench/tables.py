@@ -118,6 +118,7 @@ def main() -> None:
     a = args.parse_args()
     sizes = [int(n) for n in a.tables.split(",")]
     work = Path(a.workdir)
+    work.mkdir(parents=True, exist_ok=True)
     configs = {n: config(work, n) for n in sizes}
     settings = load_settings(configs[max(sizes)])
     spark = build_session(settings)
