@@ -63,7 +63,7 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
 
     def before(spark, settings, keys):  # a bug that also matches a bystander, in the statement only
         extra = spark.createDataFrame([(BYSTANDER, ["bug"])], "key_value string, request_ids array<string>")
-        return erase.KeySet(keys.requesters.unionByName(extra))
+        return erase.KeySet(keys.requesters.unionByName(extra), keys.size + 1)
 
     wrap_apply(monkeypatch, "demo.events", before)
     report = run(spark, settings)

@@ -296,18 +296,12 @@ def _schedule(settings: Settings, purged: bool, waiting: dict[str, date]) -> dic
             "next_purge_by": min(waiting.values()).isoformat() if waiting else None}
 
 
-def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> dict[str, int]:
+def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> None:
     """Store the keyed hashes of a batch's resolved identifiers before anything is erased (linked
-    identifiers are read from tables the erasure empties). Hashed in Spark: only hashes reach the driver.
-    Returns the number of distinct values per identifier (distinct hashes), which every table's plan needs."""
+    identifiers are read from tables the erasure empties). Hashed in Spark: only hashes reach the driver."""
     hashed = with_keyed_hash(spark, keys, "key_value", ledger.key).select("request_id", "key_type", "key_hash")
     made_by = key_id(ledger.key)
-    rows = hashed.collect()
-    ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in rows])
-    distinct: dict[str, set[str]] = {}
-    for r in rows:
-        distinct.setdefault(r.key_type, set()).add(r.key_hash)
-    return {key_type: len(h) for key_type, h in distinct.items()}
+    ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in hashed.collect()])
 
 
 def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work, request_ids: list[str],
@@ -324,18 +318,18 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         progress.stage("resolve identifiers", 1)
         progress.step(f"{len(request_ids)} subjects")
         keys = identity.resolve(spark, settings, _batch(spark, {rid: work.erase[rid] for rid in request_ids}))
-        distinct = _record_keys(spark, ledger, keys)
+        _record_keys(spark, ledger, keys)
         progress.done()
 
     with _timed(report, "erase", spark):
         # Tables that identifiers are resolved through go last (datamap.erase_order): a resumed run can
         # still resolve from them. Within a wave, tables are erased side by side.
         sources = {link.table for link in settings.datamap.identifiers.values()}
-        key_sets = _key_sets(settings, keys, key_types, tables)
+        key_sets = erase.key_sets(settings, keys, key_types, tables)
         erasures: dict[str, erase.TableErasure] = {}
         for wave in ([t for t in tables if t not in sources], [t for t in tables if t in sources]):
             erasures.update(_each_table(settings, progress, "erase", wave,
-                                        lambda t: _erase_table(spark, settings, t, key_sets[t], distinct)))
+                                        lambda t: _erase_table(spark, settings, t, key_sets[t])))
     hashes = verify.stored_hashes(spark, ledger, request_ids)
     hash_keys: verify.HashKeys | None = None
     for _ in range(settings.erase.max_rounds - 1):
@@ -348,7 +342,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
             break
         with _timed(report, "erase", spark):
             again = _each_table(settings, progress, "erase late rows", late,
-                                lambda t: _erase_table(spark, settings, t, key_sets[t], distinct))
+                                lambda t: _erase_table(spark, settings, t, key_sets[t]))
         for table, later in again.items():
             erasures[table].absorb(later)
     return erasures
@@ -360,31 +354,14 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
     return current is not None and current.snapshot_id != ours
 
 
-def _key_sets(settings: Settings, keys: DataFrame, key_types: dict[str, DataType], tables: list[str]
-              ) -> dict[str, erase.KeySet]:
-    """Each table's KeySet, built once per (identifier, key type): a hundred tables keyed by user_id
-    share one."""
-    built: dict[tuple[str, str], erase.KeySet] = {}
-    out = {}
-    for table in tables:
-        mapping = settings.datamap.tables[table]
-        shape = (mapping.identifier or settings.datamap.subject, key_types[table].simpleString())
-        if shape not in built:
-            built[shape] = erase.key_set(keys, mapping, key_types[table])
-        out[table] = built[shape]
-    return out
-
-
-def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: erase.KeySet, distinct: dict[str, int]
-                 ) -> erase.TableErasure:
+def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: erase.KeySet) -> erase.TableErasure:
     """Plan, fingerprint (collateral check), commit, and check one table (thread-safe: runs beside
-    other tables' erasures on the same session). `distinct`: the batch's distinct values per identifier."""
+    other tables' erasures on the same session)."""
     start = time.perf_counter()
     mapping = settings.datamap.tables[table]
     nulled = frozenset(mapping.redact)
     content = settings.erase.collateral_check == "content"
-    table_plan = erase.plan(spark, settings, table, keys, fingerprint=content,
-                            distinct_keys=distinct.get(mapping.identifier or settings.datamap.subject, 0))
+    table_plan = erase.plan(spark, settings, table, keys, fingerprint=content)
     try:
         erasure = erase.apply(spark, settings, table_plan, keys)
     except Exception as exc:  # recorded; verification then shows what is left

@@ -108,6 +108,7 @@ class KeySet:
     statement or check shuffles the batch again."""
 
     requesters: DataFrame
+    size: int  # distinct values: decides whether the statement may broadcast them
 
     @property
     def hits(self) -> DataFrame:
@@ -116,10 +117,23 @@ class KeySet:
 
 
 def key_set(keys: DataFrame, mapping: TableMapping, key_type: DataType) -> KeySet:
-    """The KeySet of `mapping`'s identifier at `key_type`. Cost: one small job over the batch's keys."""
+    """The KeySet of `mapping`'s identifier at `key_type`. Cost: two small jobs over the batch's keys."""
     grouped = keys_for_table(keys, mapping, key_type).groupBy("key_value").agg(
-        F.collect_set("request_id").alias("request_ids"))
-    return KeySet(grouped.localCheckpoint(eager=True))
+        F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=True)
+    return KeySet(grouped, grouped.count())
+
+
+def key_sets(settings: Settings, keys: DataFrame, key_types: dict[str, DataType], tables: list[str]
+             ) -> dict[str, KeySet]:
+    """Each table's KeySet, built once per (identifier, key type): a hundred tables keyed by user_id
+    share one."""
+    built: dict[tuple[str, str], KeySet] = {}
+    for table in tables:
+        mapping = settings.datamap.tables[table]
+        shape = (mapping.identifier, key_types[table].simpleString())
+        if shape not in built:
+            built[shape] = key_set(keys, mapping, key_types[table])
+    return {t: built[(settings.datamap.tables[t].identifier, key_types[t].simpleString())] for t in tables}
 
 
 def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, modes: dict[str, str]) -> str:
@@ -143,16 +157,15 @@ def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str
     return {op: iceberg.write_mode(spark, settings, table, op) for op in ("delete", "update", "merge")}
 
 
-def plan(spark: SparkSession, settings: Settings, table: str, keys: KeySet, fingerprint: bool = False,
-         distinct_keys: int | None = None) -> TablePlan:
+def plan(spark: SparkSession, settings: Settings, table: str, keys: KeySet, fingerprint: bool = False
+         ) -> TablePlan:
     """Count matches per request and pick the strategy: one scan, one Spark job.
 
     The same scan counts the table's rows (a row two requests share counts once in the totals)
     and, with `fingerprint` (the content collateral check), fingerprints the rows not requested and
     what the requested rows must become. Cost: reads the key column, or every column with
     `fingerprint`; the driver receives one row per matched key value (request ids, a count and hash
-    parts; never the value). `distinct_keys`: the batch's distinct values of this identifier, when
-    the caller knows it (else counted: one more small job).
+    parts; never the value).
     """
     mapping = settings.datamap.tables[table]
     snapshot = iceberg.current_snapshot(spark, settings, table)
@@ -173,11 +186,9 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: KeySet, fing
     for g in matched:
         for request_id in g.request_ids:
             matches[request_id] = matches.get(request_id, 0) + g["count"]
-    if distinct_keys is None:
-        distinct_keys = keys.hits.count()
     action = mapping.action
     modes = write_modes(spark, settings, table)
-    strategy = choose_strategy(action, distinct_keys, settings.erase.broadcast_max_keys, modes)
+    strategy = choose_strategy(action, keys.size, settings.erase.broadcast_max_keys, modes)
     other_before = requested_after = None
     if fingerprint:
         other_before = sum((collateral.part(g, "o_") for g in groups if not g.request_ids), Fingerprint())
