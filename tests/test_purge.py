@@ -11,6 +11,7 @@ from conftest import SEED, ledger_table
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
 from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
@@ -130,9 +131,9 @@ def test_a_catalog_named_like_the_namespace_is_purged_in_its_own_tables(spark, n
 
 
 def test_manifest_rewrite_and_expiry_leave_only_the_current_snapshots_files(spark, new_lakehouse):
-    """Both run in the driver (Iceberg's core API): the manifest rewrite drops the entries of removed
-    files, the expiry leaves storage holding the current snapshot's files and no more, counts the
-    data and delete files it removed, and the data stays."""
+    """The manifest rewrite drops the entries of removed files; the expiry, in the driver (Iceberg's
+    core API, no Spark stage), leaves storage holding the current snapshot's files and no more,
+    counts the data and delete files it removed, and the data stays."""
     settings = new_lakehouse()
     table = "demo.events"
     name = settings.table(table)
@@ -149,7 +150,10 @@ def test_manifest_rewrite_and_expiry_leave_only_the_current_snapshots_files(spar
     snapshots = spark.sql(f"SELECT * FROM {name}.snapshots").count()
     assert snapshots >= 3 and before > current
 
+    meter = StageMeter(spark)
+    mark = meter.mark()
     expired = iceberg.expire_snapshots_before_current(spark, settings, table)
+    assert meter.since(mark).stages == 0
 
     after = set(map(iceberg.same_file, iceberg.parquet_files_under(spark, location)))
     assert after == current

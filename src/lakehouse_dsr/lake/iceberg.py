@@ -215,8 +215,9 @@ def expire_snapshots_before_current(spark: SparkSession, settings: Settings, tab
     older = [s.snapshotId() for s in snapshots if s.timestampMillis() < current.timestampMillis()]
     if not older:  # only the current snapshot (or newer ones): nothing to expire
         return ExpireResult(0, 0)
-    main = jtable.refs().get("main")
-    if refs(spark, settings, table) or main is None or main.minSnapshotsToKeep() is not None \
+    found = jtable.refs()
+    main = found.get("main")
+    if found.size() != 1 or main is None or main.minSnapshotsToKeep() is not None \
             or main.maxSnapshotAgeMs() is not None:  # refs, or main's own retention: Iceberg decides what stays
         result = (_actions(spark).expireSnapshots(jtable).expireOlderThan(current.timestampMillis())
                   .retainLast(1).execute())
@@ -377,12 +378,13 @@ def same_rows_since(spark: SparkSession, settings: Settings, table: str, snapsho
     """Whether the current snapshot holds exactly the rows of `snapshot_id`: it is that snapshot, or
     every commit since is a `replace` (compaction, manifest rewrite: by the spec, files change and
     the table's data does not). Metadata only."""
-    current = current_snapshot(spark, settings, table)
-    if current is None or current.snapshot_id == snapshot_id:
-        return current is not None
-    between = commits_between(spark, settings, table, snapshot_id, current.snapshot_id)
-    operation = str(_jtable(spark, settings, table).snapshot(current.snapshot_id).operation())
-    return between is not None and operation == "replace" and all(c.operation == "replace" for c in between)
+    jtable = _jtable(spark, settings, table)
+    current = jtable.currentSnapshot()
+    if current is None:
+        return False
+    since = list(_ancestors(jtable, current.snapshotId(), snapshot_id))  # newest first, `snapshot_id` excluded
+    on_its_line = not since or since[-1].parentId() == snapshot_id  # else rolled back, replaced or expired
+    return on_its_line and all(str(s.operation()) == "replace" for s in since)
 
 
 def read_appended(spark: SparkSession, settings: Settings, table: str, commit: Commit, parent_id: int | None
