@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
-import sys
+import shutil
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
+
+from lakehouse_dsr.bench import dsr_process
 
 SEED = 42  # `dsr generate`'s default seed: user ids are synth.user_id(SEED, i)
 
@@ -39,16 +39,6 @@ def config(work: Path, file_mb: int) -> Path:
         "datamap": {"subject": "user_id", "identifiers": {}, "tables": {"demo.events": {"key": "user_id"}}},
     }))
     return path
-
-
-def dsr(cfg: Path, *args: str) -> float:
-    """Seconds the whole `dsr` process took; fails loudly on a non-zero exit."""
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "lakehouse_dsr", "--config", str(cfg), *args],
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"dsr {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    return round(time.perf_counter() - start, 2)
 
 
 def table_size(cfg: Path) -> tuple[int, int]:
@@ -67,16 +57,17 @@ def point(events: int, clustered: bool, erase: int, file_mb: int, work: Path) ->
     cfg = config(work, file_mb)
     users = max(1, events // 100)
     out = {"events": events, "layout": "clustered" if clustered else "unsorted",
-           "generate_s": dsr(cfg, "generate", "--users", str(users), "--events", str(events))}
+           "generate_s": dsr_process(cfg, "generate", "--users", str(users), "--events", str(events))}
     if clustered:
-        out["optimize_s"] = dsr(cfg, "optimize", "--table", "demo.events", "--target-file-size-mb", str(file_mb))
+        out["optimize_s"] = dsr_process(cfg, "optimize", "--table", "demo.events",
+                                        "--target-file-size-mb", str(file_mb))
     out["files"], out["bytes"] = table_size(cfg)
     requests = work / "requests.csv"
     subjects = random.Random(events).sample(range(users), erase)
     requests.write_text("subject_id,type\n" + "".join(f"{synth.user_id(SEED, i)},erase\n" for i in subjects))
-    dsr(cfg, "submit", "--file", str(requests))
+    dsr_process(cfg, "submit", "--file", str(requests))
     report = work / "report.json"
-    out["run_s"] = dsr(cfg, "run", "--report", str(report))
+    out["run_s"] = dsr_process(cfg, "run", "--report", str(report))
     r = json.loads(report.read_text())
     table = r["tables"]["demo.events"]
     out["stages_s"] = r["seconds"]
@@ -134,7 +125,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         points.append(point(events, clustered, a.erase, a.file_mb, work))
         print(json.dumps(points[-1]), flush=True)
-        subprocess.run(["rm", "-rf", str(work / "wh")], check=True)  # 30M events take GBs
+        shutil.rmtree(work / "wh")  # 30M events take GBs
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     if a.keep_others and (results / "clustered.json").exists():  # re-measured points replace their old ones

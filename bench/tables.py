@@ -17,8 +17,6 @@ import argparse
 import csv
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from lakehouse_dsr.bench import dsr_process
 from lakehouse_dsr.config import load_settings
 from lakehouse_dsr.lake.spark import build_session
 
@@ -73,17 +72,6 @@ def config(work: Path, tables: int) -> Path:
                     "tables": dict(mapping(i) for i in range(tables))},
     }))
     return path
-
-
-def dsr(cfg: Path, *args: str) -> float:
-    """Seconds the whole `dsr` process took; fails loudly on a non-zero exit."""
-    start = time.perf_counter()
-    done = subprocess.run([str(Path(sys.executable).parent / "dsr"), "--config", str(cfg), *args],
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"dsr {' '.join(args)} exited {done.returncode}:\n"
-                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return round(time.perf_counter() - start, 3)
 
 
 def naive(spark, settings, tables: int, ids: list[str]) -> float:
@@ -136,8 +124,8 @@ def main() -> None:
             requests = work / "requests.csv"
             with requests.open("w", newline="") as fh:
                 csv.writer(fh).writerows([("subject_id", "type"), *((u, "erase") for u in ids)])
-            submit = dsr(configs[n], "submit", "--file", str(requests))
-            run_s = dsr(configs[n], "run", "--report", str(work / f"run-{n}-{round_}.json"))
+            submit = dsr_process(configs[n], "submit", "--file", str(requests))
+            run_s = dsr_process(configs[n], "run", "--report", str(work / f"run-{n}-{round_}.json"))
             report = json.loads((work / f"run-{n}-{round_}.json").read_text())
             assert report["summary"]["completed"] == a.erase, report["summary"]
             rounds[n].append({"run_s": run_s, "submit_s": submit, "stages": report["seconds"]})

@@ -20,6 +20,8 @@ import platform
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +52,18 @@ def events_only_settings(work: Path, name: str, **sections) -> Settings:
     settings.datamap.tables = {"demo.events": settings.datamap.tables["demo.events"]}
     settings.datamap.identifiers = {}
     return settings
+
+
+def dsr_process(config: Path, *args: str) -> float:
+    """Seconds a whole `dsr --config CONFIG ARGS` process took, JVM start-up and imports included (what a
+    user waits for); fails loudly, with the end of its output, on a non-zero exit."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "lakehouse_dsr", "--config", str(config), *args],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"dsr {' '.join(args)} exited {done.returncode}:\n"
+                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return round(time.perf_counter() - start, 3)
 
 
 def _side(settings: Settings, side: str, tables: list[str] | None) -> Settings:
