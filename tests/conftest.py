@@ -36,7 +36,7 @@ def make_settings(root: Path, **overrides) -> Settings:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory) -> SparkSession:
-    session = build_session(make_settings(tmp_path_factory.mktemp("session")))
+    session = build_session(make_settings(tmp_path_factory.mktemp("session")), quick_jit=True)  # tiny data
     yield session
     session.stop()
 

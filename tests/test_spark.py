@@ -2,6 +2,7 @@ import pytest
 
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import EnvironmentSetupError
+from lakehouse_dsr.lake import jvm
 from lakehouse_dsr.lake import spark as spark_module
 
 
@@ -36,3 +37,37 @@ def test_missing_jar_is_explained(monkeypatch):
     monkeypatch.setattr(spark_module, "ICEBERG_JAR", "iceberg-spark-runtime-0.0.jar")
     with pytest.raises(EnvironmentSetupError, match="snowpark-connect-deps-iceberg==1.0.2"):
         spark_module.iceberg_jar()
+
+
+def test_driver_jvm_flags_follow_the_class_archive_and_the_lake_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    settings = settings_from_dict({}, base=tmp_path)
+
+    def java_options(**kwargs) -> str:
+        return spark_module.session_conf(settings, jvm.driver_options(**kwargs))["spark.driver.extraJavaOptions"]
+
+    assert "-XX:SharedArchiveFile" not in java_options() and "TieredStopAtLevel" not in java_options()
+    assert "-XX:TieredStopAtLevel=1" in java_options(quick_jit=True)
+    archive = jvm.archive_path()
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"recorded")
+    assert f"-XX:SharedArchiveFile={archive}" in java_options()
+    recording = java_options(record_to=tmp_path / "new.jsa")  # never read one archive while writing another
+    assert f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}" in recording and "SharedArchiveFile" not in recording
+    # the Iceberg jar on the driver's own class path (so its classes can be archived), local masters only
+    assert spark_module.session_conf(settings)["spark.driver.extraClassPath"] == str(spark_module.iceberg_jar())
+    cluster = settings_from_dict({"spark": {"master": "spark://h:7077"}}, base=tmp_path)
+    assert "spark.driver.extraClassPath" not in spark_module.session_conf(cluster)
+    own = settings_from_dict({"spark": {"conf": {"spark.driver.extraJavaOptions": "-Dmine=1"}}}, base=tmp_path)
+    conf = spark_module.session_conf(own, jvm.driver_options(quick_jit=True))
+    assert conf["spark.driver.extraJavaOptions"] == "-Dmine=1"
+
+
+def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakehouse, monkeypatch):
+    settings = new_lakehouse()
+    size = jvm.mapped_bytes(settings)
+    assert 0 < size <= jvm.QUICK_JIT_MAX_BYTES and jvm.small_lake(settings)
+    monkeypatch.setattr(jvm, "QUICK_JIT_MAX_BYTES", size - 1)
+    assert not jvm.small_lake(settings)
+    settings.datamap.tables["demo.missing"] = settings.datamap.tables["demo.events"]
+    assert jvm.mapped_bytes(settings, limit=10**12) >= 10**12  # unreadable: counts as big

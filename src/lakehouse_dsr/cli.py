@@ -77,12 +77,16 @@ def _settings() -> Settings:
     return _state["settings"]
 
 
-def _spark():
-    """One session per invocation (demo runs several commands), started on first need."""
+def _spark(by_lake_size: bool = False):
+    """One session per invocation (demo runs several commands), started on first need.
+    `by_lake_size`: a command whose work follows the mapped tables' size (run, verify) gets the
+    quick JIT on a small lake (lake/jvm.py); generating or benchmarking data never does."""
     if "spark" not in _state:
+        from .lake import jvm
         from .lake.spark import build_session
 
-        _state["spark"] = build_session(_settings())
+        settings = _settings()
+        _state["spark"] = build_session(settings, quick_jit=by_lake_size and jvm.small_lake(settings))
     return _state["spark"]
 
 
@@ -151,7 +155,7 @@ def run_cmd(
     if export_dir is not None:
         settings.export.directory = export_dir.resolve()
     with Bars() as bars:
-        result = run_batch(_spark, settings, bars)  # Spark starts only if there is work
+        result = run_batch(lambda: _spark(by_lake_size=True), settings, bars)  # Spark starts only if there is work
     if report:
         result.write(report)
     if not result.requests:
@@ -200,13 +204,24 @@ def verify_cmd(request_id: Annotated[list[str] | None, typer.Argument(help="defa
     """Re-run the erasure proof for completed requests (from their keyed hashes)."""
     from .stages.verify import verify_completed
 
-    results = verify_completed(_spark(), _settings(), request_id or None)
+    results = verify_completed(_spark(by_lake_size=True), _settings(), request_id or None)
     bad = {rid: reasons for rid, reasons in results.items() if reasons}
     for rid, reasons in bad.items():
         console.print(f"[red]{rid}: FAILED[/] {'; '.join(reasons)}")
     console.print(f"{len(results) - len(bad)} of {len(results)} completed request(s) verified erased")
     if bad:
         raise typer.Exit(1)
+
+
+@app.command("warm-up")
+def warm_up() -> None:
+    """Record the classes a run loads into a class-data-sharing archive: later commands start Spark faster."""
+    from .warmup import record_archive
+
+    with console.status("recording the classes of a tiny run (about half a minute)"):
+        result = record_archive()
+    console.print(f"class archive {result.archive} ({result.bytes / 2**20:.0f} MB): "
+                  "commands that start Spark now map these classes instead of loading them")
 
 
 @app.command("rotate-key")

@@ -26,9 +26,14 @@ S3A_JARS = {
 }
 
 
-def default_cache_dir() -> Path:
+def cache_dir(kind: str) -> Path:
+    """~/.cache/lakehouse-dsr/<kind> (or under $XDG_CACHE_HOME): what a machine fetches or records once."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "lakehouse-dsr" / "jars"
+    return Path(base) / "lakehouse-dsr" / kind
+
+
+def default_cache_dir() -> Path:
+    return cache_dir("jars")
 
 
 def _sha256(path: Path) -> str:

@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark import SparkConf
@@ -17,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from ..config import Settings
 from ..exceptions import EnvironmentSetupError
+from . import jvm
 from .catalog import create_catalog_tables, spark_catalog_properties
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -70,8 +72,9 @@ def launcher_wins(conf: dict[str, str], launched: set[str]) -> dict[str, str]:
     return {key: value for key, value in conf.items() if key not in _LAUNCH_ONLY and key not in launched}
 
 
-def session_conf(settings: Settings) -> dict[str, str]:
-    """Every Spark conf the engine needs, with the user's `spark.conf` taking precedence."""
+def session_conf(settings: Settings, java_options: Sequence[str] = ()) -> dict[str, str]:
+    """Every Spark conf the engine needs, with the user's `spark.conf` taking precedence (their
+    `spark.driver.extraJavaOptions` replaces our log configuration and `java_options`)."""
     conf = {
         "spark.sql.extensions": EXTENSIONS,
         "spark.sql.session.timeZone": "UTC",
@@ -82,9 +85,11 @@ def session_conf(settings: Settings) -> dict[str, str]:
     user = settings.spark.conf
     if "spark.driver.extraJavaOptions" not in user:
         log_config = importlib.resources.files("lakehouse_dsr") / "log4j2.properties"
-        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log_config}"
+        conf["spark.driver.extraJavaOptions"] = " ".join([f"-Dlog4j2.configurationFile={log_config}", *java_options])
     if jars := session_jars(settings):
         conf["spark.jars"] = ",".join(jars)
+        if settings.spark.master.startswith("local") and "spark.driver.extraClassPath" not in user:
+            conf["spark.driver.extraClassPath"] = os.pathsep.join(jars)
     for key, value in spark_catalog_properties(settings).items():
         conf[f"spark.sql.catalog.{settings.catalog.name}.{key}"] = value
     for key, value in user.items():
@@ -93,15 +98,17 @@ def session_conf(settings: Settings) -> dict[str, str]:
     return conf
 
 
-def build_session(settings: Settings) -> SparkSession:
+def build_session(settings: Settings, quick_jit: bool = False, record_classes_to: Path | None = None) -> SparkSession:
     """Start (or reuse) a SparkSession configured for the catalog in `settings`.
 
-    Costs a JVM start (3-7 s) the first time in a process. Under spark-submit the launcher's master,
+    Costs a JVM start (2-7 s) the first time in a process, less with the class archive `dsr warm-up`
+    records (lake/jvm.py). `quick_jit`: C1 only, for runs over small lakes; `record_classes_to`:
+    record the classes this JVM loads into an archive there when it exits. Under spark-submit the launcher's master,
     jars and driver options win over dsr.yaml (the JVM is already running; pass the jars with
     `--jars $(dsr jars)`); every other setting of dsr.yaml still applies.
     """
     _check_java()
-    conf = session_conf(settings)
+    conf = session_conf(settings, jvm.driver_options(quick_jit, record_classes_to))
     master: str | None = settings.spark.master
     if launched_by_spark_submit():
         conf = launcher_wins(conf, {key for key, _ in SparkConf().getAll()})  # the JVM's, as spark-submit set them

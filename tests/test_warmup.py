@@ -1,0 +1,29 @@
+"""`dsr warm-up` records a class archive that later JVMs start with (a whole tiny run: slow suite)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lakehouse_dsr.config import settings_from_dict
+from lakehouse_dsr.lake import jvm
+from lakehouse_dsr.lake import spark as spark_module
+
+pytestmark = pytest.mark.slow
+
+
+def test_warm_up_records_an_archive_the_next_session_starts_with(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-m", "lakehouse_dsr", "warm-up"], capture_output=True, text=True,
+                          cwd=tmp_path, env=os.environ, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    archive = jvm.archive_path()
+    assert archive.is_file() and archive.stat().st_size > 10 * 2**20 and jvm.archive_usable(archive)
+    assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]  # no staged leftovers
+    assert not list(tmp_path.glob("hs_err*"))
+    conf = spark_module.session_conf(settings_from_dict({}, base=tmp_path), jvm.driver_options())
+    assert f"-XX:SharedArchiveFile={archive}" in conf["spark.driver.extraJavaOptions"]
+    truncated = tmp_path / "truncated.jsa"  # what a crash mid-write would leave: it would crash the JVM
+    truncated.write_bytes(archive.read_bytes()[:4096])
+    assert not jvm.archive_usable(truncated)
