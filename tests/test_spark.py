@@ -47,7 +47,7 @@ def test_driver_jvm_flags_follow_the_class_archive_and_the_lake_size(tmp_path, m
         return spark_module.session_conf(settings, jvm.driver_options(**kwargs))["spark.driver.extraJavaOptions"]
 
     assert "-XX:SharedArchiveFile" not in java_options() and "TieredStopAtLevel" not in java_options()
-    assert "-XX:TieredStopAtLevel=1" in java_options(quick_jit=True)
+    assert "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m" in java_options(quick_jit=True)
     archive = jvm.archive_path()
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"recorded")
@@ -67,6 +67,9 @@ def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakeh
     settings = new_lakehouse()
     size = jvm.mapped_bytes(settings)
     assert 0 < size <= jvm.QUICK_JIT_MAX_BYTES and jvm.small_lake(settings)
+    monkeypatch.setattr(jvm, "QUICK_JIT_MAX_TABLES", len(settings.datamap.tables) - 1)
+    assert not jvm.small_lake(settings)  # many small tables make a long run: both compilers pay off
+    monkeypatch.setattr(jvm, "QUICK_JIT_MAX_TABLES", 12)
     monkeypatch.setattr(jvm, "QUICK_JIT_MAX_BYTES", size - 1)
     assert not jvm.small_lake(settings)
     settings.datamap.tables["demo.missing"] = settings.datamap.tables["demo.events"]

@@ -7,8 +7,9 @@ the run for CPU while compiling code a short run barely uses. Two JVM features r
   installation by `dsr warm-up` (`make install` runs it): later JVMs map the classes instead of
   loading them. A missing or stale archive is ignored; the JVM then loads classes as usual.
 - `-XX:TieredStopAtLevel=1` (C1 only) for runs over small lakes: a tiny run on 2 cores took 27 s
-  with both compilers and 20 s with C1; at 2M events C1 doubled the purge, so above
-  QUICK_JIT_MAX_BYTES of mapped data the JVM keeps both.
+  with both compilers and 20 s with C1; at 2M events C1 doubled the purge, and over 50 tables of
+  10k rows (a 90 s run) it gained nothing (95.5 s against 92.8 s). So only a lake of at most
+  QUICK_JIT_MAX_TABLES tables and QUICK_JIT_MAX_BYTES of mapped data gets it.
 A `spark.driver.extraJavaOptions` in dsr.yaml replaces all of this.
 """
 
@@ -25,6 +26,7 @@ from ..config import Settings
 from .connectors import cache_dir
 
 QUICK_JIT_MAX_BYTES = 32 * 1024 * 1024
+QUICK_JIT_MAX_TABLES = 12
 _QUIET = ["-Xlog:cds=off", "-Xlog:cds+dynamic=off"]  # a stale archive is normal, not worth a warning
 
 
@@ -54,7 +56,9 @@ def archive_path() -> Path | None:
 def driver_options(quick_jit: bool = False, record_to: Path | None = None) -> list[str]:
     """JVM flags for the driver: use the archive if one was recorded (or record one at exit to
     `record_to`), and C1 only when `quick_jit`."""
-    options = ["-XX:TieredStopAtLevel=1"] if quick_jit else []
+    # C1 alone gets a 48 MB code cache by default: a run over 50 tables filled it with Spark's
+    # generated code, then the JVM stopped compiling (and died); the tiered default is 240 MB.
+    options = ["-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m"] if quick_jit else []
     if record_to is not None:
         return [*options, f"-XX:ArchiveClassesAtExit={record_to}", *_QUIET]
     archive = archive_path()
@@ -104,5 +108,6 @@ def mapped_bytes(settings: Settings, limit: int = QUICK_JIT_MAX_BYTES) -> int:
 
 
 def small_lake(settings: Settings) -> bool:
-    """True when the mapped tables together hold at most QUICK_JIT_MAX_BYTES of data files."""
-    return mapped_bytes(settings, QUICK_JIT_MAX_BYTES) <= QUICK_JIT_MAX_BYTES
+    """True for at most QUICK_JIT_MAX_TABLES mapped tables holding at most QUICK_JIT_MAX_BYTES of data files."""
+    return (len(settings.datamap.tables) <= QUICK_JIT_MAX_TABLES
+            and mapped_bytes(settings, QUICK_JIT_MAX_BYTES) <= QUICK_JIT_MAX_BYTES)
