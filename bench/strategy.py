@@ -22,7 +22,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.datamap.check import check_against_catalog
 from lakehouse_dsr.lake.spark import build_session
-from lakehouse_dsr.stages import erase, identity
+from lakehouse_dsr.stages import erase, identity, matching
 
 
 def main() -> None:
@@ -41,8 +41,8 @@ def main() -> None:
     batch = spark.createDataFrame([(f"r{i}", s) for i, s in enumerate(subjects)],
                                   "request_id string, subject_id string")
     keys = identity.resolve(spark, settings, batch)
-    key_type = check_against_catalog(spark, settings.datamap, settings.table)["demo.events"]
-    key_set = erase.key_set(keys, settings.datamap.tables["demo.events"], key_type)
+    key_types = check_against_catalog(spark, settings.datamap, settings.table)
+    key_set = matching.key_sets(settings, keys, key_types, ["demo.events"])["demo.events"]
     files = spark.sql(f"SELECT count(*) n FROM {settings.table('demo.events')}.files").first().n
 
     timings: dict[str, list[float]] = {}

@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import Settings, settings_from_dict
+from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.lake.spark import attach, build_session
 
 SEED = 7
@@ -22,6 +23,7 @@ HOSTILE = ["x' OR '1'='1", "%", "' ; DROP TABLE demo.events; --", "Jos\u00e9 \u4
            "_", "a\\'b"]
 NEAR_MISS = ["x", "%%", "Jos\u00e9", "k" * 9_999, "ab"]  # similar to hostile ids; must survive
 _names = itertools.count()
+USER_KEY = [KeyGroup("user_id", "user_id")]  # the demo tables' one key column
 
 
 def make_settings(root: Path, **overrides) -> Settings:

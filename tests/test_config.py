@@ -45,7 +45,14 @@ def test_yaml_sets_spark_catalog_and_datamap(tmp_path):
         ("purge: {pinned_refs: ignore}", "purge.pinned_refs"),
         ("datamap: {tables: {}}", "lists no tables"),
         ("datamap: {tables: {events: {key: user_id}}}", "namespace.table"),
-        ("datamap: {tables: {demo.t: {key: 'user id'}}}", "plain identifier"),
+        ("datamap: {tables: {demo.t: {key: 'user id'}}}", "column name or a struct path"),
+        ("datamap: {tables: {demo.t: {key: k, keys: {k: {}}}}}", "demo.t.*not both"),
+        ("datamap: {tables: {demo.t: {action: redact}}}", "demo.t.*not neither"),
+        ("datamap: {tables: {demo.t: {action: redact, keys: {a: {redact: [a]}, b: {redact: [x]}}}}}",
+         "demo.t.*key 'b': its redact group must include the key column"),
+        ("datamap: {tables: {demo.t: {keys: {a: {redact: [a]}}}}}", "demo.t.*only meaningful with action: redact"),
+        ("datamap: {tables: {demo.t: {keys: {a: {identifier: email}}}}}", "demo.t, key a.*neither the subject"),
+        ("datamap: {tables: {demo.t: {keys: {'a..b': {}}}}}", "column name or a struct path"),
         ("datamap: {tables: {demo.t: {key: k, action: redact}}}", "needs the list of columns"),
         ("datamap: {tables: {demo.t: {key: k, action: redact, redact: [name]}}}", "must include the key column"),
         ("datamap: {tables: {demo.t: {key: k, redact: [k]}}}", "only meaningful with action: redact"),
@@ -79,19 +86,21 @@ def test_erase_order_puts_identity_sources_last():
 def test_datamap_checked_against_catalog(spark, new_lakehouse):
     settings = new_lakehouse(users=5, events=10)
     types = check_against_catalog(spark, settings.datamap, settings.table)
-    assert types["demo.events"].simpleString() == "string"
+    assert types["demo.events"]["user_id"].simpleString() == "string"
     bad = DataMap.model_validate({
         "identifiers": {"email": {"table": "demo.users", "subject_column": "user_id", "column": "mail"}},
         "tables": {"demo.events": {"key": "uid"}, "demo.missing": {"key": "user_id"},
-                   "demo.orders": {"key": "user_id", "action": "redact", "redact": ["user_id", "nope"]}},
+                   "demo.orders": {"key": "user_id", "action": "redact", "redact": ["user_id", "nope"]},
+                   "demo.newsletter": {"keys": {"email": {}, "email.domain": {}}}},
     })
     with pytest.raises(DataMapError) as info:
         check_against_catalog(spark, bad, settings.table)
     text = str(info.value)
-    assert "demo.events has no column 'uid'" in text
+    assert "table demo.events has no column 'uid' (has: event_id, user_id," in text
     assert "demo.missing cannot be read" in text
-    assert "demo.orders has no column 'nope'" in text
-    assert "demo.users has no column 'mail'" in text
+    assert "table demo.orders has no column 'nope'" in text
+    assert "table demo.users has no column 'mail'" in text
+    assert "table demo.newsletter column 'email.domain': email is a string, not a struct" in text
 
 
 def test_complex_key_type_is_rejected(spark, new_lakehouse):

@@ -18,9 +18,10 @@ from pyspark.sql.types import StringType
 
 from conftest import SEED, dsr_run, snapshot_ids
 from lakehouse_dsr import synth
+from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.stages.verify import verify_column, verify_completed
+from lakehouse_dsr.stages.verify import verify_completed, verify_table
 
 pytestmark = pytest.mark.slow
 DEMO = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
@@ -58,9 +59,11 @@ def check_final_state(spark, settings, other_events: int) -> None:
     assert events.where(~F.col("user_id").isin(*ERASED)).count() == other_events
     assert all(not reasons for reasons in verify_completed(spark, settings).values())
     assert not ledger.purge_owed(ledger.journal.steps())
-    completed = spark.createDataFrame([(r["request_id"], r["subject_hash"]) for r in ledger.requests(("completed",))],
-                                      "request_id string, key_hash string")
-    plaintext = verify_column(spark, settings, ledger.requests_table, "subject_id", StringType(), completed, ledger.key)
+    completed = spark.createDataFrame([(r["request_id"], "user_id", r["subject_hash"])
+                                       for r in ledger.requests(("completed",))],
+                                      "request_id string, key_type string, key_hash string")
+    plaintext = verify_table(spark, settings, ledger.requests_table, [KeyGroup("subject_id", "user_id")],
+                             {"subject_id": StringType()}, completed, ledger.key)
     assert plaintext.live == plaintext.history == plaintext.storage == 0
     assert len(export_runs(settings)) == 1  # the run that completed the access request; killed runs' removed
 

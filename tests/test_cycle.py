@@ -11,7 +11,7 @@ import pytest
 from pyiceberg.table import StaticTable
 from pyspark.sql.types import StringType
 
-from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings, snapshot_ids
+from conftest import HOSTILE, NEAR_MISS, SEED, USER_KEY, add_subjects, ledger_table, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
@@ -20,7 +20,7 @@ from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
 from lakehouse_dsr.stages import collateral
-from lakehouse_dsr.stages.verify import verify_column, verify_completed
+from lakehouse_dsr.stages.verify import verify_completed, verify_table
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 USERS = 40
@@ -238,14 +238,14 @@ def test_live_verification_uses_the_collateral_scan_only_while_its_rows_are_curr
     assert rows > 0
     snapshot = iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id
     # The shared scan's values, here without the subject: used as they are, so the subject is not found.
-    others = collateral.by_value(events.join(subject_df, "user_id", "left_anti"), "user_id")
-    shared = verify_column(spark, settings, "demo.events", "user_id", StringType(), hashes, key,
+    others = collateral.by_keys(events.join(subject_df, "user_id", "left_anti"), USER_KEY)
+    shared = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, hashes, key,
                            physical=False, values_at=(snapshot, others))
     assert shared.live == 0
     # Rewrites since (the purge's compaction and manifest rewrite) keep the rows: the values still stand.
     iceberg.rewrite_sorted(spark, settings, "demo.events", "user_id", 128 * 1024 * 1024)
     iceberg.rewrite_manifests(spark, settings, "demo.events")
-    rewritten = verify_column(spark, settings, "demo.events", "user_id", StringType(), hashes, key,
+    rewritten = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, hashes, key,
                               physical=False, values_at=(snapshot, others))
     assert iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id != snapshot
     assert rewritten.live == 0
@@ -253,6 +253,6 @@ def test_live_verification_uses_the_collateral_scan_only_while_its_rows_are_curr
     # and the live scan finds the subject.
     events.join(subject_df, "user_id").writeTo(settings.table("demo.events")).append()
     iceberg.rewrite_manifests(spark, settings, "demo.events")
-    fresh = verify_column(spark, settings, "demo.events", "user_id", StringType(), hashes, key,
+    fresh = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, hashes, key,
                           physical=False, values_at=(snapshot, others))
     assert fresh.live == 2 * rows and set(fresh.failing) == {"r1"}

@@ -246,6 +246,9 @@ NAME_PLACES = {
     "table": lambda n: {"datamap": {"tables": {f"demo.{n}": {"key": "k"}}}},
     "key": lambda n: {"datamap": {"tables": {"demo.t": {"key": n}}}},
     "redact": lambda n: {"datamap": {"tables": {"demo.t": {"key": "k", "action": "redact", "redact": ["k", n]}}}},
+    "keys": lambda n: {"datamap": {"tables": {"demo.t": {"keys": {"k": {}, n: {}}}}}},
+    "key group": lambda n: {"datamap": {"tables": {"demo.t": {"action": "redact",
+                                                              "keys": {"k": {"redact": ["k", n]}}}}}},
     "linked column": lambda n: {"datamap": {"identifiers": {"email": {"table": "demo.t", "subject_column": "k",
                                                                       "column": n}},
                                             "tables": {"demo.t": {"key": "k"}}}},
@@ -256,7 +259,8 @@ NAME_PLACES = {
 @given(name=not_plain, place=st.sampled_from(sorted(NAME_PLACES)))
 def test_names_that_would_go_into_sql_must_be_plain(name, place):
     """Catalog, namespace, table and column names are quoted into SQL: anything but a plain name is refused."""
-    with pytest.raises(ConfigError, match="must be (a plain identifier|written namespace.table)"):
+    with pytest.raises(ConfigError, match="must be (a plain identifier|written namespace.table|a column name or a "
+                                          "struct path)"):
         settings_from_dict(NAME_PLACES[place](name))
 
 

@@ -26,14 +26,14 @@ from pyiceberg.avro.file import AvroFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyspark.sql.types import StringType
 
-from conftest import HOSTILE, SEED, add_subjects, ledger_table, make_settings
+from conftest import HOSTILE, SEED, USER_KEY, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.stages.verify import stored_hashes, verify_column, verify_completed
+from lakehouse_dsr.stages.verify import stored_hashes, verify_completed, verify_table
 
 pytestmark = pytest.mark.slow  # a full cycle with DEBUG logging captured: make test-slow
 
@@ -373,7 +373,7 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
     spark.catalog.refreshTable(keys)  # written by the control plane (pyiceberg) since this session looked
     spark.sql(f"UPDATE {keys} SET key_id = NULL")
     assert {r.key_id for r in user_ids().collect()} == {None}
-    live = verify_column(spark, settings, "demo.events", "user_id", StringType(), user_ids(),
+    live = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, user_ids(),
                          Ledger(settings).keyring, physical=False)
     assert (live.live, set(live.failing)) == (1, {done_before})
     # request ids and key ids only in SQL text, never an identifier
@@ -382,7 +382,7 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
 
     # Destroying the retired key shreds the proof: the request can no longer be verified, and says so.
     retired_file(settings.key_file()).unlink()
-    live = verify_column(spark, settings, "demo.events", "user_id", StringType(), user_ids(),
+    live = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, user_ids(),
                          Ledger(settings).key, physical=False)
     assert live.failing == {done_before: [f"demo.events: hashed under key {rotation.old_id}, which no keyring "
                                           "holds any more: cannot be verified"]}

@@ -17,6 +17,7 @@ from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
 from lakehouse_dsr.stages import erase
+from lakehouse_dsr.stages.matching import KeySet
 from lakehouse_dsr.stages.verify import verify_completed
 
 ERASED = [synth.user_id(SEED, 1), synth.user_id(SEED, 2)]
@@ -36,7 +37,7 @@ def append_events(spark, settings, user_ids: list[str], tag: str) -> None:
 
 def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
     """Run `before(spark, settings, keys)` / `after()` around the real erase of `table` (first call
-    only); a KeySet that `before` returns replaces the batch's in the statement."""
+    only); TableKeys that `before` returns replace the batch's in the statement."""
     real, calls = erase.apply, []
 
     def apply(spark, settings, table_plan, keys):
@@ -63,7 +64,7 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
 
     def before(spark, settings, keys):  # a bug that also matches a bystander, in the statement only
         extra = spark.createDataFrame([(BYSTANDER, ["bug"])], "key_value string, request_ids array<string>")
-        return erase.KeySet(keys.requesters.unionByName(extra), keys.size + 1)
+        return keys.replace(0, KeySet(keys.sets[0].requesters.unionByName(extra), keys.sets[0].size + 1))
 
     wrap_apply(monkeypatch, "demo.events", before)
     report = run(spark, settings)

@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import DataType
 
 from . import faults
 from .config import Settings
-from .datamap.check import check_against_catalog
+from .datamap.check import KeyTypes, check_against_catalog
 from .evidence.report import RequestResult, RunReport
 from .exceptions import CommitConflictError
 from .lake import iceberg
@@ -41,7 +40,7 @@ from .ledger.lease import Lease
 from .ledger.ledger import OPEN_STATUSES, Ledger, Outcome
 from .ledger.requests import utc_now
 from .progress import Progress, Silent
-from .stages import access, collateral, erase, identity, purge, verify
+from .stages import access, collateral, erase, identity, matching, purge, verify
 
 
 @contextmanager
@@ -189,7 +188,7 @@ def _batch(spark: SparkSession, rows: dict[str, dict]) -> DataFrame:
                                  "request_id string, subject_id string, regulation string")
 
 
-def _run_access(spark: SparkSession, settings: Settings, key_types: dict[str, DataType], report: RunReport,
+def _run_access(spark: SparkSession, settings: Settings, key_types: KeyTypes, report: RunReport,
                 progress: Progress, work: _Work) -> list[Outcome]:
     request_ids = sorted(work.access)
     if not request_ids:
@@ -223,7 +222,7 @@ def _run_access(spark: SparkSession, settings: Settings, key_types: dict[str, Da
     return outcomes
 
 
-def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: dict[str, DataType],
+def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: KeyTypes,
                  report: RunReport, progress: Progress, work: _Work) -> list[Outcome]:
     request_ids = sorted(work.erase)
     waiting, deadlines, purge_now = work.waiting, work.deadlines, work.purge_now
@@ -305,7 +304,7 @@ def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> None:
 
 
 def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work, request_ids: list[str],
-           tables: list[str], key_types: dict[str, DataType], report: RunReport, progress: Progress
+           tables: list[str], key_types: KeyTypes, report: RunReport, progress: Progress
            ) -> dict[str, erase.TableErasure]:
     """Resolve the batch's identifiers, record their hashes, and erase them from every table.
 
@@ -325,7 +324,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         # Tables that identifiers are resolved through go last (datamap.erase_order): a resumed run can
         # still resolve from them. Within a wave, tables are erased side by side.
         sources = {link.table for link in settings.datamap.identifiers.values()}
-        key_sets = erase.key_sets(settings, keys, key_types, tables)
+        key_sets = matching.key_sets(settings, keys, key_types, tables)
         erasures: dict[str, erase.TableErasure] = {}
         for wave in ([t for t in tables if t not in sources], [t for t in tables if t in sources]):
             erasures.update(_each_table(settings, progress, "erase", wave,
@@ -354,12 +353,11 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
     return current is not None and current.snapshot_id != ours
 
 
-def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: erase.KeySet) -> erase.TableErasure:
+def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matching.TableKeys
+                 ) -> erase.TableErasure:
     """Plan, fingerprint (collateral check), commit, and check one table (thread-safe: runs beside
     other tables' erasures on the same session)."""
     start = time.perf_counter()
-    mapping = settings.datamap.tables[table]
-    nulled = frozenset(mapping.redact)
     content = settings.erase.collateral_check == "content"
     table_plan = erase.plan(spark, settings, table, keys, fingerprint=content)
     try:
@@ -368,7 +366,7 @@ def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: eras
         erasure = erase.TableErasure(table_plan, error=_first_line(exc))
     if erasure.snapshot_id is not None:
         erasure.collateral, erasure.values_at_commit = collateral.check(
-            spark, settings, table, mapping.key, keys.hits, nulled, table_plan.snapshot_before, erasure.snapshot_id,
+            spark, settings, table, keys, table_plan.snapshot_before, erasure.snapshot_id,
             table_plan.other_before, table_plan.requested_after,
         ) if content else (collateral.check_counts(
             spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,

@@ -5,48 +5,90 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pyspark.sql import SparkSession
-from pyspark.sql.types import AtomicType, DataType
+from pyspark.sql.types import AtomicType, DataType, StructField, StructType
 
 from ..exceptions import DataMapError
 from .model import DataMap
 
+KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
 
-def check_against_catalog(
-    spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]
-) -> dict[str, DataType]:
+
+def field_at(schema: StructType, path: str) -> StructField:
+    """The field a column name or struct path (`context.user.email`) names; ValueError saying where
+    the path leaves the schema ("has no column 'x' (has: ...)", "column 'a.b': a is a string, ...")."""
+    fields, parent = schema, ""
+    for part in path.split("."):
+        where = f"column {path!r}: {parent}" if parent else ""
+        if not isinstance(fields, StructType):
+            raise ValueError(f"{where} is a {fields.simpleString()}, not a struct")
+        by_name = {f.name: f for f in fields.fields}
+        if part not in by_name:
+            raise ValueError(f"{where} has no {'field' if parent else 'column'} {part!r} (has: {', '.join(by_name)})"
+                             .lstrip())
+        found, parent = by_name[part], f"{parent}.{part}" if parent else part
+        fields = found.dataType
+    return found
+
+
+def schema_of(types: dict[str, DataType]) -> StructType:
+    """The smallest schema holding each column or struct path of `types` at its type (fields of one
+    struct merged), for reading only those values from data files."""
+    tree: dict = {}
+    for path, data_type in types.items():
+        *parents, leaf = path.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = data_type
+
+    def build(node: dict) -> StructType:
+        return StructType([StructField(name, build(child) if isinstance(child, dict) else child)
+                           for name, child in node.items()])
+    return build(tree)
+
+
+def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> KeyTypes:
     """Check that every mapped table and column exists with a usable type; nothing is changed.
 
-    Returns the Spark type of each table's key column. Reads only table schemas (no data).
+    Returns the Spark type of each table's key columns. Reads only table schemas (no data).
     """
     problems: list[str] = []
-    key_types: dict[str, DataType] = {}
-    schemas: dict[str, dict[str, object]] = {}
-    needed = {t: [m.key, *m.redact] for t, m in datamap.tables.items()}
+    key_types: KeyTypes = {}
+    schemas: dict[str, StructType] = {}
+    needed = {t: [*m.key_columns, *sorted(m.redacted_columns)] for t, m in datamap.tables.items()}
     for link in datamap.identifiers.values():
         needed.setdefault(link.table, []).extend([link.subject_column, link.column])
     for table, columns in needed.items():
         try:
-            fields = {f.name: f for f in spark.table(qualify(table)).schema.fields}
+            schema = spark.table(qualify(table)).schema
         except Exception as exc:  # AnalysisException, catalog unreachable, ...
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             problems.append(f"table {table} cannot be read: {first_line}")
             continue
-        schemas[table] = fields
+        schemas[table] = schema
         for column in dict.fromkeys(columns):
-            if column not in fields:
-                problems.append(f"table {table} has no column {column!r} (has: {', '.join(fields)})")
+            try:
+                field_at(schema, column)
+            except ValueError as exc:
+                problems.append(f"table {table} {exc}")
     for table, mapping in datamap.tables.items():
-        fields = schemas.get(table)
-        if not fields or mapping.key not in fields:
+        if table not in schemas:
             continue
-        key_type = fields[mapping.key].dataType
-        if not isinstance(key_type, AtomicType):
-            problems.append(f"table {table}: key column {mapping.key!r} has type {key_type.simpleString()}, "
-                            "which cannot hold an identifier")
-        key_types[table] = key_type
-        for column in mapping.redact:
-            if column in fields and not fields[column].nullable:
-                problems.append(f"table {table}: column {column!r} is required (NOT NULL) and cannot be redacted")
+        for group in mapping.groups:
+            try:
+                key_type = field_at(schemas[table], group.column).dataType
+            except ValueError:
+                continue  # reported above
+            if not isinstance(key_type, AtomicType):
+                problems.append(f"table {table}: key column {group.column!r} has type {key_type.simpleString()}, "
+                                "which cannot hold an identifier")
+            key_types.setdefault(table, {})[group.column] = key_type
+        for column in sorted(mapping.redacted_columns):
+            try:
+                if not field_at(schemas[table], column).nullable:
+                    problems.append(f"table {table}: column {column!r} is required (NOT NULL) and cannot be redacted")
+            except ValueError:
+                continue
     if problems:
         raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(problems))
     return key_types

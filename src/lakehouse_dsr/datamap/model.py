@@ -10,18 +10,25 @@ datamap:
     demo.newsletter: {key: email, identifier: email}
     demo.orders:     {key: user_id, identifier: user_id, action: redact,
                       redact: [user_id, customer_name, shipping_address]}
+    sales.web_sales:               # one row, two people: each group is redacted on its own key's match
+      action: redact
+      keys:
+        ws_bill_customer_sk: {identifier: customer_sk, redact: [ws_bill_customer_sk, ws_bill_addr_sk]}
+        ws_ship_customer_sk: {identifier: customer_sk, redact: [ws_ship_customer_sk, ws_ship_addr_sk]}
+    web.clicks: {key: context.user.email, identifier: email}   # a struct path
 ```
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
-_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")  # \Z: "$" would let a newline through
 
 
 def _check_table(name: str) -> str:
@@ -32,8 +39,31 @@ def _check_table(name: str) -> str:
 
 def _check_column(name: str) -> str:
     if not _COLUMN.match(name):
-        raise ValueError(f"column {name!r} must be a plain identifier (letters, digits, _)")
+        raise ValueError(f"column {name!r} must be a column name or a struct path (letters, digits, _ and dots)")
     return name
+
+
+def column_ref(path: str) -> str:
+    """`path` (a column or a struct path `a.b.c`) quoted for Spark SQL and `F.col`: `a`.`b`.`c`."""
+    return ".".join(f"`{part}`" for part in path.split("."))
+
+
+@dataclass(frozen=True)
+class KeyGroup:
+    """One subject column of a table, the identifier it holds, and what an erasure sets to NULL when
+    that column names an erased subject (its own group only: another key's person keeps their columns)."""
+
+    column: str
+    identifier: str
+    redact: tuple[str, ...] = ()
+
+
+class KeySpec(BaseModel):
+    """A value under `keys:`: the identifier one key column holds, and (action: redact) its group."""
+
+    model_config = ConfigDict(extra="forbid")
+    identifier: str | None = None  # defaults to the table's identifier, then the data map's subject
+    redact: list[str] = Field(default_factory=list)
 
 
 class LinkedIdentifier(BaseModel):
@@ -54,7 +84,8 @@ class LinkedIdentifier(BaseModel):
 
 class TableMapping(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    key: str
+    key: str | None = None
+    keys: dict[str, KeySpec] | None = None  # several subject columns: {column: {identifier, redact}}
     identifier: str | None = None  # defaults to the data map's subject identifier
     action: Literal["delete", "redact"] = "delete"
     redact: list[str] = Field(default_factory=list)
@@ -68,18 +99,49 @@ class TableMapping(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> TableMapping:
-        _check_column(self.key)
-        for column in self.redact:
+        if (self.key is None) == (self.keys is None):
+            raise ValueError("give either 'key' (one subject column) or 'keys' (several), not "
+                             + ("both" if self.key else "neither"))
+        for column in [*(self.keys or [self.key]), *self.redact,
+                       *(c for spec in (self.keys or {}).values() for c in spec.redact)]:
             _check_column(column)
-        if self.action == "redact":
+        if self.keys is not None:
+            if not self.keys:
+                raise ValueError("'keys' lists no key column")
+            if self.redact:
+                raise ValueError("with 'keys', each key column lists its own 'redact' group")
+            for column, spec in self.keys.items():
+                if self.action == "delete" and spec.redact:
+                    raise ValueError(f"key {column!r}: 'redact' is only meaningful with action: redact "
+                                     "(action: delete deletes a row when any key column names an erased subject)")
+                if self.action == "redact" and column not in spec.redact:
+                    # Otherwise the kept row would still point to the subject.
+                    raise ValueError(f"key {column!r}: its redact group must include the key column itself")
+        elif self.action == "redact":
             if not self.redact:
                 raise ValueError("action 'redact' needs the list of columns to set to NULL")
             if self.key not in self.redact:
-                # Otherwise the kept row would still point to the subject.
                 raise ValueError(f"redacted columns must include the key column {self.key!r}")
         elif self.redact:
             raise ValueError("'redact' columns are only meaningful with action: redact")
         return self
+
+    @property
+    def groups(self) -> list[KeyGroup]:
+        """Every subject column with its identifier and redact group; one for the `key:` form.
+        (Identifiers are filled in by DataMap, which knows the subject.)"""
+        if self.keys is None:
+            return [KeyGroup(self.key, self.identifier or "", tuple(self.redact))]
+        return [KeyGroup(column, spec.identifier or self.identifier or "", tuple(spec.redact))
+                for column, spec in self.keys.items()]
+
+    @property
+    def redacted_columns(self) -> frozenset[str]:
+        return frozenset(c for g in self.groups for c in g.redact)
+
+    @property
+    def key_columns(self) -> list[str]:
+        return [g.column for g in self.groups]
 
 
 class DataMap(BaseModel):
@@ -98,11 +160,14 @@ class DataMap(BaseModel):
             _check_table(name)
             if mapping.identifier is None:
                 mapping.identifier = self.subject
-            if mapping.identifier != self.subject and mapping.identifier not in self.identifiers:
-                raise ValueError(
-                    f"table {name}: identifier {mapping.identifier!r} is neither the subject "
-                    f"({self.subject!r}) nor one of the linked identifiers {sorted(self.identifiers)}"
-                )
+            for spec in (mapping.keys or {}).values():
+                spec.identifier = spec.identifier or mapping.identifier
+            for group in mapping.groups:
+                if group.identifier != self.subject and group.identifier not in self.identifiers:
+                    raise ValueError(
+                        f"table {name}, key {group.column}: identifier {group.identifier!r} is neither the subject "
+                        f"({self.subject!r}) nor one of the linked identifiers {sorted(self.identifiers)}"
+                    )
         return self
 
     def identifier_types(self) -> list[str]:

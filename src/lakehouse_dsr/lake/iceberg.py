@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import DataType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from ..config import Settings
 from ..exceptions import CommitConflictError
@@ -322,14 +322,14 @@ def same_file(path: str) -> str:
     return re.sub(r"^file:/+", "/", path)
 
 
-def read_column_from_files(
-    spark: SparkSession, paths: list[str] | str, column: str, data_type: DataType, recursive: bool = False
-) -> DataFrame:
-    """Read one column straight from Parquet files, bypassing Iceberg (so deleted rows are seen).
+def read_columns_from_files(spark: SparkSession, paths: list[str] | str, schema: StructType, recursive: bool = False
+                            ) -> DataFrame:
+    """Read columns (`schema`: a pruned table schema, nested fields included) straight from Parquet
+    files, bypassing Iceberg (so deleted rows are seen).
 
-    Files without the column (delete files) yield NULLs. Reads only that column's pages.
+    Files without a column (delete files) yield NULLs. Reads only those columns' pages.
     """
-    reader = spark.read.schema(StructType([StructField(column, data_type)]))
+    reader = spark.read.schema(schema)
     if recursive:
         reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.parquet")
     return reader.parquet(*([paths] if isinstance(paths, str) else paths))

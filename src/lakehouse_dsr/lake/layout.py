@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pyspark.sql import SparkSession
 
 from ..config import Settings
+from ..datamap import column_ref
 from ..exceptions import DataMapError
 from . import iceberg
 
@@ -46,10 +47,10 @@ def optimize(
         mapping = settings.datamap.tables.get(table)
         if mapping is None:
             raise DataMapError(f"{table} is not in the data map; pass the key column explicitly")
-        key = mapping.key
+        key = mapping.key_columns[0]  # the first key column: a shared row sits with its first person
     name = settings.table(table)
     files_before = iceberg.summary_count(spark, settings, table, "total-data-files")
-    spark.sql(f"ALTER TABLE {name} WRITE ORDERED BY `{key}`")
+    spark.sql(f"ALTER TABLE {name} WRITE ORDERED BY {column_ref(key)}")
     spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.parquet.bloom-filter-enabled.column.{key}' = 'true')")
     rewritten = iceberg.rewrite_sorted(spark, settings, table, key, target_file_size_bytes)
     files_after = iceberg.summary_count(spark, settings, table, "total-data-files")

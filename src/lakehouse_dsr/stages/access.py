@@ -24,15 +24,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType
 
 from .. import faults
 from ..config import EXPORT_FORMATS, Settings
-from ..datamap.check import check_against_catalog
-from . import identity
-from .erase import keys_for_table
+from ..datamap.check import KeyTypes, check_against_catalog
+from . import identity, matching
+from .matching import TableKeys
 
 _TS = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # ISO-8601, microseconds, offset (Z under UTC)
+MATCHED_KEYS = "dsr_matched_keys"  # in rows of tables with several key columns: which named the subject
 EMPTY_NOTE = "no personal data was found for this subject in any mapped table"
 
 
@@ -63,7 +63,7 @@ def private_dir(path: Path) -> Path:
 
 def export(
     spark: SparkSession, settings: Settings, requests: DataFrame, out_dir: Path, fmt: str = "json",
-    key_types: dict[str, DataType] | None = None, keys: DataFrame | None = None,
+    key_types: KeyTypes | None = None, keys: DataFrame | None = None,
 ) -> ExportResult:
     """Write one package per request of `requests` (request_id, subject_id, regulation) under `out_dir`.
 
@@ -79,7 +79,8 @@ def export(
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
     out = private_dir(Path(out_dir))
 
-    per_table = [_matching_rows(spark, settings, table, keys, key_types[table]) for table in tables]
+    table_keys = matching.key_sets(settings, keys, key_types, tables)
+    per_table = [_matching_rows(spark, settings, table, table_keys[table]) for table in tables]
     rows = per_table[0]
     for part in per_table[1:]:
         rows = rows.unionByName(part)
@@ -92,7 +93,8 @@ def export(
         requests.select("request_id", "regulation")
         .join(subjects, "request_id", "left").join(grouped, "request_id", "left")
     )
-    columns = {t: _column_types(spark, settings, t) for t in tables}
+    columns = {t: _column_types(spark, settings, t)
+               + ([] if table_keys[t].single else [(MATCHED_KEYS, "array<string>")]) for t in tables}
     # The failpoint kills the driver from the executor, mid-export.
     kill_pid = os.getpid() if faults.armed() == "during_export" else None
     writer = _PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid)
@@ -103,15 +105,19 @@ def export(
     return result
 
 
-def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, key_type: DataType
-                   ) -> DataFrame:
-    mapping = settings.datamap.tables[table]
+def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: TableKeys) -> DataFrame:
+    """(request_id, table_name, row): each row once per request it names, through any key column;
+    with several key columns the row's JSON also says which matched (`dsr_matched_keys`)."""
     source = spark.table(settings.table(table))
-    wanted = keys_for_table(keys, mapping, key_type).withColumnRenamed("key_value", "dsr_key").distinct()
-    joined = source.join(F.broadcast(wanted), source[mapping.key] == F.col("dsr_key"))
-    as_json = F.to_json(F.struct(*[source[c] for c in source.columns]),
-                        {"timestampFormat": _TS, "ignoreNullFields": "false"})
-    return joined.select("request_id", F.lit(table).alias("table_name"), as_json.alias("row"))
+    marked = matching.mark(source, keys).where(matching.any_hit(keys))
+    values = [source[c] for c in source.columns]
+    if not keys.single:
+        matched = F.array(*[F.when(F.array_contains(F.col(matching.ids_column(i)), F.col("request_id")),
+                                   F.lit(g.column)) for i, g in enumerate(keys.groups)])
+        values.append(F.filter(matched, lambda c: c.isNotNull()).alias(MATCHED_KEYS))
+    as_json = F.to_json(F.struct(*values), {"timestampFormat": _TS, "ignoreNullFields": "false"})
+    return (marked.select("*", F.explode(matching.request_ids(keys)).alias("request_id"))
+            .select("request_id", F.lit(table).alias("table_name"), as_json.alias("row")))
 
 
 def _column_types(spark: SparkSession, settings: Settings, table: str) -> list[tuple[str, str]]:
@@ -166,18 +172,30 @@ def _csv(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow([c for c, _ in columns])
-    writer.writerows([["" if r.get(c) is None else r[c] for c, _ in columns] for r in rows])
+    writer.writerows([[_csv_value(r.get(c)) for c, _ in columns] for r in rows])
     return text.getvalue().encode("utf-8")
 
 
+def _csv_value(value) -> str:
+    if isinstance(value, list | dict):  # nested values as JSON text
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return "" if value is None else value
+
+
 def _parquet(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
-    arrays = [pa.array([r.get(c) for r in rows]).cast(_arrow_type(t)) for c, t in columns]
+    arrays = []
+    for c, t in columns:
+        values, arrow_type = [r.get(c) for r in rows], _arrow_type(t)
+        arrays.append(pa.array(values) if arrow_type is None else pa.array(values).cast(arrow_type))
     buffer = io.BytesIO()
     pq.write_table(pa.table(arrays, names=[c for c, _ in columns]), buffer)
     return buffer.getvalue()
 
 
-def _arrow_type(spark_type: str) -> pa.DataType:
+def _arrow_type(spark_type: str) -> pa.DataType | None:
+    """The Arrow type of a Spark column for a package; None for nested types (inferred from the values)."""
+    if spark_type.startswith(("array<", "struct<", "map<")):
+        return None
     if spark_type.startswith("decimal("):
         precision, scale = spark_type[8:-1].split(",")
         return pa.decimal128(int(precision), int(scale))

@@ -7,7 +7,8 @@ and file layout (a rewrite does not change it) and adds up across parts.
 
 Before the erase commit, the plan's own scan (erase.plan, one read of the pre-erase snapshot)
 also fingerprints the rows NOT belonging to requested subjects (and, for redacting tables, what
-the requested rows must become). After it, one scan of the erase snapshot fingerprints the same.
+the requested rows must become: each key group's columns NULL where its own key was requested, the
+other person's columns in a shared row as they were). After it, one scan of the erase snapshot fingerprints the same.
 Rows other writers appended in between are fingerprinted from their own commits (incremental
 reads) and added to the expectation, so a concurrent append never passes for damage. Cost: the
 plan's scan reads every column instead of the key alone, plus one full scan of the erase snapshot.
@@ -15,14 +16,19 @@ plan's scan reads every column instead of the key alone, plus one full scan of t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from ..config import Settings
+from ..datamap import KeyGroup, column_ref
+from ..datamap.check import field_at
 from ..lake import iceberg
+from . import matching
+from .matching import TableKeys
 
 _HIT = "dsr_hit"
 
@@ -50,19 +56,31 @@ def _has_map(data_type: DataType) -> bool:
     return False
 
 
-def _hash_inputs(df: DataFrame, nulled: frozenset[str]) -> list[Column]:
+def _value(f: StructField, nulled: dict[str, Column], schema: StructType) -> Column:
+    """Column `f` as the erasure must leave it: NULL where `nulled` says so (a struct path nulls one
+    field inside the struct)."""
+    col = F.col(f"`{f.name}`")
+    for path, condition in nulled.items():
+        head, _, rest = path.partition(".")
+        if head != f.name:
+            continue
+        if not rest:
+            col = F.when(condition, F.lit(None).cast(f.dataType)).otherwise(col)
+        else:
+            inner = field_at(schema, path).dataType
+            col = col.withField(rest, F.when(condition, F.lit(None).cast(inner)).otherwise(F.col(column_ref(path))))
+    return col
+
+
+def row_hashes(schema: StructType, prefix: str, nulled: dict[str, Column] | None = None) -> list[Column]:
+    """The two per-row hashes over the columns of `schema` (the table's: columns a join added are
+    left out), as `<prefix>h1` and `<prefix>h2`; `nulled`: column or struct path -> where it must be NULL."""
     inputs = []
-    for f in df.schema.fields:
-        col = F.lit(None).cast(f.dataType) if f.name in nulled else F.col(f"`{f.name}`")
+    for f in schema.fields:
+        col = _value(f, nulled or {}, schema)
         if _has_map(f.dataType):  # Spark cannot hash maps
             col = F.to_json(F.struct(col))
         inputs += [col, col.isNull()]
-    return inputs
-
-
-def row_hashes(df: DataFrame, prefix: str, nulled: frozenset[str] = frozenset()) -> list[Column]:
-    """The two per-row hashes, as columns `<prefix>h1` and `<prefix>h2` (`nulled` columns as NULL)."""
-    inputs = _hash_inputs(df, nulled)
     return [F.xxhash64(*inputs).cast("decimal(20,0)").alias(f"{prefix}h1"), F.hash(*inputs).alias(f"{prefix}h2")]
 
 
@@ -73,10 +91,10 @@ def aggregates(prefix: str, where: Column) -> list[Column]:
             F.bit_xor(F.when(where, F.col(f"{prefix}h2"))).alias(f"{prefix}xor")]
 
 
-def group_aggregates(nulled: frozenset[str] | None) -> list[Column]:
-    """Per-group fingerprint parts over columns made by `row_hashes` ("o_" always, "r_" when
-    `nulled` is given for a redacting table): summed and XORed again by `from_groups`."""
-    prefixes = ["o_", *(["r_"] if nulled else [])]
+def group_aggregates(redacting: bool) -> list[Column]:
+    """Per-group fingerprint parts over columns made by `row_hashes` ("o_" always, "r_" for a
+    redacting table): summed and XORed again by `part`."""
+    prefixes = ["o_", *(["r_"] if redacting else [])]
     return [agg for p in prefixes for agg in (F.sum(f"{p}h1").alias(f"{p}sum"), F.bit_xor(f"{p}h2").alias(f"{p}xor"))]
 
 
@@ -89,24 +107,19 @@ def pick(row, prefix: str) -> Fingerprint:
     return Fingerprint(int(row[f"{prefix}rows"] or 0), int(row[f"{prefix}sum"] or 0), int(row[f"{prefix}xor"] or 0))
 
 
-def split(rows: DataFrame, key: str, hits: DataFrame, nulled: frozenset[str]) -> tuple[Fingerprint, Fingerprint]:
+def split(rows: DataFrame, table_keys: TableKeys) -> tuple[Fingerprint, Fingerprint]:
     """(rows not requested, requested rows as the erasure must leave them) for `rows`. One scan.
 
-    `hits` holds the distinct requested key values (column `key_value`); requested rows become nothing
-    (`nulled` empty: delete) or themselves with `nulled` columns set to NULL (redact).
+    Requested rows become nothing (a deleting table) or themselves with each hit key group's
+    redacted columns set to NULL (a redacting table).
     """
-    marked = _mark(rows, key, hits)
-    hashed = marked.select(_HIT, *row_hashes(marked.drop(_HIT), "o_"),
-                           *(row_hashes(marked.drop(_HIT), "r_", nulled) if nulled else []))
-    other = F.col(_HIT).isNull()
-    totals = hashed.agg(*aggregates("o_", other), *(aggregates("r_", ~other) if nulled else [])).first()
+    nulled = matching.nulled_by_hits(table_keys)
+    marked = matching.mark(rows, table_keys)
+    hashed = marked.select(matching.any_hit(table_keys).alias(_HIT), *row_hashes(rows.schema, "o_"),
+                           *(row_hashes(rows.schema, "r_", nulled) if nulled else []))
+    requested = F.col(_HIT)
+    totals = hashed.agg(*aggregates("o_", ~requested), *(aggregates("r_", requested) if nulled else [])).first()
     return pick(totals, "o_"), pick(totals, "r_") if nulled else Fingerprint()
-
-
-def _mark(rows: DataFrame, key: str, hits: DataFrame) -> DataFrame:
-    """`rows` plus a `dsr_hit` column: true where the key is a requested value, NULL elsewhere."""
-    flags = hits.select(F.col("key_value").alias("dsr_hit_key"), F.lit(True).alias(_HIT))
-    return (rows.join(F.broadcast(flags), rows[f"`{key}`"] == flags.dsr_hit_key, "left").drop("dsr_hit_key"))
 
 
 @dataclass
@@ -116,11 +129,11 @@ class CollateralResult:
     detail: str | None = None
 
 
-def check(spark: SparkSession, settings: Settings, table: str, key: str, hits: DataFrame, nulled: frozenset[str],
+def check(spark: SparkSession, settings: Settings, table: str, table_keys: TableKeys,
           snapshot_before: int | None, erase_snapshot: int, other_before: Fingerprint,
           requested_after: Fingerprint) -> tuple[CollateralResult, DataFrame | None]:
     """Compare the erase snapshot with what the plan's snapshot allows (see the module doc); also
-    returns the erase snapshot's key values (`by_value`) when it was read, for the live verification.
+    returns the erase snapshot's key values (`by_keys`) when it was read, for the live verification.
 
     Redacting tables: requested rows become NULL-keyed rows, indistinguishable from other rows, so
     they are expected among them; with concurrent appends of requested rows the erase may have
@@ -137,17 +150,17 @@ def check(spark: SparkSession, settings: Settings, table: str, key: str, hits: D
     for commit in between:
         if commit.operation == "append":
             added_other, added_requested = split(iceberg.read_appended(spark, settings, table, commit, parent),
-                                                 key, hits, nulled)
+                                                 table_keys)
             expected = expected + added_other
             late_redacted.append(added_requested)
         parent = commit.snapshot_id
-    values = by_value(iceberg.read_at(spark, settings, table, erase_snapshot), key)
-    flags = hits.select(F.col("key_value").alias("dsr_value"), F.lit(True).alias(_HIT))
-    kept = values.join(F.broadcast(flags), "dsr_value", "left").where(F.col(_HIT).isNull())
+    values = by_keys(iceberg.read_at(spark, settings, table, erase_snapshot), table_keys.groups)
+    kept = matching.mark(values, table_keys, [F.col(_key(i)) for i in range(len(table_keys.groups))]) \
+        .where(~matching.any_hit(table_keys))
     after = pick(kept.agg(F.sum("count").alias("o_rows"), F.sum("o_sum").alias("o_sum"),
                           F.bit_xor("o_xor").alias("o_xor")).first(), "o_")
     candidates = [expected + requested_after]
-    for extra in late_redacted if nulled else []:
+    for extra in late_redacted if settings.datamap.tables[table].action == "redact" else []:
         candidates.append(candidates[-1] + extra)
     if after in candidates:
         return CollateralResult(True), values
@@ -155,13 +168,24 @@ def check(spark: SparkSession, settings: Settings, table: str, key: str, hits: D
                                          f"found {after.describe()} at snapshot {erase_snapshot}"), values
 
 
-def by_value(rows: DataFrame, key: str) -> DataFrame:
-    """(dsr_value, count, o_sum, o_xor): `rows` grouped by key value, with each group's fingerprint
-    parts; the live verification of the same snapshot reads its values from here. Kept (local
-    checkpoint): one small row per distinct key value."""
-    return (rows.select(F.col(f"`{key}`").alias("dsr_value"), *row_hashes(rows, "o_"))
-            .groupBy("dsr_value").agg(F.count(F.lit(1)).alias("count"), *group_aggregates(None))
+def _key(index: int) -> str:
+    return f"dsr_k{index}"
+
+
+def by_keys(rows: DataFrame, groups: Sequence[KeyGroup]) -> DataFrame:
+    """(dsr_k0, dsr_k1, ..., count, o_sum, o_xor): `rows` grouped by their key columns' values, with
+    each group's fingerprint parts; the live verification of the same snapshot reads its values from
+    here (`values_of`). Kept (local checkpoint): one small row per distinct combination of keys."""
+    keys = [F.col(column_ref(g.column)).alias(_key(i)) for i, g in enumerate(groups)]
+    return (rows.select(*keys, *row_hashes(rows.schema, "o_"))
+            .groupBy(*[_key(i) for i in range(len(keys))])
+            .agg(F.count(F.lit(1)).alias("count"), *group_aggregates(False))
             .localCheckpoint())
+
+
+def values_of(grouped: DataFrame, index: int) -> DataFrame:
+    """(dsr_value, count) of key group `index` from `by_keys`."""
+    return grouped.groupBy(F.col(_key(index)).alias("dsr_value")).agg(F.sum("count").alias("count"))
 
 
 def check_counts(spark: SparkSession, settings: Settings, table: str, snapshot_before: int | None,

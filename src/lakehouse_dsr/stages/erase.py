@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass, fields
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType
 
 from ..config import Settings
-from ..datamap import TableMapping
+from ..datamap import column_ref
 from ..lake import iceberg
-from . import collateral
+from . import collateral, matching
 from .collateral import CollateralResult, Fingerprint
+from .matching import TableKeys
 
 
 @dataclass
@@ -56,7 +56,7 @@ class TableErasure:
     attempts: int = 1  # statements run: more than one when concurrent commits conflicted
     rounds: int = 1  # erase rounds: more than one when late rows of requested subjects arrived
     collateral: CollateralResult | None = None
-    # The erase snapshot's key values (collateral.by_value), when the content check read them
+    # The erase snapshot's key values (collateral.by_keys), when the content check read them
     values_at_commit: DataFrame | None = None
 
     @property
@@ -87,56 +87,8 @@ class TableErasure:
         return {**plan, **d, "rows_changed": self.rows_changed}
 
 
-def keys_for_table(keys: DataFrame, mapping: TableMapping, key_type: DataType) -> DataFrame:
-    """Distinct identifier values for this table's key, cast to the key column's type.
-
-    Values that cannot be that type (a text id against a numeric key) become NULL and are dropped:
-    they cannot match any row.
-    """
-    return (
-        keys.where(F.col("key_type") == mapping.identifier)
-        .select("request_id", F.col("key_value").cast(key_type).alias("key_value"))
-        .where(F.col("key_value").isNotNull())
-    )
-
-
-@dataclass(frozen=True)
-class KeySet:
-    """A batch's values of one identifier, cast to one key type, grouped by value with the requests
-    naming each (`key_value`, `request_ids`). Kept (local checkpoint, one small row per value) and
-    built once per run for every table keyed by that identifier and type, so no table's plan,
-    statement or check shuffles the batch again."""
-
-    requesters: DataFrame
-    size: int  # distinct values: decides whether the statement may broadcast them
-
-    @property
-    def hits(self) -> DataFrame:
-        """The distinct requested values (column `key_value`)."""
-        return self.requesters.select("key_value")
-
-
-def key_set(keys: DataFrame, mapping: TableMapping, key_type: DataType) -> KeySet:
-    """The KeySet of `mapping`'s identifier at `key_type`. Cost: two small jobs over the batch's keys."""
-    grouped = keys_for_table(keys, mapping, key_type).groupBy("key_value").agg(
-        F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=True)
-    return KeySet(grouped, grouped.count())
-
-
-def key_sets(settings: Settings, keys: DataFrame, key_types: dict[str, DataType], tables: list[str]
-             ) -> dict[str, KeySet]:
-    """Each table's KeySet, built once per (identifier, key type): a hundred tables keyed by user_id
-    share one."""
-    built: dict[tuple[str, str], KeySet] = {}
-    for table in tables:
-        mapping = settings.datamap.tables[table]
-        shape = (mapping.identifier, key_types[table].simpleString())
-        if shape not in built:
-            built[shape] = key_set(keys, mapping, key_types[table])
-    return {t: built[(settings.datamap.tables[t].identifier, key_types[t].simpleString())] for t in tables}
-
-
-def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, modes: dict[str, str]) -> str:
+def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, modes: dict[str, str],
+                    key_columns: int = 1) -> str:
     """MERGE with a broadcast key set while it fits and the table's modes allow, else DELETE/UPDATE.
 
     Measured at 1M events / 100 subjects (medians of 3, bench/strategy.py): MERGE with a broadcast
@@ -146,8 +98,15 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
     is too large for every executor's memory, hence the limit. A MERGE follows the table's
     `write.merge.mode`, so it is used only where that equals the mode the table set for this kind
     of change (`write.delete.mode` / `write.update.mode`): the owner's choice is respected.
+
+    Several key columns: a delete is one DELETE whose condition ORs one EXISTS per key column (a
+    MERGE would need an OR join, a nested loop); a redaction nulls each group only where its own
+    key matched, which an UPDATE cannot say (Spark allows no subquery in SET), so it is a MERGE on
+    the requested rows' distinct key tuples (`merge_key_tuples`), whatever the table's modes.
     """
     natural = "delete" if action == "delete" else "update"
+    if key_columns > 1:
+        return "delete_where_exists" if action == "delete" else "merge_key_tuples"
     if distinct_keys <= broadcast_max_keys and modes["merge"] == modes[natural]:
         return "merge_broadcast"
     return f"{natural}_where_exists"
@@ -157,28 +116,30 @@ def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str
     return {op: iceberg.write_mode(spark, settings, table, op) for op in ("delete", "update", "merge")}
 
 
-def plan(spark: SparkSession, settings: Settings, table: str, keys: KeySet, fingerprint: bool = False
+def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, fingerprint: bool = False
          ) -> TablePlan:
     """Count matches per request and pick the strategy: one scan, one Spark job.
 
-    The same scan counts the table's rows (a row two requests share counts once in the totals)
-    and, with `fingerprint` (the content collateral check), fingerprints the rows not requested and
-    what the requested rows must become. Cost: reads the key column, or every column with
-    `fingerprint`; the driver receives one row per matched key value (request ids, a count and hash
-    parts; never the value).
+    The same scan counts the table's rows (a row two requests share, through one key column or
+    two, counts once in the totals) and, with `fingerprint` (the content collateral check),
+    fingerprints the rows not requested and what the requested rows must become. Cost: reads the
+    key columns, or every column with `fingerprint`, joined with each key column's broadcast key
+    set; the driver receives one row per combination of matching requests (request ids, a count
+    and hash parts; never a value).
     """
     mapping = settings.datamap.tables[table]
     snapshot = iceberg.current_snapshot(spark, settings, table)
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
-    nulled = frozenset(mapping.redact)  # empty for deleting tables (the data map allows redact columns only there)
-    hashes = [*collateral.row_hashes(rows, "o_"), *(collateral.row_hashes(rows, "r_", nulled) if nulled else [])
+    redacting = mapping.action == "redact"
+    hashes = [*collateral.row_hashes(rows.schema, "o_"),
+              *(collateral.row_hashes(rows.schema, "r_", matching.nulled_by_hits(keys)) if redacting else [])
               ] if fingerprint else []
-    # One group per matched key value, with the requests naming it, plus one (no requests) for every other row.
+    # One group per combination of requests naming a row, plus one (no requests) for every other row.
     groups = (
-        rows.select(F.col(f"`{mapping.key}`").alias("key_value"), *hashes)
-        .join(F.broadcast(keys.requesters), "key_value", "left")
+        matching.mark(rows, keys)
+        .select(matching.request_ids(keys).alias("request_ids"), *hashes)
         .groupBy("request_ids")
-        .agg(F.count(F.lit(1)).alias("count"), *(collateral.group_aggregates(nulled) if fingerprint else []))
+        .agg(F.count(F.lit(1)).alias("count"), *(collateral.group_aggregates(redacting) if fingerprint else []))
         .collect()
     )
     matched = [g for g in groups if g.request_ids]
@@ -186,20 +147,21 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: KeySet, fing
     for g in matched:
         for request_id in g.request_ids:
             matches[request_id] = matches.get(request_id, 0) + g["count"]
-    action = mapping.action
     modes = write_modes(spark, settings, table)
-    strategy = choose_strategy(action, keys.size, settings.erase.broadcast_max_keys, modes)
+    strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes,
+                               len(keys.groups))
     other_before = requested_after = None
     if fingerprint:
         other_before = sum((collateral.part(g, "o_") for g in groups if not g.request_ids), Fingerprint())
-        requested_after = sum((collateral.part(g, "r_") for g in matched), Fingerprint()) if nulled else Fingerprint()
+        requested_after = sum((collateral.part(g, "r_") for g in matched), Fingerprint()) if redacting \
+            else Fingerprint()
     return TablePlan(
         table=table,
-        key=mapping.key,
-        identifier=mapping.identifier or settings.datamap.subject,
-        action=action,
+        key=", ".join(mapping.key_columns),
+        identifier=", ".join(dict.fromkeys(g.identifier for g in mapping.groups)),
+        action=mapping.action,
         strategy=strategy,
-        write_mode=modes[strategy.split("_")[0]],
+        write_mode=modes["merge" if strategy.startswith("merge") else strategy.split("_")[0]],
         rows_before=sum(g["count"] for g in groups),
         rows_matched=sum(g["count"] for g in matched),
         matches_by_request=matches,
@@ -209,34 +171,70 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: KeySet, fing
     )
 
 
-def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: KeySet) -> TableErasure:
+def _view(df: DataFrame) -> str:
+    view = f"dsr_keys_{uuid.uuid4().hex[:12]}"
+    df.createOrReplaceTempView(view)
+    return view
+
+
+def _statement(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
+               views: list[str]) -> str:
+    """The plan's one SQL statement; identifiers stay in temporary views (`views` collects their names)."""
+    mapping = settings.datamap.tables[table_plan.table]
+    target = settings.table(table_plan.table)
+    refs = [f"t.{column_ref(g.column)}" for g in keys.groups]
+    if table_plan.strategy == "merge_key_tuples":
+        # The requested rows' distinct key tuples, each with which of its keys were requested: every
+        # target row matches at most one tuple (null-safe equality), so each group's columns are nulled
+        # exactly where its own key named an erased subject.
+        tuples = [F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)]
+        rows = iceberg.read_at(spark, settings, table_plan.table, table_plan.snapshot_before).select(*tuples)
+        marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in range(len(tuples))])
+        source = marked.where(matching.any_hit(keys)).select(
+            *[f"dsr_k{i}" for i in range(len(tuples))],
+            *[matching.hit(i).alias(f"dsr_h{i}") for i in range(len(tuples))]).distinct().localCheckpoint()
+        views.append(_view(source))
+        hint = f"/*+ BROADCAST({views[-1]}) */ " if keys.size <= settings.erase.broadcast_max_keys else ""
+        on = " AND ".join(f"{ref} <=> s.dsr_k{i}" for i, ref in enumerate(refs))
+        sets = ", ".join(
+            f"t.{column_ref(c)} = CASE WHEN "
+            + " OR ".join(f"s.dsr_h{i}" for i, g in enumerate(keys.groups) if c in g.redact)
+            + f" THEN NULL ELSE t.{column_ref(c)} END" for c in sorted(mapping.redacted_columns))
+        return (f"MERGE INTO {target} AS t USING (SELECT {hint}* FROM {views[-1]}) AS s ON {on} "
+                f"WHEN MATCHED THEN UPDATE SET {sets}")
+    for key_set in keys.sets:
+        views.append(_view(key_set.hits))
+    nulls = ", ".join(f"t.{column_ref(c)} = NULL" for c in sorted(mapping.redacted_columns))
+    if table_plan.strategy == "merge_broadcast":
+        return (f"MERGE INTO {target} AS t USING (SELECT /*+ BROADCAST({views[0]}) */ key_value FROM {views[0]}) "
+                f"AS s ON {refs[0]} = s.key_value WHEN MATCHED THEN "
+                + ("DELETE" if mapping.action == "delete" else f"UPDATE SET {nulls}"))
+    exists = " OR ".join(f"EXISTS (SELECT 1 FROM {view} s WHERE s.key_value = {ref})"
+                         for view, ref in zip(views, refs, strict=True))
+    if table_plan.strategy == "delete_where_exists":
+        return f"DELETE FROM {target} AS t WHERE {exists}"
+    return f"UPDATE {target} AS t SET {nulls} WHERE {exists}"
+
+
+def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys) -> TableErasure:
     """Run the plan as one commit. Skips tables without matches (no empty commits).
 
     Copy-on-write: reads and rewrites every data file holding a match. Merge-on-read: reads the
-    key column of candidate files and writes delete files only.
+    key columns of candidate files and writes delete files only. A redaction over several key
+    columns first reads the key columns of the plan's snapshot once, for the requested key tuples.
     """
     result = TableErasure(table_plan)
     if table_plan.rows_matched == 0:
         result.rows_after = table_plan.rows_before
         return result
-    mapping = settings.datamap.tables[table_plan.table]
-    view = f"dsr_keys_{uuid.uuid4().hex[:12]}"
-    keys.hits.createOrReplaceTempView(view)
-    target, key = settings.table(table_plan.table), f"`{mapping.key}`"
-    nulls = ", ".join(f"t.`{c}` = NULL" for c in mapping.redact)
-    exists = f"EXISTS (SELECT 1 FROM {view} s WHERE s.key_value = t.{key})"
-    statements = {
-        "merge_broadcast": f"MERGE INTO {target} AS t USING (SELECT /*+ BROADCAST({view}) */ key_value FROM {view}) "
-                           f"AS s ON t.{key} = s.key_value WHEN MATCHED THEN "
-                           + ("DELETE" if mapping.action == "delete" else f"UPDATE SET {nulls}"),
-        "delete_where_exists": f"DELETE FROM {target} AS t WHERE {exists}",
-        "update_where_exists": f"UPDATE {target} AS t SET {nulls} WHERE {exists}",
-    }
+    views: list[str] = []
     try:
+        statement = _statement(spark, settings, table_plan, keys, views)
         result.attempts = iceberg.with_conflict_retries(settings, f"table {table_plan.table}: the erase commit",
-                                                        lambda: spark.sql(statements[table_plan.strategy]))[1]
+                                                        lambda: spark.sql(statement))[1]
     finally:
-        spark.catalog.dropTempView(view)
+        for view in views:
+            spark.catalog.dropTempView(view)
     snapshot = iceberg.own_commit_since(spark, settings, table_plan.table, table_plan.snapshot_before)
     if snapshot:
         s = snapshot.summary
@@ -248,4 +246,3 @@ def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: 
     result.rows_after = iceberg.rows_after_commit(spark, settings, table_plan.table, result.snapshot_id,
                                                   table_plan.rows_before)
     return result
-

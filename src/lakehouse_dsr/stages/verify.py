@@ -20,40 +20,62 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from ..config import Settings
-from ..datamap.check import check_against_catalog
+from ..datamap import KeyGroup, column_ref
+from ..datamap.check import KeyTypes, check_against_catalog, schema_of
 from ..exceptions import LedgerError
 from ..lake import iceberg
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
 from ..ledger.ledger import Ledger
+from . import collateral
 
 
-def find_hashed(
-    spark: SparkSession, values: DataFrame, column: str, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes]
-) -> dict[str, int]:
-    """Rows of `values` whose `column` hashes to one of `hashes` (request_id, key_hash[, key_id]), per request.
+def key_values(rows: DataFrame, groups: list[KeyGroup]) -> DataFrame:
+    """(dsr_group, key_type, dsr_value): every key column's value of every row of `rows` (which
+    holds the key columns at their paths, struct paths included), as text, one row per key column."""
+    parts = [F.struct(F.lit(i).alias("dsr_group"), F.lit(g.identifier).alias("key_type"),
+                      F.col(column_ref(g.column)).cast("string").alias("dsr_value")) for i, g in enumerate(groups)]
+    return rows.select(F.explode(F.array(*parts)).alias("dsr_kv")).select("dsr_kv.*")
+
+
+def find_hashed(spark: SparkSession, values: DataFrame, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes]
+                ) -> dict[str, int]:
+    """Rows of `values` (`key_values`) whose value hashes to one of `hashes` (request_id, key_type,
+    key_hash[, key_id]) of the same identifier, per request.
 
     `key`: one key, a Keyring or {key_id: key}; each stored hash is compared with the value's hash
-    under the key that made it (hashing.join_on_key). One scan of the column; hashing cost is per
-    distinct value and key, not per row. A value found twice for one request (its hashes were
+    under the key that made it (hashing.join_on_key). One scan; hashing cost is per distinct value
+    and key, not per row. A value found twice for one request in one key column (its hashes were
     recorded before and after a rotation) counts once.
     """
-    grouped = values.groupBy(F.col(column).alias("dsr_value")).count()
-    return find_hashed_in_groups(spark, grouped, hashes, key)
+    return find_hashed_in_groups(spark, values.groupBy("dsr_group", "key_type", "dsr_value").count(), hashes, key)
 
 
 def find_hashed_in_groups(spark: SparkSession, grouped: DataFrame, hashes: DataFrame,
                           key: bytes | Keyring | dict[str, bytes]) -> dict[str, int]:
-    """`find_hashed` over values already grouped: (dsr_value, count), one row per distinct value."""
+    """`find_hashed` over values already grouped: (dsr_group, key_type, dsr_value, count)."""
     keys = {key_id(key): key} if isinstance(key, bytes) else key
     hashed = with_keyring_hashes(spark, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value", keys)
-    stored = hashes.select("request_id", "key_hash", *(["key_id"] if "key_id" in hashes.columns else []))
+    stored = hashes.select("request_id", "key_hash", F.col("key_type").alias("dsr_stored_type"),
+                           *(["key_id"] if "key_id" in hashes.columns else []))
     # One shuffle: partitioned by request, both the de-duplication and the sum run in place.
     found = (
-        join_on_key(hashed, stored).repartition("request_id").dropDuplicates(["request_id", "dsr_value"])
+        join_on_key(hashed, stored).where(F.col("key_type") == F.col("dsr_stored_type"))
+        .repartition("request_id").dropDuplicates(["request_id", "dsr_group", "dsr_value"])
         .groupBy("request_id").agg(F.sum("count").alias("n")).collect()
     )
     return {r.request_id: int(r.n) for r in found}
+
+
+def grouped_at_commit(by_keys: DataFrame, groups: list[KeyGroup]) -> DataFrame:
+    """`find_hashed_in_groups`' input from the collateral check's `by_keys` of the same snapshot."""
+    parts = [collateral.values_of(by_keys, i).select(F.lit(i).alias("dsr_group"), F.lit(g.identifier).alias("key_type"),
+                                                     F.col("dsr_value").cast("string").alias("dsr_value"), "count")
+             for i, g in enumerate(groups)]
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out.groupBy("dsr_group", "key_type", "dsr_value").agg(F.sum("count").alias("count"))
 
 
 @dataclass(frozen=True)
@@ -120,29 +142,31 @@ class TableVerification:
         return d
 
 
-def verify_column(
-    spark: SparkSession, settings: Settings, table: str, column: str, data_type: DataType,
+def verify_table(
+    spark: SparkSession, settings: Settings, table: str, groups: list[KeyGroup], types: dict[str, DataType],
     hashes: DataFrame, key: bytes | Keyring | HashKeys, physical: bool = True,
     values_at: tuple[int, DataFrame] | None = None,
 ) -> TableVerification:
-    """Run the live, history, storage and ref checks for one column of one table.
+    """Run the live, history, storage and ref checks over every key column of one table.
 
-    `physical=False` runs the live check only: one scan of the column in the current snapshot.
-    `key`: the keyring, or the active key (the retired ones are then read from the keyring file), or
-    the keys `keys_for` resolved already for a set of hashes including these.
-    A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
-    it fails with that reason. `values_at`: (snapshot id, that snapshot's column values grouped as
-    (dsr_value, count)), read already by the collateral check: used instead of the live scan while
-    the table holds the same rows as at that snapshot (no commit since, or only rewrites, such as
-    the purge's).
+    `groups`: the key columns and the identifier each holds; `types`: their Spark types
+    (datamap.check). `physical=False` runs the live check only: one scan of the key columns in the
+    current snapshot. `key`: the keyring, or the active
+    key (the retired ones are then read from the keyring file), or the keys `keys_for` resolved
+    already for a set of hashes including these. A request whose hashes were made by a key in no
+    keyring any more (destroyed) cannot be proven: it fails with that reason. `values_at`:
+    (snapshot id, that snapshot's `collateral.by_keys`), read already by the collateral check: used
+    instead of the live scan while the table holds the same rows as at that snapshot (no commit
+    since, or only rewrites, such as the purge's).
 
-    Cost: one scan of the column in the current snapshot, one over the files of all retained
-    snapshots, one over all Parquet files under the location, one per branch/tag. When the
-    retained snapshots and the storage listing hold exactly the current snapshot's files and no
-    delete files (the state a purge leaves), those scans would read the same bytes as the live
-    one, so the live scan stands for all three (metadata and one listing decide it). One scan
-    marking rows by input file was measured slower (10M events: 12.0 s against 6.8 s), as every
-    file holds most subjects and grouping by (value, file) keeps millions of groups.
+    Cost: one scan of the key columns in the current snapshot, one over the files of all retained
+    snapshots, one over all Parquet files under the location (every key column's values, numeric
+    and nested ones included), one per branch/tag. When the retained snapshots and the storage
+    listing hold exactly the current snapshot's files and no delete files (the state a purge
+    leaves), those scans would read the same bytes as the live one, so the live scan stands for all
+    three (metadata and one listing decide it). One scan marking rows by input file was measured
+    slower (10M events: 12.0 s against 6.8 s), as every file holds most subjects and grouping by
+    (value, file) keeps millions of groups.
     """
     result = TableVerification(table, physical=physical)
     resolved = keys_for(settings, hashes, key)
@@ -151,9 +175,9 @@ def verify_column(
         result.fail(request_id, f"{table}: hashed under key {lost_key}, which no keyring holds any more: "
                     "cannot be verified")
     if values_at and iceberg.same_rows_since(spark, settings, table, values_at[0]):
-        live = find_hashed_in_groups(spark, values_at[1], hashes, key)
+        live = find_hashed_in_groups(spark, grouped_at_commit(values_at[1], groups), hashes, key)
     else:
-        live = find_hashed(spark, spark.table(settings.table(table)).select(column), column, hashes, key)
+        live = find_hashed(spark, key_values(spark.table(settings.table(table)), groups), hashes, key)
     result.live = _record(result, live, "rows in the current snapshot")
     if not physical:
         return result
@@ -169,16 +193,17 @@ def verify_column(
     if result.one_scan:
         history = storage = live
     else:
-        history = find_hashed(spark, iceberg.read_column_from_files(spark, paths, column, data_type),
-                              column, hashes, key) if paths else {}
-        stored = iceberg.read_column_from_files(spark, location, column, data_type, recursive=True)
-        storage = find_hashed(spark, stored, column, hashes, key)
+        schema = schema_of(types)
+        history = find_hashed(spark, key_values(iceberg.read_columns_from_files(spark, paths, schema), groups),
+                              hashes, key) if paths else {}
+        stored = iceberg.read_columns_from_files(spark, location, schema, recursive=True)
+        storage = find_hashed(spark, key_values(stored, groups), hashes, key)
     result.history = _record(result, history, "rows in files retained by snapshots (time travel)")
     result.storage = _record(result, storage, "rows in files on storage (incl. unreferenced/orphan files)")
 
     for ref in iceberg.refs(spark, settings, table):
-        pinned = iceberg.read_at(spark, settings, table, ref.snapshot_id).select(column)
-        found = find_hashed(spark, pinned, column, hashes, key)
+        pinned = iceberg.read_at(spark, settings, table, ref.snapshot_id)
+        found = find_hashed(spark, key_values(pinned, groups), hashes, key)
         label = f"{ref.kind.lower()} {ref.name}"
         result.refs[label] = _record(
             result, found, f"{label} pins snapshot {ref.snapshot_id} holding the subject's rows; "
@@ -195,18 +220,14 @@ def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
 
 def verify_tables(
     spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring | HashKeys,
-    key_types: dict[str, DataType], tables: list[str] | None = None, physical: bool = True,
+    key_types: KeyTypes, tables: list[str] | None = None, physical: bool = True,
     values_at: dict[str, tuple[int, DataFrame]] | None = None,
 ) -> list[TableVerification]:
-    """Verify every mapped table against (request_id, key_type, key_hash) rows (`values_at`: see verify_column)."""
+    """Verify every mapped table against (request_id, key_type, key_hash) rows (`values_at`: see verify_table)."""
     key = keys_for(settings, hashes, key)  # once for all tables
-    results = []
-    for table in tables or settings.datamap.erase_order():
-        mapping = settings.datamap.tables[table]
-        table_hashes = hashes.where(F.col("key_type") == mapping.identifier)
-        results.append(verify_column(spark, settings, table, mapping.key, key_types[table], table_hashes, key,
-                                     physical, (values_at or {}).get(table)))
-    return results
+    return [verify_table(spark, settings, table, settings.datamap.tables[table].groups, key_types[table], hashes, key,
+                         physical, (values_at or {}).get(table))
+            for table in tables or settings.datamap.erase_order()]
 
 
 def verify_completed(spark: SparkSession, settings: Settings, request_ids: list[str] | None = None

@@ -1,0 +1,131 @@
+"""Which rows of a table name which requests: the batch's identifiers per key column, and the joins
+that mark rows by them. Shared by the erase plan, its statement, the collateral check and the export."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
+
+from ..config import Settings
+from ..datamap import KeyGroup, column_ref
+from ..datamap.check import KeyTypes
+
+
+def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) -> DataFrame:
+    """(request_id, key_value) of one identifier, cast to a key column's type.
+
+    Values that cannot be that type (a text id against a numeric key) become NULL and are dropped:
+    they cannot match any row.
+    """
+    return (
+        keys.where(F.col("key_type") == identifier)
+        .select("request_id", F.col("key_value").cast(key_type).alias("key_value"))
+        .where(F.col("key_value").isNotNull())
+    )
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """A batch's values of one identifier, cast to one key type, grouped by value with the requests
+    naming each (`key_value`, `request_ids`). Kept (local checkpoint, one small row per value) and
+    built once per run for every key column holding that identifier at that type, so no table's
+    plan, statement or check shuffles the batch again."""
+
+    requesters: DataFrame
+    size: int  # distinct values: decides whether the statement may broadcast them
+
+    @property
+    def hits(self) -> DataFrame:
+        """The distinct requested values (column `key_value`)."""
+        return self.requesters.select("key_value")
+
+
+def key_set(keys: DataFrame, identifier: str, key_type: DataType) -> KeySet:
+    """The KeySet of `identifier` at `key_type`. Cost: two small jobs over the batch's keys."""
+    grouped = keys_for_identifier(keys, identifier, key_type).groupBy("key_value").agg(
+        F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=True)
+    return KeySet(grouped, grouped.count())
+
+
+@dataclass(frozen=True)
+class TableKeys:
+    """A table's key groups, each with the batch's KeySet for its identifier and type."""
+
+    groups: tuple[KeyGroup, ...]
+    sets: tuple[KeySet, ...]
+
+    @property
+    def size(self) -> int:
+        return max(s.size for s in self.sets)
+
+    @property
+    def single(self) -> bool:
+        return len(self.groups) == 1
+
+    def replace(self, index: int, keys: KeySet) -> TableKeys:
+        return TableKeys(self.groups, tuple(keys if i == index else s for i, s in enumerate(self.sets)))
+
+
+def key_sets(settings: Settings, keys: DataFrame, key_types: KeyTypes, tables: list[str]) -> dict[str, TableKeys]:
+    """Each table's TableKeys, with one KeySet per (identifier, key type): a hundred tables keyed by
+    user_id share one."""
+    built: dict[tuple[str, str], KeySet] = {}
+    out = {}
+    for table in tables:
+        groups = tuple(settings.datamap.tables[table].groups)
+        sets = []
+        for group in groups:
+            key_type = key_types[table][group.column]
+            shape = (group.identifier, key_type.simpleString())
+            if shape not in built:
+                built[shape] = key_set(keys, group.identifier, key_type)
+            sets.append(built[shape])
+        out[table] = TableKeys(groups, tuple(sets))
+    return out
+
+
+def ids_column(index: int) -> str:
+    """The column `mark` adds for key group `index`: the requests naming the row through it, or NULL."""
+    return f"dsr_ids_{index}"
+
+
+def hit(index: int) -> Column:
+    return F.col(ids_column(index)).isNotNull()
+
+
+def any_hit(table_keys: TableKeys) -> Column:
+    condition = hit(0)
+    for index in range(1, len(table_keys.groups)):
+        condition = condition | hit(index)
+    return condition
+
+
+def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None) -> DataFrame:
+    """`rows` plus `dsr_ids_<i>` per key group (see `ids_column`): one broadcast join per key
+    column with the batch's values, no shuffle. `key_columns`: where the key values are in `rows`
+    (default: the mapped columns, struct paths included)."""
+    key_columns = key_columns or [F.col(column_ref(g.column)) for g in table_keys.groups]
+    for index, (keys, value) in enumerate(zip(table_keys.sets, key_columns, strict=True)):
+        found = keys.requesters.select(F.col("key_value").alias("dsr_match"),
+                                       F.col("request_ids").alias(ids_column(index)))
+        rows = rows.join(F.broadcast(found), value == found.dsr_match, "left").drop("dsr_match")
+    return rows
+
+
+def request_ids(table_keys: TableKeys) -> Column:
+    """The sorted, distinct requests naming a marked row through any key column; NULL for none."""
+    ids = F.array_sort(F.array_distinct(F.flatten(F.array(*[
+        F.coalesce(F.col(ids_column(i)), F.array().cast("array<string>")) for i in range(len(table_keys.groups))]))))
+    return F.when(F.size(ids) > 0, ids)
+
+
+def nulled_by_hits(table_keys: TableKeys) -> dict[str, Column]:
+    """Redacted column (or struct path) -> when a marked row must hold NULL there: its own key group hit."""
+    conditions: dict[str, Column] = {}
+    for index, group in enumerate(table_keys.groups):
+        for column in group.redact:
+            conditions[column] = conditions[column] | hit(index) if column in conditions else hit(index)
+    return conditions

@@ -1,0 +1,230 @@
+"""Rows naming two people, surrogate keys reached through a linked identifier, and nested keys, on a
+small retail-shaped lakehouse built here; every check after `dsr run` reads with pyiceberg and pyarrow."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.table import StaticTable
+
+from conftest import make_settings
+from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
+from lakehouse_dsr.run import run
+from lakehouse_dsr.stages.access import MATCHED_KEYS
+
+CUSTOMERS = 12
+ERASED, ASKING = [1, 2], 3  # customer numbers: two erasures, one access request
+MOR = {"format-version": "2", "write.delete.mode": "merge-on-read", "write.update.mode": "merge-on-read",
+       "write.merge.mode": "merge-on-read"}
+
+DATAMAP = {
+    "subject": "customer_id",
+    "identifiers": {
+        "customer_sk": {"table": "retail.customer", "subject_column": "c_customer_id", "column": "c_customer_sk"},
+        "email": {"table": "retail.customer", "subject_column": "c_customer_id", "column": "c_email"},
+    },
+    "tables": {
+        "retail.customer": {"key": "c_customer_id"},
+        "retail.web_sales": {"action": "redact", "keys": {
+            "ws_bill_customer_sk": {"identifier": "customer_sk", "redact": ["ws_bill_customer_sk", "ws_bill_addr_sk"]},
+            "ws_ship_customer_sk": {"identifier": "customer_sk", "redact": ["ws_ship_customer_sk", "ws_ship_addr_sk"]},
+        }},
+        "retail.web_returns": {"identifier": "customer_sk",
+                               "keys": {"wr_returning_customer_sk": {}, "wr_refunded_customer_sk": {}}},
+        "web.clicks": {"key": "context.user.email", "identifier": "email"},
+        "web.sessions": {"key": "visitor.email", "identifier": "email", "action": "redact",
+                         "redact": ["visitor.email", "visitor.ip"]},
+    },
+}
+TABLES = list(DATAMAP["tables"])
+
+
+def customer_id(i: int) -> str:
+    return f"CUST-{i:04d}"
+
+
+def sk(i: int) -> int:
+    return 1000 + i
+
+
+def email(i: int) -> str:
+    return f"c{i}@shop.example"
+
+
+def sales_rows() -> list[tuple]:
+    """60 sales; customer i bills and j ships, including both erased people in one row, an erased
+    person with a bystander, and someone shipping to themself."""
+    rows = []
+    for n in range(60):
+        bill, ship = n % CUSTOMERS, (n * 5 + 3) % CUSTOMERS
+        rows.append((n, sk(bill), sk(bill) * 10, sk(ship), sk(ship) * 10 + 1, n % 4 + 1, Decimal(f"{n}.25")))
+    rows.append((60, sk(1), 1, sk(2), 2, 1, Decimal("9.99")))  # both erased
+    rows.append((61, sk(3), 3, sk(3), 4, 2, Decimal("5.00")))  # the asking person on both sides
+    return rows
+
+
+@pytest.fixture(scope="module")
+def retail(spark, tmp_path_factory):
+    root = tmp_path_factory.mktemp("retail")
+    settings = make_settings(root, datamap=DATAMAP)
+    attach(spark, settings)
+    for ns in ("retail", "web"):
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{ns}")
+
+    def create(table: str, rows: list[tuple], schema: str, properties: dict | None = None) -> None:
+        writer = spark.createDataFrame(rows, schema).coalesce(2).writeTo(settings.table(table))
+        for k, v in (properties or {"format-version": "2"}).items():
+            writer = writer.tableProperty(k, v)
+        writer.create()
+
+    create("retail.customer", [(sk(i), customer_id(i), email(i), f"Name {i}") for i in range(CUSTOMERS)],
+           "c_customer_sk bigint, c_customer_id string, c_email string, c_name string")
+    create("retail.web_sales", sales_rows(),
+           "ws_order bigint, ws_bill_customer_sk bigint, ws_bill_addr_sk bigint, ws_ship_customer_sk bigint, "
+           "ws_ship_addr_sk bigint, ws_quantity int, ws_price decimal(7,2)", MOR)
+    create("retail.web_returns", [(n, sk(n % CUSTOMERS), sk((n + 4) % CUSTOMERS), Decimal(n)) for n in range(24)],
+           "wr_order bigint, wr_returning_customer_sk bigint, wr_refunded_customer_sk bigint, wr_amount decimal(7,2)")
+    create("web.clicks", [(n, ((email(n % CUSTOMERS), f"agent{n}"),), f"/p/{n}") for n in range(36)],
+           "id int, context struct<user: struct<email: string, agent: string>>, page string")
+    create("web.sessions", [(n, (email(n % CUSTOMERS), f"10.0.0.{n}", "nl"), n * 3) for n in range(24)],
+           "id int, visitor struct<email: string, ip: string, country: string>, seconds int", MOR)
+    before = {t: read(settings, t) for t in TABLES}
+    ledger = Ledger(settings)
+    erased = ledger.submit([RequestInput(customer_id(i), "erase") for i in ERASED]).created
+    asked = ledger.submit([RequestInput(customer_id(ASKING), "access")]).created
+    report = run(spark, settings)
+    return {"settings": settings, "root": root, "before": before, "report": report, "erased": erased,
+            "asked": asked[0], "ledger": ledger}
+
+
+def warehouse(settings) -> Path:
+    return Path(settings.catalog.properties["warehouse"].removeprefix("file:"))
+
+
+def static(settings, table: str) -> StaticTable:
+    meta = warehouse(settings) / Path(*table.split(".")) / "metadata"
+    version = (meta / "version-hint.text").read_text().strip()
+    return StaticTable.from_metadata(str(meta / f"v{version}.metadata.json"))
+
+
+def read(settings, table: str, snapshot_id: int | None = None) -> list[dict]:
+    return static(settings, table).scan(snapshot_id=snapshot_id).to_arrow().to_pylist()
+
+
+def erased_values() -> set:
+    return {v for i in ERASED for v in (sk(i), customer_id(i), email(i))}
+
+
+def leaves(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from leaves(v)
+    else:
+        yield value
+
+
+def test_every_request_completes_with_proof(retail):
+    report = retail["report"]
+    assert {r.status for r in report.requests} == {"completed"}, [r.reason for r in report.requests]
+    sales = report.tables["retail.web_sales"]["erase"]
+    assert sales["strategy"] == "merge_key_tuples" and sales["key"] == "ws_bill_customer_sk, ws_ship_customer_sk"
+    assert report.tables["retail.web_returns"]["erase"]["strategy"] == "delete_where_exists"
+    for table in TABLES:
+        checks = report.tables[table]["verification"]
+        assert checks["passed"] and checks["live"] == checks["history"] == checks["storage"] == 0, table
+        assert report.tables[table]["erase"]["collateral"]["ok"], table
+
+
+def test_shared_rows_keep_the_other_persons_columns(retail):
+    before = {r["ws_order"]: r for r in retail["before"]["retail.web_sales"]}
+    after = {r["ws_order"]: r for r in read(retail["settings"], "retail.web_sales")}
+    assert set(after) == set(before)  # a redacting table keeps every row
+    gone = {sk(i) for i in ERASED}
+    nulled = Counter()
+    for order, old in before.items():
+        new = dict(after[order])
+        for side in ("bill", "ship"):
+            key, addr = f"ws_{side}_customer_sk", f"ws_{side}_addr_sk"
+            if old[key] in gone:
+                assert new.pop(key) is None and new.pop(addr) is None, (order, side)
+                nulled[side] += 1
+        assert new == {k: v for k, v in old.items() if k in new}, order  # the rest exactly as it was
+    assert nulled["bill"] > 0 and nulled["ship"] > 0
+    for side in ("bill", "ship"):
+        key = f"ws_{side}_customer_sk"
+        grown = sum(r[key] is None for r in after.values()) - sum(r[key] is None for r in before.values())
+        assert grown == nulled[side]
+    for measure in ("ws_quantity", "ws_price"):
+        assert sum(r[measure] for r in after.values()) == sum(r[measure] for r in before.values())
+    # the row both erased people shared lost both groups, nothing else
+    assert after[60]["ws_bill_customer_sk"] is None and after[60]["ws_ship_customer_sk"] is None
+    assert after[60]["ws_price"] == Decimal("9.99")
+
+
+def test_deleting_tables_lose_rows_naming_an_erased_person_by_any_key(retail):
+    settings, gone = retail["settings"], {sk(i) for i in ERASED}
+    before, after = retail["before"]["retail.web_returns"], read(settings, "retail.web_returns")
+    kept = [r for r in before if r["wr_returning_customer_sk"] not in gone and r["wr_refunded_customer_sk"] not in gone]
+    assert sorted(after, key=lambda r: r["wr_order"]) == kept and len(kept) < len(before)
+    emails = {email(i) for i in ERASED}
+    clicks = read(settings, "web.clicks")
+    assert [r for r in retail["before"]["web.clicks"] if r["context"]["user"]["email"] not in emails] == \
+        sorted(clicks, key=lambda r: r["id"])
+
+
+def test_nested_redaction_nulls_only_the_named_fields(retail):
+    emails = {email(i) for i in ERASED}
+    after = {r["id"]: r for r in read(retail["settings"], "web.sessions")}
+    for old in retail["before"]["web.sessions"]:
+        new = after[old["id"]]
+        if old["visitor"]["email"] in emails:
+            assert new["visitor"] == {"email": None, "ip": None, "country": old["visitor"]["country"]}
+            assert new["seconds"] == old["seconds"]
+        else:
+            assert new == old
+
+
+def test_no_erased_value_in_any_key_column_of_any_snapshot_or_file(retail):
+    settings, needles = retail["settings"], erased_values()
+    mapping = DATAMAP["tables"]
+    for table in TABLES:
+        keys = list(mapping[table].get("keys") or [mapping[table]["key"]])
+        table_static = static(settings, table)
+        snapshots = [s.snapshot_id for s in table_static.metadata.snapshots]
+        assert snapshots
+        for snapshot_id in snapshots:
+            for row in read(settings, table, snapshot_id):
+                assert not needles & set(leaves(row)), (table, snapshot_id)
+        files = list((warehouse(settings) / Path(*table.split(".")) / "data")
+                     .rglob("*.parquet"))
+        assert files
+        for file in files:
+            data = pq.read_table(file).to_pylist()
+            for row in data:
+                found = needles & set(leaves(row))
+                assert not found, (table, file.name, keys)
+
+
+def test_access_package_holds_each_shared_row_once_and_says_which_keys_matched(retail):
+    report = retail["report"]
+    package = json.loads((Path(report.export["directory"]) / f"{retail['asked']}.json").read_text())
+    sales = package["tables"]["retail.web_sales"]
+    me = sk(ASKING)
+    expected = [r for r in retail["before"]["retail.web_sales"]
+                if me in (r["ws_bill_customer_sk"], r["ws_ship_customer_sk"])]
+    assert sorted(r["ws_order"] for r in sales) == sorted(r["ws_order"] for r in expected)
+    by_order = {r["ws_order"]: r[MATCHED_KEYS] for r in sales}
+    assert by_order[61] == ["ws_bill_customer_sk", "ws_ship_customer_sk"]
+    for r in expected:
+        wanted = [k for k in ("ws_bill_customer_sk", "ws_ship_customer_sk") if r[k] == me]
+        assert by_order[r["ws_order"]] == wanted
+    clicks = package["tables"]["web.clicks"]
+    assert clicks and all(r["context"]["user"]["email"] == email(ASKING) for r in clicks)
+    assert package["tables"]["retail.customer"][0]["c_customer_id"] == customer_id(ASKING)
