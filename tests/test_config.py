@@ -53,6 +53,9 @@ def test_yaml_sets_spark_catalog_and_datamap(tmp_path):
         ("datamap: {tables: {demo.t: {keys: {a: {redact: [a]}}}}}", "demo.t.*only meaningful with action: redact"),
         ("datamap: {tables: {demo.t: {keys: {a: {identifier: email}}}}}", "demo.t, key a.*neither the subject"),
         ("datamap: {tables: {demo.t: {keys: {'a..b': {}}}}}", "column name or a struct path"),
+        ("datamap: {tables: {demo.t: {keys: {'a[][]': {}}}}}", "column name or a struct path"),
+        ("datamap: {tables: {demo.t: {action: redact, keys: {a: {redact: [a, 'b[]']}}}}}",
+         "only allowed for the group's own key column"),
         ("datamap: {tables: {demo.t: {key: k, action: redact}}}", "needs the list of columns"),
         ("datamap: {tables: {demo.t: {key: k, action: redact, redact: [name]}}}", "must include the key column"),
         ("datamap: {tables: {demo.t: {key: k, redact: [k]}}}", "only meaningful with action: redact"),
@@ -91,7 +94,7 @@ def test_datamap_checked_against_catalog(spark, new_lakehouse):
         "identifiers": {"email": {"table": "demo.users", "subject_column": "user_id", "column": "mail"}},
         "tables": {"demo.events": {"key": "uid"}, "demo.missing": {"key": "user_id"},
                    "demo.orders": {"key": "user_id", "action": "redact", "redact": ["user_id", "nope"]},
-                   "demo.newsletter": {"keys": {"email": {}, "email.domain": {}}}},
+                   "demo.newsletter": {"keys": {"email": {}, "email.domain": {}, "email[]": {}}}},
     })
     with pytest.raises(DataMapError) as info:
         check_against_catalog(spark, bad, settings.table)
@@ -101,6 +104,7 @@ def test_datamap_checked_against_catalog(spark, new_lakehouse):
     assert "table demo.orders has no column 'nope'" in text
     assert "table demo.users has no column 'mail'" in text
     assert "table demo.newsletter column 'email.domain': email is a string, not a struct" in text
+    assert "table demo.newsletter: key column 'email[]' has type string, not an array" in text
 
 
 def test_complex_key_type_is_rejected(spark, new_lakehouse):
@@ -108,6 +112,10 @@ def test_complex_key_type_is_rejected(spark, new_lakehouse):
     spark.sql(f"CREATE TABLE {settings.table('demo.nested')} (k struct<a: string>) USING iceberg")
     dm = DataMap.model_validate({"tables": {"demo.nested": {"key": "k"}}})
     with pytest.raises(DataMapError, match="cannot hold an identifier"):
+        check_against_catalog(spark, dm, settings.table)
+    spark.sql(f"CREATE TABLE {settings.table('demo.listed')} (k array<string>) USING iceberg")
+    dm = DataMap.model_validate({"tables": {"demo.listed": {"key": "k"}}})
+    with pytest.raises(DataMapError, match=r"cannot hold an identifier \(an array of identifiers is written k\[\]\)"):
         check_against_catalog(spark, dm, settings.table)
 
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pyspark.sql import SparkSession
-from pyspark.sql.types import AtomicType, DataType, StructField, StructType
+from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
 
 from ..exceptions import DataMapError
-from .model import DataMap
+from .model import DataMap, column_path, is_array
 
 KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
 
 
-def field_at(schema: StructType, path: str) -> StructField:
-    """The field a column name or struct path (`context.user.email`) names; ValueError saying where
-    the path leaves the schema ("has no column 'x' (has: ...)", "column 'a.b': a is a string, ...")."""
-    fields, parent = schema, ""
+def field_at(schema: StructType, column: str) -> StructField:
+    """The field a column name or struct path (`context.user.email`) names (`[]` ignored); ValueError
+    saying where the path leaves the schema ("has no column 'x' (has: ...)", "column 'a.b': a is a
+    string, ...")."""
+    path, fields, parent = column_path(column), schema, ""
     for part in path.split("."):
         where = f"column {path!r}: {parent}" if parent else ""
         if not isinstance(fields, StructType):
@@ -31,15 +32,15 @@ def field_at(schema: StructType, path: str) -> StructField:
 
 
 def schema_of(types: dict[str, DataType]) -> StructType:
-    """The smallest schema holding each column or struct path of `types` at its type (fields of one
-    struct merged), for reading only those values from data files."""
+    """The smallest schema holding each key column of `types` at its type (fields of one struct
+    merged; `x[]` as an array of its element type), for reading only those values from data files."""
     tree: dict = {}
-    for path, data_type in types.items():
-        *parents, leaf = path.split(".")
+    for column, data_type in types.items():
+        *parents, leaf = column_path(column).split(".")
         node = tree
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = data_type
+        node[leaf] = ArrayType(data_type) if is_array(column) else data_type
 
     def build(node: dict) -> StructType:
         return StructType([StructField(name, build(child) if isinstance(child, dict) else child)
@@ -79,9 +80,17 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
                 key_type = field_at(schemas[table], group.column).dataType
             except ValueError:
                 continue  # reported above
+            if group.is_array:
+                if not isinstance(key_type, ArrayType):
+                    problems.append(f"table {table}: key column {group.column!r} has type "
+                                    f"{key_type.simpleString()}, not an array ([] marks an array of identifiers)")
+                    continue
+                key_type = key_type.elementType
             if not isinstance(key_type, AtomicType):
+                hint = f" (an array of identifiers is written {group.column}[])" \
+                    if isinstance(key_type, ArrayType) and not group.is_array else ""
                 problems.append(f"table {table}: key column {group.column!r} has type {key_type.simpleString()}, "
-                                "which cannot hold an identifier")
+                                f"which cannot hold an identifier{hint}")
             key_types.setdefault(table, {})[group.column] = key_type
         for column in sorted(mapping.redacted_columns):
             try:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")  # \Z: "$" would let a newline through
+_ARRAY = "[]"  # after a key column: an array of identifiers
 
 
 def _check_table(name: str) -> str:
@@ -37,15 +38,26 @@ def _check_table(name: str) -> str:
     return name
 
 
-def _check_column(name: str) -> str:
-    if not _COLUMN.match(name):
-        raise ValueError(f"column {name!r} must be a column name or a struct path (letters, digits, _ and dots)")
+def _check_column(name: str, array_allowed: bool = True) -> str:
+    if not _COLUMN.match(name.removesuffix(_ARRAY) if array_allowed else name):
+        raise ValueError(f"column {name!r} must be a column name or a struct path (letters, digits, _ and dots)"
+                         + (", with [] after an array of identifiers" if array_allowed else ""))
     return name
 
 
-def column_ref(path: str) -> str:
-    """`path` (a column or a struct path `a.b.c`) quoted for Spark SQL and `F.col`: `a`.`b`.`c`."""
-    return ".".join(f"`{part}`" for part in path.split("."))
+def column_path(column: str) -> str:
+    """The column or struct path of a data-map column, without the array marker `[]`."""
+    return column.removesuffix(_ARRAY)
+
+
+def is_array(column: str) -> bool:
+    return column.endswith(_ARRAY)
+
+
+def column_ref(column: str) -> str:
+    """A data-map column (a column or a struct path `a.b.c`, `[]` ignored) quoted for Spark SQL and
+    `F.col`: `a`.`b`.`c`."""
+    return ".".join(f"`{part}`" for part in column_path(column).split("."))
 
 
 @dataclass(frozen=True)
@@ -53,9 +65,13 @@ class KeyGroup:
     """One subject column of a table, the identifier it holds, and what an erasure sets to NULL when
     that column names an erased subject (its own group only: another key's person keeps their columns)."""
 
-    column: str
+    column: str  # as written in the data map: a struct path, `[]` after an array of identifiers
     identifier: str
     redact: tuple[str, ...] = ()
+
+    @property
+    def is_array(self) -> bool:
+        return is_array(self.column)
 
 
 class KeySpec(BaseModel):
@@ -77,8 +93,8 @@ class LinkedIdentifier(BaseModel):
     @model_validator(mode="after")
     def _names(self) -> LinkedIdentifier:
         _check_table(self.table)
-        _check_column(self.subject_column)
-        _check_column(self.column)
+        _check_column(self.subject_column, array_allowed=False)
+        _check_column(self.column, array_allowed=False)
         return self
 
 
@@ -105,6 +121,13 @@ class TableMapping(BaseModel):
         for column in [*(self.keys or [self.key]), *self.redact,
                        *(c for spec in (self.keys or {}).values() for c in spec.redact)]:
             _check_column(column)
+        for group in self.groups:
+            for column in group.redact:
+                if is_array(column) and column != group.column:
+                    # only a key's own array loses the erased person's element; other columns are nulled
+                    raise ValueError(f"redact {column!r}: [] (remove the erased person's element) is only "
+                                     f"allowed for the group's own key column; write {column_path(column)!r} "
+                                     "to set the whole column to NULL")
         if self.keys is not None:
             if not self.keys:
                 raise ValueError("'keys' lists no key column")
@@ -134,6 +157,11 @@ class TableMapping(BaseModel):
             return [KeyGroup(self.key, self.identifier or "", tuple(self.redact))]
         return [KeyGroup(column, spec.identifier or self.identifier or "", tuple(spec.redact))
                 for column, spec in self.keys.items()]
+
+    @property
+    def simple(self) -> bool:
+        """One flat key column: the MERGE on key equality serves it."""
+        return self.keys is None and not is_array(self.key)
 
     @property
     def redacted_columns(self) -> frozenset[str]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from ..config import Settings
 from ..exceptions import CommitConflictError
@@ -320,6 +320,17 @@ def parquet_files_under(spark: SparkSession, location: str) -> list[str]:
 def same_file(path: str) -> str:
     """One spelling per local file (`file:/x`, `file:///x` and `/x` name the same file)."""
     return re.sub(r"^file:/+", "/", path)
+
+
+def type_holds(data_type: DataType, *kinds: type[DataType]) -> bool:
+    """`data_type` is, or nests at any depth, one of `kinds` (e.g. MapType)."""
+    if isinstance(data_type, kinds):
+        return True
+    if isinstance(data_type, ArrayType):
+        return type_holds(data_type.elementType, *kinds)
+    if isinstance(data_type, MapType):
+        return type_holds(data_type.keyType, *kinds) or type_holds(data_type.valueType, *kinds)
+    return isinstance(data_type, StructType) and any(type_holds(f.dataType, *kinds) for f in data_type.fields)
 
 
 def read_columns_from_files(spark: SparkSession, paths: list[str] | str, schema: StructType, recursive: bool = False

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pyspark.sql import SparkSession
 
 from ..config import Settings
-from ..datamap import column_ref
+from ..datamap import column_ref, is_array
 from ..exceptions import DataMapError
 from . import iceberg
 
@@ -47,7 +47,10 @@ def optimize(
         mapping = settings.datamap.tables.get(table)
         if mapping is None:
             raise DataMapError(f"{table} is not in the data map; pass the key column explicitly")
-        key = mapping.key_columns[0]  # the first key column: a shared row sits with its first person
+        flat = [c for c in mapping.key_columns if not is_array(c)]
+        if not flat:
+            raise DataMapError(f"{table}: its only key is an array, which cannot order a table; pass a key column")
+        key = flat[0]  # the first key column: a shared row sits with its first person
     name = settings.table(table)
     files_before = iceberg.summary_count(spark, settings, table, "total-data-files")
     spark.sql(f"ALTER TABLE {name} WRITE ORDERED BY {column_ref(key)}")

@@ -21,14 +21,13 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
+from pyspark.sql.types import MapType, StructField, StructType
 
 from ..config import Settings
 from ..datamap import KeyGroup, column_ref
-from ..datamap.check import field_at
 from ..lake import iceberg
 from . import matching
-from .matching import TableKeys
+from .matching import Redaction, TableKeys
 
 _HIT = "dsr_hit"
 
@@ -46,39 +45,29 @@ class Fingerprint:
         return f"{self.rows} rows, hash {self.hash_sum & (2**64 - 1):016x}/{self.hash_xor & (2**32 - 1):08x}"
 
 
-def _has_map(data_type: DataType) -> bool:
-    if isinstance(data_type, MapType):
-        return True
-    if isinstance(data_type, ArrayType):
-        return _has_map(data_type.elementType)
-    if isinstance(data_type, StructType):
-        return any(_has_map(f.dataType) for f in data_type.fields)
-    return False
-
-
-def _value(f: StructField, nulled: dict[str, Column], schema: StructType) -> Column:
-    """Column `f` as the erasure must leave it: NULL where `nulled` says so (a struct path nulls one
-    field inside the struct)."""
+def _value(f: StructField, redactions: dict[str, list[Redaction]]) -> Column:
+    """Column `f` as the erasure must leave it (`matching.redactions`; a struct path changes one field
+    inside the struct)."""
     col = F.col(f"`{f.name}`")
-    for path, condition in nulled.items():
+    for path, changes in redactions.items():
         head, _, rest = path.partition(".")
         if head != f.name:
             continue
-        if not rest:
-            col = F.when(condition, F.lit(None).cast(f.dataType)).otherwise(col)
-        else:
-            inner = field_at(schema, path).dataType
-            col = col.withField(rest, F.when(condition, F.lit(None).cast(inner)).otherwise(F.col(column_ref(path))))
+        value = col if not rest else F.col(column_ref(path))
+        for change in changes:
+            value = change(value)
+        col = value if not rest else col.withField(rest, value)
     return col
 
 
-def row_hashes(schema: StructType, prefix: str, nulled: dict[str, Column] | None = None) -> list[Column]:
+def row_hashes(schema: StructType, prefix: str, redactions: dict[str, list[Redaction]] | None = None
+               ) -> list[Column]:
     """The two per-row hashes over the columns of `schema` (the table's: columns a join added are
-    left out), as `<prefix>h1` and `<prefix>h2`; `nulled`: column or struct path -> where it must be NULL."""
+    left out), as `<prefix>h1` and `<prefix>h2`, of each row as `redactions` leave it."""
     inputs = []
     for f in schema.fields:
-        col = _value(f, nulled or {}, schema)
-        if _has_map(f.dataType):  # Spark cannot hash maps
+        col = _value(f, redactions or {})
+        if iceberg.type_holds(f.dataType, MapType):  # Spark cannot hash maps
             col = F.to_json(F.struct(col))
         inputs += [col, col.isNull()]
     return [F.xxhash64(*inputs).cast("decimal(20,0)").alias(f"{prefix}h1"), F.hash(*inputs).alias(f"{prefix}h2")]
@@ -113,13 +102,13 @@ def split(rows: DataFrame, table_keys: TableKeys) -> tuple[Fingerprint, Fingerpr
     Requested rows become nothing (a deleting table) or themselves with each hit key group's
     redacted columns set to NULL (a redacting table).
     """
-    nulled = matching.nulled_by_hits(table_keys)
+    redactions = matching.redactions(table_keys)
     marked = matching.mark(rows, table_keys)
     hashed = marked.select(matching.any_hit(table_keys).alias(_HIT), *row_hashes(rows.schema, "o_"),
-                           *(row_hashes(rows.schema, "r_", nulled) if nulled else []))
+                           *(row_hashes(rows.schema, "r_", redactions) if redactions else []))
     requested = F.col(_HIT)
-    totals = hashed.agg(*aggregates("o_", ~requested), *(aggregates("r_", requested) if nulled else [])).first()
-    return pick(totals, "o_"), pick(totals, "r_") if nulled else Fingerprint()
+    totals = hashed.agg(*aggregates("o_", ~requested), *(aggregates("r_", requested) if redactions else [])).first()
+    return pick(totals, "o_"), pick(totals, "r_") if redactions else Fingerprint()
 
 
 @dataclass
@@ -155,7 +144,7 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
             late_redacted.append(added_requested)
         parent = commit.snapshot_id
     values = by_keys(iceberg.read_at(spark, settings, table, erase_snapshot), table_keys.groups)
-    kept = matching.mark(values, table_keys, [F.col(_key(i)) for i in range(len(table_keys.groups))]) \
+    kept = matching.mark(values, table_keys, [F.col(key_column(i)) for i in range(len(table_keys.groups))]) \
         .where(~matching.any_hit(table_keys))
     after = pick(kept.agg(F.sum("count").alias("o_rows"), F.sum("o_sum").alias("o_sum"),
                           F.bit_xor("o_xor").alias("o_xor")).first(), "o_")
@@ -168,24 +157,20 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
                                          f"found {after.describe()} at snapshot {erase_snapshot}"), values
 
 
-def _key(index: int) -> str:
+def key_column(index: int) -> str:
+    """The column of `by_keys` holding key group `index`'s values."""
     return f"dsr_k{index}"
 
 
 def by_keys(rows: DataFrame, groups: Sequence[KeyGroup]) -> DataFrame:
     """(dsr_k0, dsr_k1, ..., count, o_sum, o_xor): `rows` grouped by their key columns' values, with
     each group's fingerprint parts; the live verification of the same snapshot reads its values from
-    here (`values_of`). Kept (local checkpoint): one small row per distinct combination of keys."""
-    keys = [F.col(column_ref(g.column)).alias(_key(i)) for i, g in enumerate(groups)]
+    here (verify.grouped_at_commit). Kept (local checkpoint): one small row per distinct combination of keys."""
+    keys = [F.col(column_ref(g.column)).alias(key_column(i)) for i, g in enumerate(groups)]
     return (rows.select(*keys, *row_hashes(rows.schema, "o_"))
-            .groupBy(*[_key(i) for i in range(len(keys))])
+            .groupBy(*[key_column(i) for i in range(len(keys))])
             .agg(F.count(F.lit(1)).alias("count"), *group_aggregates(False))
             .localCheckpoint())
-
-
-def values_of(grouped: DataFrame, index: int) -> DataFrame:
-    """(dsr_value, count) of key group `index` from `by_keys`."""
-    return grouped.groupBy(F.col(_key(index)).alias("dsr_value")).agg(F.sum("count").alias("count"))
 
 
 def check_counts(spark: SparkSession, settings: Settings, table: str, snapshot_before: int | None,

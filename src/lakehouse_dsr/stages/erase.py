@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
-from ..datamap import column_ref
+from ..datamap import column_ref, is_array
 from ..lake import iceberg
 from . import collateral, matching
 from .collateral import CollateralResult, Fingerprint
@@ -88,7 +88,7 @@ class TableErasure:
 
 
 def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, modes: dict[str, str],
-                    key_columns: int = 1) -> str:
+                    simple: bool = True) -> str:
     """MERGE with a broadcast key set while it fits and the table's modes allow, else DELETE/UPDATE.
 
     Measured at 1M events / 100 subjects (medians of 3, bench/strategy.py): MERGE with a broadcast
@@ -99,13 +99,14 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
     `write.merge.mode`, so it is used only where that equals the mode the table set for this kind
     of change (`write.delete.mode` / `write.update.mode`): the owner's choice is respected.
 
-    Several key columns: a delete is one DELETE whose condition ORs one EXISTS per key column (a
-    MERGE would need an OR join, a nested loop); a redaction nulls each group only where its own
-    key matched, which an UPDATE cannot say (Spark allows no subquery in SET), so it is a MERGE on
-    the requested rows' distinct key tuples (`merge_key_tuples`), whatever the table's modes.
+    Several key columns or an array key (not `simple`): a delete is one DELETE whose condition ORs
+    one EXISTS per key column (a MERGE would need an OR join, a nested loop); a redaction nulls each
+    group only where its own key matched (and takes the erased elements out of an array key), which
+    an UPDATE cannot say (Spark allows no subquery in SET), so it is a MERGE on the requested rows'
+    distinct key tuples (`merge_key_tuples`), whatever the table's modes.
     """
     natural = "delete" if action == "delete" else "update"
-    if key_columns > 1:
+    if not simple:
         return "delete_where_exists" if action == "delete" else "merge_key_tuples"
     if distinct_keys <= broadcast_max_keys and modes["merge"] == modes[natural]:
         return "merge_broadcast"
@@ -132,7 +133,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, f
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
     redacting = mapping.action == "redact"
     hashes = [*collateral.row_hashes(rows.schema, "o_"),
-              *(collateral.row_hashes(rows.schema, "r_", matching.nulled_by_hits(keys)) if redacting else [])
+              *(collateral.row_hashes(rows.schema, "r_", matching.redactions(keys)) if redacting else [])
               ] if fingerprint else []
     # One group per combination of requests naming a row, plus one (no requests) for every other row.
     groups = (
@@ -148,8 +149,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, f
         for request_id in g.request_ids:
             matches[request_id] = matches.get(request_id, 0) + g["count"]
     modes = write_modes(spark, settings, table)
-    strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes,
-                               len(keys.groups))
+    strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes, mapping.simple)
     other_before = requested_after = None
     if fingerprint:
         other_before = sum((collateral.part(g, "o_") for g in groups if not g.request_ids), Fingerprint())
@@ -192,16 +192,24 @@ def _statement(spark: SparkSession, settings: Settings, table_plan: TablePlan, k
         marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in range(len(tuples))])
         source = marked.where(matching.any_hit(keys)).select(
             *[f"dsr_k{i}" for i in range(len(tuples))],
-            *[matching.hit(i).alias(f"dsr_h{i}") for i in range(len(tuples))]).distinct().localCheckpoint()
+            *[matching.hit(i).alias(f"dsr_h{i}") for i in range(len(tuples))],
+            *[matching.erased_elements(i, F.col(f"dsr_k{i}")).alias(f"dsr_e{i}")
+              for i, g in enumerate(keys.groups) if g.is_array]).distinct().localCheckpoint()
         views.append(_view(source))
         hint = f"/*+ BROADCAST({views[-1]}) */ " if keys.size <= settings.erase.broadcast_max_keys else ""
         on = " AND ".join(f"{ref} <=> s.dsr_k{i}" for i, ref in enumerate(refs))
-        sets = ", ".join(
-            f"t.{column_ref(c)} = CASE WHEN "
-            + " OR ".join(f"s.dsr_h{i}" for i, g in enumerate(keys.groups) if c in g.redact)
-            + f" THEN NULL ELSE t.{column_ref(c)} END" for c in sorted(mapping.redacted_columns))
+        sets = []
+        for column in sorted(mapping.redacted_columns):
+            target_column = f"t.{column_ref(column)}"
+            if is_array(column):  # the group's own array key: only the erased elements go
+                i = next(i for i, g in enumerate(keys.groups) if g.column == column)
+                value = f"filter({target_column}, dsr_x -> NOT array_contains(s.dsr_e{i}, dsr_x))"
+                sets.append(f"{target_column} = CASE WHEN s.dsr_h{i} THEN {value} ELSE {target_column} END")
+                continue
+            hit = " OR ".join(f"s.dsr_h{i}" for i, g in enumerate(keys.groups) if column in g.redact)
+            sets.append(f"{target_column} = CASE WHEN {hit} THEN NULL ELSE {target_column} END")
         return (f"MERGE INTO {target} AS t USING (SELECT {hint}* FROM {views[-1]}) AS s ON {on} "
-                f"WHEN MATCHED THEN UPDATE SET {sets}")
+                f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)}")
     for key_set in keys.sets:
         views.append(_view(key_set.hits))
     nulls = ", ".join(f"t.{column_ref(c)} = NULL" for c in sorted(mapping.redacted_columns))
@@ -209,8 +217,10 @@ def _statement(spark: SparkSession, settings: Settings, table_plan: TablePlan, k
         return (f"MERGE INTO {target} AS t USING (SELECT /*+ BROADCAST({views[0]}) */ key_value FROM {views[0]}) "
                 f"AS s ON {refs[0]} = s.key_value WHEN MATCHED THEN "
                 + ("DELETE" if mapping.action == "delete" else f"UPDATE SET {nulls}"))
-    exists = " OR ".join(f"EXISTS (SELECT 1 FROM {view} s WHERE s.key_value = {ref})"
-                         for view, ref in zip(views, refs, strict=True))
+    matches = [f"array_contains({ref}, s.key_value)" if g.is_array else f"s.key_value = {ref}"
+               for ref, g in zip(refs, keys.groups, strict=True)]
+    exists = " OR ".join(f"EXISTS (SELECT 1 FROM {view} s WHERE {match})"
+                         for view, match in zip(views, matches, strict=True))
     if table_plan.strategy == "delete_where_exists":
         return f"DELETE FROM {target} AS t WHERE {exists}"
     return f"UPDATE {target} AS t SET {nulls} WHERE {exists}"

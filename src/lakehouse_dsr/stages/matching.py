@@ -3,6 +3,7 @@ that mark rows by them. Shared by the erase plan, its statement, the collateral 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -10,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from ..config import Settings
-from ..datamap import KeyGroup, column_ref
+from ..datamap import KeyGroup, column_path, column_ref, is_array
 from ..datamap.check import KeyTypes
 
 
@@ -103,16 +104,38 @@ def any_hit(table_keys: TableKeys) -> Column:
     return condition
 
 
+def _lookup(index: int) -> str:
+    return f"dsr_lookup_{index}"
+
+
 def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None) -> DataFrame:
     """`rows` plus `dsr_ids_<i>` per key group (see `ids_column`): one broadcast join per key
-    column with the batch's values, no shuffle. `key_columns`: where the key values are in `rows`
-    (default: the mapped columns, struct paths included)."""
+    column with the batch's values, no shuffle. An array key (`recipients[]`) is matched element by
+    element against the batch's values as one broadcast map (`dsr_lookup_<i>`, kept on the rows
+    for `erased_elements`; a lookup costs time linear in the batch's distinct values). `key_columns`:
+    where the key values are in `rows` (default: the mapped columns, struct paths included)."""
     key_columns = key_columns or [F.col(column_ref(g.column)) for g in table_keys.groups]
-    for index, (keys, value) in enumerate(zip(table_keys.sets, key_columns, strict=True)):
+    for index, (group, keys, value) in enumerate(zip(table_keys.groups, table_keys.sets, key_columns, strict=True)):
+        if group.is_array:
+            lookup = keys.requesters.agg(F.map_from_entries(F.collect_list(F.struct("key_value", "request_ids")))
+                                         .alias(_lookup(index)))
+            rows = rows.crossJoin(F.broadcast(lookup))
+            ids = F.flatten(F.transform(erased_elements(index, value), _requests_of(index)))
+            rows = rows.withColumn(ids_column(index), F.when(F.size(ids) > 0, ids))
+            continue
         found = keys.requesters.select(F.col("key_value").alias("dsr_match"),
                                        F.col("request_ids").alias(ids_column(index)))
         rows = rows.join(F.broadcast(found), value == found.dsr_match, "left").drop("dsr_match")
     return rows
+
+
+def _requests_of(index: int) -> Callable[[Column], Column]:
+    return lambda element: F.col(_lookup(index))[element]
+
+
+def erased_elements(index: int, array: Column) -> Column:
+    """The elements of array key group `index` that name a requested subject (on rows `mark`ed)."""
+    return F.filter(array, lambda x: F.col(_lookup(index))[x].isNotNull())
 
 
 def request_ids(table_keys: TableKeys) -> Column:
@@ -122,10 +145,20 @@ def request_ids(table_keys: TableKeys) -> Column:
     return F.when(F.size(ids) > 0, ids)
 
 
-def nulled_by_hits(table_keys: TableKeys) -> dict[str, Column]:
-    """Redacted column (or struct path) -> when a marked row must hold NULL there: its own key group hit."""
-    conditions: dict[str, Column] = {}
+Redaction = Callable[[Column], Column]
+
+
+def redactions(table_keys: TableKeys) -> dict[str, list[Redaction]]:
+    """Redacted column (or struct path) -> what a marked row's value must become, applied in turn:
+    NULL where a key group listing it was hit; an array key's own `[]` loses only the erased
+    subjects' elements."""
+    out: dict[str, list[Redaction]] = {}
     for index, group in enumerate(table_keys.groups):
         for column in group.redact:
-            conditions[column] = conditions[column] | hit(index) if column in conditions else hit(index)
-    return conditions
+            if is_array(column):
+                def drop_erased(value: Column, i: int = index) -> Column:
+                    return F.when(hit(i), F.filter(value, lambda x: F.col(_lookup(i))[x].isNull())).otherwise(value)
+                out.setdefault(column_path(column), []).append(drop_erased)
+            else:
+                out.setdefault(column, []).append(lambda value, i=index: F.when(hit(i), F.lit(None)).otherwise(value))
+    return out

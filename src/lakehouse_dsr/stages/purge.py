@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date, timedelta
 
 from pyspark.sql import SparkSession
+from pyspark.sql.types import ArrayType, MapType
 
 from ..config import PurgeSettings, Settings
 from ..lake import iceberg
@@ -35,6 +36,7 @@ class TablePurge:
     orphans_removed: int = 0
     refs_dropped: list[str] = field(default_factory=list)
     refs_kept: list[str] = field(default_factory=list)
+    dangling_deletes_kept: bool = False  # see purge_table
     seconds: float = 0.0
     error: str | None = None
 
@@ -68,7 +70,12 @@ def purge_table(spark: SparkSession, settings: Settings, table: str) -> TablePur
         result.bytes_rewritten = rewrite.bytes_rewritten
         result.delete_files_removed = rewrite.delete_files_removed
         if iceberg.summary_count(spark, settings, table, "total-position-deletes"):
-            result.delete_files_removed += iceberg.drop_dangling_position_deletes(spark, settings, table)
+            if iceberg.type_holds(spark.table(settings.table(table)).schema, ArrayType, MapType):
+                # Iceberg 1.10's position-delete rewrite fails on such tables (apache/iceberg#14619). The
+                # dangling files hold file paths and positions only, no values: kept, they cost scan planning.
+                result.dangling_deletes_kept = True
+            else:
+                result.delete_files_removed += iceberg.drop_dangling_position_deletes(spark, settings, table)
     result.manifests_rewritten = iceberg.rewrite_manifests(spark, settings, table)
     current = iceberg.current_snapshot(spark, settings, table)
     for ref in iceberg.refs(spark, settings, table):

@@ -13,9 +13,10 @@ retired ones), and each stored hash is compared with the candidates of its own k
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
@@ -30,12 +31,22 @@ from ..ledger.ledger import Ledger
 from . import collateral
 
 
-def key_values(rows: DataFrame, groups: list[KeyGroup]) -> DataFrame:
+def _entry(group: int, identifier: str) -> Callable[[Column], Column]:
+    return lambda value: F.struct(F.lit(group).alias("dsr_group"), F.lit(identifier).alias("key_type"),
+                                  value.cast("string").alias("dsr_value"))
+
+
+def key_values(rows: DataFrame, groups: list[KeyGroup], key_columns: list[Column] | None = None,
+               carry: list[str] | None = None) -> DataFrame:
     """(dsr_group, key_type, dsr_value): every key column's value of every row of `rows` (which
-    holds the key columns at their paths, struct paths included), as text, one row per key column."""
-    parts = [F.struct(F.lit(i).alias("dsr_group"), F.lit(g.identifier).alias("key_type"),
-                      F.col(column_ref(g.column)).cast("string").alias("dsr_value")) for i, g in enumerate(groups)]
-    return rows.select(F.explode(F.array(*parts)).alias("dsr_kv")).select("dsr_kv.*")
+    holds the key columns at their paths, struct paths included, unless `key_columns` says where),
+    as text, plus the `carry` columns; one row per key column, and per element of an array key."""
+    key_columns = key_columns or [F.col(column_ref(g.column)) for g in groups]
+    parts = []
+    for i, (g, value) in enumerate(zip(groups, key_columns, strict=True)):
+        entry = _entry(i, g.identifier)
+        parts.append(F.transform(F.coalesce(value, F.array()), entry) if g.is_array else F.array(entry(value)))
+    return rows.select(F.explode(F.concat(*parts)).alias("dsr_kv"), *(carry or [])).select("dsr_kv.*", *(carry or []))
 
 
 def find_hashed(spark: SparkSession, values: DataFrame, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes]
@@ -69,13 +80,9 @@ def find_hashed_in_groups(spark: SparkSession, grouped: DataFrame, hashes: DataF
 
 def grouped_at_commit(by_keys: DataFrame, groups: list[KeyGroup]) -> DataFrame:
     """`find_hashed_in_groups`' input from the collateral check's `by_keys` of the same snapshot."""
-    parts = [collateral.values_of(by_keys, i).select(F.lit(i).alias("dsr_group"), F.lit(g.identifier).alias("key_type"),
-                                                     F.col("dsr_value").cast("string").alias("dsr_value"), "count")
-             for i, g in enumerate(groups)]
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
-    return out.groupBy("dsr_group", "key_type", "dsr_value").agg(F.sum("count").alias("count"))
+    columns = [F.col(collateral.key_column(i)) for i in range(len(groups))]
+    return (key_values(by_keys, groups, columns, carry=["count"])
+            .groupBy("dsr_group", "key_type", "dsr_value").agg(F.sum("count").alias("count")))
 
 
 @dataclass(frozen=True)
