@@ -36,6 +36,14 @@ def make_settings(root: Path, **overrides) -> Settings:
     return settings_from_dict(raw, base=root)
 
 
+def write_config(settings: Settings, path: Path, **overrides) -> Path:
+    """`settings` (with top-level `overrides`) as a dsr.yaml at `path`, for the CLI."""
+    raw = settings.model_dump(mode="json", exclude_none=True)
+    raw.update(overrides)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory) -> SparkSession:
     session = build_session(make_settings(tmp_path_factory.mktemp("session")), quick_jit=True)  # tiny data

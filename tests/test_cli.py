@@ -9,10 +9,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
-from conftest import SEED, snapshot_ids
+from conftest import SEED, snapshot_ids, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.exceptions import DsrError, LedgerError
@@ -21,13 +20,6 @@ from lakehouse_dsr.ledger.requests import RequestInput
 
 DSR = Path(sys.executable).parent / "dsr"
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders", "dsr.requests", "dsr.audit"]
-
-
-def write_config(settings, path: Path, **overrides) -> Path:
-    raw = settings.model_dump(mode="json", exclude_none=True)
-    raw.update(overrides)
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 def dsr(*args: str, cwd: Path) -> subprocess.CompletedProcess:

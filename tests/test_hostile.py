@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from conftest import HOSTILE, SEED, add_subjects, make_settings, snapshot_ids
+from conftest import HOSTILE, SEED, add_subjects, make_settings, snapshot_ids, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import entry
 from lakehouse_dsr.config import Settings, load_settings, settings_from_dict
@@ -473,11 +473,6 @@ def dsr_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return code, words(out.out), words(out.err)
-
-
-def write_config(settings: Settings, path: Path) -> Path:
-    path.write_text(yaml.safe_dump(settings.model_dump(mode="json", exclude_none=True)))
-    return path
 
 
 @pytest.mark.parametrize("command", [["status"], ["verify"], ["extend", "req-x", "--reason", "r"],

@@ -4,15 +4,20 @@ small retail-shaped lakehouse built here; every check after `dsr run` reads with
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
+from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
+from typer.testing import CliRunner
 
-from conftest import make_settings
+from conftest import make_settings, write_config
+from lakehouse_dsr.cli import app
+from lakehouse_dsr.datamap.discover import discover
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -73,6 +78,27 @@ def sales_rows() -> list[tuple]:
     return rows
 
 
+def card_number(n: int) -> str:
+    """A 16-digit number passing the Luhn check, grouped by four."""
+    body = [int(d) for d in f"4{n:014d}"]
+    total = sum(d if i % 2 else (d * 2 - 9 if d * 2 > 9 else d * 2) for i, d in enumerate(reversed(body)))
+    digits = "".join(map(str, body)) + str(-total % 10)
+    return " ".join(digits[i:i + 4] for i in range(0, 16, 4))
+
+
+# Planted for discovery: subject columns under unhelpful names, and plain measures that must not be reported.
+PLANTED = {"who": "overlap with customer_sk", "guest_ref": "overlap with customer_id", "contact": "pattern email",
+           "seen_from": "pattern ipv4", "origin6": "pattern ipv6", "card": "pattern card number",
+           "tel": "pattern phone", "born": "pattern date of birth"}
+
+
+def visits_rows() -> list[tuple]:
+    return [(n, sk(n % CUSTOMERS), customer_id(n % CUSTOMERS), email(n % CUSTOMERS), f"192.168.{n}.{n * 7 % 255}",
+             f"2001:db8::{n:x}", card_number(n), f"+31 6 {n:08d}", date(1950 + n, 1 + n % 12, 1 + n % 28),
+             datetime(2024, 5, 1 + n % 28, 12), n % 5 + 1, Decimal(n) * Decimal("1.5"), 1000 + n % 6, f"visit {n}")
+            for n in range(24)]
+
+
 @pytest.fixture(scope="module")
 def retail(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("retail")
@@ -103,6 +129,9 @@ def retail(spark, tmp_path_factory):
            "id int, sender string, recipients array<string>, body string", MOR)
     create("web.invites", [(n, [sk((n + d) % CUSTOMERS) for d in range(n % 3)] if n % 5 else None)
                            for n in range(20)], "id int, invitees array<bigint>")
+    create("retail.store_visits", visits_rows(),
+           "v_id int, who bigint, guest_ref string, contact string, seen_from string, origin6 string, card string, "
+           "tel string, born date, visited_at timestamp, qty int, amount decimal(7,2), cnt bigint, note string")
     before = {t: read(settings, t) for t in TABLES}
     ledger = Ledger(settings)
     erased = ledger.submit([RequestInput(customer_id(i), "erase") for i in ERASED]).created
@@ -256,3 +285,30 @@ def test_access_package_holds_each_shared_row_once_and_says_which_keys_matched(r
     clicks = package["tables"]["web.clicks"]
     assert clicks and all(r["context"]["user"]["email"] == email(ASKING) for r in clicks)
     assert package["tables"]["retail.customer"][0]["c_customer_id"] == customer_id(ASKING)
+
+
+def test_discover_finds_every_planted_column_and_no_measure(spark, retail):
+    settings = retail["settings"]
+    findings = discover(spark, settings, sample=200)
+    found = {(f.table, f.column): f for f in findings}
+    expected = {("retail.store_visits", c) for c in PLANTED} | {("retail.customer", "c_name")}
+    assert set(found) == expected  # precision and recall 1: no measure, time or text column, nothing mapped
+    for column, evidence in PLANTED.items():
+        finding = found[("retail.store_visits", column)]
+        assert evidence in finding.evidence and finding.share >= 0.5, finding
+    who = found[("retail.store_visits", "who")]
+    assert who.identifier == "customer_sk" and who.entry == "retail.store_visits: {key: who, identifier: customer_sk}"
+    assert found[("retail.store_visits", "contact")].identifier == "email"
+    assert found[("retail.customer", "c_name")].evidence == "name (name)" and found[("retail.customer", "c_name")] \
+        .entry.startswith("retail.customer: {action: delete, keys: {c_customer_id: {identifier: customer_id}, c_name:")
+
+
+def test_discover_json_lists_findings_and_never_a_value(spark, retail, tmp_path):
+    config = write_config(retail["settings"], tmp_path / "dsr.yaml")
+    result = CliRunner().invoke(app, ["-c", str(config), "discover", "--namespace", "retail", "--sample", "50",
+                                      "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert {r["column"] for r in rows} == {*PLANTED, "c_name"}
+    assert all({"table", "column", "evidence", "share"} <= set(r) for r in rows)
+    assert not {str(v) for v in erased_values()} & set(re.findall(r"[\w.@+-]+", result.output))

@@ -287,6 +287,28 @@ def optimize(
 
 
 @app.command()
+def discover(
+    namespace: Annotated[list[str] | None, typer.Option(help="namespace to look in (default: all but the ledger's)")
+                         ] = None,
+    sample: Annotated[int, typer.Option(min=10, help="rows sampled per table")] = 1000,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """List columns that probably hold personal data and are not in the data map, with the evidence."""
+    from .datamap.discover import discover as find
+
+    findings = find(_spark(), _settings(), namespace, sample)
+    if as_json:
+        print(json.dumps([f.as_dict() for f in findings], indent=2))
+        return
+    summary = Table(title=f"{len(findings)} unmapped column(s) that probably hold personal data")
+    for column in ("table", "column", "evidence", "share", "data-map entry"):
+        summary.add_column(column, overflow="fold")
+    for f in findings:
+        summary.add_row(f.table, f.column, f.evidence, "–" if f.share is None else f"{f.share:.0%}", escape(f.entry))
+    console.print(summary)
+
+
+@app.command()
 def bench(
     events: Annotated[int, typer.Option(min=1000, help="events (the notebook: 10,000,000)")] = 1_000_000,
     users: Annotated[int | None, typer.Option(min=1, help="default: events / 100, as in the notebook")] = None,
