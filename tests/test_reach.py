@@ -10,14 +10,20 @@ from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 from pyiceberg.table import StaticTable
 from typer.testing import CliRunner
 
 from conftest import make_settings, write_config
 from lakehouse_dsr.cli import app
+from lakehouse_dsr.datamap import DataMap
+from lakehouse_dsr.datamap.check import check_against_catalog
 from lakehouse_dsr.datamap.discover import discover
+from lakehouse_dsr.exceptions import DataMapError
+from lakehouse_dsr.lake.plainfiles import adopt
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -92,6 +98,23 @@ PLANTED = {"who": "overlap with customer_sk", "guest_ref": "overlap with custome
            "tel": "pattern phone", "born": "pattern date of birth"}
 
 
+def plant_landing(landing: Path) -> Path:
+    """Raw files outside the catalog: JSON clicks (nested key), Parquet orders (BIGINT surrogate), CSV signups,
+    and a legacy Parquet folder to adopt. Each format has a file with an erased person and one without."""
+    for folder in ("clicks", "orders", "signups", "legacy"):
+        (landing / folder).mkdir(parents=True)
+    for part, people in (("a", [1, 4, 5]), ("b", [6, 7]), ("c", [2, 3, 8])):
+        lines = [json.dumps({"click": f"{part}{n}", "user": {"id": customer_id(i), "agent": "x"}, "page": n})
+                 for n, i in enumerate(people * 2)]
+        (landing / "clicks" / f"{part}.json").write_text("\n".join(lines) + "\n")
+        rows = [{"order": n, "buyer_sk": sk(i), "total": n * 10} for n, i in enumerate(people)]
+        pq.write_table(pa.Table.from_pylist(rows), landing / "orders" / f"{part}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows), landing / "legacy" / f"{part}.parquet")
+        csv = "email,plan\n" + "".join(f"{email(i)},basic\n" for i in people)
+        (landing / "signups" / f"{part}.csv").write_text(csv)
+    return landing
+
+
 def visits_rows() -> list[tuple]:
     return [(n, sk(n % CUSTOMERS), customer_id(n % CUSTOMERS), email(n % CUSTOMERS), f"192.168.{n}.{n * 7 % 255}",
              f"2001:db8::{n:x}", card_number(n), f"+31 6 {n:08d}", date(1950 + n, 1 + n % 12, 1 + n % 28),
@@ -102,7 +125,15 @@ def visits_rows() -> list[tuple]:
 @pytest.fixture(scope="module")
 def retail(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("retail")
-    settings = make_settings(root, datamap=DATAMAP)
+    landing = plant_landing(root / "landing")
+    datamap = {**DATAMAP, "tables": {**DATAMAP["tables"], "retail.adopted": {"key": "buyer_sk",
+                                                                             "identifier": "customer_sk"}},
+               "files": {"landing/clicks": {"path": str(landing / "clicks"), "format": "json", "key": "user.id"},
+                         "landing/orders": {"path": str(landing / "orders"), "format": "parquet", "key": "buyer_sk",
+                                            "identifier": "customer_sk"},
+                         "landing/signups": {"path": str(landing / "signups"), "format": "csv", "key": "email",
+                                             "identifier": "email"}}}
+    settings = make_settings(root, datamap=datamap)
     attach(spark, settings)
     for ns in ("retail", "web"):
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{ns}")
@@ -132,13 +163,16 @@ def retail(spark, tmp_path_factory):
     create("retail.store_visits", visits_rows(),
            "v_id int, who bigint, guest_ref string, contact string, seen_from string, origin6 string, card string, "
            "tel string, born date, visited_at timestamp, qty int, amount decimal(7,2), cnt bigint, note string")
+    adopted = adopt(spark, settings, str(landing / "legacy"), "retail.adopted")
     before = {t: read(settings, t) for t in TABLES}
+    landing_before = {p.relative_to(landing): p.read_bytes() for p in landing.rglob("*") if p.is_file()}
     ledger = Ledger(settings)
     erased = ledger.submit([RequestInput(customer_id(i), "erase") for i in ERASED]).created
     asked = ledger.submit([RequestInput(customer_id(ASKING), "access")]).created
     report = run(spark, settings)
     return {"settings": settings, "root": root, "before": before, "report": report, "erased": erased,
-            "asked": asked[0], "ledger": ledger}
+            "asked": asked[0], "ledger": ledger, "landing": landing, "landing_before": landing_before,
+            "adopted": adopted}
 
 
 def warehouse(settings) -> Path:
@@ -312,3 +346,82 @@ def test_discover_json_lists_findings_and_never_a_value(spark, retail, tmp_path)
     assert {r["column"] for r in rows} == {*PLANTED, "c_name"}
     assert all({"table", "column", "evidence", "share"} <= set(r) for r in rows)
     assert not {str(v) for v in erased_values()} & set(re.findall(r"[\w.@+-]+", result.output))
+
+
+def landing_rows(name: str, data: bytes) -> list[dict]:
+    if name.endswith(".json"):
+        return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    if name.endswith(".csv"):
+        lines = data.decode().splitlines()
+        return [dict(zip(lines[0].split(","), line.split(","), strict=True)) for line in lines[1:]]
+    return pq.read_table(pa.BufferReader(data)).to_pylist()
+
+
+def test_plain_files_lose_erased_people_and_only_their_files_are_rewritten(retail):
+    report, landing, before = retail["report"], retail["landing"], retail["landing_before"]
+    for dataset in ("landing/clicks", "landing/orders", "landing/signups"):
+        entry = report.tables[dataset]
+        assert entry["verification"]["passed"] and entry["verification"]["storage"] == 0, dataset
+        assert entry["erase"]["data_files_rewritten"] == 2  # a.* and c.* hold an erased person, b.* nobody
+    needles = erased_values()
+    for folder, ext in (("clicks", "json"), ("orders", "parquet"), ("signups", "csv")):
+        files = sorted(p for p in (landing / folder).iterdir() if not p.name.startswith("."))
+        assert [p.name for p in files if not p.name.startswith("dsr-")] == [f"b.{ext}"]
+        untouched = landing / folder / f"b.{ext}"
+        assert untouched.read_bytes() == before[untouched.relative_to(landing)]
+        rewritten = {p.name.split("-", 2)[2]: p for p in files if p.name.startswith("dsr-")}
+        assert sorted(rewritten) == [f"a.{ext}", f"c.{ext}"]
+        for name, path in rewritten.items():
+            old = landing_rows(name, before[Path(folder) / name])
+            kept = [r for r in old if not needles & set(leaves(r))]
+            new = landing_rows(path.name, path.read_bytes())
+            assert len(kept) < len(old) and new == kept, (folder, name)  # the others' rows as they were
+    assert not list(landing.rglob(".dsr-tmp-*"))
+
+
+def test_access_package_includes_plain_file_rows(retail):
+    package = json.loads((Path(retail["report"].export["directory"]) / f"{retail['asked']}.json").read_text())
+    assert [r["user"]["id"] for r in package["tables"]["landing/clicks"]] == [customer_id(ASKING)] * 2
+    assert [r["buyer_sk"] for r in package["tables"]["landing/orders"]] == [sk(ASKING)]
+    assert [r["email"] for r in package["tables"]["landing/signups"]] == [email(ASKING)]
+
+
+def test_adopted_parquet_gets_the_full_cycle_and_its_rewritten_original_is_purged(retail):
+    adopted, legacy = retail["adopted"], retail["landing"] / "legacy"
+    assert (adopted.files, adopted.rows, adopted.copied) == (3, 8, False)
+    rows = read(retail["settings"], "retail.adopted")
+    assert sorted(r["buyer_sk"] for r in rows) == sorted(sk(i) for i in [4, 5, 6, 7, 3, 8])
+    assert retail["report"].tables["retail.adopted"]["verification"]["passed"]
+    # b.parquet held nobody erased: still the table's file where it was; a and c were rewritten and purged
+    assert sorted(p.name for p in legacy.iterdir()) == ["b.parquet"]
+
+
+def test_bad_files_and_adopt_input_get_one_clear_error_and_change_nothing(spark, retail, tmp_path):
+    settings = retail["settings"]
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x.parquet").write_text("not parquet")
+    (tmp_path / "empty").mkdir()
+    bad = {**settings.datamap.model_dump(), "files": {
+        "gone": {"path": str(tmp_path / "nope"), "format": "json", "key": "k"},
+        "empty": {"path": str(tmp_path / "empty"), "format": "csv", "key": "k"},
+        "junk": {"path": str(tmp_path / "junk"), "format": "parquet", "key": "k"},
+        "landing/clicks": {"path": str(retail["landing"] / "clicks"), "format": "json", "key": "user.mail"},
+        "arrays": {"path": str(retail["landing"] / "clicks"), "format": "json", "key": "page[]"}}}
+    with pytest.raises(DataMapError) as info:
+        check_against_catalog(spark, DataMap.model_validate(bad), settings.table)
+    text = str(info.value)
+    for expected in (f"files gone: path {tmp_path / 'nope'} does not exist", f"files empty: path {tmp_path / 'empty'} "
+                     "holds no files", "files junk: parquet files under", "files landing/clicks column 'user.mail': "
+                     "user has no field 'mail' (has: agent, id)", "files arrays: key column 'page[]' has type bigint, "
+                     "not an array"):
+        assert expected in text, text
+    with pytest.raises(ValidationError, match="format"):
+        DataMap.model_validate({**bad, "files": {"x": {"path": "/tmp", "format": "xml", "key": "k"}}})
+    tables_before = spark.catalog.listTables(f"{settings.catalog.name}.retail")
+    for args, message in ((("/tmp/x", "retail.customer"), "exists already"),
+                          (("/tmp/x", "bad name"), "namespace.table"),
+                          (("/tmp/x", "retail.new", "xml"), "unknown format 'xml'"),
+                          ((str(tmp_path / "nope"), "retail.new"), "does not exist")):
+        with pytest.raises(DataMapError, match=message):
+            adopt(spark, settings, *args)
+    assert spark.catalog.listTables(f"{settings.catalog.name}.retail") == tables_before

@@ -287,6 +287,23 @@ def optimize(
 
 
 @app.command()
+def adopt(
+    path: Annotated[str, typer.Argument(help="folder of the plain dataset (local, s3a:, hdfs: ...)")],
+    table: Annotated[str, typer.Option(help="new Iceberg table, namespace.table")],
+    fmt: Annotated[str, typer.Option("--format", help="parquet (registered in place) | json | csv (copied)")
+                   ] = "parquet",
+) -> None:
+    """Bring a plain Parquet/JSON/CSV dataset under Iceberg, so it gets the full erase-purge-verify cycle."""
+    from .lake.plainfiles import adopt as adopt_dataset
+
+    done = adopt_dataset(_spark(), _settings(), path, table, fmt)
+    how = "copied into the table (the original files are untouched: remove them once you no longer need them)" \
+        if done.copied else "registered in place (the table now owns those files; a purge deletes rewritten ones)"
+    console.print(f"{done.table}: {done.rows} rows from {done.files} {done.format} file(s), {how}")
+    console.print(f"map it: {done.table}: {{key: <subject column>}}")
+
+
+@app.command()
 def discover(
     namespace: Annotated[list[str] | None, typer.Option(help="namespace to look in (default: all but the ledger's)")
                          ] = None,

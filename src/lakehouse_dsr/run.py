@@ -40,7 +40,7 @@ from .ledger.lease import Lease
 from .ledger.ledger import OPEN_STATUSES, Ledger, Outcome
 from .ledger.requests import utc_now
 from .progress import Progress, Silent
-from .stages import access, collateral, erase, identity, matching, purge, verify
+from .stages import access, collateral, erase, files, identity, matching, purge, verify
 
 
 @contextmanager
@@ -208,7 +208,8 @@ def _run_access(spark: SparkSession, settings: Settings, key_types: KeyTypes, re
             progress.done()
     report.export = {"directory": result.directory, "manifest": result.manifest, "format": settings.export.format,
                      "packages": len(result.packages),
-                     "rows": {t: sum(p.rows.get(t, 0) for p in result.packages) for t in settings.datamap.tables}}
+                     "rows": {t: sum(p.rows.get(t, 0) for p in result.packages)
+                              for t in [*settings.datamap.tables, *settings.datamap.files]}}
     packages = {p.request_id: p for p in result.packages}
     outcomes = []
     for rid in request_ids:
@@ -275,9 +276,9 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
 
     with _timed(report, "verify", spark):
         verifications = _each_table(settings, progress, "verify" if purge_now else "verify live data (purge not run)",
-                                    tables, prove)
+                                    [*tables, *settings.datamap.files], prove)
 
-    for table in tables:
+    for table in verifications:
         report.tables[table] = {
             "erase": erasures[table].as_dict() if table in erasures else {},
             "purge": purges[table].as_dict() if table in purges else {},
@@ -329,11 +330,17 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         for wave in ([t for t in tables if t not in sources], [t for t in tables if t in sources]):
             erasures.update(_each_table(settings, progress, "erase", wave,
                                         lambda t: _erase_table(spark, settings, t, key_sets[t])))
+        datasets = list(settings.datamap.files)
+        if datasets:
+            file_keys = matching.key_sets(settings, keys, key_types, datasets)
+            erasures.update(_each_table(settings, progress, "erase files", datasets,
+                                        lambda d: files.erase_dataset(spark, settings, d, file_keys[d])))
     hashes = verify.stored_hashes(spark, ledger, request_ids)
     hash_keys: verify.HashKeys | None = None
     for _ in range(settings.erase.max_rounds - 1):
         with _timed(report, "erase", spark):
-            moved = [t for t, e in erasures.items() if not e.error and _changed_since(spark, settings, t, e)]
+            moved = [t for t, e in erasures.items()
+                     if t in settings.datamap.tables and not e.error and _changed_since(spark, settings, t, e)]
             if moved and hash_keys is None:
                 hash_keys = verify.keys_for(settings, hashes, ledger.keyring)
             late = [t for t in moved if _verify(spark, settings, hash_keys, t, hashes, key_types, physical=False).live]

@@ -1,6 +1,16 @@
 """The data map: which tables hold personal data, by which key, and what erasure means there."""
 
-from .model import DataMap, KeyGroup, LinkedIdentifier, TableMapping, column_path, column_ref, demo_datamap, is_array
+from .model import (
+    DataMap,
+    FileMapping,
+    KeyGroup,
+    LinkedIdentifier,
+    TableMapping,
+    column_path,
+    column_ref,
+    demo_datamap,
+    is_array,
+)
 
-__all__ = ["DataMap", "KeyGroup", "LinkedIdentifier", "TableMapping", "column_path", "column_ref", "demo_datamap",
-           "is_array"]
+__all__ = ["DataMap", "FileMapping", "KeyGroup", "LinkedIdentifier", "TableMapping", "column_path", "column_ref",
+           "demo_datamap", "is_array"]

@@ -8,6 +8,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
 
 from ..exceptions import DataMapError
+from ..lake.plainfiles import check_dataset
 from .model import DataMap, column_path, is_array
 
 KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
@@ -72,9 +73,21 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
                 field_at(schema, column)
             except ValueError as exc:
                 problems.append(f"table {table} {exc}")
-    for table, mapping in datamap.tables.items():
+    for name, files in datamap.files.items():
+        try:
+            schemas[name] = check_dataset(spark, name, files).schema
+        except DataMapError as exc:
+            problems.append(str(exc))
+            continue
+        for column in dict.fromkeys([*files.key_columns, *sorted(files.redacted_columns)]):
+            try:
+                field_at(schemas[name], column)
+            except ValueError as exc:
+                problems.append(f"files {name} {exc}")
+    for table, mapping in [*datamap.tables.items(), *datamap.files.items()]:
         if table not in schemas:
             continue
+        kind = "files" if table in datamap.files else "table"
         for group in mapping.groups:
             try:
                 key_type = field_at(schemas[table], group.column).dataType
@@ -82,20 +95,21 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
                 continue  # reported above
             if group.is_array:
                 if not isinstance(key_type, ArrayType):
-                    problems.append(f"table {table}: key column {group.column!r} has type "
+                    problems.append(f"{kind} {table}: key column {group.column!r} has type "
                                     f"{key_type.simpleString()}, not an array ([] marks an array of identifiers)")
                     continue
                 key_type = key_type.elementType
             if not isinstance(key_type, AtomicType):
                 hint = f" (an array of identifiers is written {group.column}[])" \
                     if isinstance(key_type, ArrayType) and not group.is_array else ""
-                problems.append(f"table {table}: key column {group.column!r} has type {key_type.simpleString()}, "
+                problems.append(f"{kind} {table}: key column {group.column!r} has type {key_type.simpleString()}, "
                                 f"which cannot hold an identifier{hint}")
             key_types.setdefault(table, {})[group.column] = key_type
         for column in sorted(mapping.redacted_columns):
             try:
                 if not field_at(schemas[table], column).nullable:
-                    problems.append(f"table {table}: column {column!r} is required (NOT NULL) and cannot be redacted")
+                    problems.append(f"{kind} {table}: column {column!r} is required (NOT NULL) and cannot be "
+                                    "redacted")
             except ValueError:
                 continue
     if problems:

@@ -32,7 +32,7 @@ _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")  #
 _ARRAY = "[]"  # after a key column: an array of identifiers
 
 
-def _check_table(name: str) -> str:
+def check_table_name(name: str) -> str:
     if not _TABLE.match(name):
         raise ValueError(f"table {name!r} must be written namespace.table (letters, digits, _)")
     return name
@@ -92,7 +92,7 @@ class LinkedIdentifier(BaseModel):
 
     @model_validator(mode="after")
     def _names(self) -> LinkedIdentifier:
-        _check_table(self.table)
+        check_table_name(self.table)
         _check_column(self.subject_column, array_allowed=False)
         _check_column(self.column, array_allowed=False)
         return self
@@ -172,11 +172,28 @@ class TableMapping(BaseModel):
         return [g.column for g in self.groups]
 
 
+_DATASET = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\Z")
+FILE_FORMATS = ("parquet", "json", "csv")
+
+
+class FileMapping(TableMapping):
+    """A plain-file dataset outside the catalog (`files:`): every file under `path` is read; an
+    erasure rewrites only the files holding an erased subject."""
+
+    path: str  # a folder: local, file:, s3a:, hdfs: ...
+    format: Literal["parquet", "json", "csv"]
+    options: dict[str, str] = Field(default_factory=dict)  # Spark reader/writer options (csv: header ...)
+
+    def spark_options(self) -> dict[str, str]:
+        return {**({"header": "true"} if self.format == "csv" else {}), **self.options}
+
+
 class DataMap(BaseModel):
     model_config = ConfigDict(extra="forbid")
     subject: str = "user_id"
     identifiers: dict[str, LinkedIdentifier] = Field(default_factory=dict)
     tables: dict[str, TableMapping]
+    files: dict[str, FileMapping] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> DataMap:
@@ -184,8 +201,13 @@ class DataMap(BaseModel):
             raise ValueError("the data map lists no tables")
         if self.subject in self.identifiers:
             raise ValueError(f"{self.subject!r} is the subject identifier; it cannot also be linked")
-        for name, mapping in self.tables.items():
-            _check_table(name)
+        for name in self.files:
+            if not _DATASET.match(name) or name in self.tables:
+                raise ValueError(f"files: dataset name {name!r} must be letters, digits, _ . / - and differ from "
+                                 "every table's")
+        for name, mapping in [*self.tables.items(), *self.files.items()]:
+            if name not in self.files:
+                check_table_name(name)
             if mapping.identifier is None:
                 mapping.identifier = self.subject
             for spec in (mapping.keys or {}).values():
@@ -197,6 +219,10 @@ class DataMap(BaseModel):
                         f"({self.subject!r}) nor one of the linked identifiers {sorted(self.identifiers)}"
                     )
         return self
+
+    def mapping(self, name: str) -> TableMapping:
+        """The mapping of a table or a file dataset."""
+        return self.tables[name] if name in self.tables else self.files[name]
 
     def identifier_types(self) -> list[str]:
         return [self.subject, *self.identifiers]

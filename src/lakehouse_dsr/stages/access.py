@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from .. import faults
 from ..config import EXPORT_FORMATS, Settings
 from ..datamap.check import KeyTypes, check_against_catalog
+from ..lake import plainfiles
 from . import identity, matching
 from .matching import TableKeys
 
@@ -75,7 +76,7 @@ def export(
     if key_types is None:
         key_types = check_against_catalog(spark, settings.datamap, settings.table)
     keys = keys if keys is not None else identity.resolve(spark, settings, requests)
-    tables = list(settings.datamap.tables)
+    tables = [*settings.datamap.tables, *settings.datamap.files]
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
     out = private_dir(Path(out_dir))
 
@@ -105,10 +106,17 @@ def export(
     return result
 
 
+def _source(spark: SparkSession, settings: Settings, name: str) -> DataFrame:
+    """A mapped table, or every file of a `files:` dataset."""
+    if name in settings.datamap.files:
+        return plainfiles.read_dataset(spark, settings.datamap.files[name])
+    return spark.table(settings.table(name))
+
+
 def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: TableKeys) -> DataFrame:
     """(request_id, table_name, row): each row once per request it names, through any key column;
     with several key columns the row's JSON also says which matched (`dsr_matched_keys`)."""
-    source = spark.table(settings.table(table))
+    source = _source(spark, settings, table)
     marked = matching.mark(source, keys).where(matching.any_hit(keys))
     values = [source[c] for c in source.columns]
     if not keys.single:
@@ -121,7 +129,7 @@ def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: Ta
 
 
 def _column_types(spark: SparkSession, settings: Settings, table: str) -> list[tuple[str, str]]:
-    return [(f.name, f.dataType.simpleString()) for f in spark.table(settings.table(table)).schema.fields]
+    return [(f.name, f.dataType.simpleString()) for f in _source(spark, settings, table).schema.fields]
 
 
 class _PackageWriter:
@@ -218,7 +226,7 @@ def _write_manifest(settings: Settings, result: ExportResult, fmt: str, generate
         "generated_at": generated_at,
         "format": fmt,
         "requests": [p.__dict__ for p in result.packages],
-        "tables": {t: settings.datamap.tables[t].disclosure() for t in tables},
+        "tables": {t: settings.datamap.mapping(t).disclosure() for t in tables},
     }
     _write_private(result.manifest, json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
 

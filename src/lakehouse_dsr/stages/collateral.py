@@ -45,7 +45,7 @@ class Fingerprint:
         return f"{self.rows} rows, hash {self.hash_sum & (2**64 - 1):016x}/{self.hash_xor & (2**32 - 1):08x}"
 
 
-def _value(f: StructField, redactions: dict[str, list[Redaction]]) -> Column:
+def erased_value(f: StructField, redactions: dict[str, list[Redaction]]) -> Column:
     """Column `f` as the erasure must leave it (`matching.redactions`; a struct path changes one field
     inside the struct)."""
     col = F.col(f"`{f.name}`")
@@ -66,7 +66,7 @@ def row_hashes(schema: StructType, prefix: str, redactions: dict[str, list[Redac
     left out), as `<prefix>h1` and `<prefix>h2`, of each row as `redactions` leave it."""
     inputs = []
     for f in schema.fields:
-        col = _value(f, redactions or {})
+        col = erased_value(f, redactions or {})
         if iceberg.type_holds(f.dataType, MapType):  # Spark cannot hash maps
             col = F.to_json(F.struct(col))
         inputs += [col, col.isNull()]

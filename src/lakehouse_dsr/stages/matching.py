@@ -76,7 +76,7 @@ def key_sets(settings: Settings, keys: DataFrame, key_types: KeyTypes, tables: l
     built: dict[tuple[str, str], KeySet] = {}
     out = {}
     for table in tables:
-        groups = tuple(settings.datamap.tables[table].groups)
+        groups = tuple(settings.datamap.mapping(table).groups)
         sets = []
         for group in groups:
             key_type = key_types[table][group.column]

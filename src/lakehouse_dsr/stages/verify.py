@@ -24,7 +24,7 @@ from ..config import Settings
 from ..datamap import KeyGroup, column_ref
 from ..datamap.check import KeyTypes, check_against_catalog, schema_of
 from ..exceptions import LedgerError
-from ..lake import iceberg
+from ..lake import iceberg, plainfiles
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
 from ..ledger.ledger import Ledger
@@ -230,11 +230,29 @@ def verify_tables(
     key_types: KeyTypes, tables: list[str] | None = None, physical: bool = True,
     values_at: dict[str, tuple[int, DataFrame]] | None = None,
 ) -> list[TableVerification]:
-    """Verify every mapped table against (request_id, key_type, key_hash) rows (`values_at`: see verify_table)."""
+    """Verify every mapped table and file dataset against (request_id, key_type, key_hash) rows
+    (`values_at`: see verify_table)."""
     key = keys_for(settings, hashes, key)  # once for all tables
-    return [verify_table(spark, settings, table, settings.datamap.tables[table].groups, key_types[table], hashes, key,
-                         physical, (values_at or {}).get(table))
-            for table in tables or settings.datamap.erase_order()]
+    return [verify_dataset(spark, settings, table, hashes, key) if table in settings.datamap.files
+            else verify_table(spark, settings, table, settings.datamap.mapping(table).groups, key_types[table], hashes,
+                              key, physical, (values_at or {}).get(table))
+            for table in tables or [*settings.datamap.erase_order(), *settings.datamap.files]]
+
+
+def verify_dataset(spark: SparkSession, settings: Settings, name: str, hashes: DataFrame,
+                   key: bytes | Keyring | HashKeys) -> TableVerification:
+    """A `files:` dataset's live data, history and storage are the same files: one read of every
+    file's key columns proves all three."""
+    mapping = settings.datamap.files[name]
+    result = TableVerification(name, physical=True, one_scan=True)
+    resolved = keys_for(settings, hashes, key)
+    for request_id, lost_key in sorted(resolved.lost.items()):
+        result.fail(request_id, f"{name}: hashed under key {lost_key}, which no keyring holds any more: "
+                    "cannot be verified")
+    found = find_hashed(spark, key_values(plainfiles.read_dataset(spark, mapping), mapping.groups), hashes,
+                        resolved.keys)
+    result.live = result.history = result.storage = _record(result, found, f"rows in files under {mapping.path}")
+    return result
 
 
 def verify_completed(spark: SparkSession, settings: Settings, request_ids: list[str] | None = None

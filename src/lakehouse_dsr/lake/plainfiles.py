@@ -1,0 +1,162 @@
+"""Plain-file datasets (the data map's `files:`): reading them, and replacing one file by another
+through Hadoop's FileSystem API, so local folders, HDFS and object stores (s3a) behave alike.
+
+A rewritten file is published under a new name that records its predecessor
+(`dsr-<id>-<old name>`) before the old one is deleted, so a crash leaves the old file, or the new
+one, or both, never neither; `recover` finishes what a crash interrupted (both present: the old
+one goes; a hidden temporary folder: removed).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+
+from ..config import Settings
+from ..datamap import FileMapping
+from ..datamap.model import FILE_FORMATS, check_table_name
+from ..exceptions import DataMapError
+from .iceberg import procedure_table
+
+_PUBLISHED = re.compile(r"^dsr-[0-9a-f]{8}-(.+)$")
+_TEMP_PREFIX = ".dsr-tmp-"  # hidden: Spark's readers skip names starting with "." or "_"
+
+
+def _fs(spark: SparkSession, path: str):
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hadoop_path
+
+
+def reader(spark: SparkSession, mapping: FileMapping) -> DataFrameReader:
+    return spark.read.format(mapping.format).options(**mapping.spark_options())
+
+
+def read_dataset(spark: SparkSession, mapping: FileMapping) -> DataFrame:
+    """Every file under the dataset's folder (sub-folders included, hidden names skipped)."""
+    return reader(spark, mapping).option("recursiveFileLookup", "true").load(mapping.path)
+
+
+def data_files(spark: SparkSession, path: str) -> list[str]:
+    """Every visible file under `path`, recursively (hidden `.`/`_` names skipped, as Spark's readers do)."""
+    fs, root = _fs(spark, path)
+    if not fs.exists(root):
+        return []
+    found, listing = [], fs.listFiles(root, True)
+    while listing.hasNext():
+        status = listing.next()
+        relative = status.getPath().toUri().getPath()[len(root.toUri().getPath()):]
+        if not any(part.startswith((".", "_")) for part in relative.split("/") if part):
+            found.append(status.getPath().toString())
+    return sorted(found)
+
+
+def check_dataset(spark: SparkSession, name: str, mapping: FileMapping) -> DataFrame:
+    """The dataset, read, or DataMapError saying why it cannot be (missing folder, no files, unreadable)."""
+    if not data_files(spark, mapping.path):
+        fs, root = _fs(spark, mapping.path)
+        what = "holds no files" if fs.exists(root) else "does not exist"
+        raise DataMapError(f"files {name}: path {mapping.path} {what}")
+    try:
+        frame = read_dataset(spark, mapping)
+        frame.schema  # noqa: B018 - resolves the files (and, for json/csv, reads them for the schema)
+        return frame
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataMapError(f"files {name}: {mapping.format} files under {mapping.path} cannot be read: {first}"
+                           ) from None
+
+
+def replace(spark: SparkSession, old: str, rows: DataFrame, mapping: FileMapping) -> str:
+    """Write `rows` as one file of the dataset's format beside `old`, publish it, then delete `old`.
+    Returns the new file's path. Cost: one write of `rows`; renames and deletes are metadata."""
+    fs, old_path = _fs(spark, old)
+    parent = old_path.getParent()
+    temp = f"{parent.toString()}/{_TEMP_PREFIX}{uuid.uuid4().hex[:12]}"
+    rows.coalesce(1).write.format(mapping.format).options(**mapping.spark_options()).mode("errorifexists").save(temp)
+    _, temp_path = _fs(spark, temp)
+    parts = [s.getPath() for s in fs.listStatus(temp_path) if not s.getPath().getName().startswith(("_", "."))]
+    name = f"dsr-{uuid.uuid4().hex[:8]}-{old_path.getName()}"
+    extension = "." + mapping.format
+    if not name.endswith(extension):  # the reader picks decompression by extension: the new file is plain
+        name += extension
+    new_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(parent, name)
+    if len(parts) != 1 or not fs.rename(parts[0], new_path):
+        fs.delete(temp_path, True)
+        raise OSError(f"could not publish the rewrite of {old}")
+    fs.delete(old_path, False)
+    fs.delete(temp_path, True)
+    return new_path.toString()
+
+
+def recover(spark: SparkSession, path: str) -> int:
+    """Finish replacements a crash interrupted under `path`; returns how many old files it removed."""
+    fs, root = _fs(spark, path)
+    if not fs.exists(root):
+        return 0
+    removed, listing = 0, fs.listFiles(root, True)
+    seen = []
+    while listing.hasNext():
+        seen.append(listing.next().getPath())
+    for file in seen:
+        if any(p.startswith(_TEMP_PREFIX) for p in file.toUri().getPath().split("/")):
+            fs.delete(file.getParent(), True)
+            continue
+        match = _PUBLISHED.match(file.getName())
+        if not match:
+            continue
+        for old_name in (match.group(1), match.group(1).rsplit(".", 1)[0]):
+            old = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(file.getParent(), old_name)
+            if old_name != file.getName() and fs.exists(old):
+                fs.delete(old, False)
+                removed += 1
+                break
+    return removed
+
+
+@dataclass
+class Adopted:
+    table: str
+    format: str
+    files: int
+    rows: int
+    copied: bool  # False: the table references the original files where they are
+
+
+def adopt(spark: SparkSession, settings: Settings, path: str, table: str, fmt: str = "parquet") -> Adopted:
+    """Bring a plain dataset under Iceberg as `table` (which must not exist), so it gets the full cycle.
+
+    Parquet: an empty table with the files' schema, then Iceberg's `add_files` registers the files
+    where they are: nothing is copied, and from then on the table owns them (a purge deletes a
+    rewritten one at its original path). JSON/CSV, which Iceberg cannot reference: the rows are
+    copied into the table (one read and one write of the dataset); the original files stay as they are.
+    """
+    if fmt not in FILE_FORMATS:
+        raise DataMapError(f"unknown format {fmt!r} (expected one of {', '.join(FILE_FORMATS)})")
+    if any(c in path for c in "`'\n"):
+        raise DataMapError("the path must not contain quotes, backticks or line breaks")
+    try:
+        check_table_name(table)
+    except ValueError as exc:
+        raise DataMapError(str(exc)) from None
+    name = settings.table(table)
+    if spark.catalog.tableExists(name):
+        raise DataMapError(f"table {table} exists already; adopt into a new table")
+    mapping = FileMapping(path=path, format=fmt, key="unused")
+    frame = check_dataset(spark, path, mapping)  # named by its path in errors
+    files = data_files(spark, path)
+    if fmt == "parquet":
+        root = _fs(spark, path)[1].toUri().getPath().rstrip("/")
+        if any("/" in urlparse(f).path[len(root) + 1:] for f in files):
+            raise DataMapError(f"{path} holds sub-folders: add_files registers the files of one folder; adopt each "
+                               "folder, or map the dataset under files:")
+        spark.createDataFrame([], frame.schema).writeTo(name).tableProperty("format-version", "2").create()
+        spark.sql(f"CALL `{settings.catalog.name}`.system.add_files(table => '{procedure_table(settings, table)}', "
+                  f"source_table => '`parquet`.`{path}`')").collect()
+    else:
+        frame.writeTo(name).tableProperty("format-version", "2").create()
+    return Adopted(table, fmt, len(files), spark.table(name).count(), fmt != "parquet")
