@@ -18,11 +18,13 @@ from pyiceberg.table import StaticTable
 from typer.testing import CliRunner
 
 from conftest import make_settings, write_config
+from lakehouse_dsr import suppress_for
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.datamap import DataMap
 from lakehouse_dsr.datamap.check import check_against_catalog
 from lakehouse_dsr.datamap.discover import discover
 from lakehouse_dsr.exceptions import DataMapError
+from lakehouse_dsr.lake import plainfiles
 from lakehouse_dsr.lake.plainfiles import adopt
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -110,7 +112,7 @@ def plant_landing(landing: Path) -> Path:
         rows = [{"order": n, "buyer_sk": sk(i), "total": n * 10} for n, i in enumerate(people)]
         pq.write_table(pa.Table.from_pylist(rows), landing / "orders" / f"{part}.parquet")
         pq.write_table(pa.Table.from_pylist(rows), landing / "legacy" / f"{part}.parquet")
-        csv = "email,plan\n" + "".join(f"{email(i)},basic\n" for i in people)
+        csv = "email,plan,origin\n" + "".join(f"{email(i)},basic,10.0.{i}.{n}\n" for n, i in enumerate(people))
         (landing / "signups" / f"{part}.csv").write_text(csv)
     return landing
 
@@ -325,7 +327,8 @@ def test_discover_finds_every_planted_column_and_no_measure(spark, retail):
     settings = retail["settings"]
     findings = discover(spark, settings, sample=200)
     found = {(f.table, f.column): f for f in findings}
-    expected = {("retail.store_visits", c) for c in PLANTED} | {("retail.customer", "c_name")}
+    expected = {("retail.store_visits", c) for c in PLANTED} | {("retail.customer", "c_name"),
+                                                                ("landing/signups", "origin")}
     assert set(found) == expected  # precision and recall 1: no measure, time or text column, nothing mapped
     for column, evidence in PLANTED.items():
         finding = found[("retail.store_visits", column)]
@@ -333,6 +336,10 @@ def test_discover_finds_every_planted_column_and_no_measure(spark, retail):
     who = found[("retail.store_visits", "who")]
     assert who.identifier == "customer_sk" and who.entry == "retail.store_visits: {key: who, identifier: customer_sk}"
     assert found[("retail.store_visits", "contact")].identifier == "email"
+    signups = found[("landing/signups", "origin")]
+    assert signups.evidence == "pattern ipv4 (100%)" and signups.entry.startswith(
+        "landing/signups: {path: ") and "format: csv, action: delete, keys: {email: {identifier: email}, origin:" \
+        in signups.entry
     assert found[("retail.customer", "c_name")].evidence == "name (name)" and found[("retail.customer", "c_name")] \
         .entry.startswith("retail.customer: {action: delete, keys: {c_customer_id: {identifier: customer_id}, c_name:")
 
@@ -343,7 +350,7 @@ def test_discover_json_lists_findings_and_never_a_value(spark, retail, tmp_path)
                                       "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
-    assert {r["column"] for r in rows} == {*PLANTED, "c_name"}
+    assert {r["column"] for r in rows} == {*PLANTED, "c_name", "origin"}
     assert all({"table", "column", "evidence", "share"} <= set(r) for r in rows)
     assert not {str(v) for v in erased_values()} & set(re.findall(r"[\w.@+-]+", result.output))
 
@@ -425,3 +432,44 @@ def test_bad_files_and_adopt_input_get_one_clear_error_and_change_nothing(spark,
         with pytest.raises(DataMapError, match=message):
             adopt(spark, settings, *args)
     assert spark.catalog.listTables(f"{settings.catalog.name}.retail") == tables_before
+
+
+def test_a_replacement_cut_short_by_a_crash_is_finished_by_the_next_run(spark, tmp_path):
+    """Killed after publishing the new file but before deleting the old one: both are there (never neither);
+    recovery removes the old one and any half-written temporary folder, and touches nothing else."""
+    folder = tmp_path / "clicks"
+    (folder / ".dsr-tmp-0123456789ab").mkdir(parents=True)
+    (folder / ".dsr-tmp-0123456789ab" / "part-0.json").write_text('{"k": 1}\n')
+    (folder / "a.json.gz").write_bytes(b"old")
+    (folder / "dsr-0badc0de-a.json.gz.json").write_text('{"k": 2}\n')  # compressed original, plain rewrite
+    (folder / "b.json").write_text('{"k": 3}\n')
+    (folder / "dsr-feedf00d-b.json").write_text('{"k": 4}\n')
+    (folder / "c.json").write_text('{"k": 5}\n')
+    assert plainfiles.recover(spark, str(folder)) == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["c.json", "dsr-0badc0de-a.json.gz.json", "dsr-feedf00d-b.json"]
+    assert plainfiles.recover(spark, str(folder)) == 0
+
+
+def test_late_shared_rows_are_suppressed_as_the_data_map_erases_them(spark, retail):
+    """Ingest of late sales and messages: each key group of an erased person is nulled, the other person's
+    columns stay; rows for a deleting table naming an erased person by any key are dropped."""
+    settings = retail["settings"]
+    late = spark.createDataFrame(sales_rows()[:12], spark.table(settings.table("retail.web_sales")).schema)
+    clean = {r.ws_order: r.asDict() for r in suppress_for(late, "retail.web_sales", settings).collect()}
+    gone = {sk(i) for i in ERASED}
+    for row in late.collect():
+        expected = row.asDict()
+        for side in ("bill", "ship"):
+            if expected[f"ws_{side}_customer_sk"] in gone:
+                expected[f"ws_{side}_customer_sk"] = expected[f"ws_{side}_addr_sk"] = None
+        assert clean[row.ws_order] == expected
+    assert any(r["ws_bill_customer_sk"] is None for r in clean.values())
+    messages = spark.createDataFrame([(1, email(1), [email(2), email(5)], "hi"), (2, email(6), [email(7)], "yo")],
+                                     spark.table(settings.table("web.messages")).schema)
+    assert [tuple(r) for r in suppress_for(messages, "web.messages", settings).orderBy("id").collect()] == \
+        [(1, None, [email(5)], "hi"), (2, email(6), [email(7)], "yo")]
+    returns = spark.createDataFrame([(1, sk(5), sk(2), Decimal(1)), (2, sk(5), sk(6), Decimal(2))],
+                                    spark.table(settings.table("retail.web_returns")).schema)
+    assert [r.wr_order for r in suppress_for(returns, "retail.web_returns", settings).collect()] == [2]
+    with pytest.raises(DataMapError, match="neither a table nor a files dataset"):
+        suppress_for(returns, "retail.nope", settings)

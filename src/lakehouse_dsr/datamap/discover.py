@@ -11,7 +11,8 @@ Three kinds of evidence, per column:
   over the identifier's range: counts and quantities that happen to fall among small surrogate
   keys cluster at its low end and are not reported.
 
-Cost: tables are listed through the control-plane catalog (no data read); each table's first
+Cost: tables are listed through the control-plane catalog (no data read); each table's (and each
+`files:` dataset's) first
 `sample` rows are read once (a limit: Spark reads the first files only) and summarised in Spark;
 each known identifier's defining column is read once. The driver receives counts only, never a value.
 """
@@ -36,6 +37,7 @@ from pyspark.sql.types import (
 )
 
 from ..config import Settings
+from ..lake import plainfiles
 from ..lake.catalog import open_catalog
 from .model import column_ref
 
@@ -237,7 +239,8 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
              ) -> list[Finding]:
     """Columns that probably hold personal data and are not in the data map (see the module doc).
 
-    `namespaces`: where to look (default: every namespace but the ledger's). `sample`: rows read per table.
+    `namespaces`: where to look (default: every namespace but the ledger's); the data map's `files:`
+    datasets are always examined (their unmapped columns). `sample`: rows read per table.
     """
     today = date.today()
     catalog = open_catalog(settings)
@@ -246,31 +249,32 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
     mapped = _mapped_columns(settings)
     columns: dict[tuple[str, str], _Column] = {}
     stacks = []
-    for namespace in spaces:
-        for identifier in catalog.list_tables(namespace):
-            table = ".".join(identifier)
-            rows = spark.table(settings.table(table)).limit(sample)
-            found = [_Column(table, c, t) for c, t in _candidates(rows.schema) if c not in mapped.get(table, set())]
-            if not found:
-                continue
-            for c in found:
-                columns[(table, c.column)] = c
-                named = name_evidence(table, c.column)
-                if named:
-                    c.evidence.append(f"name ({named[0]})")
-                    c.identifier = named[1]
-            rows = rows.localCheckpoint()  # read once: the stats and the overlap use the same sample
-            stats = _sample_stats(rows, found, today)
-            for c in found:
-                n = stats[c.column]["values"]
-                for pattern, hits in stats[c.column].items():
-                    if pattern != "values" and n >= MIN_VALUES and hits / n >= MIN_SHARE:
-                        c.evidence.append(f"pattern {pattern} ({hits / n:.0%})")
-                        c.shares[pattern] = hits / n
-                        if pattern == "email" and "email" in settings.datamap.identifier_types():
-                            c.identifier = c.identifier or "email"
-                c.values = n
-            stacks.append(_stacked(rows, table, found))
+    sources = [(".".join(t), lambda t=t: spark.table(settings.table(".".join(t))))
+               for namespace in spaces for t in catalog.list_tables(namespace)]
+    sources += [(name, lambda m=m: plainfiles.read_dataset(spark, m)) for name, m in settings.datamap.files.items()]
+    for table, read in sources:
+        rows = read().limit(sample)
+        found = [_Column(table, c, t) for c, t in _candidates(rows.schema) if c not in mapped.get(table, set())]
+        if not found:
+            continue
+        for c in found:
+            columns[(table, c.column)] = c
+            named = name_evidence(table, c.column)
+            if named:
+                c.evidence.append(f"name ({named[0]})")
+                c.identifier = named[1]
+        rows = rows.localCheckpoint()  # read once: the stats and the overlap use the same sample
+        stats = _sample_stats(rows, found, today)
+        for c in found:
+            n = stats[c.column]["values"]
+            for pattern, hits in stats[c.column].items():
+                if pattern != "values" and n >= MIN_VALUES and hits / n >= MIN_SHARE:
+                    c.evidence.append(f"pattern {pattern} ({hits / n:.0%})")
+                    c.shares[pattern] = hits / n
+                    if pattern == "email" and "email" in settings.datamap.identifier_types():
+                        c.identifier = c.identifier or "email"
+            c.values = n
+        stacks.append(_stacked(rows, table, found))
     _overlap(spark, settings, columns, stacks)
     return sorted((_finding(settings, c) for c in columns.values() if c.evidence), key=lambda f: (f.table, f.column))
 
@@ -301,7 +305,7 @@ def _overlap(spark: SparkSession, settings: Settings, columns: dict[tuple[str, s
 
 def _mapped_columns(settings: Settings) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
-    for table, mapping in settings.datamap.tables.items():
+    for table, mapping in [*settings.datamap.tables.items(), *settings.datamap.files.items()]:
         out.setdefault(table, set()).update(mapping.key_columns, mapping.redacted_columns,
                                             (c.removesuffix("[]") for c in mapping.redacted_columns))
     for link in settings.datamap.identifiers.values():
@@ -312,16 +316,17 @@ def _mapped_columns(settings: Settings) -> dict[str, set[str]]:
 def _finding(settings: Settings, c: _Column) -> Finding:
     shares = list(c.shares.values())
     identifier = c.identifier or settings.datamap.subject
-    mapping = settings.datamap.tables.get(c.table)
+    files = settings.datamap.files.get(c.table)
+    mapping = settings.datamap.tables.get(c.table) or files
+    where = f"path: {files.path}, format: {files.format}, " if files else ""
     if mapping is None:
         entry = f"{c.table}: {{key: {c.column}, identifier: {identifier}}}"
     else:  # already mapped: the same mapping with this column as one more key
-        groups = {g.column: g for g in mapping.groups}
-        keys = ", ".join(f"{k}: {{identifier: {g.identifier}" + (f", redact: [{', '.join(g.redact)}]}}"
-                                                                 if g.redact else "}")
-                         for k, g in groups.items())
+        keys = ", ".join(f"{g.column}: {{identifier: {g.identifier}" + (f", redact: [{', '.join(g.redact)}]}}"
+                                                                        if g.redact else "}")
+                         for g in mapping.groups)
         new = f"{c.column}: {{identifier: {identifier}" + (f", redact: [{c.column}]}}" if mapping.action == "redact"
                                                           else "}")
-        entry = f"{c.table}: {{action: {mapping.action}, keys: {{{keys}, {new}}}}}"
+        entry = f"{c.table}: {{{where}action: {mapping.action}, keys: {{{keys}, {new}}}}}"
     return Finding(c.table, c.column, "; ".join(c.evidence), round(max(shares), 3) if shares else None,
                    c.identifier, entry)

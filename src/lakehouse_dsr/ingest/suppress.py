@@ -7,19 +7,24 @@ job filters each incoming DataFrame before it writes:
     from lakehouse_dsr import suppress
     clean = suppress(incoming, "user_id")             # the data map's subject identifier
     clean = suppress(signups, "mail", "email")        # a column holding another identifier
+    clean = suppress_for(sales, "sales.web_sales")    # as the data map erases that table: every key column
     clean.writeTo("lakehouse.web.events").append()
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType
 
 from ..config import Settings, load_settings
+from ..datamap import column_ref
 from ..exceptions import DataMapError
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.keys import keys_in_use
 from ..ledger.ledger import Ledger
+from ..stages.collateral import erased_value
+from ..stages.matching import KeySet, TableKeys, any_hit, mark, redactions
 
 
 def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
@@ -40,13 +45,49 @@ def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
         raise DataMapError(f"unknown identifier {identifier!r}: the data map knows {', '.join(sorted(known))}")
     if key_column not in df.columns:
         raise DataMapError(f"the DataFrame has no column {key_column!r} (columns: {', '.join(df.columns)})")
-    ledger = Ledger(settings)
-    values = df.select(F.col(key_column).cast("string").alias("dsr_value")).where(F.col("dsr_value").isNotNull())
+    erased = _erased_values(df, F.col(key_column), Ledger(settings), identifier)
+    return df.join(F.broadcast(erased), F.col(key_column).cast("string") == erased.dsr_value, "left_anti")
+
+
+def _erased_values(df: DataFrame, values: Column, ledger: Ledger, identifier: str) -> DataFrame:
+    """(dsr_value): the distinct values of `values` (a column of `df`; an array's elements) that the
+    suppression list holds for `identifier`, as text. Checkpointed: small, computed once, and no longer
+    sharing lineage with `df` for the join that follows."""
+    is_array = isinstance(df.select(values).schema[0].dataType, ArrayType)
+    values = df.select((F.explode(values) if is_array else values).alias("dsr_value")) \
+        .select(F.col("dsr_value").cast("string").alias("dsr_value"))
     hashes = ledger.suppression_hashes(identifier)
     listed = df.sparkSession.createDataFrame([(h["key_hash"], h["key_id"]) for h in hashes],
                                              "key_hash string, key_id string")
     keys = keys_in_use(ledger.keyring, {h["key_id"] for h in hashes})
-    hashed = with_keyring_hashes(df.sparkSession, values.distinct(), "dsr_value", keys)
-    # Checkpointed: small, computed once, and no longer sharing lineage with `df` for the self-join.
-    erased = join_on_key(hashed, listed, "left_semi").select("dsr_value").distinct().localCheckpoint()
-    return df.join(F.broadcast(erased), F.col(key_column).cast("string") == erased.dsr_value, "left_anti")
+    hashed = with_keyring_hashes(df.sparkSession, values.where("dsr_value IS NOT NULL").distinct(), "dsr_value", keys)
+    return join_on_key(hashed, listed, "left_semi").select("dsr_value").distinct().localCheckpoint()
+
+
+def suppress_for(df: DataFrame, table: str, settings: Settings | None = None) -> DataFrame:
+    """`df`, rows bound for a mapped table or `files:` dataset, as its data-map entry says erased people
+    must be: rows naming one by any key column dropped (action: delete), or each key group's columns
+    nulled where its own key names one and erased elements taken out of array keys (action: redact),
+    the other person's columns in a shared row kept. Cost: per key column, `df`'s distinct values are
+    hashed and matched as in `suppress`; then one pass with a broadcast join per key column.
+    """
+    settings = settings or load_settings()
+    mapping = settings.datamap.mapping(table) if table in {**settings.datamap.tables, **settings.datamap.files} \
+        else None
+    if mapping is None:
+        raise DataMapError(f"{table} is neither a table nor a files dataset of the data map")
+    ledger = Ledger(settings)
+    sets = []
+    for group in mapping.groups:
+        column = F.col(column_ref(group.column))
+        data_type = df.select(column).schema[0].dataType
+        value_type = data_type.elementType if isinstance(data_type, ArrayType) else data_type
+        erased = _erased_values(df, column, ledger, group.identifier)
+        sets.append(KeySet(erased.select(F.col("dsr_value").cast(value_type).alias("key_value"),
+                                         F.array(F.lit("suppressed")).alias("request_ids")), 0))
+    keys = TableKeys(tuple(mapping.groups), tuple(sets))
+    marked = mark(df, keys)
+    if mapping.action == "delete":
+        return marked.where(~any_hit(keys)).select(*[F.col(f"`{c}`") for c in df.columns])
+    changes = redactions(keys)
+    return marked.select(*[erased_value(f, changes).alias(f.name) for f in df.schema.fields])
