@@ -29,6 +29,14 @@ ONE = {"ws_bill_customer_sk": {"redact": ["ws_bill_customer_sk", "ws_bill_addr_s
 TWO = {**ONE, "ws_ship_customer_sk": {"redact": ["ws_ship_customer_sk", "ws_ship_addr_sk"]}}
 
 
+def _mapping(keys: dict, action: str) -> dict:
+    """One key in the `key:` form (a plain MERGE on key equality), two in the `keys:` form."""
+    if len(keys) == 1:
+        (column, spec), = keys.items()
+        return {"key": column, "action": action, **({"redact": spec["redact"]} if action == "redact" else {})}
+    return {"keys": {k: ({} if action == "delete" else v) for k, v in keys.items()}, "action": action}
+
+
 def main() -> None:
     args = argparse.ArgumentParser()
     args.add_argument("--rows", type=int, default=2_000_000)
@@ -59,9 +67,8 @@ def main() -> None:
     for trial in range(a.repeats):
         for action in ("redact", "delete"):
             for label, keys in (("one key", ONE), ("two keys", TWO)):
-                spec = {k: ({} if action == "delete" else v) for k, v in keys.items()}
                 trial_settings = settings_from_dict({**base, "datamap": {"subject": "customer_sk", "tables": {
-                    "sales.web_sales": {"keys": spec, "action": action}}}})
+                    "sales.web_sales": _mapping(keys, action)}}})
                 spark.sql(f"DROP TABLE IF EXISTS {settings.table('sales.web_sales')} PURGE")
                 spark.sql(f"CREATE TABLE {settings.table('sales.web_sales')} USING iceberg "
                           f"TBLPROPERTIES ('format-version'='2') AS SELECT * FROM {settings.table('sales.source')}")
