@@ -80,11 +80,13 @@ class _Column:
     shares: dict[str, float] = field(default_factory=dict)  # value evidence -> share of sampled values
     values: int = 0  # sampled non-null values (array elements)
     identifier: str | None = None
+    names_person: bool = False  # holds someone's identifier (not only data about them): can be a key
 
 
 def _tokens(name: str) -> list[str]:
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
-    return [t for t in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if t]
+    words = [t for t in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if t]
+    return [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in words]  # users -> user
 
 
 def name_evidence(table: str, column: str) -> tuple[str, str | None] | None:
@@ -263,6 +265,7 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
             if named:
                 c.evidence.append(f"name ({named[0]})")
                 c.identifier = named[1]
+                c.names_person = named[0] in ("email", "person id")
         rows = rows.localCheckpoint()  # read once: the stats and the overlap use the same sample
         stats = _sample_stats(rows, found, today)
         for c in found:
@@ -276,7 +279,19 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
             c.values = n
         stacks.append(_stacked(rows, table, found))
     _overlap(spark, settings, columns, stacks)
-    return sorted((_finding(settings, c) for c in columns.values() if c.evidence), key=lambda f: (f.table, f.column))
+    found = [c for c in columns.values() if c.evidence and not _covered(settings, c)]
+    keys = {}  # unmapped table -> its likeliest key: the first column holding an identifier
+    for c in found:
+        if c.names_person and settings.datamap.tables.get(c.table) is None and c.table not in settings.datamap.files:
+            keys.setdefault(c.table, c)
+    return sorted((_finding(settings, c, keys.get(c.table)) for c in found), key=lambda f: (f.table, f.column))
+
+
+def _covered(settings: Settings, c: _Column) -> bool:
+    """Data about a person (a name, an address, an IP) in a table that deletes that person's rows goes
+    with them; only a column naming someone (possibly someone else) is a miss there."""
+    mapping = settings.datamap.tables.get(c.table) or settings.datamap.files.get(c.table)
+    return mapping is not None and mapping.action == "delete" and not c.names_person
 
 
 def _overlap(spark: SparkSession, settings: Settings, columns: dict[tuple[str, str], _Column],
@@ -300,7 +315,7 @@ def _overlap(spark: SparkSession, settings: Settings, columns: dict[tuple[str, s
         if n >= MIN_VALUES and share >= MIN_SHARE and spread and varied:
             c.evidence.append(f"overlap with {r.identifier} ({share:.0%})")
             c.shares[f"overlap {r.identifier}"] = share
-            c.identifier = r.identifier
+            c.identifier, c.names_person = r.identifier, True
 
 
 def _mapped_columns(settings: Settings) -> dict[str, set[str]]:
@@ -313,20 +328,26 @@ def _mapped_columns(settings: Settings) -> dict[str, set[str]]:
     return out
 
 
-def _finding(settings: Settings, c: _Column) -> Finding:
+def _finding(settings: Settings, c: _Column, table_key: _Column | None) -> Finding:
+    """The finding, with a data-map entry to paste: a mapped table's entry with this column as one
+    more key (or, in a redacting table, one more redacted column); for an unmapped table, keyed by
+    this column if it names someone, else by the table's likeliest key."""
     shares = list(c.shares.values())
     identifier = c.identifier or settings.datamap.subject
     files = settings.datamap.files.get(c.table)
     mapping = settings.datamap.tables.get(c.table) or files
     where = f"path: {files.path}, format: {files.format}, " if files else ""
     if mapping is None:
-        entry = f"{c.table}: {{key: {c.column}, identifier: {identifier}}}"
-    else:  # already mapped: the same mapping with this column as one more key
-        keys = ", ".join(f"{g.column}: {{identifier: {g.identifier}" + (f", redact: [{', '.join(g.redact)}]}}"
-                                                                        if g.redact else "}")
-                         for g in mapping.groups)
-        new = f"{c.column}: {{identifier: {identifier}" + (f", redact: [{c.column}]}}" if mapping.action == "redact"
-                                                          else "}")
-        entry = f"{c.table}: {{{where}action: {mapping.action}, keys: {{{keys}, {new}}}}}"
+        key = c if c.names_person else table_key
+        entry = (f"{c.table}: {{key: {key.column}, identifier: {key.identifier or settings.datamap.subject}}}"
+                 if key else f"{c.table}: {{key: <the column naming the person>}}")
+    else:
+        groups = [(g.column, g.identifier, [*g.redact, *([c.column] if i == 0 and not c.names_person else [])])
+                  for i, g in enumerate(mapping.groups)]
+        if c.names_person:
+            groups.append((c.column, identifier, [c.column] if mapping.action == "redact" else []))
+        keys = ", ".join(f"{column}: {{identifier: {ident}" + (f", redact: [{', '.join(redact)}]}}" if redact else "}")
+                         for column, ident, redact in groups)
+        entry = f"{c.table}: {{{where}action: {mapping.action}, keys: {{{keys}}}}}"
     return Finding(c.table, c.column, "; ".join(c.evidence), round(max(shares), 3) if shares else None,
                    c.identifier, entry)
