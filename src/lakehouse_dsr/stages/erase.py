@@ -181,50 +181,53 @@ def _view(df: DataFrame) -> str:
 def _statement(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
                views: list[str]) -> str:
     """The plan's one SQL statement; identifiers stay in temporary views (`views` collects their names)."""
-    mapping = settings.datamap.tables[table_plan.table]
-    target = settings.table(table_plan.table)
-    refs = [f"t.{column_ref(g.column)}" for g in keys.groups]
     if table_plan.strategy == "merge_key_tuples":
-        # The requested rows' distinct key tuples, each with which of its keys were requested: every
-        # target row matches at most one tuple (null-safe equality), so each group's columns are nulled
-        # exactly where its own key named an erased subject.
-        tuples = [F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)]
-        rows = iceberg.read_at(spark, settings, table_plan.table, table_plan.snapshot_before).select(*tuples)
-        marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in range(len(tuples))])
-        source = marked.where(matching.any_hit(keys)).select(
-            *[f"dsr_k{i}" for i in range(len(tuples))],
-            *[matching.hit(i).alias(f"dsr_h{i}") for i in range(len(tuples))],
-            *[matching.erased_elements(i, F.col(f"dsr_k{i}")).alias(f"dsr_e{i}")
-              for i, g in enumerate(keys.groups) if g.is_array]).distinct().localCheckpoint()
-        views.append(_view(source))
-        hint = f"/*+ BROADCAST({views[-1]}) */ " if keys.size <= settings.erase.broadcast_max_keys else ""
-        on = " AND ".join(f"{ref} <=> s.dsr_k{i}" for i, ref in enumerate(refs))
-        sets = []
-        for column in sorted(mapping.redacted_columns):
-            target_column = f"t.{column_ref(column)}"
-            if is_array(column):  # the group's own array key: only the erased elements go
-                i = next(i for i, g in enumerate(keys.groups) if g.column == column)
-                value = f"filter({target_column}, dsr_x -> NOT array_contains(s.dsr_e{i}, dsr_x))"
-                sets.append(f"{target_column} = CASE WHEN s.dsr_h{i} THEN {value} ELSE {target_column} END")
-                continue
+        return _merge_key_tuples(spark, settings, table_plan, keys, views)
+    mapping = settings.datamap.tables[table_plan.table]
+    target, key = settings.table(table_plan.table), f"t.{column_ref(mapping.key)}"  # one flat key column
+    views.append(_view(keys.sets[0].hits))
+    nulls = ", ".join(f"t.{column_ref(c)} = NULL" for c in sorted(mapping.redacted_columns))
+    exists = f"EXISTS (SELECT 1 FROM {views[0]} s WHERE s.key_value = {key})"
+    return {
+        "merge_broadcast": f"MERGE INTO {target} AS t USING (SELECT /*+ BROADCAST({views[0]}) */ key_value FROM "
+                           f"{views[0]}) AS s ON {key} = s.key_value WHEN MATCHED THEN "
+                           + ("DELETE" if mapping.action == "delete" else f"UPDATE SET {nulls}"),
+        "delete_where_exists": f"DELETE FROM {target} AS t WHERE {exists}",
+        "update_where_exists": f"UPDATE {target} AS t SET {nulls} WHERE {exists}",
+    }[table_plan.strategy]
+
+
+def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
+                      views: list[str]) -> str:
+    """MERGE on the requested rows' distinct key tuples (read from the key columns of the plan's
+    snapshot), each with which of its keys were requested: every target row matches at most one
+    tuple (null-safe equality), so each group's columns are nulled exactly where its own key named
+    an erased subject, an array key loses only the erased elements, or the row is deleted."""
+    mapping = settings.datamap.tables[table_plan.table]
+    width = range(len(keys.groups))
+    rows = iceberg.read_at(spark, settings, table_plan.table, table_plan.snapshot_before).select(
+        *[F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)])
+    marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in width])
+    source = marked.where(matching.any_hit(keys)).select(
+        *[f"dsr_k{i}" for i in width], *[matching.hit(i).alias(f"dsr_h{i}") for i in width],
+        *[matching.erased_elements(i, F.col(f"dsr_k{i}")).alias(f"dsr_e{i}")
+          for i, g in enumerate(keys.groups) if g.is_array]).distinct().localCheckpoint()
+    views.append(_view(source))
+    hint = f"/*+ BROADCAST({views[-1]}) */ " if keys.size <= settings.erase.broadcast_max_keys else ""
+    on = " AND ".join(f"t.{column_ref(g.column)} <=> s.dsr_k{i}" for i, g in enumerate(keys.groups))
+    sets = []
+    for column in sorted(mapping.redacted_columns):
+        target_column = f"t.{column_ref(column)}"
+        if is_array(column):  # the group's own array key: only the erased elements go
+            i = next(i for i, g in enumerate(keys.groups) if g.column == column)
+            value = f"filter({target_column}, dsr_x -> NOT array_contains(s.dsr_e{i}, dsr_x))"
+            sets.append(f"{target_column} = CASE WHEN s.dsr_h{i} THEN {value} ELSE {target_column} END")
+        else:
             hit = " OR ".join(f"s.dsr_h{i}" for i, g in enumerate(keys.groups) if column in g.redact)
             sets.append(f"{target_column} = CASE WHEN {hit} THEN NULL ELSE {target_column} END")
-        return (f"MERGE INTO {target} AS t USING (SELECT {hint}* FROM {views[-1]}) AS s ON {on} WHEN MATCHED THEN "
-                + ("DELETE" if mapping.action == "delete" else f"UPDATE SET {', '.join(sets)}"))
-    for key_set in keys.sets:
-        views.append(_view(key_set.hits))
-    nulls = ", ".join(f"t.{column_ref(c)} = NULL" for c in sorted(mapping.redacted_columns))
-    if table_plan.strategy == "merge_broadcast":
-        return (f"MERGE INTO {target} AS t USING (SELECT /*+ BROADCAST({views[0]}) */ key_value FROM {views[0]}) "
-                f"AS s ON {refs[0]} = s.key_value WHEN MATCHED THEN "
-                + ("DELETE" if mapping.action == "delete" else f"UPDATE SET {nulls}"))
-    matches = [f"array_contains({ref}, s.key_value)" if g.is_array else f"s.key_value = {ref}"
-               for ref, g in zip(refs, keys.groups, strict=True)]
-    exists = " OR ".join(f"EXISTS (SELECT 1 FROM {view} s WHERE {match})"
-                         for view, match in zip(views, matches, strict=True))
-    if table_plan.strategy == "delete_where_exists":
-        return f"DELETE FROM {target} AS t WHERE {exists}"
-    return f"UPDATE {target} AS t SET {nulls} WHERE {exists}"
+    action = "DELETE" if mapping.action == "delete" else f"UPDATE SET {', '.join(sets)}"
+    return (f"MERGE INTO {settings.table(table_plan.table)} AS t USING (SELECT {hint}* FROM {views[-1]}) AS s "
+            f"ON {on} WHEN MATCHED THEN {action}")
 
 
 def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys) -> TableErasure:

@@ -158,10 +158,10 @@ def verify_table(
 
     `groups`: the key columns and the identifier each holds; `types`: their Spark types
     (datamap.check). `physical=False` runs the live check only: one scan of the key columns in the
-    current snapshot. `key`: the keyring, or the active
-    key (the retired ones are then read from the keyring file), or the keys `keys_for` resolved
-    already for a set of hashes including these. A request whose hashes were made by a key in no
-    keyring any more (destroyed) cannot be proven: it fails with that reason. `values_at`:
+    current snapshot. `key`: the keyring, or the active key (the retired ones are then read from
+    the keyring file), or the keys `keys_for` resolved already for a set of hashes including these.
+    A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
+    it fails with that reason. `values_at`:
     (snapshot id, that snapshot's `collateral.by_keys`), read already by the collateral check: used
     instead of the live scan while the table holds the same rows as at that snapshot (no commit
     since, or only rewrites, such as the purge's).
