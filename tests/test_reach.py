@@ -100,6 +100,9 @@ PLANTED = {"who": "overlap with customer_sk", "guest_ref": "overlap with custome
            "tel": "pattern phone", "born": "pattern date of birth", "first_name": "name (name)"}
 
 
+CRASHED = "dsr-0badc0de-"  # a successor published by a run that died before deleting its predecessor
+
+
 def plant_landing(landing: Path) -> Path:
     """Raw files outside the catalog: JSON clicks (nested key), Parquet orders (BIGINT surrogate), CSV signups,
     and a legacy Parquet folder to adopt. Each format has a file with an erased person and one without."""
@@ -114,6 +117,12 @@ def plant_landing(landing: Path) -> Path:
         pq.write_table(pa.Table.from_pylist(rows), landing / "legacy" / f"{part}.parquet")
         csv = "email,plan,origin\n" + "".join(f"{email(i)},basic,10.0.{i}.{n}\n" for n, i in enumerate(people))
         (landing / "signups" / f"{part}.csv").write_text(csv)
+    # What a run killed mid-replacement leaves: the old file and its published successor, and a temporary folder
+    crashed = json.dumps({"click": "d0", "user": {"id": customer_id(9), "agent": "x"}, "page": 0}) + "\n"
+    (landing / "clicks" / "d.json").write_text(crashed)
+    (landing / "clicks" / f"{CRASHED}d.json").write_text(crashed)
+    (landing / "clicks" / ".dsr-tmp-0123456789ab").mkdir()
+    (landing / "clicks" / ".dsr-tmp-0123456789ab" / "part-0.json").write_text(crashed)
     return landing
 
 
@@ -385,7 +394,8 @@ def test_plain_files_lose_erased_people_and_only_their_files_are_rewritten(retai
         assert [p.name for p in files if not p.name.startswith("dsr-")] == [f"b.{ext}"]
         untouched = landing / folder / f"b.{ext}"
         assert untouched.read_bytes() == before[untouched.relative_to(landing)]
-        rewritten = {p.name.split("-", 2)[2]: p for p in files if p.name.startswith("dsr-")}
+        rewritten = {p.name.split("-", 2)[2]: p for p in files
+                     if p.name.startswith("dsr-") and not p.name.startswith(CRASHED)}
         assert sorted(rewritten) == [f"a.{ext}", f"c.{ext}"]
         for name, path in rewritten.items():
             old = landing_rows(name, before[Path(folder) / name])
@@ -393,6 +403,8 @@ def test_plain_files_lose_erased_people_and_only_their_files_are_rewritten(retai
             new = landing_rows(path.name, path.read_bytes())
             assert len(kept) < len(old) and new == kept, (folder, name)  # the others' rows as they were
     assert not list(landing.rglob(".dsr-tmp-*"))
+    # the run first finished the crashed replacement: the old file went, its successor stayed as it was
+    assert (landing / "clicks" / f"{CRASHED}d.json").read_bytes() == before[Path("clicks") / "d.json"]
 
 
 def test_access_package_includes_plain_file_rows(retail):

@@ -1,6 +1,14 @@
 """Every error the engine raises on purpose derives from DsrError; the CLI turns them into a message and exit code 2."""
 
 
+def first_line(exc: BaseException, with_type: bool = False) -> str:
+    """The first line of an exception's message (its type when it has none), short enough for a
+    report or a one-line error; `with_type` prefixes the exception's type."""
+    text = str(exc).strip()
+    line = text.splitlines()[0][:300] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {line}" if with_type else line
+
+
 class DsrError(Exception):
     """Base class: a problem the user can fix, described in plain words."""
 

@@ -30,7 +30,7 @@ from . import faults
 from .config import Settings
 from .datamap.check import KeyTypes, check_against_catalog
 from .evidence.report import RequestResult, RunReport
-from .exceptions import CommitConflictError
+from .exceptions import CommitConflictError, first_line
 from .lake import iceberg
 from .lake.hmac import with_keyed_hash
 from .lake.metrics import IoCost, StageMeter
@@ -203,7 +203,7 @@ def _run_access(spark: SparkSession, settings: Settings, key_types: KeyTypes, re
             result = access.export(spark, settings, batch, out_dir, settings.export.format, key_types, keys)
             checked = access.checked_packages(result)
         except Exception as exc:  # every request of the batch stays open with the reason
-            return [Outcome(rid, "failed", f"export failed: {_first_line(exc)}") for rid in request_ids]
+            return [Outcome(rid, "failed", f"export failed: {first_line(exc, with_type=True)}") for rid in request_ids]
         finally:
             progress.done()
     report.export = {"directory": result.directory, "manifest": result.manifest, "format": settings.export.format,
@@ -370,7 +370,7 @@ def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matc
     try:
         erasure = erase.apply(spark, settings, table_plan, keys)
     except Exception as exc:  # recorded; verification then shows what is left
-        erasure = erase.TableErasure(table_plan, error=_first_line(exc))
+        erasure = erase.TableErasure(table_plan, error=first_line(exc, with_type=True))
     if erasure.snapshot_id is not None:
         erasure.collateral, erasure.values_at_commit = collateral.check(
             spark, settings, table, keys, table_plan.snapshot_before, erasure.snapshot_id,
@@ -477,8 +477,3 @@ def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
         else:
             outcomes.append(Outcome(request_id, "completed", None, evidence))
     return outcomes
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:500]

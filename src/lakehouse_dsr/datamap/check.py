@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
 
-from ..exceptions import DataMapError
+from ..exceptions import DataMapError, first_line
 from ..lake.plainfiles import check_dataset
 from .model import DataMap, column_path, is_array
 
@@ -57,34 +57,28 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
     problems: list[str] = []
     key_types: KeyTypes = {}
     schemas: dict[str, StructType] = {}
-    needed = {t: [*m.key_columns, *sorted(m.redacted_columns)] for t, m in datamap.tables.items()}
+    mapped = {**datamap.tables, **datamap.files}
+    needed = {t: [*m.key_columns, *sorted(m.redacted_columns)] for t, m in mapped.items()}
     for link in datamap.identifiers.values():
         needed.setdefault(link.table, []).extend([link.subject_column, link.column])
     for table, columns in needed.items():
+        kind = "files" if table in datamap.files else "table"
         try:
-            schema = spark.table(qualify(table)).schema
+            schema = check_dataset(spark, table, datamap.files[table]).schema if kind == "files" \
+                else spark.table(qualify(table)).schema
+        except DataMapError as exc:
+            problems.append(str(exc))
+            continue
         except Exception as exc:  # AnalysisException, catalog unreachable, ...
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            problems.append(f"table {table} cannot be read: {first_line}")
+            problems.append(f"table {table} cannot be read: {first_line(exc)}")
             continue
         schemas[table] = schema
         for column in dict.fromkeys(columns):
             try:
                 field_at(schema, column)
             except ValueError as exc:
-                problems.append(f"table {table} {exc}")
-    for name, files in datamap.files.items():
-        try:
-            schemas[name] = check_dataset(spark, name, files).schema
-        except DataMapError as exc:
-            problems.append(str(exc))
-            continue
-        for column in dict.fromkeys([*files.key_columns, *sorted(files.redacted_columns)]):
-            try:
-                field_at(schemas[name], column)
-            except ValueError as exc:
-                problems.append(f"files {name} {exc}")
-    for table, mapping in [*datamap.tables.items(), *datamap.files.items()]:
+                problems.append(f"{kind} {table} {exc}")
+    for table, mapping in mapped.items():
         if table not in schemas:
             continue
         kind = "files" if table in datamap.files else "table"

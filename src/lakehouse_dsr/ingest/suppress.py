@@ -72,10 +72,9 @@ def suppress_for(df: DataFrame, table: str, settings: Settings | None = None) ->
     hashed and matched as in `suppress`; then one pass with a broadcast join per key column.
     """
     settings = settings or load_settings()
-    mapping = settings.datamap.mapping(table) if table in {**settings.datamap.tables, **settings.datamap.files} \
-        else None
-    if mapping is None:
+    if table not in settings.datamap.tables and table not in settings.datamap.files:
         raise DataMapError(f"{table} is neither a table nor a files dataset of the data map")
+    mapping = settings.datamap.mapping(table)
     ledger = Ledger(settings)
     sets = []
     for group in mapping.groups:

@@ -37,7 +37,7 @@ from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 
-from ..exceptions import CatalogUnavailableError, ConfigError
+from ..exceptions import CatalogUnavailableError, ConfigError, first_line
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -74,7 +74,7 @@ def open_catalog(settings: Settings) -> Catalog:
         raise
     except Exception as exc:  # connection refused, bad credentials, missing driver, ...
         raise CatalogUnavailableError(f"catalog {settings.catalog.name} cannot be reached: "
-                                      f"{_first_line(exc)}") from exc
+                                      f"{first_line(exc)}") from exc
 
 
 def spark_catalog_properties(settings: Settings) -> dict[str, str]:
@@ -101,10 +101,6 @@ def _creates_tables_for_spark(props: dict[str, str]) -> bool:
     return props.get("type") == "jdbc" and props.get("uri", "").startswith("jdbc:sqlite:") \
         and "jdbc.init-catalog-tables" not in props
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _passed_on(props: dict[str, str]) -> dict[str, str]:

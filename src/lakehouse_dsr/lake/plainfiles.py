@@ -12,14 +12,13 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 
 from ..config import Settings
 from ..datamap import FileMapping
 from ..datamap.model import FILE_FORMATS, check_table_name
-from ..exceptions import DataMapError
+from ..exceptions import DataMapError, first_line
 from .iceberg import procedure_table
 
 _PUBLISHED = re.compile(r"^dsr-[0-9a-f]{8}-(.+)$")
@@ -41,18 +40,28 @@ def read_dataset(spark: SparkSession, mapping: FileMapping) -> DataFrame:
     return reader(spark, mapping).option("recursiveFileLookup", "true").load(mapping.path)
 
 
-def data_files(spark: SparkSession, path: str) -> list[str]:
-    """Every visible file under `path`, recursively (hidden `.`/`_` names skipped, as Spark's readers do)."""
-    fs, root = _fs(spark, path)
+def _listed(fs, root) -> list:
+    """Every file under `root` (Hadoop Paths), recursively, hidden ones included; none if it is missing."""
     if not fs.exists(root):
         return []
     found, listing = [], fs.listFiles(root, True)
     while listing.hasNext():
-        status = listing.next()
-        relative = status.getPath().toUri().getPath()[len(root.toUri().getPath()):]
-        if not any(part.startswith((".", "_")) for part in relative.split("/") if part):
-            found.append(status.getPath().toString())
-    return sorted(found)
+        found.append(listing.next().getPath())
+    return found
+
+
+def _relative_parts(root, file) -> list[str]:
+    return [p for p in file.toUri().getPath()[len(root.toUri().getPath()):].split("/") if p]
+
+
+def _visible(fs, root) -> list:
+    """`_listed` without hidden `.`/`_` names, as Spark's readers skip them."""
+    return [f for f in _listed(fs, root) if not any(p.startswith((".", "_")) for p in _relative_parts(root, f))]
+
+
+def data_files(spark: SparkSession, path: str) -> list[str]:
+    """Every visible file under `path`, recursively."""
+    return sorted(f.toString() for f in _visible(*_fs(spark, path)))
 
 
 def check_dataset(spark: SparkSession, name: str, mapping: FileMapping) -> DataFrame:
@@ -66,9 +75,8 @@ def check_dataset(spark: SparkSession, name: str, mapping: FileMapping) -> DataF
         frame.schema  # noqa: B018 - resolves the files (and, for json/csv, reads them for the schema)
         return frame
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataMapError(f"files {name}: {mapping.format} files under {mapping.path} cannot be read: {first}"
-                           ) from None
+        raise DataMapError(f"files {name}: {mapping.format} files under {mapping.path} cannot be read: "
+                           f"{first_line(exc)}") from None
 
 
 def replace(spark: SparkSession, old: str, rows: DataFrame, mapping: FileMapping) -> str:
@@ -96,14 +104,9 @@ def replace(spark: SparkSession, old: str, rows: DataFrame, mapping: FileMapping
 def recover(spark: SparkSession, path: str) -> int:
     """Finish replacements a crash interrupted under `path`; returns how many old files it removed."""
     fs, root = _fs(spark, path)
-    if not fs.exists(root):
-        return 0
-    removed, listing = 0, fs.listFiles(root, True)
-    seen = []
-    while listing.hasNext():
-        seen.append(listing.next().getPath())
-    for file in seen:
-        if any(p.startswith(_TEMP_PREFIX) for p in file.toUri().getPath().split("/")):
+    removed = 0
+    for file in _listed(fs, root):
+        if any(p.startswith(_TEMP_PREFIX) for p in _relative_parts(root, file)):
             fs.delete(file.getParent(), True)
             continue
         match = _PUBLISHED.match(file.getName())
@@ -148,10 +151,10 @@ def adopt(spark: SparkSession, settings: Settings, path: str, table: str, fmt: s
         raise DataMapError(f"table {table} exists already; adopt into a new table")
     mapping = FileMapping(path=path, format=fmt, key="unused")
     frame = check_dataset(spark, path, mapping)  # named by its path in errors
-    files = data_files(spark, path)
+    fs, root = _fs(spark, path)
+    files = _visible(fs, root)
     if fmt == "parquet":
-        root = _fs(spark, path)[1].toUri().getPath().rstrip("/")
-        if any("/" in urlparse(f).path[len(root) + 1:] for f in files):
+        if any(len(_relative_parts(root, f)) > 1 for f in files):
             raise DataMapError(f"{path} holds sub-folders: add_files registers the files of one folder; adopt each "
                                "folder, or map the dataset under files:")
         spark.createDataFrame([], frame.schema).writeTo(name).tableProperty("format-version", "2").create()

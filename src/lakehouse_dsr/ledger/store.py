@@ -26,7 +26,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from ..config import Settings
-from ..exceptions import CatalogUnavailableError, LedgerError
+from ..exceptions import CatalogUnavailableError, LedgerError, first_line
 from ..lake.catalog import open_catalog
 
 _TS = pa.timestamp("us", tz="UTC")
@@ -103,7 +103,7 @@ class Store:
             raise
         except Exception as exc:  # storage or server unreachable
             raise CatalogUnavailableError(f"catalog {self.settings.catalog.name} cannot be reached: "
-                                          f"{_first_line(exc)}") from exc
+                                          f"{first_line(exc)}") from exc
         if table not in self._ready:
             loaded = self._upgrade(table, loaded)
             self._ready.add(table)
@@ -119,7 +119,7 @@ class Store:
                 return self.catalog.load_table(self.name(table))
             except NoSuchTableError:
                 raise CatalogUnavailableError(f"catalog {self.settings.catalog.name}: the ledger table "
-                                              f"{self.name(table)} cannot be created: {_first_line(exc)}") from exc
+                                              f"{self.name(table)} cannot be created: {first_line(exc)}") from exc
 
     def _upgrade(self, table: str, loaded: Table) -> Table:
         """Columns a ledger written by an earlier version lacks (purge_by, key_id) are added, and
@@ -304,7 +304,3 @@ def _iceberg_type(arrow_type: pa.DataType):
     return {pa.string(): StringType(), pa.int64(): LongType(), pa.date32(): DateType(), pa.bool_(): BooleanType(),
             _TS: TimestamptzType()}[arrow_type]
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
-from ..datamap import column_ref, is_array
+from ..datamap import TableMapping, column_ref, is_array
 from ..lake import iceberg
 from . import collateral, matching
 from .collateral import CollateralResult, Fingerprint
@@ -36,6 +36,23 @@ class TablePlan:
     # collateral check (content mode): the rows not requested, and what requested rows must become
     other_before: Fingerprint | None = None
     requested_after: Fingerprint | None = None
+
+    @classmethod
+    def from_groups(cls, table: str, mapping: TableMapping, groups: list, strategy: str, write_mode: str,
+                    snapshot_before: int | None, other_before: Fingerprint | None = None,
+                    requested_after: Fingerprint | None = None) -> TablePlan:
+        """The plan from a scan's groups (rows with `request_ids`, NULL for rows nobody asked about,
+        and `count`): a row named by several requests counts once in the totals, once per request
+        in `matches_by_request`."""
+        matches: dict[str, int] = {}
+        for g in groups:
+            for request_id in g.request_ids or []:
+                matches[request_id] = matches.get(request_id, 0) + g["count"]
+        return cls(table=table, key=", ".join(mapping.key_columns),
+                   identifier=", ".join(dict.fromkeys(g.identifier for g in mapping.groups)), action=mapping.action,
+                   strategy=strategy, write_mode=write_mode, rows_before=sum(g["count"] for g in groups),
+                   rows_matched=sum(g["count"] for g in groups if g.request_ids), matches_by_request=matches,
+                   snapshot_before=snapshot_before, other_before=other_before, requested_after=requested_after)
 
     @property
     def expected_rows_after(self) -> int:
@@ -145,10 +162,6 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, f
         .collect()
     )
     matched = [g for g in groups if g.request_ids]
-    matches: dict[str, int] = {}
-    for g in matched:
-        for request_id in g.request_ids:
-            matches[request_id] = matches.get(request_id, 0) + g["count"]
     modes = write_modes(spark, settings, table)
     strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes, mapping.simple)
     other_before = requested_after = None
@@ -156,20 +169,8 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, f
         other_before = sum((collateral.part(g, "o_") for g in groups if not g.request_ids), Fingerprint())
         requested_after = sum((collateral.part(g, "r_") for g in matched), Fingerprint()) if redacting \
             else Fingerprint()
-    return TablePlan(
-        table=table,
-        key=", ".join(mapping.key_columns),
-        identifier=", ".join(dict.fromkeys(g.identifier for g in mapping.groups)),
-        action=mapping.action,
-        strategy=strategy,
-        write_mode=modes["merge" if strategy.startswith("merge") else strategy.split("_")[0]],
-        rows_before=sum(g["count"] for g in groups),
-        rows_matched=sum(g["count"] for g in matched),
-        matches_by_request=matches,
-        snapshot_before=snapshot.snapshot_id if snapshot else None,
-        other_before=other_before,
-        requested_after=requested_after,
-    )
+    return TablePlan.from_groups(table, mapping, groups, strategy, modes[strategy.split("_")[0]],
+                                 snapshot.snapshot_id if snapshot else None, other_before, requested_after)
 
 
 def _view(df: DataFrame) -> str:

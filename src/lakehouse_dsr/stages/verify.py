@@ -175,12 +175,7 @@ def verify_table(
     slower (10M events: 12.0 s against 6.8 s), as every file holds most subjects and grouping by
     (value, file) keeps millions of groups.
     """
-    result = TableVerification(table, physical=physical)
-    resolved = keys_for(settings, hashes, key)
-    key = resolved.keys
-    for request_id, lost_key in sorted(resolved.lost.items()):
-        result.fail(request_id, f"{table}: hashed under key {lost_key}, which no keyring holds any more: "
-                    "cannot be verified")
+    result, key = _started(settings, table, hashes, key, physical=physical)
     if values_at and iceberg.same_rows_since(spark, settings, table, values_at[0]):
         live = find_hashed_in_groups(spark, grouped_at_commit(values_at[1], groups), hashes, key)
     else:
@@ -219,6 +214,18 @@ def verify_table(
     return result
 
 
+def _started(settings: Settings, table: str, hashes: DataFrame, key: bytes | Keyring | HashKeys, **flags
+             ) -> tuple[TableVerification, dict[str, bytes]]:
+    """A table's verification before any scan, with the keys to hash under: requests whose hashes a
+    destroyed key made already fail, as they cannot be proven."""
+    result = TableVerification(table, **flags)
+    resolved = keys_for(settings, hashes, key)
+    for request_id, lost_key in sorted(resolved.lost.items()):
+        result.fail(request_id, f"{table}: hashed under key {lost_key}, which no keyring holds any more: "
+                    "cannot be verified")
+    return result, resolved.keys
+
+
 def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
     for request_id, n in found.items():
         result.fail(request_id, f"{result.table}: {n} {what}")
@@ -244,13 +251,8 @@ def verify_dataset(spark: SparkSession, settings: Settings, name: str, hashes: D
     """A `files:` dataset's live data, history and storage are the same files: one read of every
     file's key columns proves all three."""
     mapping = settings.datamap.files[name]
-    result = TableVerification(name, physical=True, one_scan=True)
-    resolved = keys_for(settings, hashes, key)
-    for request_id, lost_key in sorted(resolved.lost.items()):
-        result.fail(request_id, f"{name}: hashed under key {lost_key}, which no keyring holds any more: "
-                    "cannot be verified")
-    found = find_hashed(spark, key_values(plainfiles.read_dataset(spark, mapping), mapping.groups), hashes,
-                        resolved.keys)
+    result, key = _started(settings, name, hashes, key, physical=True, one_scan=True)
+    found = find_hashed(spark, key_values(plainfiles.read_dataset(spark, mapping), mapping.groups), hashes, key)
     result.live = result.history = result.storage = _record(result, found, f"rows in files under {mapping.path}")
     return result
 
