@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import Settings, settings_from_dict
-from lakehouse_dsr.datamap import KeyGroup
+from lakehouse_dsr.datamap import KeyGroup, demo_datamap
 from lakehouse_dsr.lake.spark import attach, build_session
 
 SEED = 7
@@ -31,6 +31,8 @@ def make_settings(root: Path, **overrides) -> Settings:
         "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}},
         "catalog": {"name": f"cat{next(_names)}", "properties": {"type": "hadoop", "warehouse": str(root / "wh")}},
         "secret_key_file": str(root / "dsr-secret.key"),
+        # the demo's bronze tables only: the silver and gold layers cost every run; test_propagate adds them
+        "datamap": datamap_dict(demo_datamap(derived=False)),
         **overrides,
     }
     return settings_from_dict(raw, base=root)
@@ -102,13 +104,23 @@ def add_subjects(spark, settings, ids: list[str], tag: str) -> None:
         .writeTo(settings.table("demo.newsletter")).append()
 
 
+def datamap_dict(datamap) -> dict:
+    return datamap.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
 @pytest.fixture
 def disk_lakehouse(spark, tmp_path):
     """A tiny lakehouse that other processes (dsr run, writers) share: returns (settings, dsr.yaml path).
 
     Orphans are removed at once (a killed run leaves some; the tests say when another writer runs).
     """
-    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0})
+    return make_disk_lakehouse(spark, tmp_path)
+
+
+def make_disk_lakehouse(spark, tmp_path: Path, derived: bool = False) -> tuple[Settings, Path]:
+    """`disk_lakehouse`; `derived`: with the demo's silver and gold layers in the data map and the lake."""
+    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0},
+                             **({"datamap": datamap_dict(demo_datamap())} if derived else {}))
     props = settings.catalog.properties
     props["cache-enabled"] = "false"  # other processes commit: never serve a cached table state
     attach(spark, settings)
@@ -119,6 +131,7 @@ def disk_lakehouse(spark, tmp_path):
         "secret_key_file": str(settings.key_file()),
         "purge": {"orphan_min_age_minutes": 0},
         "export": {"directory": str(settings.export.directory)},
+        "datamap": datamap_dict(settings.datamap),
     }
     path = tmp_path / "dsr.yaml"
     path.write_text(yaml.safe_dump(config))

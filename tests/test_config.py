@@ -83,7 +83,11 @@ def test_relative_paths_are_read_from_the_config_folder(tmp_path):
 
 
 def test_erase_order_puts_identity_sources_last():
-    assert demo_datamap().erase_order()[-1] == "demo.users"
+    assert demo_datamap(derived=False).erase_order()[-1] == "demo.users"
+    # derived tables after every table they read
+    assert demo_datamap().erase_waves() == [["demo.events", "demo.newsletter", "demo.orders"], ["demo.users"],
+                                           ["demo_gold.daily_by_type", "demo_gold.top_visitors",
+                                            "demo_silver.user_daily", "demo_silver.user_history"]]
 
 
 def test_datamap_checked_against_catalog(spark, new_lakehouse):

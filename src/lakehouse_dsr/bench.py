@@ -50,6 +50,7 @@ def events_only_settings(work: Path, name: str, **sections) -> Settings:
         **sections,
     })
     settings.datamap.tables = {"demo.events": settings.datamap.tables["demo.events"]}
+    settings.datamap.derived = {}
     settings.datamap.identifiers = {}
     return settings
 

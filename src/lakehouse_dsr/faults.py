@@ -15,6 +15,8 @@ ENV = "DSR_FAIL_AT"
 FAILPOINTS = (
     "after_start",    # requests marked in progress, nothing erased yet
     "during_export",  # on an executor, after the first access package is written
+    "before_propagate",  # mapped tables erased and journaled, derived tables untouched
+    "during_propagate",  # the first level of derived tables committed, not yet journaled
     "after_erase",    # every table's erase committed, nothing purged
     "after_purge",    # tables purged, not verified
     "after_verify",   # verified, outcomes not yet recorded

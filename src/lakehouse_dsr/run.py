@@ -40,7 +40,7 @@ from .ledger.lease import Lease
 from .ledger.ledger import OPEN_STATUSES, Ledger, Outcome
 from .ledger.requests import utc_now
 from .progress import Progress, Silent
-from .stages import access, collateral, erase, files, identity, matching, purge, verify
+from .stages import access, collateral, erase, files, identity, matching, propagate, purge, verify
 
 
 @contextmanager
@@ -209,7 +209,7 @@ def _run_access(spark: SparkSession, settings: Settings, key_types: KeyTypes, re
     report.export = {"directory": result.directory, "manifest": result.manifest, "format": settings.export.format,
                      "packages": len(result.packages),
                      "rows": {t: sum(p.rows.get(t, 0) for p in result.packages)
-                              for t in [*settings.datamap.tables, *settings.datamap.files]}}
+                              for t in [*settings.datamap.keyed, *settings.datamap.files]}}
     packages = {p.request_id: p for p in result.packages}
     outcomes = []
     for rid in request_ids:
@@ -231,12 +231,9 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         report.purge_schedule = _schedule(settings, False, waiting)
         return []
     tables = settings.datamap.erase_order()
-    erasures = _erase(spark, settings, ledger, work, request_ids, tables, key_types, report, progress)
+    erasures = _erase(spark, settings, ledger, work, request_ids, key_types, report, progress)
     # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
     resumed = {s.table: s for s in work.steps if s.run_id in work.interrupted and s.step == "erased"}
-    ledger.journal.record([Step(report.run_id, t, "erased", e.snapshot_id,
-                                {"rows": e.plan.matches_by_request, "rounds": e.rounds})
-                           for t, e in erasures.items() if e.snapshot_id is not None])
     faults.failpoint("after_erase")
 
     damaged = {t: e.collateral for t, e in erasures.items() if e.collateral and not e.collateral.ok}
@@ -265,11 +262,16 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
     def prove(table: str) -> verify.TableVerification:
         e = erasures.get(table)
         at_commit = (e.snapshot_id, e.values_at_commit) if e and e.values_at_commit is not None else None
-        checked = _verify(spark, settings, hash_keys, table, hashes, key_types, purge_now, at_commit)
+        def check(physical: bool) -> verify.TableVerification:
+            if table in settings.datamap.aggregates:
+                return propagate.verify_aggregate(spark, settings, table, e, proven, physical)
+            return _verify(spark, settings, hash_keys, table, hashes, key_types, physical, at_commit)
+        checked = check(purge_now)
         if purge_now and not checked.live and (checked.history or checked.storage):
             # Left over from an earlier, interrupted run: purge now and prove again.
             purges[table] = _purge(spark, settings, table)
-            checked = _verify(spark, settings, hash_keys, table, hashes, key_types)
+            at_commit = None
+            checked = check(True)
         if table in erasures:
             _check_collateral(erasures[table], checked)
         return checked
@@ -280,6 +282,7 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
 
     for table in verifications:
         report.tables[table] = {
+            **({"aggregate": True} if table in settings.datamap.aggregates else {}),
             "erase": erasures[table].as_dict() if table in erasures else {},
             "purge": purges[table].as_dict() if table in purges else {},
             "verification": verifications[table].as_dict(),
@@ -305,12 +308,15 @@ def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> None:
 
 
 def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work, request_ids: list[str],
-           tables: list[str], key_types: KeyTypes, report: RunReport, progress: Progress
-           ) -> dict[str, erase.TableErasure]:
-    """Resolve the batch's identifiers, record their hashes, and erase them from every table.
+           key_types: KeyTypes, report: RunReport, progress: Progress) -> dict[str, erase.TableErasure]:
+    """Resolve the batch's identifiers, record their hashes, and erase them from every mapped table
+    and file dataset, then propagate to the derived tables level by level (a level reads only
+    tables erased before it): keyed ones erased by key, aggregates recomputed (stages/propagate.py).
+    Each wave's commits go to the step journal before the next wave starts, so a run killed in
+    between leaves a record of what its successor must finish.
 
-    Then, in at most `erase.max_rounds - 1` more rounds, erase rows of these subjects that other
-    writers appended meanwhile: only tables that took commits after ours are checked (live scan).
+    Tables holding keys get at most `erase.max_rounds - 1` more rounds for rows of these subjects
+    that other writers appended meanwhile: only tables that took commits after ours are checked.
     """
     if not request_ids:
         return {}
@@ -321,37 +327,109 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         _record_keys(spark, ledger, keys)
         progress.done()
 
+    datamap = settings.datamap
+    hashes = verify.stored_hashes(spark, ledger, request_ids)
+    late = _LateRows(spark, settings, ledger, hashes, key_types)
+    erasures: dict[str, erase.TableErasure] = {}
     with _timed(report, "erase", spark):
-        # Tables that identifiers are resolved through go last (datamap.erase_order): a resumed run can
+        key_sets = matching.key_sets(settings, keys, key_types, [*datamap.keyed, *datamap.files])
+        # Tables that identifiers are resolved through go last (datamap.erase_waves): a resumed run can
         # still resolve from them. Within a wave, tables are erased side by side.
-        sources = {link.table for link in settings.datamap.identifiers.values()}
-        key_sets = matching.key_sets(settings, keys, key_types, tables)
-        erasures: dict[str, erase.TableErasure] = {}
-        for wave in ([t for t in tables if t not in sources], [t for t in tables if t in sources]):
+        waves = datamap.erase_waves()
+        for wave in waves[:len(waves) - len(datamap.derived_levels())]:
             erasures.update(_each_table(settings, progress, "erase", wave,
                                         lambda t: _erase_table(spark, settings, t, key_sets[t])))
-        datasets = list(settings.datamap.files)
-        if datasets:
-            file_keys = matching.key_sets(settings, keys, key_types, datasets)
-            erasures.update(_each_table(settings, progress, "erase files", datasets,
-                                        lambda d: files.erase_dataset(spark, settings, d, file_keys[d])))
-    hashes = verify.stored_hashes(spark, ledger, request_ids)
-    hash_keys: verify.HashKeys | None = None
-    for _ in range(settings.erase.max_rounds - 1):
-        with _timed(report, "erase", spark):
-            moved = [t for t, e in erasures.items()
-                     if t in settings.datamap.tables and not e.error and _changed_since(spark, settings, t, e)]
-            if moved and hash_keys is None:
-                hash_keys = verify.keys_for(settings, hashes, ledger.keyring)
-            late = [t for t in moved if _verify(spark, settings, hash_keys, t, hashes, key_types, physical=False).live]
-        if not late:
-            break
-        with _timed(report, "erase", spark):
+        if datamap.files:
+            erasures.update(_each_table(settings, progress, "erase files", list(datamap.files),
+                                        lambda d: files.erase_dataset(spark, settings, d, key_sets[d])))
+        late.erase(progress, erasures, list(datamap.tables), key_sets)
+    _record_erasures(ledger, report.run_id, erasures)
+    if not datamap.derived:
+        return erasures
+    faults.failpoint("before_propagate")
+    stale = _stale_aggregates(settings, work.steps)
+    with _timed(report, "propagate", spark):
+        for level in datamap.derived_levels():
+            def derive(table: str) -> erase.TableErasure | None:
+                if table in datamap.keyed:
+                    return _erase_table(spark, settings, table, key_sets[table])
+                changes = _changes(settings, table, erasures, key_sets)
+                if not changes and table not in stale:
+                    return None  # nothing it reads changed
+                return propagate.refresh(spark, settings, table, changes, table in stale)
+            done = _each_table(settings, progress, "propagate", level, derive)
+            erasures.update({t: e for t, e in done.items() if e is not None})
+            late.erase(progress, erasures, [t for t in level if t in datamap.keyed], key_sets)
+            faults.failpoint("during_propagate")
+            _record_erasures(ledger, report.run_id, {t: erasures[t] for t in level if t in erasures},
+                             propagated=[t for t in level if t in datamap.aggregates])
+    return erasures
+
+
+def _record_erasures(ledger: Ledger, run_id: str, erasures: dict[str, erase.TableErasure],
+                     propagated: list[str] = ()) -> None:
+    """One journal commit: each commit of `erasures` (step `erased`) and the aggregates brought in
+    line with their sources (step `propagated`, committed or not)."""
+    ledger.journal.record([*(Step(run_id, t, "erased", e.snapshot_id,
+                                  {"rows": e.plan.matches_by_request, "rounds": e.rounds})
+                             for t, e in erasures.items() if e.snapshot_id is not None),
+                           *(Step(run_id, t, "propagated") for t in propagated)])
+
+
+def _stale_aggregates(settings: Settings, steps: list[Step]) -> set[str]:
+    """Aggregates a source of which was erased after their last propagation (a run killed or failed in
+    between): the erased rows can no longer be read from the journal, so they are recomputed whole."""
+    last: dict[tuple[str, str], datetime] = {}
+    for s in steps:
+        if s.step in ("erased", "propagated") and s.at is not None:
+            last[(s.table, s.step)] = s.at
+    stale = set()
+    for name, mapping in settings.datamap.aggregates.items():
+        done = last.get((name, "propagated"))
+        if any((src, "erased") in last and (done is None or last[(src, "erased")] > done) for src in mapping.sources):
+            stale.add(name)
+    return stale
+
+
+def _changes(settings: Settings, table: str, erasures: dict[str, erase.TableErasure],
+             key_sets: dict[str, matching.TableKeys]) -> dict[str, propagate.Upstream | None]:
+    """The sources of an aggregate this run changed: erased by key (traceable rows) or, for an
+    aggregate source, recomputed (None)."""
+    changes: dict[str, propagate.Upstream | None] = {}
+    for source in settings.datamap.aggregates[table].sources:
+        e = erasures.get(source)
+        if e is None or e.snapshot_id is None:
+            continue
+        keyed = source in settings.datamap.keyed
+        changes[source] = propagate.Upstream(e.plan.snapshot_before, key_sets[source],
+                                             settings.datamap.mapping(source).action) if keyed else None
+    return changes
+
+
+class _LateRows:
+    """Later erase rounds: rows of the batch's subjects that other writers appended after our commit."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, ledger: Ledger, hashes: DataFrame,
+                 key_types: KeyTypes):
+        self.spark, self.settings, self.ledger, self.hashes, self.key_types = spark, settings, ledger, hashes, key_types
+        self.keys: verify.HashKeys | None = None
+
+    def erase(self, progress: Progress, erasures: dict[str, erase.TableErasure], tables: list[str],
+              key_sets: dict[str, matching.TableKeys]) -> None:
+        spark, settings = self.spark, self.settings
+        for _ in range(settings.erase.max_rounds - 1):
+            moved = [t for t in tables if t in erasures and not erasures[t].error
+                     and _changed_since(spark, settings, t, erasures[t])]
+            if moved and self.keys is None:
+                self.keys = verify.keys_for(settings, self.hashes, self.ledger.keyring)
+            late = [t for t in moved
+                    if _verify(spark, settings, self.keys, t, self.hashes, self.key_types, physical=False).live]
+            if not late:
+                return
             again = _each_table(settings, progress, "erase late rows", late,
                                 lambda t: _erase_table(spark, settings, t, key_sets[t]))
-        for table, later in again.items():
-            erasures[table].absorb(later)
-    return erasures
+            for table, later in again.items():
+                erasures[table].absorb(later)
 
 
 def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure: erase.TableErasure) -> bool:
@@ -453,6 +531,8 @@ def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
             else:
                 entry = {"action": e.plan.action, "rows": e.plan.matches_by_request.get(request_id, 0),
                          "snapshot_id": e.snapshot_id, "rounds": e.rounds}
+            if e is not None and e.plan.action == "recompute":
+                entry["strategy"] = e.plan.strategy
             if e is not None:  # batch-wide costs of this table's erase + purge (shared by the batch's requests)
                 entry["data_files_rewritten"] = e.data_files_rewritten
                 entry["bytes_rewritten"] = e.bytes_rewritten

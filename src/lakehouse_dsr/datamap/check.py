@@ -9,6 +9,7 @@ from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, Stru
 
 from ..exceptions import DataMapError, first_line
 from ..lake.plainfiles import check_dataset
+from . import lineage
 from .model import DataMap, column_path, is_array
 
 KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
@@ -57,7 +58,7 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
     problems: list[str] = []
     key_types: KeyTypes = {}
     schemas: dict[str, StructType] = {}
-    mapped = {**datamap.tables, **datamap.files}
+    mapped = {**datamap.keyed, **datamap.files}
     needed = {t: [*m.key_columns, *sorted(m.redacted_columns)] for t, m in mapped.items()}
     for link in datamap.identifiers.values():
         needed.setdefault(link.table, []).extend([link.subject_column, link.column])
@@ -106,6 +107,35 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
                                     "redacted")
             except ValueError:
                 continue
+    problems += _aggregate_problems(spark, datamap, qualify)
     if problems:
         raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(problems))
     return key_types
+
+
+def _aggregate_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[str]:
+    """Each aggregate's sql parses, reads only tables of the data map named in its `from:`, returns its
+    `group_by` columns and exactly the table's columns. Analysis only: nothing is read."""
+    problems = []
+    known = {*datamap.tables, *datamap.derived}
+    catalog = qualify("a.b").split(".")[0].strip("`")
+    for name, mapping in datamap.aggregates.items():
+        try:
+            query = lineage.parse(spark, name, mapping, known, catalog)
+            columns = spark.table(qualify(name)).columns
+        except DataMapError as exc:
+            problems.append(str(exc))
+            continue
+        except Exception as exc:  # AnalysisException, catalog unreachable, ...
+            problems.append(f"table {name} cannot be read: {first_line(exc)}")
+            continue
+        try:
+            result = lineage.shape(lineage.bound(spark, query, lambda t: spark.table(qualify(t))),
+                                   mapping.group_by).columns
+        except Exception as exc:  # DataMapError (group_by), AnalysisException (an unknown column ...)
+            problems.append(f"derived {name}: {first_line(exc)}")
+            continue
+        if sorted(result) != sorted(columns):
+            problems.append(f"derived {name}: the sql returns {', '.join(result)} but the table has "
+                            f"{', '.join(columns)}")
+    return problems

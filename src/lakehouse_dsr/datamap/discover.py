@@ -242,7 +242,8 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
     """Columns that probably hold personal data and are not in the data map (see the module doc).
 
     `namespaces`: where to look (default: every namespace but the ledger's); the data map's `files:`
-    datasets are always examined (their unmapped columns). `sample`: rows read per table.
+    datasets are always examined (their unmapped columns), its aggregates never (an erasure rebuilds
+    them from their sources). `sample`: rows read per table.
     """
     today = date.today()
     catalog = open_catalog(settings)
@@ -252,7 +253,8 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
     columns: dict[tuple[str, str], _Column] = {}
     stacks = []
     sources = [(".".join(t), lambda t=t: spark.table(settings.table(".".join(t))))
-               for namespace in spaces for t in catalog.list_tables(namespace)]
+               for namespace in spaces for t in catalog.list_tables(namespace)
+               if ".".join(t) not in settings.datamap.aggregates]  # rebuilt from their sources on erasure
     sources += [(name, lambda m=m: plainfiles.read_dataset(spark, m)) for name, m in settings.datamap.files.items()]
     for table, read in sources:
         rows = read().limit(sample)
@@ -282,7 +284,7 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
     found = [c for c in columns.values() if c.evidence and not _covered(settings, c)]
     keys = {}  # unmapped table -> its likeliest key: the first column holding an identifier
     for c in found:
-        if c.names_person and settings.datamap.tables.get(c.table) is None and c.table not in settings.datamap.files:
+        if c.names_person and settings.datamap.keyed.get(c.table) is None and c.table not in settings.datamap.files:
             keys.setdefault(c.table, c)
     return sorted((_finding(settings, c, keys.get(c.table)) for c in found), key=lambda f: (f.table, f.column))
 
@@ -290,7 +292,7 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
 def _covered(settings: Settings, c: _Column) -> bool:
     """Data about a person (a name, an address, an IP) in a table that deletes that person's rows goes
     with them; only a column naming someone (possibly someone else) is a miss there."""
-    mapping = settings.datamap.tables.get(c.table) or settings.datamap.files.get(c.table)
+    mapping = settings.datamap.keyed.get(c.table) or settings.datamap.files.get(c.table)
     return mapping is not None and mapping.action == "delete" and not c.names_person
 
 
@@ -320,7 +322,7 @@ def _overlap(spark: SparkSession, settings: Settings, columns: dict[tuple[str, s
 
 def _mapped_columns(settings: Settings) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
-    for table, mapping in [*settings.datamap.tables.items(), *settings.datamap.files.items()]:
+    for table, mapping in [*settings.datamap.keyed.items(), *settings.datamap.files.items()]:
         out.setdefault(table, set()).update(mapping.key_columns, mapping.redacted_columns,
                                             (c.removesuffix("[]") for c in mapping.redacted_columns))
     for link in settings.datamap.identifiers.values():
@@ -335,7 +337,7 @@ def _finding(settings: Settings, c: _Column, table_key: _Column | None) -> Findi
     shares = list(c.shares.values())
     identifier = c.identifier or settings.datamap.subject
     files = settings.datamap.files.get(c.table)
-    mapping = settings.datamap.tables.get(c.table) or files
+    mapping = settings.datamap.keyed.get(c.table) or files
     where = f"path: {files.path}, format: {files.format}, " if files else ""
     if mapping is None:
         key = c if c.names_person else table_key

@@ -16,6 +16,9 @@ datamap:
         ws_bill_customer_sk: {identifier: customer_sk, redact: [ws_bill_customer_sk, ws_bill_addr_sk]}
         ws_ship_customer_sk: {identifier: customer_sk, redact: [ws_ship_customer_sk, ws_ship_addr_sk]}
     web.clicks: {key: context.user.email, identifier: email}   # a struct path
+  derived:                         # tables built from others: erased after their sources (lineage.py)
+    demo_silver.user_daily: {from: [demo.events], key: user_id}
+    demo_gold.daily_by_type: {from: [demo.events], sql: "SELECT ...", group_by: [event_type, day]}
 ```
 """
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -173,7 +176,8 @@ class TableMapping(BaseModel):
 
 
 _DATASET = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\Z")
-FILE_FORMATS = ("parquet", "json", "csv")
+FileFormat = Literal["parquet", "json", "csv"]
+FILE_FORMATS: tuple[str, ...] = get_args(FileFormat)
 
 
 class FileMapping(TableMapping):
@@ -181,11 +185,69 @@ class FileMapping(TableMapping):
     erasure rewrites only the files holding an erased subject."""
 
     path: str  # a folder: local, file:, s3a:, hdfs: ...
-    format: Literal["parquet", "json", "csv"]
+    format: FileFormat
     options: dict[str, str] = Field(default_factory=dict)  # Spark reader/writer options (csv: header ...)
 
     def spark_options(self) -> dict[str, str]:
         return {**({"header": "true"} if self.format == "csv" else {}), **self.options}
+
+
+class DerivedMapping(TableMapping):
+    """A table built from others (`derived:`). With `key`/`keys` it carries the subject's key and is
+    erased like a mapped table (`kind: scd2`: every version of the subject goes, so only
+    `action: delete`); with `sql` it is an aggregate holding no key, rebuilt from its sources after
+    they are erased: only the groups the erased rows fed (`group_by`), or whole (`refresh: full`)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    sources: list[str] = Field(alias="from")
+    kind: Literal["table", "scd2"] = "table"
+    sql: str | None = None
+    group_by: list[str] = Field(default_factory=list)
+    refresh: Literal["groups", "full"] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DerivedMapping:
+        if not self.sources:
+            raise ValueError("'from' lists no source table")
+        for name in self.sources:
+            check_table_name(name)
+        if self.sql is None:
+            if self.group_by or self.refresh:
+                raise ValueError("'group_by' and 'refresh' belong to an aggregate, which needs 'sql'")
+            TableMapping._consistent(self)
+            if self.kind == "scd2" and self.action != "delete":
+                raise ValueError("kind: scd2 keeps every version of a subject: erasure deletes them all "
+                                 "(action: delete)")
+            return self
+        if self.key is not None or self.keys is not None or self.redact or self.action != "delete":
+            raise ValueError("an aggregate ('sql') holds no subject key: it is recomputed, not erased; "
+                             "drop key/keys/action/redact")
+        if self.kind != "table":
+            raise ValueError("kind: scd2 needs the subject's key, not 'sql'")
+        if not self.sql.strip():
+            raise ValueError("'sql' is empty")
+        for column in self.group_by:
+            _check_column(column, array_allowed=False)
+        if self.refresh is None:
+            self.refresh = "groups" if self.group_by else None
+        if self.refresh is None:
+            raise ValueError("an aggregate needs 'group_by' (recompute the groups erased rows fed) or "
+                             "'refresh: full'")
+        if self.refresh == "groups" and not self.group_by:
+            raise ValueError("refresh: groups needs 'group_by'")
+        return self
+
+    @property
+    def is_aggregate(self) -> bool:
+        return self.sql is not None
+
+    @property
+    def groups(self) -> list[KeyGroup]:
+        return [] if self.is_aggregate else super().groups
+
+    @property
+    def key_columns(self) -> list[str]:
+        return [g.column for g in self.groups]
 
 
 class DataMap(BaseModel):
@@ -194,6 +256,7 @@ class DataMap(BaseModel):
     identifiers: dict[str, LinkedIdentifier] = Field(default_factory=dict)
     tables: dict[str, TableMapping]
     files: dict[str, FileMapping] = Field(default_factory=dict)
+    derived: dict[str, DerivedMapping] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> DataMap:
@@ -205,7 +268,16 @@ class DataMap(BaseModel):
             if not _DATASET.match(name) or name in self.tables:
                 raise ValueError(f"files: dataset name {name!r} must be letters, digits, _ . / - and differ from "
                                  "every table's")
-        for name, mapping in [*self.tables.items(), *self.files.items()]:
+        for name in self.derived:
+            check_table_name(name)
+            if name in self.tables or name in self.files:
+                raise ValueError(f"derived: {name} is also listed under tables/files; list it once")
+            outside = [s for s in self.derived[name].sources if s not in self.tables and s not in self.derived]
+            if outside:
+                raise ValueError(f"derived: {name} reads {', '.join(outside)}, which the data map does not list "
+                                 "(under tables: or derived:)")
+        self.derived_levels()  # a cycle fails here
+        for name, mapping in [*self.tables.items(), *self.files.items(), *self.keyed_derived.items()]:
             if name not in self.files:
                 check_table_name(name)
             if mapping.identifier is None:
@@ -221,21 +293,86 @@ class DataMap(BaseModel):
         return self
 
     def mapping(self, name: str) -> TableMapping:
-        """The mapping of a table or a file dataset."""
-        return self.tables[name] if name in self.tables else self.files[name]
+        """The mapping of a table, a derived table or a file dataset."""
+        for section in (self.tables, self.derived, self.files):
+            if name in section:
+                return section[name]
+        raise KeyError(name)
+
+    @property
+    def keyed_derived(self) -> dict[str, DerivedMapping]:
+        """Derived tables carrying the subject's key (erased by key, like mapped tables)."""
+        return {n: d for n, d in self.derived.items() if not d.is_aggregate}
+
+    @property
+    def aggregates(self) -> dict[str, DerivedMapping]:
+        return {n: d for n, d in self.derived.items() if d.is_aggregate}
+
+    @property
+    def keyed(self) -> dict[str, TableMapping]:
+        """Every catalog table holding subject keys: mapped tables and keyed derived tables."""
+        return {**self.tables, **self.keyed_derived}
 
     def identifier_types(self) -> list[str]:
         return [self.subject, *self.identifiers]
 
     def erase_order(self) -> list[str]:
-        """Tables that identifiers are resolved through come last, so a resumed run can still resolve."""
+        """Every catalog table in the order a run erases them: mapped tables (those identifiers are
+        resolved through last, so a resumed run can still resolve), then derived tables level by level."""
+        return [t for wave in self.erase_waves() for t in wave]
+
+    def keyed_order(self) -> list[str]:
+        """`erase_order` without the aggregates: the tables a key-based check reads."""
+        return [t for t in self.erase_order() if t in self.keyed]
+
+    def erase_waves(self) -> list[list[str]]:
+        """`erase_order` as waves whose tables are independent of each other (erased side by side)."""
         sources = {link.table for link in self.identifiers.values()}
-        return sorted(self.tables, key=lambda t: (t in sources, t))
+        waves = [sorted(t for t in self.tables if t not in sources), sorted(t for t in self.tables if t in sources)]
+        return [w for w in waves + self.derived_levels() if w]
+
+    def derived_levels(self) -> list[list[str]]:
+        """Derived tables by depth: level 1 reads mapped tables only, level n reads level n-1 at most.
+        ValueError naming the tables of a cycle in `from:`."""
+        level: dict[str, int] = {}
+        pending = dict(self.derived)
+        while pending:
+            ready = {n: d for n, d in pending.items()
+                     if all(s in self.tables or s in level for s in d.sources)}
+            if not ready:
+                raise ValueError("derived: a cycle in 'from' among " + ", ".join(sorted(pending)))
+            for name, d in ready.items():
+                level[name] = 1 + max(level.get(s, 0) for s in d.sources)
+                del pending[name]
+        depth = max(level.values(), default=0)
+        return [sorted(n for n, lv in level.items() if lv == d) for d in range(1, depth + 1)]
+
+    def derived_from(self, name: str) -> list[str]:
+        """Derived tables that read `name`, directly or through others."""
+        out = [n for n, d in self.derived.items() if name in d.sources]
+        return out + [m for n in out for m in self.derived_from(n) if m not in out]
 
 
-def demo_datamap() -> DataMap:
+DAILY_BY_TYPE = ("SELECT event_type, to_date(event_timestamp) AS day, count(*) AS events, "
+                 "count(DISTINCT user_id) AS users FROM demo.events GROUP BY 1, 2")
+TOP_VISITORS = ("SELECT user_id, count(*) AS visits FROM demo.events GROUP BY user_id HAVING count(*) > "
+                "(SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY c) FROM "
+                "(SELECT count(*) AS c FROM demo.events GROUP BY user_id))")
+DEMO_DERIVED = {
+    "demo_silver.user_daily": {"from": ["demo.events"], "key": "user_id", "purpose": "product analytics (daily)",
+                               "recipients": ["analytics team"], "retention": "25 months"},
+    "demo_silver.user_history": {"from": ["demo.users"], "key": "user_id", "kind": "scd2",
+                                 "purpose": "account history", "retention": "while the account exists"},
+    "demo_gold.daily_by_type": {"from": ["demo.events"], "sql": DAILY_BY_TYPE, "group_by": ["event_type", "day"]},
+    "demo_gold.top_visitors": {"from": ["demo.events"], "sql": TOP_VISITORS, "refresh": "full"},
+}
+
+
+def demo_datamap(derived: bool = True) -> DataMap:
+    """The demo lake's data map; `derived`: with its silver and gold layers (synth.generate builds them)."""
     return DataMap.model_validate(
         {
+            "derived": DEMO_DERIVED if derived else {},
             "subject": "user_id",
             "identifiers": {"email": {"table": "demo.users", "subject_column": "user_id", "column": "email"}},
             "tables": {

@@ -108,8 +108,14 @@ class RunReport:
             table.add_column(column, justify="right" if column[0].isdigit() or " " in column else "left")
         for name, t in self.tables.items():
             e, p, v = t["erase"], t.get("purge", {}), t.get("verification", {})
-            erased = [e["action"], e["strategy"], e["write_mode"], str(e["rows_matched"]), str(e["rows_changed"])] \
-                if e else ["(erased in an earlier run)", "", "", "", ""]
+            if e and e["action"] == "recompute":  # an aggregate: groups replaced, no rows of anyone's
+                groups = "all" if e["strategy"] == "full_refresh" else f"{e['rows_matched']} groups"
+                erased = [e["action"], e["strategy"], e["write_mode"], groups, "–"]
+            elif e:
+                erased = [e["action"], e["strategy"], e["write_mode"], str(e["rows_matched"]), str(e["rows_changed"])]
+            else:
+                erased = ["(not fed by this batch)" if t.get("aggregate") else "(erased in an earlier run)",
+                          "", "", "", ""]
             verified = ("[green]yes[/]" if v.get("physical", True) else "[yellow]live only[/]") if v.get("passed") \
                 else "[red]no[/]"
             table.add_row(

@@ -96,7 +96,7 @@ def mapped_bytes(settings: Settings, limit: int = QUICK_JIT_MAX_BYTES) -> int:
 
     catalog = open_catalog(settings)
     total = 0
-    for table in settings.datamap.tables:
+    for table in [*settings.datamap.tables, *settings.datamap.derived]:
         try:
             snapshot = catalog.load_table(tuple(table.split("."))).current_snapshot()
             total += int(snapshot.summary.get("total-files-size") or 0) if snapshot and snapshot.summary else 0
@@ -109,5 +109,5 @@ def mapped_bytes(settings: Settings, limit: int = QUICK_JIT_MAX_BYTES) -> int:
 
 def small_lake(settings: Settings) -> bool:
     """True for at most QUICK_JIT_MAX_TABLES mapped tables holding at most QUICK_JIT_MAX_BYTES of data files."""
-    return (len(settings.datamap.tables) <= QUICK_JIT_MAX_TABLES
+    return (len(settings.datamap.tables) + len(settings.datamap.derived) <= QUICK_JIT_MAX_TABLES
             and mapped_bytes(settings, QUICK_JIT_MAX_BYTES) <= QUICK_JIT_MAX_BYTES)

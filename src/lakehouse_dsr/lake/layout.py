@@ -44,7 +44,7 @@ def optimize(
     """
     start = time.perf_counter()
     if key is None:
-        mapping = settings.datamap.tables.get(table)
+        mapping = settings.datamap.keyed.get(table)
         if mapping is None:
             raise DataMapError(f"{table} is not in the data map; pass the key column explicitly")
         flat = [c for c in mapping.key_columns if not is_array(c)]

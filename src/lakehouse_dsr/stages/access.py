@@ -76,7 +76,7 @@ def export(
     if key_types is None:
         key_types = check_against_catalog(spark, settings.datamap, settings.table)
     keys = keys if keys is not None else identity.resolve(spark, settings, requests)
-    tables = [*settings.datamap.tables, *settings.datamap.files]
+    tables = [*settings.datamap.keyed, *settings.datamap.files]
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
     out = private_dir(Path(out_dir))
 

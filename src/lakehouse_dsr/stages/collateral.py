@@ -149,7 +149,7 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
     after = pick(kept.agg(F.sum("count").alias("o_rows"), F.sum("o_sum").alias("o_sum"),
                           F.bit_xor("o_xor").alias("o_xor")).first(), "o_")
     candidates = [expected + requested_after]
-    for extra in late_redacted if settings.datamap.tables[table].action == "redact" else []:
+    for extra in late_redacted if settings.datamap.mapping(table).action == "redact" else []:
         candidates.append(candidates[-1] + extra)
     if after in candidates:
         return CollateralResult(True), values

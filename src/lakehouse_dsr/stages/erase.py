@@ -36,6 +36,7 @@ class TablePlan:
     # collateral check (content mode): the rows not requested, and what requested rows must become
     other_before: Fingerprint | None = None
     requested_after: Fingerprint | None = None
+    reason: str | None = None  # why this strategy (an aggregate recomputed whole: why not by groups)
 
     @classmethod
     def from_groups(cls, table: str, mapping: TableMapping, groups: list, strategy: str, write_mode: str,
@@ -75,6 +76,7 @@ class TableErasure:
     collateral: CollateralResult | None = None
     # The erase snapshot's key values (collateral.by_keys), when the content check read them
     values_at_commit: DataFrame | None = None
+    groups: DataFrame | None = None  # an aggregate recomputed by groups: the groups replaced
 
     @property
     def rows_changed(self) -> int:
@@ -97,7 +99,8 @@ class TableErasure:
         self.values_at_commit = later.values_at_commit if later.snapshot_id else self.values_at_commit
 
     def as_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("plan", "values_at_commit")}
+        frames = ("plan", "values_at_commit", "groups")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in frames}
         d["collateral"] = asdict(self.collateral) if self.collateral else None
         plan = {k: v for k, v in asdict(self.plan).items()
                 if k not in ("matches_by_request", "other_before", "requested_after")}
@@ -146,7 +149,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, f
     set; the driver receives one row per combination of matching requests (request ids, a count
     and hash parts; never a value).
     """
-    mapping = settings.datamap.tables[table]
+    mapping = settings.datamap.mapping(table)
     snapshot = iceberg.current_snapshot(spark, settings, table)
     rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
     redacting = mapping.action == "redact"
@@ -184,7 +187,7 @@ def _statement(spark: SparkSession, settings: Settings, table_plan: TablePlan, k
     """The plan's one SQL statement; identifiers stay in temporary views (`views` collects their names)."""
     if table_plan.strategy == "merge_key_tuples":
         return _merge_key_tuples(spark, settings, table_plan, keys, views)
-    mapping = settings.datamap.tables[table_plan.table]
+    mapping = settings.datamap.mapping(table_plan.table)
     target, key = settings.table(table_plan.table), f"t.{column_ref(mapping.key)}"  # one flat key column
     views.append(_view(keys.sets[0].hits))
     nulls = ", ".join(f"t.{column_ref(c)} = NULL" for c in sorted(mapping.redacted_columns))
@@ -204,7 +207,7 @@ def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: Table
     snapshot), each with which of its keys were requested: every target row matches at most one
     tuple (null-safe equality), so each group's columns are nulled exactly where its own key named
     an erased subject, an array key loses only the erased elements, or the row is deleted."""
-    mapping = settings.datamap.tables[table_plan.table]
+    mapping = settings.datamap.mapping(table_plan.table)
     width = range(len(keys.groups))
     rows = iceberg.read_at(spark, settings, table_plan.table, table_plan.snapshot_before).select(
         *[F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)])

@@ -1,0 +1,255 @@
+"""Propagation: aggregates built from erased tables are rebuilt from what the erasure left.
+
+A `derived:` table carrying the subject's key is erased like a mapped table (erase.py), after its
+sources. An aggregate (`sql`) holds no key, yet its figures were computed with the erased rows, so:
+- `group_by` (the accepted shapes: datamap/lineage.py): the erased rows (each erased source at its
+  pre-erase snapshot, joined with the batch's keys; a redacting source adds the rows as redacted)
+  go through the aggregate's own GROUP BY to name the groups they fed. Where only counts are
+  involved (`lineage.subtraction`), each such group's figures lose the erased rows' own, in one
+  MERGE (a group left with no rows is deleted) that reads no source again; otherwise the groups
+  are recomputed from the post-erase sources and replaced in one MERGE commit that deletes the rows
+  that changed or vanished (an emptied group disappears) and inserts the new ones;
+- `refresh: full`, a shape that cannot be proven, a source that is itself an aggregate that just
+  changed, or a table left behind by an interrupted run: recomputed whole and replaced by one
+  overwrite commit.
+Its old snapshots still hold the old figures: the run's purge expires them like any table's.
+Verification recomputes the replaced groups (or the whole table) and compares them row for row.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType
+
+from ..config import Settings
+from ..datamap import lineage
+from ..exceptions import first_line
+from ..lake import iceberg
+from . import matching
+from .collateral import erased_value
+from .erase import TableErasure, TablePlan
+from .matching import TableKeys
+from .verify import TableVerification
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """How a source changed in this run: erased by key from `snapshot_before` (rows traceable), or
+    rewritten as a whole (`keys` None: an aggregate that was recomputed)."""
+
+    snapshot_before: int | None
+    keys: TableKeys | None = None
+    action: str = "delete"
+
+
+def erased_rows(spark: SparkSession, settings: Settings, table: str, change: Upstream) -> DataFrame:
+    """The rows an erasure changed, as they were and (redaction) as they became. Cost: one scan of
+    the pre-erase snapshot (the columns the aggregate uses) with a broadcast join per key column."""
+    rows = iceberg.read_at(spark, settings, table, change.snapshot_before)
+    marked = matching.mark(rows, change.keys).where(matching.any_hit(change.keys))
+    before = marked.select(*[F.col(f"`{c}`") for c in rows.columns])
+    if change.action == "delete":
+        return before
+    after = marked.select(*[erased_value(f, matching.redactions(change.keys)).alias(f.name)
+                            for f in rows.schema.fields])
+    return before.unionByName(after)
+
+
+def _same(columns: list[str], left: DataFrame, right: DataFrame) -> Column:
+    return reduce(lambda a, b: a & b, [left[f"`{c}`"].eqNullSafe(right[f"`{c}`"]) for c in columns])
+
+
+def _in_groups(df: DataFrame, groups: DataFrame | None, group_by: list[str]) -> DataFrame:
+    return df if groups is None else df.join(F.broadcast(groups), _same(group_by, df, groups), "left_semi")
+
+
+def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[str, Upstream | None],
+            stale: bool = False) -> TableErasure:
+    """Bring one aggregate in line with its erased sources in at most one commit.
+
+    `changes`: the sources this run changed (None for a source rewritten whole); `stale`: an earlier
+    run erased a source and did not finish this table, so only a full recomputation is sure.
+    Cost, by groups: one scan of each erased source's pre-erase snapshot, the aggregate over the
+    current sources restricted to the affected groups (Spark pushes the restriction below the
+    GROUP BY), the table's rows in those groups; full: the aggregate over the current sources.
+    """
+    start = time.perf_counter()
+    mapping = settings.datamap.aggregates[table]
+    snapshot = iceberg.current_snapshot(spark, settings, table)
+    target = spark.table(settings.table(table))
+    query = _query(spark, settings, table)
+    reason = "a source erased by an earlier, interrupted run" if stale else None
+    if reason is None:
+        reason = lineage.shape(lineage.bound(spark, query, lambda t: spark.table(settings.table(t))),
+                               mapping.group_by).reason if mapping.refresh == "groups" else "refresh: full"
+    if reason is None and any(c is None for c in changes.values()):
+        reason = "a source is an aggregate that was recomputed"
+    if reason is None and any(isinstance(f.dataType, MapType) for f in target.schema.fields):
+        reason = "a map column cannot be compared row by row"
+    subtract = None
+    if reason is None and len(changes) == 1:
+        (source, change), = changes.items()
+        if change.action == "delete":
+            subtract = lineage.subtraction(lineage.bound(spark, query, lambda t: spark.table(settings.table(t))),
+                                           mapping.group_by, _erased_by(settings, source))
+    strategy = "full_refresh" if reason else "subtract_groups" if subtract else "affected_groups"
+    plan = TablePlan(table=table, key="", identifier="", action="recompute", strategy=strategy,
+                     write_mode=iceberg.write_mode(spark, settings, table, "merge"), rows_before=target.count(),
+                     rows_matched=0, matches_by_request={}, snapshot_before=snapshot.snapshot_id if snapshot else None,
+                     reason=reason)
+    result = TableErasure(plan)
+    try:
+        if subtract:
+            result.groups = _subtract(spark, settings, table, query, target, mapping.group_by, subtract, changes)
+            plan.rows_matched = result.groups.count()
+        elif reason:
+            iceberg.with_conflict_retries(settings, f"table {table}: the recomputation", lambda: _recomputed(
+                spark, settings, query, target).writeTo(settings.table(table)).overwrite(F.lit(True)))
+        else:
+            result.groups = _affected_groups(spark, settings, query, mapping.group_by, changes)
+            plan.rows_matched = result.groups.count()
+            if plan.rows_matched:
+                _replace_groups(spark, settings, table, query, target, mapping.group_by, result.groups)
+    except Exception as exc:  # recorded; verification then shows what is left
+        result.error = first_line(exc, with_type=True)
+    committed = iceberg.own_commit_since(spark, settings, table, plan.snapshot_before)
+    if committed:
+        s = committed.summary
+        result.snapshot_id = committed.snapshot_id
+        result.data_files_rewritten = int(s.get("deleted-data-files", 0))
+        result.bytes_rewritten = int(s.get("removed-files-size", 0))
+        result.delete_files_added = int(s.get("added-delete-files", 0))
+    result.rows_after = spark.table(settings.table(table)).count() if committed else plan.rows_before
+    result.seconds = round(time.perf_counter() - start, 3)
+    return result
+
+
+def _erased_by(settings: Settings, source: str) -> str | None:
+    """The column a delete erases every row of an erased value by: a source's one flat key column."""
+    mapping = settings.datamap.mapping(source)
+    return mapping.key if mapping.simple and mapping.action == "delete" and "." not in mapping.key else None
+
+
+def _subtract(spark: SparkSession, settings: Settings, table: str, query: lineage.Query, target: DataFrame,
+              group_by: list[str], subtract: lineage.Subtraction, changes: dict[str, Upstream]) -> DataFrame:
+    """Each group the erased rows fed loses their counts, in one MERGE; a group left with no rows is
+    deleted. Returns the groups (kept). Cost: the erased rows' read (`erased_rows`), their GROUP BY,
+    and a join with the table's rows in those groups; no other source row is read."""
+    (source, change), = changes.items()
+    erased = erased_rows(spark, settings, source, change)
+    lost = lineage.aggregated(spark, lineage.bound(spark, query, lambda t: erased))
+    names = {c: f"dsr_{i}" for i, c in enumerate(lost.columns)}
+    lost = lost.select(*[F.col(f"`{c}`").alias(name) for c, name in names.items()])
+    held = target.join(lost, _same_as(group_by, target, lost, names), "inner")
+    left = held.select(*[(F.col(f"`{c}`") - F.col(names[c])).cast(target.schema[c].dataType).alias(c)
+                         if c in subtract.columns else F.col(f"`{c}`") for c in target.columns])
+    changed = left.withColumn("dsr_op", F.when(F.col(f"`{subtract.rows}`") <= 0, "d").otherwise("u")
+                              ).localCheckpoint(eager=True)
+    groups = changed.select(*[f"`{c}`" for c in group_by]).distinct().localCheckpoint(eager=True)
+    on = " AND ".join(f"t.`{c}` <=> s.`{c}`" for c in group_by)
+    sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in subtract.columns)
+    _merge(spark, settings, table, changed, f"ON {on} WHEN MATCHED AND s.dsr_op = 'd' THEN DELETE "
+           f"WHEN MATCHED THEN UPDATE SET {sets}", "the groups' new counts")
+    return groups
+
+
+def _merge(spark: SparkSession, settings: Settings, table: str, source: DataFrame, clauses: str, what: str) -> None:
+    """`MERGE INTO table AS t USING source AS s <clauses>`: one commit (none when `source`, which is
+    kept, is empty). The source passes as a temporary view: its values never enter the SQL text."""
+    if source.isEmpty():
+        return
+    view = f"dsr_changes_{uuid.uuid4().hex[:12]}"
+    source.createOrReplaceTempView(view)
+    statement = f"MERGE INTO {settings.table(table)} AS t USING {view} AS s {clauses}"
+    try:
+        iceberg.with_conflict_retries(settings, f"table {table}: {what}", lambda: spark.sql(statement))
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def _same_as(columns: list[str], left: DataFrame, right: DataFrame, names: dict[str, str]) -> Column:
+    return reduce(lambda a, b: a & b, [left[f"`{c}`"].eqNullSafe(right[names[c]]) for c in columns])
+
+
+def _query(spark: SparkSession, settings: Settings, table: str) -> lineage.Query:
+    return lineage.parse(spark, table, settings.datamap.aggregates[table],
+                         {*settings.datamap.tables, *settings.datamap.derived}, settings.catalog.name)
+
+
+def _recomputed(spark: SparkSession, settings: Settings, query: lineage.Query, target: DataFrame,
+                groups: DataFrame | None = None, group_by: list[str] | None = None) -> DataFrame:
+    """The aggregate over the current sources in the table's column types, in `groups` only (None: all)."""
+    fresh = lineage.bound(spark, query, lambda t: spark.table(settings.table(t)))
+    fresh = fresh.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in target.schema.fields])
+    return _in_groups(fresh, groups, group_by or [])
+
+
+def _affected_groups(spark: SparkSession, settings: Settings, query: lineage.Query, group_by: list[str],
+                     changes: dict[str, Upstream | None]) -> DataFrame:
+    """The groups the erased rows fed (kept: small, and read by the commit and the verification)."""
+    empty = lambda t: spark.table(settings.table(t)).limit(0)  # noqa: E731
+    found = None
+    for source, change in changes.items():
+        erased = erased_rows(spark, settings, source, change)
+        df = lineage.bound(spark, query, lambda t, s=source, e=erased: e if t == s else empty(t))
+        groups = lineage.groups_of(spark, df, group_by)
+        found = groups if found is None else found.unionByName(groups)
+    if found is None:
+        return spark.createDataFrame([], "dsr_none string")
+    return found.distinct().localCheckpoint(eager=True)
+
+
+def _replace_groups(spark: SparkSession, settings: Settings, table: str, query: lineage.Query,
+                    target: DataFrame, group_by: list[str], groups: DataFrame) -> None:
+    """One MERGE: rows of the affected groups that the recomputation does not reproduce are deleted
+    (matched on every column, null-safe), recomputed rows the table lacks are inserted."""
+    columns = target.columns
+    fresh = _recomputed(spark, settings, query, target, groups, group_by)
+    held = _in_groups(target, groups, group_by)
+    gone = held.join(fresh, _same(columns, held, fresh), "left_anti").withColumn("dsr_op", F.lit("d"))
+    new = fresh.join(held, _same(columns, fresh, held), "left_anti").withColumn("dsr_op", F.lit("i"))
+    quoted = [f"`{c}`" for c in columns]
+    on = " AND ".join(f"t.{c} <=> s.{c}" for c in quoted)
+    _merge(spark, settings, table, gone.unionByName(new).localCheckpoint(eager=True),
+           f"ON {on} AND s.dsr_op = 'd' WHEN MATCHED THEN DELETE WHEN NOT MATCHED AND s.dsr_op = 'i' THEN INSERT "
+           f"({', '.join(quoted)}) VALUES ({', '.join(f's.{c}' for c in quoted)})", "the recomputed groups")
+
+
+def verify_aggregate(spark: SparkSession, settings: Settings, table: str, erasure: TableErasure | None,
+                     request_ids: list[str], physical: bool = True) -> TableVerification:
+    """An aggregate is proven when the groups this run replaced (all of them after a full refresh)
+    equal a recomputation from the current sources row for row (`live`: rows that differ), and,
+    with `physical`, no retained snapshot but the current one is left (`history`: files only older
+    snapshots keep) and storage holds no file the current snapshot does not reference (`storage`).
+    Every request of the batch fails when it does not hold. Cost: the recomputation of those groups
+    and a read of the table's rows in them; metadata and one listing of the table location."""
+    result = TableVerification(table, physical=physical)
+    if erasure is not None and (erasure.snapshot_id is not None or erasure.error):
+        group_by = settings.datamap.aggregates[table].group_by
+        target = spark.table(settings.table(table))
+        groups = None if erasure.plan.strategy == "full_refresh" else erasure.groups
+        fresh = _recomputed(spark, settings, _query(spark, settings, table), target, groups, group_by)
+        held = _in_groups(target, groups, group_by)
+        result.live = held.exceptAll(fresh).count() + fresh.exceptAll(held).count()
+        if result.live:
+            for request_id in request_ids:
+                result.fail(request_id, f"{table}: {result.live} rows differ from a recomputation from the "
+                            "erased sources")
+    if not physical:
+        return result
+    paths, current = iceberg.retained_files(spark, settings, table)
+    live_files = {iceberg.same_file(p) for p in current}
+    result.history = len({iceberg.same_file(p) for p in paths} - live_files)
+    location = iceberg.table_location(spark, settings, table)
+    result.storage = len({iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} - live_files)
+    result.one_scan = not result.history and not result.storage
+    for request_id in request_ids if result.history or result.storage else []:
+        result.fail(request_id, f"{table}: {result.history} files of older snapshots and {result.storage} "
+                    "unreferenced files still hold figures computed with erased rows")
+    return result
