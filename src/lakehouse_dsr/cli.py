@@ -304,6 +304,31 @@ def adopt(
 
 
 @app.command()
+def ingest(
+    source: Annotated[str, typer.Option(help="folder the files arrive in (local, s3a:, hdfs: ...)")],
+    table: Annotated[str, typer.Option(help="Iceberg table to append to, namespace.table (must exist)")],
+    checkpoint: Annotated[str, typer.Option(help="the query's checkpoint folder: a restart resumes from it")],
+    fmt: Annotated[str, typer.Option("--format", help="json | csv | parquet")] = "json",
+    once: Annotated[bool, typer.Option("--once", help="ingest what is there now, then stop (availableNow)")] = False,
+    key: Annotated[str | None, typer.Option(help="column holding the identifier (default: the table's data-map key)")
+                   ] = None,
+    identifier: Annotated[str | None, typer.Option(help="identifier the key holds (default: the data map's)")
+                          ] = None,
+) -> None:
+    """Stream files into an Iceberg table, exactly once, dropping rows of people who asked to be erased."""
+    from .ingest.stream import ingest as run_ingest
+
+    def batch(progress: dict) -> None:
+        counts = progress.get("observedMetrics", {}).get("dsr_suppression", {})
+        console.print(f"batch {progress['batchId']}: {progress['numInputRows']:,} rows read, "
+                      f"{int(counts.get('rows_suppressed') or 0):,} of erased subjects dropped")
+
+    result = run_ingest(_spark(), _settings(), source, fmt, table, checkpoint, once, key, identifier, on_batch=batch)
+    console.print(f"{result.batches} batch(es): {result.rows_in:,} rows read, {result.rows_suppressed:,} dropped "
+                  f"(erased subjects), {result.rows_written:,} appended to {table}")
+
+
+@app.command()
 def discover(
     namespace: Annotated[list[str] | None, typer.Option(help="namespace to look in (default: all but the ledger's)")
                          ] = None,

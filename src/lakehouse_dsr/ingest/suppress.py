@@ -9,9 +9,16 @@ job filters each incoming DataFrame before it writes:
     clean = suppress(signups, "mail", "email")        # a column holding another identifier
     clean = suppress_for(sales, "sales.web_sales")    # as the data map erases that table: every key column
     clean.writeTo("lakehouse.web.events").append()
+
+A job that decides for itself (delete downstream, flag, count) asks per row:
+
+    gone = erased(orders, settings, "customer_email", "email")
+    orders.where(~gone)                               # or: DELETE ... / MERGE with orders.where(gone)
 """
 
 from __future__ import annotations
+
+import uuid
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -39,14 +46,37 @@ def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
     anti-join with the few keys found. Settings default to ./dsr.yaml (see config.load_settings).
     """
     settings = settings or load_settings()
-    identifier = identifier or settings.datamap.subject
-    known = {settings.datamap.subject, *settings.datamap.identifiers}
-    if identifier not in known:
-        raise DataMapError(f"unknown identifier {identifier!r}: the data map knows {', '.join(sorted(known))}")
+    identifier = known_identifier(settings, identifier)
     if key_column not in df.columns:
         raise DataMapError(f"the DataFrame has no column {key_column!r} (columns: {', '.join(df.columns)})")
     erased = _erased_values(df, F.col(key_column), Ledger(settings), identifier)
     return df.join(F.broadcast(erased), F.col(key_column).cast("string") == erased.dsr_value, "left_anti")
+
+
+def known_identifier(settings: Settings, identifier: str | None) -> str:
+    """`identifier`, or the subject identifier when None; DataMapError when the data map does not know it."""
+    identifier = identifier or settings.datamap.subject
+    known = settings.datamap.identifier_types()
+    if identifier not in known:
+        raise DataMapError(f"unknown identifier {identifier!r}: the data map knows {', '.join(sorted(known))}")
+    return identifier
+
+
+def erased(df: DataFrame, settings: Settings, column: str, identifier: str | None = None) -> Column:
+    """A boolean Column over `df`: true where `column` holds an identifier of a person who asked to be
+    erased (by keyed hash, as `suppress`), false otherwise (NULL included).
+
+    Cost: `df`'s distinct values of `column` are hashed and matched once, here; the few erased ones
+    are kept (local checkpoint) in a temporary view the Column reads through a scalar subquery, so
+    no identifier appears in a query plan's text.
+    """
+    identifier = known_identifier(settings, identifier)
+    if column not in df.columns:
+        raise DataMapError(f"the DataFrame has no column {column!r} (columns: {', '.join(df.columns)})")
+    view = f"dsr_erased_{uuid.uuid4().hex[:12]}"
+    _erased_values(df, F.col(column_ref(column)), Ledger(settings), identifier).createOrReplaceTempView(view)
+    return F.coalesce(F.expr(f"array_contains((SELECT collect_set(dsr_value) FROM {view}), "
+                             f"CAST({column_ref(column)} AS STRING))"), F.lit(False))
 
 
 def _erased_values(df: DataFrame, values: Column, ledger: Ledger, identifier: str) -> DataFrame:
@@ -72,8 +102,9 @@ def suppress_for(df: DataFrame, table: str, settings: Settings | None = None) ->
     hashed and matched as in `suppress`; then one pass with a broadcast join per key column.
     """
     settings = settings or load_settings()
-    if table not in settings.datamap.tables and table not in settings.datamap.files:
-        raise DataMapError(f"{table} is neither a table nor a files dataset of the data map")
+    if table not in settings.datamap.keyed and table not in settings.datamap.files:
+        raise DataMapError(f"{table} is neither a table nor a files dataset of the data map "
+                           "(an aggregate holds no keys)")
     mapping = settings.datamap.mapping(table)
     ledger = Ledger(settings)
     sets = []

@@ -11,7 +11,8 @@ from pyspark.sql import functions as F
 _BLOCK = 64  # SHA-256 block size in bytes
 
 
-def _pads(key: bytes) -> tuple[bytes, bytes]:
+def pads(key: bytes) -> tuple[bytes, bytes]:
+    """HMAC-SHA256's inner and outer pads of `key`."""
     if len(key) > _BLOCK:
         key = hashlib.sha256(key).digest()
     key = key.ljust(_BLOCK, b"\0")
@@ -50,16 +51,17 @@ def join_on_key(candidates: DataFrame, hashes: DataFrame, how: str = "inner") ->
 
 
 def _hashed(spark: SparkSession, df: DataFrame, column: str, keys: dict[str, bytes], out: str) -> DataFrame:
-    pads = spark.createDataFrame([(kid, *_pads(key)) for kid, key in keys.items()],
+    key_pads = spark.createDataFrame([(kid, *pads(key)) for kid, key in keys.items()],
                                  "dsr_key_id string, dsr_ipad binary, dsr_opad binary")
     value = F.col(column).cast("string").cast("binary")
     return (
-        df.crossJoin(F.broadcast(pads))
-        .withColumn(out, _hmac(value))
+        df.crossJoin(F.broadcast(key_pads))
+        .withColumn(out, keyed_hash(value, F.col("dsr_ipad"), F.col("dsr_opad")))
         .drop("dsr_ipad", "dsr_opad")
     )
 
 
-def _hmac(message: Column) -> Column:
-    inner = F.unhex(F.sha2(F.concat(F.col("dsr_ipad"), message), 256))
-    return F.sha2(F.concat(F.col("dsr_opad"), inner), 256)
+def keyed_hash(message: Column, inner_pad: Column, outer_pad: Column) -> Column:
+    """HMAC-SHA256 of `message` (binary) as hex, from the key's `pads` held in columns."""
+    inner = F.unhex(F.sha2(F.concat(inner_pad, message), 256))
+    return F.sha2(F.concat(outer_pad, inner), 256)

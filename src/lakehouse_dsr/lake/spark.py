@@ -147,6 +147,18 @@ def attach(spark: SparkSession, settings: Settings) -> None:
         spark.sparkContext.addPyFile(str(_package_zip()))
 
 
+def uncached_catalog(spark: SparkSession, settings: Settings) -> str:
+    """Our catalog registered once more, as `<name>_uncached`, with Iceberg's table cache off: every
+    scan planned through it reads the table's newest snapshot. A streaming query's static side is
+    planned again at each micro-batch, so through this catalog it sees commits made meanwhile."""
+    name = f"{settings.catalog.name}_uncached"
+    prefix = f"spark.sql.catalog.{name}"
+    spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
+    for key, value in {**spark_catalog_properties(settings), "cache-enabled": "false"}.items():
+        spark.conf.set(f"{prefix}.{key}", value)
+    return name
+
+
 def _require_iceberg(spark: SparkSession) -> None:
     """A session without the Iceberg runtime fails late and cryptically; say what to pass instead."""
     try:

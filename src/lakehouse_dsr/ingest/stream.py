@@ -1,0 +1,157 @@
+"""Streaming ingest that never re-admits an erased person, and `dsr ingest`.
+
+`suppress_stream` wraps any streaming DataFrame (a file source, Kafka, ...):
+
+    from lakehouse_dsr import suppress_stream
+    events = spark.readStream.format("kafka").option("subscribe", "events").load() \\
+        .select(F.from_json(F.col("value").cast("string"), schema).alias("e")).select("e.*")
+    clean = suppress_stream(events, settings, "user_id")
+    clean.writeStream.format("iceberg").option("checkpointLocation", "...").toTable("lakehouse.demo.events")
+
+Each row's key is hashed (HMAC in Spark, under each key of the ledger's keyring) and joined with
+the ledger's suppression list, read through a catalog without Iceberg's table cache: Spark plans a
+stream-static join's static side again at every micro-batch, so an erasure recorded a second ago
+applies to the next batch without a restart. Rows dropped are counted, never shown, in the query's
+progress (`observedMetrics["dsr_suppression"]`: rows_in, rows_suppressed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..config import Settings
+from ..datamap import column_ref, is_array
+from ..datamap.check import field_at
+from ..exceptions import DataMapError, DsrError
+from ..lake.hmac import keyed_hash, pads
+from ..lake.spark import uncached_catalog
+from ..ledger.ledger import Ledger
+from .suppress import known_identifier
+
+METRICS = "dsr_suppression"
+
+
+def suppression_list(spark: SparkSession, settings: Settings, identifier: str) -> DataFrame:
+    """(key_hash, key_id) of every `identifier` value acted on for an erase request, read by Spark
+    through the uncached catalog: planned again, it reads the ledger as it is then."""
+    ledger = Ledger(settings)
+    for table in ("requests", "request_keys"):
+        ledger.store.load(table)  # created when missing: a stream may start before the first request
+    catalog = uncached_catalog(spark, settings)
+    table = lambda name: spark.table(".".join(f"`{p}`" for p in [catalog, *name.split(".")]))  # noqa: E731
+    erasures = table(ledger.requests_table).where(F.col("request_type") == "erase").select("request_id")
+    return (table(ledger.keys_table).where(F.col("key_type") == identifier)
+            .join(erasures, "request_id", "left_semi").select("key_hash", "key_id").distinct())
+
+
+def suppress_stream(stream_df: DataFrame, settings: Settings, key_column: str, identifier: str | None = None
+                    ) -> DataFrame:
+    """`stream_df` without the rows whose `key_column` (a column or struct path) holds an identifier of
+    a person who asked to be erased, by keyed hash; works on batch DataFrames too.
+
+    Cost per micro-batch: one HMAC per row and key of the keyring (two SHA-256 of the value), one
+    read of the ledger's suppression list (small), broadcast-joined once per key.
+    """
+    identifier = known_identifier(settings, identifier)
+    try:
+        field_at(stream_df.schema, key_column)
+    except ValueError as exc:
+        raise DataMapError(f"the stream has no key column {key_column!r}: {exc}") from None
+    if is_array(key_column):
+        raise DataMapError("suppress_stream takes one identifier per row; explode an array first")
+    spark = stream_df.sparkSession
+    ledger = Ledger(settings)
+    ring = ledger.keyring.keys()  # every key that may have made a hash: the active one and the retired
+    listed = suppression_list(spark, settings, identifier)
+    keyed = stream_df.crossJoin(F.broadcast(_pad_row(spark, ring)))
+    value = F.col(column_ref(key_column)).cast("string").cast("binary")
+    marks = []
+    for i, (kid, _) in enumerate(sorted(ring.items())):
+        hashed = f"dsr_h{i}"
+        keyed = keyed.withColumn(hashed, keyed_hash(value, F.col(f"dsr_i{i}"), F.col(f"dsr_o{i}")))
+        made = listed.where(F.col("key_id").isNull() | (F.col("key_id") == kid)).select(
+            F.col("key_hash").alias(hashed), F.lit(True).alias(f"dsr_m{i}")).distinct()
+        keyed = keyed.join(F.broadcast(made), hashed, "left")
+        marks.append(F.coalesce(F.col(f"dsr_m{i}"), F.lit(False)))
+    flagged = keyed.withColumn("dsr_erased", reduce(lambda a, b: a | b, marks))
+    observed = flagged.observe(METRICS, F.count(F.lit(1)).alias("rows_in"),
+                               F.sum(F.col("dsr_erased").cast("long")).alias("rows_suppressed"))
+    return observed.where(~F.col("dsr_erased")).select(*[F.col(f"`{c}`") for c in stream_df.columns])
+
+
+def _pad_row(spark: SparkSession, ring: dict[str, bytes]) -> DataFrame:
+    """One row: the HMAC pads of each key as columns (dsr_i<i>, dsr_o<i>), so hashing under k keys
+    adds k columns, not k rows; never literals in the query plan."""
+    row, schema = [], []
+    for i, (_, key) in enumerate(sorted(ring.items())):
+        inner, outer = pads(key)
+        row += [inner, outer]
+        schema += [f"dsr_i{i} binary", f"dsr_o{i} binary"]
+    return spark.createDataFrame([tuple(row)], ", ".join(schema))
+
+
+@dataclass
+class IngestResult:
+    batches: int = 0
+    rows_in: int = 0
+    rows_suppressed: int = 0
+    rows_written: int = 0
+
+
+def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table: str, checkpoint: str,
+           once: bool = False, key: str | None = None, identifier: str | None = None,
+           options: dict[str, str] | None = None, on_batch=None) -> IngestResult:
+    """Stream the files arriving under `source` (json | csv | parquet, read with `table`'s schema)
+    into the Iceberg `table` through `suppress_stream`, exactly once across restarts from
+    `checkpoint` (Spark's file-source log plus Iceberg's idempotent streaming commits). `once`:
+    what is there now, then stop (availableNow); otherwise until interrupted. `key`/`identifier`
+    default to the table's data-map entry (its one key column). `on_batch(progress)` is called
+    after each micro-batch with Spark's progress dictionary."""
+    if fmt not in ("json", "csv", "parquet"):
+        raise DsrError(f"unknown format {fmt!r} (expected json, csv or parquet)")
+    if "://" not in source and not Path(source).is_dir():
+        raise DsrError(f"source folder {source} does not exist")
+    if key is None:
+        mapping = settings.datamap.keyed.get(table)
+        if mapping is None or len(mapping.groups) != 1:
+            raise DsrError(f"{table} has no single key column in the data map: give --key")
+        key, identifier = mapping.groups[0].column, identifier or mapping.groups[0].identifier
+    try:
+        schema = spark.table(settings.table(table)).schema
+    except Exception:
+        raise DsrError(f"table {table} cannot be read: the stream appends to an existing table") from None
+    reader = spark.readStream.format(fmt).schema(schema).options(
+        **({"header": "true"} if fmt == "csv" else {}), **(options or {}))
+    clean = suppress_stream(reader.load(source), settings, key, identifier)
+    writer = clean.writeStream.format("iceberg").outputMode("append").option("checkpointLocation", checkpoint)
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime="5 seconds")
+    query = writer.toTable(settings.table(table))
+    result, seen = IngestResult(), set()
+    try:
+        while query.isActive or query.recentProgress:
+            query.awaitTermination(1)
+            for progress in query.recentProgress:
+                if progress["batchId"] in seen or not progress.get("numInputRows"):
+                    continue
+                seen.add(progress["batchId"])
+                counts = progress.get("observedMetrics", {}).get(METRICS, {})
+                result.batches += 1
+                result.rows_in += int(counts.get("rows_in") or 0)
+                result.rows_suppressed += int(counts.get("rows_suppressed") or 0)
+                if on_batch:
+                    on_batch(progress)
+            if not query.isActive:
+                break
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception():
+        raise DsrError(f"the streaming query failed: {str(query.exception()).splitlines()[0]}")
+    result.rows_written = result.rows_in - result.rows_suppressed
+    return result
+
