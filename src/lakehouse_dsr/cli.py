@@ -317,11 +317,12 @@ def ingest(
 ) -> None:
     """Stream files into an Iceberg table, exactly once, dropping rows of people who asked to be erased."""
     from .ingest.stream import ingest as run_ingest
+    from .ingest.stream import suppressed_counts
 
     def batch(progress: dict) -> None:
-        counts = progress.get("observedMetrics", {}).get("dsr_suppression", {})
-        console.print(f"batch {progress['batchId']}: {progress['numInputRows']:,} rows read, "
-                      f"{int(counts.get('rows_suppressed') or 0):,} of erased subjects dropped")
+        rows_in, kept = suppressed_counts(progress)
+        console.print(f"batch {progress['batchId']}: {rows_in:,} rows read, "
+                      f"{rows_in - kept:,} of erased subjects dropped")
 
     result = run_ingest(_spark(), _settings(), source, fmt, table, checkpoint, once, key, identifier, on_batch=batch)
     console.print(f"{result.batches} batch(es): {result.rows_in:,} rows read, {result.rows_suppressed:,} dropped "

@@ -267,6 +267,9 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
                 return propagate.verify_aggregate(spark, settings, table, e, proven, physical)
             return _verify(spark, settings, hash_keys, table, hashes, key_types, physical, at_commit)
         checked = check(purge_now)
+        if checked.live and e is not None and e.plan.strategy == "subtract_groups":
+            propagate.catch_up(spark, settings, table, e)
+            checked = check(purge_now)
         if purge_now and not checked.live and (checked.history or checked.storage):
             # Left over from an earlier, interrupted run: purge now and prove again.
             purges[table] = _purge(spark, settings, table)

@@ -11,14 +11,14 @@
 Each row's key is hashed (HMAC in Spark, under each key of the ledger's keyring) and joined with
 the ledger's suppression list, read through a catalog without Iceberg's table cache: Spark plans a
 stream-static join's static side again at every micro-batch, so an erasure recorded a second ago
-applies to the next batch without a restart. Rows dropped are counted, never shown, in the query's
-progress (`observedMetrics["dsr_suppression"]`: rows_in, rows_suppressed).
+applies to the next batch without a restart. Rows are counted, never shown, in the query's
+progress: `observedMetrics["dsr_rows_in"]["rows"]` arrived, `observedMetrics["dsr_rows_kept"]["rows"]`
+passed (the difference: rows of erased people dropped).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -33,7 +33,7 @@ from ..lake.spark import uncached_catalog
 from ..ledger.ledger import Ledger
 from .suppress import known_identifier
 
-METRICS = "dsr_suppression"
+ROWS_IN, ROWS_KEPT = "dsr_rows_in", "dsr_rows_kept"  # observed metrics in the query's progress
 
 
 def suppression_list(spark: SparkSession, settings: Settings, identifier: str) -> DataFrame:
@@ -46,7 +46,7 @@ def suppression_list(spark: SparkSession, settings: Settings, identifier: str) -
     table = lambda name: spark.table(".".join(f"`{p}`" for p in [catalog, *name.split(".")]))  # noqa: E731
     erasures = table(ledger.requests_table).where(F.col("request_type") == "erase").select("request_id")
     return (table(ledger.keys_table).where(F.col("key_type") == identifier)
-            .join(erasures, "request_id", "left_semi").select("key_hash", "key_id").distinct())
+            .join(F.broadcast(erasures), "request_id", "left_semi").select("key_hash", "key_id"))
 
 
 def suppress_stream(stream_df: DataFrame, settings: Settings, key_column: str, identifier: str | None = None
@@ -55,7 +55,8 @@ def suppress_stream(stream_df: DataFrame, settings: Settings, key_column: str, i
     a person who asked to be erased, by keyed hash; works on batch DataFrames too.
 
     Cost per micro-batch: one HMAC per row and key of the keyring (two SHA-256 of the value), one
-    read of the ledger's suppression list (small), broadcast-joined once per key.
+    read of the ledger's suppression list (small), broadcast and joined on a 64-bit hash of each
+    stored hash (the full hashes are compared only where those agree).
     """
     identifier = known_identifier(settings, identifier)
     try:
@@ -65,23 +66,20 @@ def suppress_stream(stream_df: DataFrame, settings: Settings, key_column: str, i
     if is_array(key_column):
         raise DataMapError("suppress_stream takes one identifier per row; explode an array first")
     spark = stream_df.sparkSession
-    ledger = Ledger(settings)
-    ring = ledger.keyring.keys()  # every key that may have made a hash: the active one and the retired
+    ring = Ledger(settings).keyring.keys()  # every key that may have made a hash: active and retired
     listed = suppression_list(spark, settings, identifier)
-    keyed = stream_df.crossJoin(F.broadcast(_pad_row(spark, ring)))
+    rows = stream_df.observe(ROWS_IN, F.count(F.lit(1)).alias("rows")).crossJoin(F.broadcast(_pad_row(spark, ring)))
     value = F.col(column_ref(key_column)).cast("string").cast("binary")
-    marks = []
     for i, (kid, _) in enumerate(sorted(ring.items())):
-        hashed = f"dsr_h{i}"
-        keyed = keyed.withColumn(hashed, keyed_hash(value, F.col(f"dsr_i{i}"), F.col(f"dsr_o{i}")))
+        rows = rows.withColumn("dsr_h", keyed_hash(value, F.col(f"dsr_i{i}"), F.col(f"dsr_o{i}"))) \
+            .withColumn("dsr_k", F.xxhash64("dsr_h"))
         made = listed.where(F.col("key_id").isNull() | (F.col("key_id") == kid)).select(
-            F.col("key_hash").alias(hashed), F.lit(True).alias(f"dsr_m{i}")).distinct()
-        keyed = keyed.join(F.broadcast(made), hashed, "left")
-        marks.append(F.coalesce(F.col(f"dsr_m{i}"), F.lit(False)))
-    flagged = keyed.withColumn("dsr_erased", reduce(lambda a, b: a | b, marks))
-    observed = flagged.observe(METRICS, F.count(F.lit(1)).alias("rows_in"),
-                               F.sum(F.col("dsr_erased").cast("long")).alias("rows_suppressed"))
-    return observed.where(~F.col("dsr_erased")).select(*[F.col(f"`{c}`") for c in stream_df.columns])
+            F.xxhash64("key_hash").alias("dsr_listed_k"), F.col("key_hash").alias("dsr_listed_h"))
+        # An equi-join on the 64-bit hashes; startswith (equal lengths: equality) checks the full hash.
+        rows = rows.join(F.broadcast(made), (F.col("dsr_k") == F.col("dsr_listed_k"))
+                         & F.col("dsr_h").startswith(F.col("dsr_listed_h")), "left_anti")
+    kept = rows.observe(ROWS_KEPT, F.count(F.lit(1)).alias("rows"))
+    return kept.select(*[F.col(f"`{c}`") for c in stream_df.columns])
 
 
 def _pad_row(spark: SparkSession, ring: dict[str, bytes]) -> DataFrame:
@@ -93,6 +91,13 @@ def _pad_row(spark: SparkSession, ring: dict[str, bytes]) -> DataFrame:
         row += [inner, outer]
         schema += [f"dsr_i{i} binary", f"dsr_o{i} binary"]
     return spark.createDataFrame([tuple(row)], ", ".join(schema))
+
+
+def suppressed_counts(progress: dict) -> tuple[int, int]:
+    """(rows in, rows kept) of a micro-batch, from its progress dictionary."""
+    observed = progress.get("observedMetrics") or {}
+    return (int((observed.get(ROWS_IN) or {}).get("rows") or 0),
+            int((observed.get(ROWS_KEPT) or {}).get("rows") or 0))
 
 
 @dataclass
@@ -139,10 +144,10 @@ def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table
                 if progress["batchId"] in seen or not progress.get("numInputRows"):
                     continue
                 seen.add(progress["batchId"])
-                counts = progress.get("observedMetrics", {}).get(METRICS, {})
+                rows_in, kept = suppressed_counts(progress)
                 result.batches += 1
-                result.rows_in += int(counts.get("rows_in") or 0)
-                result.rows_suppressed += int(counts.get("rows_suppressed") or 0)
+                result.rows_in += rows_in
+                result.rows_suppressed += rows_in - kept
                 if on_batch:
                     on_batch(progress)
             if not query.isActive:

@@ -221,6 +221,19 @@ def _replace_groups(spark: SparkSession, settings: Settings, table: str, query: 
            f"({', '.join(quoted)}) VALUES ({', '.join(f's.{c}' for c in quoted)})", "the recomputed groups")
 
 
+def catch_up(spark: SparkSession, settings: Settings, table: str, erasure: TableErasure) -> None:
+    """After a subtraction that verification found short of a recomputation (the table had fallen
+    behind its sources: rows appended since it was last built), recompute those groups from the
+    sources, in one more commit."""
+    mapping = settings.datamap.aggregates[table]
+    target = spark.table(settings.table(table))
+    _replace_groups(spark, settings, table, _query(spark, settings, table), target, mapping.group_by, erasure.groups)
+    erasure.plan.strategy = "affected_groups"
+    erasure.plan.reason = "subtracted, then recomputed: the table was behind its sources"
+    committed = iceberg.own_commit_since(spark, settings, table, erasure.snapshot_id)
+    erasure.snapshot_id = committed.snapshot_id if committed else erasure.snapshot_id
+
+
 def verify_aggregate(spark: SparkSession, settings: Settings, table: str, erasure: TableErasure | None,
                      request_ids: list[str], physical: bool = True) -> TableVerification:
     """An aggregate is proven when the groups this run replaced (all of them after a full refresh)
