@@ -48,10 +48,12 @@ test-integration: integration-deps
 	$(PY) -m pytest -q -m integration tests/integration
 
 # The notebook's steps against `dsr run` on identical data, then a wide lake (10, 50, 100 mapped
-# tables of 10k rows: whole `dsr run` processes against per-table SQL); JSON + charts in bench/results/.
+# tables of 10k rows: whole `dsr run` processes against per-table SQL), the silver/gold propagation and
+# streaming suppression; JSON + charts in bench/results/.
 bench: $(STAMP)
 	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
 	$(PY) bench/tables.py
+	$(PY) bench/propagate.py --events $(BENCH_EVENTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
