@@ -330,6 +330,43 @@ def ingest(
 
 
 @app.command()
+def risk(
+    table: Annotated[str, typer.Argument(help="namespace.table")],
+    quasi: Annotated[str, typer.Option(help="quasi-identifier columns, comma-separated (zip,birth_date,gender)")],
+    k: Annotated[int, typer.Option(help="the smallest class size you accept")] = 5,
+    sensitive: Annotated[str | None, typer.Option(help="a sensitive column: report its l-diversity")] = None,
+    subject: Annotated[str | None, typer.Option(help="column naming the person (default: the data-map key)")
+                       ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    plot: Annotated[Path | None, typer.Option(help="write a chart of class sizes (PNG) here")] = None,
+) -> None:
+    """k-anonymity of a table over its quasi-identifiers (and l-diversity of a sensitive column): counts only."""
+    from .vault.risk import assess
+    from .vault.risk import plot as plot_classes
+
+    found = assess(_spark(), _settings(), table, [c.strip() for c in quasi.split(",") if c.strip()], k,
+                   sensitive, subject)
+    if plot:
+        plot_classes(found, plot)
+    if as_json:
+        print(json.dumps(found.as_dict(), indent=2))
+        return
+    verdict = "[green]k-anonymous[/]" if found.k_anonymous else "[red]not k-anonymous[/]"
+    console.print(f"{table} over {', '.join(found.quasi_identifiers)}: {verdict} for k={k}; {found.rows:,} rows in "
+                  f"{found.classes:,} classes, the smallest of {found.smallest_class}")
+    console.print(f"rows in classes below k: {found.rows_below_k:,} ({found.share_rows_below_k:.1%})")
+    if found.subjects is not None:
+        console.print(f"subjects ({found.subject_column}) in classes below k: {found.subjects_below_k:,} of "
+                      f"{found.subjects:,} ({found.share_subjects_below_k:.1%})")
+    if found.sensitive:
+        console.print(f"l-diversity of {found.sensitive}: {found.l_diversity} (rows in classes with one value: "
+                      f"{found.share_rows_single_value:.1%})")
+    for c in found.riskiest:
+        console.print(f"  {', '.join(c.columns)}: smallest class {c.smallest_class}, "
+                      f"{c.share_rows_below_k:.1%} of rows below k")
+
+
+@app.command()
 def discover(
     namespace: Annotated[list[str] | None, typer.Option(help="namespace to look in (default: all but the ledger's)")
                          ] = None,

@@ -1,0 +1,1 @@
+"""Pseudonymization and what is left of a person once the link is gone: re-identification risk."""
