@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
@@ -12,6 +13,7 @@ from ..lake.plainfiles import check_dataset
 from . import lineage
 from .model import DataMap, column_path, is_array
 
+T = TypeVar("T")
 KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
 
 
@@ -64,14 +66,9 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
         needed.setdefault(link.table, []).extend([link.subject_column, link.column])
     for table, columns in needed.items():
         kind = "files" if table in datamap.files else "table"
-        try:
-            schema = check_dataset(spark, table, datamap.files[table]).schema if kind == "files" \
-                else spark.table(qualify(table)).schema
-        except DataMapError as exc:
-            problems.append(str(exc))
-            continue
-        except Exception as exc:  # AnalysisException, catalog unreachable, ...
-            problems.append(f"table {table} cannot be read: {first_line(exc)}")
+        schema = _read(problems, table, lambda t=table, k=kind: check_dataset(spark, t, datamap.files[t]).schema
+                       if k == "files" else spark.table(qualify(t)).schema)
+        if schema is None:
             continue
         schemas[table] = schema
         for column in dict.fromkeys(columns):
@@ -113,6 +110,18 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
     return key_types
 
 
+def _read(problems: list[str], table: str, read: Callable[[], T]) -> T | None:
+    """`read()`, or None with the problem noted: a DataMapError as it says, anything else (an
+    AnalysisException, a catalog out of reach) as the table that cannot be read."""
+    try:
+        return read()
+    except DataMapError as exc:
+        problems.append(str(exc))
+    except Exception as exc:
+        problems.append(f"table {table} cannot be read: {first_line(exc)}")
+    return None
+
+
 def _aggregate_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[str]:
     """Each aggregate's sql parses, reads only tables of the data map named in its `from:`, returns its
     `group_by` columns and exactly the table's columns. Analysis only: nothing is read."""
@@ -120,15 +129,11 @@ def _aggregate_problems(spark: SparkSession, datamap: DataMap, qualify: Callable
     known = {*datamap.tables, *datamap.derived}
     catalog = qualify("a.b").split(".")[0].strip("`")
     for name, mapping in datamap.aggregates.items():
-        try:
-            query = lineage.parse(spark, name, mapping, known, catalog)
-            columns = spark.table(qualify(name)).columns
-        except DataMapError as exc:
-            problems.append(str(exc))
+        read = _read(problems, name, lambda n=name, m=mapping: (lineage.parse(spark, n, m, known, catalog),
+                                                                spark.table(qualify(n)).columns))
+        if read is None:
             continue
-        except Exception as exc:  # AnalysisException, catalog unreachable, ...
-            problems.append(f"table {name} cannot be read: {first_line(exc)}")
-            continue
+        query, columns = read
         try:
             result = lineage.shape(lineage.bound(spark, query, lambda t: spark.table(qualify(t))),
                                    mapping.group_by).columns

@@ -245,10 +245,6 @@ class DerivedMapping(TableMapping):
     def groups(self) -> list[KeyGroup]:
         return [] if self.is_aggregate else super().groups
 
-    @property
-    def key_columns(self) -> list[str]:
-        return [g.column for g in self.groups]
-
 
 class DataMap(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -36,10 +36,9 @@ from .suppress import known_identifier
 ROWS_IN, ROWS_KEPT = "dsr_rows_in", "dsr_rows_kept"  # observed metrics in the query's progress
 
 
-def suppression_list(spark: SparkSession, settings: Settings, identifier: str) -> DataFrame:
+def suppression_list(spark: SparkSession, settings: Settings, ledger: Ledger, identifier: str) -> DataFrame:
     """(key_hash, key_id) of every `identifier` value acted on for an erase request, read by Spark
     through the uncached catalog: planned again, it reads the ledger as it is then."""
-    ledger = Ledger(settings)
     for table in ("requests", "request_keys"):
         ledger.store.load(table)  # created when missing: a stream may start before the first request
     catalog = uncached_catalog(spark, settings)
@@ -66,8 +65,9 @@ def suppress_stream(stream_df: DataFrame, settings: Settings, key_column: str, i
     if is_array(key_column):
         raise DataMapError("suppress_stream takes one identifier per row; explode an array first")
     spark = stream_df.sparkSession
-    ring = Ledger(settings).keyring.keys()  # every key that may have made a hash: active and retired
-    listed = suppression_list(spark, settings, identifier)
+    ledger = Ledger(settings)
+    ring = ledger.keyring.keys()  # every key that may have made a hash: active and retired
+    listed = suppression_list(spark, settings, ledger, identifier)
     rows = stream_df.observe(ROWS_IN, F.count(F.lit(1)).alias("rows")).crossJoin(F.broadcast(_pad_row(spark, ring)))
     value = F.col(column_ref(key_column)).cast("string").cast("binary")
     for i, (kid, _) in enumerate(sorted(ring.items())):

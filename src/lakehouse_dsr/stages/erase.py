@@ -82,6 +82,16 @@ class TableErasure:
     def rows_changed(self) -> int:
         return self.plan.rows_matched if self.plan.action == "redact" else self.plan.rows_before - self.rows_after
 
+    def took(self, snapshot: iceberg.Snapshot | None) -> None:
+        """Record our commit (None: nothing committed) and what its summary says it rewrote."""
+        if snapshot is None:
+            return
+        s = snapshot.summary
+        self.snapshot_id = snapshot.snapshot_id
+        self.data_files_rewritten = int(s.get("deleted-data-files", 0))
+        self.bytes_rewritten = int(s.get("removed-files-size", 0))
+        self.delete_files_added = int(s.get("added-delete-files", 0))
+
     def absorb(self, later: TableErasure) -> None:
         """Fold a later round (late rows erased) into this result: counts add up, the newest commit wins."""
         self.plan.rows_matched += later.plan.rows_matched
@@ -253,13 +263,7 @@ def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: 
     finally:
         for view in views:
             spark.catalog.dropTempView(view)
-    snapshot = iceberg.own_commit_since(spark, settings, table_plan.table, table_plan.snapshot_before)
-    if snapshot:
-        s = snapshot.summary
-        result.snapshot_id = snapshot.snapshot_id
-        result.data_files_rewritten = int(s.get("deleted-data-files", 0))
-        result.bytes_rewritten = int(s.get("removed-files-size", 0))
-        result.delete_files_added = int(s.get("added-delete-files", 0))
+    result.took(iceberg.own_commit_since(spark, settings, table_plan.table, table_plan.snapshot_before))
     # Counted at the erase commit, so a concurrent append cannot pass for collateral damage.
     result.rows_after = iceberg.rows_after_commit(spark, settings, table_plan.table, result.snapshot_id,
                                                   table_plan.rows_before)

@@ -61,8 +61,10 @@ def erased_rows(spark: SparkSession, settings: Settings, table: str, change: Ups
     return before.unionByName(after)
 
 
-def _same(columns: list[str], left: DataFrame, right: DataFrame) -> Column:
-    return reduce(lambda a, b: a & b, [left[f"`{c}`"].eqNullSafe(right[f"`{c}`"]) for c in columns])
+def _same(columns: list[str], left: DataFrame, right: DataFrame, names: dict[str, str] | None = None) -> Column:
+    """Null-safe equality of `columns` between two DataFrames (`names`: the right side's names for them)."""
+    names = names or {}
+    return reduce(lambda a, b: a & b, [left[f"`{c}`"].eqNullSafe(right[f"`{names.get(c, c)}`"]) for c in columns])
 
 
 def _in_groups(df: DataFrame, groups: DataFrame | None, group_by: list[str]) -> DataFrame:
@@ -84,10 +86,10 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
     snapshot = iceberg.current_snapshot(spark, settings, table)
     target = spark.table(settings.table(table))
     query = _query(spark, settings, table)
+    current = lineage.bound(spark, query, lambda t: spark.table(settings.table(t)))  # analyzed once, for the checks
     reason = "a source erased by an earlier, interrupted run" if stale else None
     if reason is None:
-        reason = lineage.shape(lineage.bound(spark, query, lambda t: spark.table(settings.table(t))),
-                               mapping.group_by).reason if mapping.refresh == "groups" else "refresh: full"
+        reason = lineage.shape(current, mapping.group_by).reason if mapping.refresh == "groups" else "refresh: full"
     if reason is None and any(c is None for c in changes.values()):
         reason = "a source is an aggregate that was recomputed"
     if reason is None and any(isinstance(f.dataType, MapType) for f in target.schema.fields):
@@ -96,8 +98,7 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
     if reason is None and len(changes) == 1:
         (source, change), = changes.items()
         if change.action == "delete":
-            subtract = lineage.subtraction(lineage.bound(spark, query, lambda t: spark.table(settings.table(t))),
-                                           mapping.group_by, _erased_by(settings, source))
+            subtract = lineage.subtraction(current, mapping.group_by, _erased_by(settings, source))
     strategy = "full_refresh" if reason else "subtract_groups" if subtract else "affected_groups"
     plan = TablePlan(table=table, key="", identifier="", action="recompute", strategy=strategy,
                      write_mode=iceberg.write_mode(spark, settings, table, "merge"), rows_before=target.count(),
@@ -118,14 +119,9 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
                 _replace_groups(spark, settings, table, query, target, mapping.group_by, result.groups)
     except Exception as exc:  # recorded; verification then shows what is left
         result.error = first_line(exc, with_type=True)
-    committed = iceberg.own_commit_since(spark, settings, table, plan.snapshot_before)
-    if committed:
-        s = committed.summary
-        result.snapshot_id = committed.snapshot_id
-        result.data_files_rewritten = int(s.get("deleted-data-files", 0))
-        result.bytes_rewritten = int(s.get("removed-files-size", 0))
-        result.delete_files_added = int(s.get("added-delete-files", 0))
-    result.rows_after = spark.table(settings.table(table)).count() if committed else plan.rows_before
+    result.took(iceberg.own_commit_since(spark, settings, table, plan.snapshot_before))
+    result.rows_after = plan.rows_before if result.snapshot_id is None else \
+        iceberg.rows_after_commit(spark, settings, table, result.snapshot_id, plan.rows_before)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 
@@ -146,7 +142,7 @@ def _subtract(spark: SparkSession, settings: Settings, table: str, query: lineag
     lost = lineage.aggregated(spark, lineage.bound(spark, query, lambda t: erased))
     names = {c: f"dsr_{i}" for i, c in enumerate(lost.columns)}
     lost = lost.select(*[F.col(f"`{c}`").alias(name) for c, name in names.items()])
-    held = target.join(lost, _same_as(group_by, target, lost, names), "inner")
+    held = target.join(lost, _same(group_by, target, lost, names), "inner")
     left = held.select(*[(F.col(f"`{c}`") - F.col(names[c])).cast(target.schema[c].dataType).alias(c)
                          if c in subtract.columns else F.col(f"`{c}`") for c in target.columns])
     changed = left.withColumn("dsr_op", F.when(F.col(f"`{subtract.rows}`") <= 0, "d").otherwise("u")
@@ -171,10 +167,6 @@ def _merge(spark: SparkSession, settings: Settings, table: str, source: DataFram
         iceberg.with_conflict_retries(settings, f"table {table}: {what}", lambda: spark.sql(statement))
     finally:
         spark.catalog.dropTempView(view)
-
-
-def _same_as(columns: list[str], left: DataFrame, right: DataFrame, names: dict[str, str]) -> Column:
-    return reduce(lambda a, b: a & b, [left[f"`{c}`"].eqNullSafe(right[names[c]]) for c in columns])
 
 
 def _query(spark: SparkSession, settings: Settings, table: str) -> lineage.Query:

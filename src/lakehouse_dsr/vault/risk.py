@@ -21,7 +21,7 @@ from ..datamap import column_ref
 from ..datamap.check import field_at
 from ..exceptions import DataMapError, DsrError
 
-ALL_SUBSETS_UP_TO = 4  # more quasi-identifiers: single columns and pairs only (each subset is one more pass)
+ALL_SUBSETS_UP_TO = 4  # more quasi-identifiers: single columns and pairs only (each subset: one more roll-up of the classes)
 
 
 @dataclass
@@ -96,10 +96,10 @@ def assess(spark: SparkSession, settings: Settings, table: str, quasi: list[str]
            sensitive: str | None = None, subject: str | None = None) -> RiskReport:
     """k-anonymity (and l-diversity for `sensitive`) of `table` over the `quasi` columns.
 
-    Cost: one aggregation of the table by the quasi-identifiers (classes stay in Spark, only their
-    size distribution reaches the driver), one semi-join counting the subjects in small classes,
-    and one aggregation per subset of the quasi-identifiers for `riskiest` (all subsets up to four
-    columns; beyond, single columns and pairs).
+    Cost: one aggregation of the table by the quasi-identifiers (classes kept in Spark, only their
+    size distribution reaches the driver); with a subject column, one more scan joined with the
+    classes for the subject counts; `riskiest` rolls the classes up per subset of the
+    quasi-identifiers (all subsets up to four columns; beyond, single columns and pairs).
     """
     df = spark.table(settings.table(table))
     subject = _subject_column(settings, table, subject)
@@ -123,15 +123,15 @@ def assess(spark: SparkSession, settings: Settings, table: str, quasi: list[str]
     if sensitive:
         report.sensitive, report.l_diversity = sensitive, int(summary["l"] or 0)
         report.share_rows_single_value = _share(summary["single"], rows)
-    if subject:
-        small = classes.where(F.col("n") < k).select(*keys)
-        on = [named[c].eqNullSafe(small[c]) for c in keys]
-        report.subject_column = subject
-        report.subjects = named.select("dsr_subject").distinct().count()
-        report.subjects_below_k = named.join(F.broadcast(small) if report.classes < 1_000_000 else small,
-                                             on, "left_semi").select("dsr_subject").distinct().count()
+    if subject:  # one pass: every row with its class's size
+        sized = classes.select(*[F.col(c).alias(f"{c}_c") for c in keys], "n")
+        on = [named[c].eqNullSafe(sized[f"{c}_c"]) for c in keys]
+        counts = named.join(F.broadcast(sized) if report.classes < 1_000_000 else sized, on).agg(
+            F.countDistinct("dsr_subject").alias("all"),
+            F.countDistinct(F.when(F.col("n") < k, F.col("dsr_subject"))).alias("below")).first()
+        report.subject_column, report.subjects, report.subjects_below_k = subject, int(counts.all), int(counts.below)
         report.share_subjects_below_k = _share(report.subjects_below_k, report.subjects)
-    report.riskiest = _riskiest(named, quasi, keys, k, rows)
+    report.riskiest = _riskiest(classes, quasi, keys, k, rows)
     return report
 
 
@@ -139,17 +139,18 @@ def _share(part, whole: int) -> float:
     return round(int(part or 0) / whole, 6) if whole else 0.0
 
 
-def _riskiest(named: DataFrame, quasi: list[str], keys: list[str], k: int, rows: int, top: int = 5
+def _riskiest(classes: DataFrame, quasi: list[str], keys: list[str], k: int, rows: int, top: int = 5
               ) -> list[Combination]:
     """The subsets of the quasi-identifiers that leave the most rows in classes below k (then the
-    smallest class): which columns to generalise or drop first."""
+    smallest class): which columns to generalise or drop first. Rolled up from `classes` (kept),
+    so the table is not read again."""
     sizes = range(1, len(keys) + 1) if len(keys) <= ALL_SUBSETS_UP_TO else (1, 2)
     found = []
     for size in sizes:
         for subset in combinations(range(len(keys)), size):
             if size == len(keys):
                 continue  # the whole set is the report itself
-            counts = named.groupBy(*[keys[i] for i in subset]).count()
+            counts = classes.groupBy(*[keys[i] for i in subset]).agg(F.sum("n").alias("count"))
             r = counts.agg(F.min("count").alias("smallest"),
                            F.sum(F.when(F.col("count") < k, F.col("count")).otherwise(0)).alias("below")).first()
             found.append(Combination([quasi[i] for i in subset], int(r.smallest or 0), int(r.below or 0),
