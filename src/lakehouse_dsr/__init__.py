@@ -1,6 +1,6 @@
 """lakehouse-dsr: data subject requests (erasure, access) over an Apache Iceberg lakehouse."""
 
-__all__ = ["erased", "suppress", "suppress_for", "suppress_stream"]
+__all__ = ["erased", "pseudonymize", "reidentify", "suppress", "suppress_for", "suppress_stream"]
 
 
 def __getattr__(name: str):
@@ -9,6 +9,10 @@ def __getattr__(name: str):
         from .ingest import suppress
 
         return getattr(suppress, name)
+    if name in ("pseudonymize", "reidentify"):
+        from .vault import pseudonymize
+
+        return getattr(pseudonymize, name)
     if name == "suppress_stream":
         from .ingest import stream
 

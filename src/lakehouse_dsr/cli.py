@@ -367,6 +367,40 @@ def risk(
 
 
 @app.command()
+def pseudonymize(
+    source: Annotated[str, typer.Argument(help="namespace.table to copy")],
+    into: Annotated[str, typer.Option(help="the new table: namespace.table (must not exist)")],
+    key: Annotated[str, typer.Option(help="the column naming the person; it will hold pseudonyms")],
+    identifier: Annotated[str | None, typer.Option(help="the identifier type the key holds (default: from the "
+                                                        "data map, else its subject)")] = None,
+    encrypt: Annotated[str | None, typer.Option(help="string/binary columns to encrypt per person, comma-separated"
+                                                )] = None,
+) -> None:
+    """Copy a table with its key as vault pseudonyms and columns encrypted per person; print the data-map entry."""
+    import yaml
+
+    from .vault.pseudonymize import pseudonymize_table
+
+    columns = [c.strip() for c in (encrypt or "").split(",") if c.strip()]
+    with err.status(f"pseudonymizing {source} into {into}"):
+        done = pseudonymize_table(_spark(), _settings(), source, into, key, identifier, columns)
+    err.print(f"{done.target}: {done.rows:,} rows, {done.entries_created:,} new vault entries; add to the data map "
+              "(and keep or erase the source as its own entry says):")
+    print(yaml.safe_dump({"datamap": {"tables": done.datamap_entry()}}, sort_keys=False), end="")
+
+
+@app.command("rotate-vault-key")
+def rotate_vault_key() -> None:
+    """Wrap every vault data key under a new master key (no fact table changes); the old key is then dropped."""
+    from .vault.vault import rotate_master_key
+
+    with err.status("re-wrapping the vault's data keys"):
+        r = rotate_master_key(_spark(), _settings())
+    console.print(f"vault master key {r.new_id} is now active; {r.entries_rewrapped:,} data key(s) re-wrapped, "
+                  f"{r.retired_dropped} retired master key(s) no entry needs were dropped")
+
+
+@app.command()
 def discover(
     namespace: Annotated[list[str] | None, typer.Option(help="namespace to look in (default: all but the ledger's)")
                          ] = None,

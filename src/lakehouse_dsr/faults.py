@@ -17,6 +17,9 @@ FAILPOINTS = (
     "during_export",  # on an executor, after the first access package is written
     "before_propagate",  # mapped tables erased and journaled, derived tables untouched
     "during_propagate",  # the first level of derived tables committed, not yet journaled
+    "before_shred",   # keyed tables erased, the vault untouched
+    "during_shred",   # the subjects' vault entries deleted and journaled, the vault's history not purged
+    "after_shred",    # the vault purged, nothing verified
     "after_erase",    # every table's erase committed, nothing purged
     "after_purge",    # tables purged, not verified
     "after_verify",   # verified, outcomes not yet recorded

@@ -40,7 +40,8 @@ from .ledger.lease import Lease
 from .ledger.ledger import OPEN_STATUSES, Ledger, Outcome
 from .ledger.requests import utc_now
 from .progress import Progress, Silent
-from .stages import access, collateral, erase, files, identity, matching, propagate, purge, verify
+from .stages import access, collateral, erase, files, identity, matching, propagate, purge, shred, verify
+from .vault import vault
 
 
 @contextmanager
@@ -129,9 +130,11 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         faults.failpoint("after_start")
         with _timed(report, "ledger", session):
             key_types = check_against_catalog(session, settings.datamap, settings.table)  # before anything changes
-        outcomes = _run_access(session, settings, key_types, report, progress, work)
+            # a wrong or missing vault master key fails here, before anything changes
+            vault_keys = vault.open_keys(session, settings) if settings.datamap.shredded else None
+        outcomes = _run_access(session, settings, key_types, report, progress, work, vault_keys)
         if not report.held:  # a table on hold stops every erasure and purge until `dsr release`
-            outcomes += _run_erasure(session, settings, ledger, key_types, report, progress, work)
+            outcomes += _run_erasure(session, settings, ledger, key_types, report, progress, work, vault_keys)
         faults.failpoint("after_verify")
         with _timed(report, "ledger"):
             lease.check()  # a run that lost its lease must not record anything: its successor acts
@@ -189,7 +192,7 @@ def _batch(spark: SparkSession, rows: dict[str, dict]) -> DataFrame:
 
 
 def _run_access(spark: SparkSession, settings: Settings, key_types: KeyTypes, report: RunReport,
-                progress: Progress, work: _Work) -> list[Outcome]:
+                progress: Progress, work: _Work, vault_keys: vault.Keys | None) -> list[Outcome]:
     request_ids = sorted(work.access)
     if not request_ids:
         return []
@@ -200,7 +203,7 @@ def _run_access(spark: SparkSession, settings: Settings, key_types: KeyTypes, re
         try:
             batch = _batch(spark, work.access)
             keys = identity.resolve(spark, settings, batch)
-            result = access.export(spark, settings, batch, out_dir, settings.export.format, key_types, keys)
+            result = access.export(spark, settings, batch, out_dir, settings.export.format, key_types, keys, vault_keys)
             checked = access.checked_packages(result)
         except Exception as exc:  # every request of the batch stays open with the reason
             return [Outcome(rid, "failed", f"export failed: {first_line(exc, with_type=True)}") for rid in request_ids]
@@ -209,7 +212,7 @@ def _run_access(spark: SparkSession, settings: Settings, key_types: KeyTypes, re
     report.export = {"directory": result.directory, "manifest": result.manifest, "format": settings.export.format,
                      "packages": len(result.packages),
                      "rows": {t: sum(p.rows.get(t, 0) for p in result.packages)
-                              for t in [*settings.datamap.keyed, *settings.datamap.files]}}
+                              for t in [*settings.datamap.keyed, *settings.datamap.files, *settings.datamap.shredded]}}
     packages = {p.request_id: p for p in result.packages}
     outcomes = []
     for rid in request_ids:
@@ -224,14 +227,14 @@ def _run_access(spark: SparkSession, settings: Settings, key_types: KeyTypes, re
 
 
 def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_types: KeyTypes,
-                 report: RunReport, progress: Progress, work: _Work) -> list[Outcome]:
+                 report: RunReport, progress: Progress, work: _Work, vault_keys: vault.Keys | None) -> list[Outcome]:
     request_ids = sorted(work.erase)
     waiting, deadlines, purge_now = work.waiting, work.deadlines, work.purge_now
     if not request_ids and not purge_now:
         report.purge_schedule = _schedule(settings, False, waiting)
         return []
     tables = settings.datamap.erase_order()
-    erasures = _erase(spark, settings, ledger, work, request_ids, key_types, report, progress)
+    erasures, shredded = _erase(spark, settings, ledger, work, request_ids, key_types, report, progress, vault_keys)
     # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
     resumed = {s.table: s for s in work.steps if s.run_id in work.interrupted and s.step == "erased"}
     faults.failpoint("after_erase")
@@ -256,10 +259,18 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         ledger.journal.record([Step(report.run_id, t, "purged", None, {"bytes_rewritten": p.bytes_rewritten})
                                for t, p in purges.items() if not p.error])
         faults.failpoint("after_purge")
+    if shredded is not None:  # the vault was purged in the shred step, whatever the policy
+        erasures.update(shredded.erasures)
+        p = shredded.purge
+        purges.update({t: purge.TablePurge(vault.table_name(settings), snapshots_expired=p.snapshots_expired,
+                                           files_deleted=p.files_deleted, orphans_removed=p.orphans_removed,
+                                           seconds=p.seconds) for t in shredded.erasures})
 
     hashes = verify.stored_hashes(spark, ledger, proven)
     hash_keys = verify.keys_for(settings, hashes, ledger.keyring)  # once, for every table
     def prove(table: str) -> verify.TableVerification:
+        if table in settings.datamap.shredded:
+            return shred.verify(spark, settings, table, shredded, request_ids)
         e = erasures.get(table)
         at_commit = (e.snapshot_id, e.values_at_commit) if e and e.values_at_commit is not None else None
         def check(physical: bool) -> verify.TableVerification:
@@ -281,7 +292,8 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
 
     with _timed(report, "verify", spark):
         verifications = _each_table(settings, progress, "verify" if purge_now else "verify live data (purge not run)",
-                                    [*tables, *settings.datamap.files], prove)
+                                    [*tables, *settings.datamap.files,
+                                     *(settings.datamap.shredded if shredded is not None else [])], prove)
 
     for table in verifications:
         report.tables[table] = {
@@ -311,7 +323,8 @@ def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> None:
 
 
 def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work, request_ids: list[str],
-           key_types: KeyTypes, report: RunReport, progress: Progress) -> dict[str, erase.TableErasure]:
+           key_types: KeyTypes, report: RunReport, progress: Progress, vault_keys: vault.Keys | None
+           ) -> tuple[dict[str, erase.TableErasure], shred.Shred | None]:
     """Resolve the batch's identifiers, record their hashes, and erase them from every mapped table
     and file dataset, then propagate to the derived tables level by level (a level reads only
     tables erased before it): keyed ones erased by key, aggregates recomputed (stages/propagate.py).
@@ -320,9 +333,11 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
 
     Tables holding keys get at most `erase.max_rounds - 1` more rounds for rows of these subjects
     that other writers appended meanwhile: only tables that took commits after ours are checked.
+    Then the subjects' vault entries are shredded (`action: shred` tables, stages/shred.py), journaled
+    with the erase commits, and the vault's history purged.
     """
     if not request_ids:
-        return {}
+        return {}, None
     with _timed(report, "resolve", spark):
         progress.stage("resolve identifiers", 1)
         progress.step(f"{len(request_ids)} subjects")
@@ -345,10 +360,21 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         if datamap.files:
             erasures.update(_each_table(settings, progress, "erase files", list(datamap.files),
                                         lambda d: files.erase_dataset(spark, settings, d, key_sets[d])))
-        late.erase(progress, erasures, list(datamap.tables), key_sets)
-    _record_erasures(ledger, report.run_id, erasures)
+        late.erase(progress, erasures, list(datamap.keyed), key_sets)
+    shredded = None
+    if datamap.shredded:
+        faults.failpoint("before_shred")
+        with _timed(report, "shred", spark):
+            progress.stage("shred", 1)
+            progress.step("vault entries")
+            shredded = shred.shred(spark, settings, keys, vault_keys)
+    _record_erasures(ledger, report.run_id, erasures, shredded=shredded and (vault.table_name(settings), shredded))
+    if shredded is not None:
+        with _timed(report, "shred", spark):
+            shred.purge_vault(spark, settings, shredded)
+            progress.done()
     if not datamap.derived:
-        return erasures
+        return erasures, shredded
     faults.failpoint("before_propagate")
     stale = _stale_aggregates(settings, work.steps)
     with _timed(report, "propagate", spark):
@@ -366,17 +392,19 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
             faults.failpoint("during_propagate")
             _record_erasures(ledger, report.run_id, {t: erasures[t] for t in level if t in erasures},
                              propagated=[t for t in level if t in datamap.aggregates])
-    return erasures
+    return erasures, shredded
 
 
 def _record_erasures(ledger: Ledger, run_id: str, erasures: dict[str, erase.TableErasure],
-                     propagated: list[str] = ()) -> None:
-    """One journal commit: each commit of `erasures` (step `erased`) and the aggregates brought in
-    line with their sources (step `propagated`, committed or not)."""
+                     propagated: list[str] = (), shredded: tuple[str, shred.Shred] | None = None) -> None:
+    """One journal commit: each commit of `erasures` (step `erased`), the aggregates brought in
+    line with their sources (step `propagated`, committed or not), and the vault's shred commit."""
     ledger.journal.record([*(Step(run_id, t, "erased", e.snapshot_id,
                                   {"rows": e.plan.matches_by_request, "rounds": e.rounds})
                              for t, e in erasures.items() if e.snapshot_id is not None),
-                           *(Step(run_id, t, "propagated") for t in propagated)])
+                           *(Step(run_id, t, "propagated") for t in propagated),
+                           *([Step(run_id, shredded[0], "shredded", shredded[1].snapshot_id,
+                                   {"tables": sorted(shredded[1].erasures)})] if shredded else [])])
 
 
 def _stale_aggregates(settings: Settings, steps: list[Step]) -> set[str]:

@@ -6,12 +6,13 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
 
 from ..exceptions import DataMapError, first_line
 from ..lake.plainfiles import check_dataset
 from . import lineage
-from .model import DataMap, column_path, is_array
+from .model import PSEUDONYM_PATTERN, DataMap, column_path, is_array
 
 T = TypeVar("T")
 KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
@@ -105,6 +106,7 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
             except ValueError:
                 continue
     problems += _aggregate_problems(spark, datamap, qualify)
+    problems += _shred_problems(spark, datamap, qualify)
     if problems:
         raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(problems))
     return key_types
@@ -120,6 +122,42 @@ def _read(problems: list[str], table: str, read: Callable[[], T]) -> T | None:
     except Exception as exc:
         problems.append(f"table {table} cannot be read: {first_line(exc)}")
     return None
+
+
+SAMPLE_ROWS = 1000
+
+
+def _shred_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[str]:
+    """Each `action: shred` table: its key is a string column whose values are vault pseudonyms (on a
+    sample of its first rows: a plaintext identifier there would survive the shred), its encrypted
+    columns are binary, its quasi-identifiers exist. Reads at most SAMPLE_ROWS key values; only
+    the count of non-pseudonyms reaches the driver."""
+    problems = []
+    for name, mapping in datamap.shredded.items():
+        df = _read(problems, name, lambda n=name: spark.table(qualify(n)))
+        if df is None:
+            continue
+        fields = {f.name: f.dataType for f in df.schema.fields}
+        for column in [mapping.key, *mapping.encrypted, *mapping.quasi_identifiers]:
+            if column not in fields:
+                problems.append(f"table {name} has no column {column!r} (has: {', '.join(fields)})")
+        if mapping.key not in fields:
+            continue
+        if fields[mapping.key].simpleString() != "string":
+            problems.append(f"table {name}: action: shred needs pseudonyms in {mapping.key!r}, a "
+                            f"{fields[mapping.key].simpleString()} column holds none; run dsr pseudonymize first")
+            continue
+        for column in mapping.encrypted:
+            if column in fields and fields[column].simpleString() != "binary":
+                problems.append(f"table {name}: encrypted column {column!r} is a {fields[column].simpleString()}, "
+                                "not the binary dsr pseudonymize writes")
+        sample = df.select(mapping.key).where(F.col(mapping.key).isNotNull()).limit(SAMPLE_ROWS)
+        plain = sample.where(~F.col(mapping.key).rlike(PSEUDONYM_PATTERN)).count()
+        if plain:
+            problems.append(f"table {name}: {plain} of the first {SAMPLE_ROWS} values of {mapping.key!r} are not "
+                            "vault pseudonyms, so a shred would leave them identifying; pseudonymize the table "
+                            "(dsr pseudonymize) or use action: delete")
+    return problems
 
 
 def _aggregate_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[str]:

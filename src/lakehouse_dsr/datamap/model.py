@@ -33,6 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")  # \Z: "$" would let a newline through
 _ARRAY = "[]"  # after a key column: an array of identifiers
+# What an `action: shred` key holds: a vault pseudonym, `psn:` and a random (version 4) UUID
+PSEUDONYM_PREFIX = "psn:"
+PSEUDONYM_PATTERN = r"^psn:[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
 
 
 def check_table_name(name: str) -> str:
@@ -106,8 +109,13 @@ class TableMapping(BaseModel):
     key: str | None = None
     keys: dict[str, KeySpec] | None = None  # several subject columns: {column: {identifier, redact}}
     identifier: str | None = None  # defaults to the data map's subject identifier
-    action: Literal["delete", "redact"] = "delete"
+    action: Literal["delete", "redact", "shred"] = "delete"
     redact: list[str] = Field(default_factory=list)
+    # action: shred (the key holds vault pseudonyms): the columns `dsr pseudonymize` encrypted, and the
+    # columns that may still single a person out, with the k-anonymity a shred must leave
+    encrypted: list[str] = Field(default_factory=list)
+    quasi_identifiers: list[str] = Field(default_factory=list)
+    min_k: int | None = Field(default=None, ge=2)
     # Told to the subject with an access export (GDPR Art. 15(1)); optional.
     purpose: str | None = None
     recipients: list[str] = Field(default_factory=list)
@@ -121,6 +129,16 @@ class TableMapping(BaseModel):
         if (self.key is None) == (self.keys is None):
             raise ValueError("give either 'key' (one subject column) or 'keys' (several), not "
                              + ("both" if self.key else "neither"))
+        if self.action == "shred":
+            if self.keys is not None or is_array(self.key) or "." in self.key or self.redact:
+                raise ValueError("action: shred needs one top-level 'key' column holding vault pseudonyms "
+                                 "(no keys:, [] or struct path, no redact)")
+            if self.min_k is not None and not self.quasi_identifiers:
+                raise ValueError("min_k needs the 'quasi_identifiers' it is measured over")
+            for column in [*self.encrypted, *self.quasi_identifiers]:
+                _check_column(column, array_allowed=False)
+        elif self.encrypted or self.quasi_identifiers or self.min_k is not None:
+            raise ValueError("'encrypted', 'quasi_identifiers' and 'min_k' belong to action: shred tables")
         for column in [*(self.keys or [self.key]), *self.redact,
                        *(c for spec in (self.keys or {}).values() for c in spec.redact)]:
             _check_column(column)
@@ -306,8 +324,14 @@ class DataMap(BaseModel):
 
     @property
     def keyed(self) -> dict[str, TableMapping]:
-        """Every catalog table holding subject keys: mapped tables and keyed derived tables."""
-        return {**self.tables, **self.keyed_derived}
+        """Every catalog table holding subject keys: mapped tables and keyed derived tables (not the
+        shredded ones: they hold pseudonyms, which only the vault links to anyone)."""
+        return {**{n: m for n, m in self.tables.items() if m.action != "shred"}, **self.keyed_derived}
+
+    @property
+    def shredded(self) -> dict[str, TableMapping]:
+        """Tables erased by shredding the subject's vault entry (`action: shred`)."""
+        return {n: m for n, m in self.tables.items() if m.action == "shred"}
 
     def identifier_types(self) -> list[str]:
         return [self.subject, *self.identifiers]
@@ -324,7 +348,8 @@ class DataMap(BaseModel):
     def erase_waves(self) -> list[list[str]]:
         """`erase_order` as waves whose tables are independent of each other (erased side by side)."""
         sources = {link.table for link in self.identifiers.values()}
-        waves = [sorted(t for t in self.tables if t not in sources), sorted(t for t in self.tables if t in sources)]
+        plain = [t for t in self.tables if t not in self.shredded]
+        waves = [sorted(t for t in plain if t not in sources), sorted(t for t in plain if t in sources)]
         return [w for w in waves + self.derived_levels() if w]
 
     def derived_levels(self) -> list[list[str]]:

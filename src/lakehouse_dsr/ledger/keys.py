@@ -140,14 +140,14 @@ def rotate_key(settings: Settings) -> Rotation:
         text = retired.read_text() if retired.exists() else ""
         if text and not text.endswith("\n"):
             text += "\n"
-        _write_private(retired, f"{text}{old.hex()}\n")
+        write_private(retired, f"{text}{old.hex()}\n")
         kept = (*kept, old)
     new = secrets.token_bytes(32)
-    _write_private(key_file, new.hex())
+    write_private(key_file, new.hex())
     return Rotation(key_id(old), key_id(new), retired, len(kept))
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Replace `path` atomically with `text`, mode 0600, synced to disk."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

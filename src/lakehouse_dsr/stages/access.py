@@ -28,13 +28,17 @@ from pyspark.sql import functions as F
 from .. import faults
 from ..config import EXPORT_FORMATS, Settings
 from ..datamap.check import KeyTypes, check_against_catalog
-from ..lake import plainfiles
+from ..lake import iceberg, plainfiles
+from ..vault import vault
+from ..vault.pseudonymize import PROPERTY
 from . import identity, matching
 from .matching import TableKeys
 
 _TS = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # ISO-8601, microseconds, offset (Z under UTC)
 MATCHED_KEYS = "dsr_matched_keys"  # in rows of tables with several key columns: which named the subject
 EMPTY_NOTE = "no personal data was found for this subject in any mapped table"
+UNLINKABLE_NOTE = ("no vault entry links this person to the table's pseudonyms (erased by shredding, or never "
+                   "pseudonymized): rows it may still hold can no longer be linked to them or decrypted")
 
 
 @dataclass
@@ -64,24 +68,33 @@ def private_dir(path: Path) -> Path:
 
 def export(
     spark: SparkSession, settings: Settings, requests: DataFrame, out_dir: Path, fmt: str = "json",
-    key_types: KeyTypes | None = None, keys: DataFrame | None = None,
+    key_types: KeyTypes | None = None, keys: DataFrame | None = None, vault_keys: vault.Keys | None = None,
 ) -> ExportResult:
     """Write one package per request of `requests` (request_id, subject_id, regulation) under `out_dir`.
 
     Cost: one scan of every mapped table (broadcast join with the batch's identifiers), a shuffle of
     the matching rows only, and one file write per request. Also writes `manifest.json`.
+    `action: shred` tables are read through the vault: the subject's rows are found by their
+    pseudonym and exported re-identified and decrypted; a subject with no vault entry gets a note
+    that the table's rows cannot be linked to them (`unlinkable`).
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(EXPORT_FORMATS)})")
     if key_types is None:
         key_types = check_against_catalog(spark, settings.datamap, settings.table)
     keys = keys if keys is not None else identity.resolve(spark, settings, requests)
-    tables = [*settings.datamap.keyed, *settings.datamap.files]
+    shredded = list(settings.datamap.shredded)
+    tables = [*settings.datamap.keyed, *settings.datamap.files, *shredded]
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
     out = private_dir(Path(out_dir))
 
-    table_keys = matching.key_sets(settings, keys, key_types, tables)
-    per_table = [_matching_rows(spark, settings, table, table_keys[table]) for table in tables]
+    table_keys = matching.key_sets(settings, keys, key_types, [t for t in tables if t not in shredded])
+    per_table = [_matching_rows(spark, settings, table, table_keys[table]) for table in tables if table in table_keys]
+    links = {}
+    if shredded:
+        vault_keys = vault_keys or vault.open_keys(spark, settings)
+        links = {t: _vault_links(spark, settings, t, keys, vault_keys) for t in shredded}
+        per_table += [_shredded_rows(spark, settings, t, links[t]) for t in shredded]
     rows = per_table[0]
     for part in per_table[1:]:
         rows = rows.unionByName(part)
@@ -94,11 +107,17 @@ def export(
         requests.select("request_id", "regulation")
         .join(subjects, "request_id", "left").join(grouped, "request_id", "left")
     )
+    if links:
+        linked = [link.select("request_id", F.lit(t).alias("table_name")) for t, link in links.items()]
+        for part in linked[1:]:
+            linked[0] = linked[0].unionByName(part)
+        packages = packages.join(linked[0].distinct().groupBy("request_id").agg(
+            F.collect_list("table_name").alias("linked")), "request_id", "left")
     columns = {t: _column_types(spark, settings, t)
-               + ([] if table_keys[t].single else [(MATCHED_KEYS, "array<string>")]) for t in tables}
+               + ([] if t in shredded or table_keys[t].single else [(MATCHED_KEYS, "array<string>")]) for t in tables}
     # The failpoint kills the driver from the executor, mid-export.
     kill_pid = os.getpid() if faults.armed() == "during_export" else None
-    writer = _PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid)
+    writer = _PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid, shredded)
     results = packages.repartition(max(1, spark.sparkContext.defaultParallelism)).rdd.mapPartitions(writer).collect()
     result = ExportResult(str(out), str(out / "manifest.json"),
                           sorted((Package(*r) for r in results), key=lambda p: p.request_id))
@@ -128,17 +147,56 @@ def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: Ta
             .select("request_id", F.lit(table).alias("table_name"), as_json.alias("row")))
 
 
+def _vault_links(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, vault_keys: vault.Keys
+                 ) -> DataFrame:
+    """(request_id, value, pseudonym, data_key) for the batch's identifiers of the type `table` holds
+    that have a vault entry. Cost: one HMAC per identifier and key, a join with the vault."""
+    identifier = settings.datamap.shredded[table].identifier
+    values = keys.where(F.col("key_type") == identifier).select("request_id", F.col("key_value").alias("value"))
+    found = vault.links(spark, settings, values.select("value").distinct(), identifier, vault_keys)
+    return values.join(found, "value")
+
+
+def _shredded_rows(spark: SparkSession, settings: Settings, table: str, links: DataFrame) -> DataFrame:
+    """(request_id, table_name, row) of a shred table: the subject's rows found by pseudonym (broadcast
+    join with the batch's links), the key back to the identifier and encrypted columns decrypted."""
+    mapping = settings.datamap.shredded[table]
+    source = spark.table(settings.table(table))
+    types = _decrypted_types(spark, settings, table)
+    joined = source.join(F.broadcast(links), source[mapping.key] == links["pseudonym"])
+    values = []
+    for column in source.columns:
+        if column == mapping.key:
+            values.append(F.col("value").alias(column))
+        elif column in types:
+            plain = vault.gcm_decrypt(source[column], F.col("data_key"), F.col("pseudonym"))
+            values.append((plain.cast("string") if types[column] == "string" else plain).alias(column))
+        else:
+            values.append(source[column])
+    as_json = F.to_json(F.struct(*values), {"timestampFormat": _TS, "ignoreNullFields": "false"})
+    return joined.select("request_id", F.lit(table).alias("table_name"), as_json.alias("row"))
+
+
+def _decrypted_types(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
+    """{encrypted column: the type it had before encryption} (recorded by dsr pseudonymize; string
+    when the table does not say)."""
+    recorded = json.loads(iceberg.table_properties(spark, settings, table).get(PROPERTY, "{}")).get("encrypted", {})
+    return {c: recorded.get(c, "string") for c in settings.datamap.shredded[table].encrypted}
+
+
 def _column_types(spark: SparkSession, settings: Settings, table: str) -> list[tuple[str, str]]:
-    return [(f.name, f.dataType.simpleString()) for f in _source(spark, settings, table).schema.fields]
+    decrypted = _decrypted_types(spark, settings, table) if table in settings.datamap.shredded else {}
+    return [(f.name, decrypted.get(f.name, f.dataType.simpleString()))
+            for f in _source(spark, settings, table).schema.fields]
 
 
 class _PackageWriter:
     """Runs on executors: turns each request's grouped rows into its package file."""
 
     def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, generated_at: str,
-                 kill_pid: int | None = None):
+                 kill_pid: int | None = None, shredded: list[str] = ()):
         self.out, self.fmt, self.tables, self.columns, self.generated_at = out, fmt, tables, columns, generated_at
-        self.kill_pid = kill_pid
+        self.kill_pid, self.shredded = kill_pid, list(shredded)
 
     def __call__(self, partition):
         for p in partition:
@@ -150,6 +208,9 @@ class _PackageWriter:
                       "subject": {k: sorted(v) for k, v in sorted(subject.items())}}
             if not by_table:
                 header["note"] = EMPTY_NOTE
+            unlinkable = [t for t in self.shredded if t not in (p.linked or [])] if self.shredded else []
+            if unlinkable:
+                header["unlinkable"] = {t: UNLINKABLE_NOTE for t in unlinkable}
             if self.fmt == "json":
                 data, name = self._json(header, by_table), f"{p.request_id}.json"
             else:

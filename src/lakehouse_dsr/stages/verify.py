@@ -133,6 +133,7 @@ class TableVerification:
     collateral_ok: bool = True
     collateral_detail: str | None = None
     failing: dict[str, list[str]] = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # what else a table's kind of proof established (shred.py)
 
     @property
     def passed(self) -> bool:

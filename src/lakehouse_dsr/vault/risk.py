@@ -21,7 +21,8 @@ from ..datamap import column_ref
 from ..datamap.check import field_at
 from ..exceptions import DataMapError, DsrError
 
-ALL_SUBSETS_UP_TO = 4  # more quasi-identifiers: single columns and pairs only (each subset: one more roll-up of the classes)
+# more quasi-identifiers: single columns and pairs only (each subset: one more roll-up of the classes)
+ALL_SUBSETS_UP_TO = 4
 
 
 @dataclass

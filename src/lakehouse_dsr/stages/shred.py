@@ -1,0 +1,221 @@
+"""Crypto-shredding: erase a person from `action: shred` tables by deleting their vault entry.
+
+The tables themselves are not rewritten: their rows keep the pseudonym and the ciphertexts, which
+nothing links to the person or decrypts once the entry (their pseudonym and data key) is gone from
+the vault's live rows, its history and its storage. So the cost follows the vault (one small
+copy-on-write commit, an expiry of its old snapshots), not the size of the tables.
+
+Steps, each safe to repeat after a crash: capture the batch's entries (from every file the vault's
+retained snapshots reference, so entries an interrupted run already deleted are still found while
+its history lasts) -> delete them (one MERGE) -> journal -> purge the vault's history -> verify.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from .. import faults
+from ..config import Settings
+from ..exceptions import first_line
+from ..lake import iceberg
+from ..lake.hmac import with_keyring_hashes
+from ..vault import vault
+from ..vault.risk import assess
+from .erase import TableErasure, TablePlan
+from .verify import TableVerification
+
+_FOUND = ("key_hash", "key_id", "pseudonym", "key_check")
+
+
+@dataclass
+class Shred:
+    """What a run's shred did: one vault commit for the batch, shared by every shred table."""
+
+    erasures: dict[str, TableErasure]
+    entries: DataFrame  # (request_id, pseudonym, key_check) of the batch, captured before the delete
+    probes: DataFrame  # (request_id, key_type, key_value, key_hash, key_id): the batch's identifiers
+    snapshot_before: int | None = None
+    snapshot_id: int | None = None
+    purge: vault.VaultPurge | None = None
+    deleted: dict[str, int] = field(default_factory=dict)  # identifier type -> entries this run deleted
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: vault.Keys) -> Shred:
+    """Delete the vault entries of the batch's subjects (`keys`: identity.resolve's request_id,
+    key_type, key_value) for the identifier types the shred tables hold, then purge the vault.
+
+    Cost: one HMAC per identifier and key of the ring, one read of the files the vault's retained
+    snapshots reference (the vault is one row per subject), one copy-on-write MERGE rewriting the
+    files that held the entries, an expiry of the vault's old snapshots and an orphan listing.
+    """
+    start = time.perf_counter()
+    mappings = settings.datamap.shredded
+    types = sorted({m.identifier for m in mappings.values()})
+    probes = with_keyring_hashes(spark, keys.where(F.col("key_type").isin(*types)), "key_value",
+                                 vault_keys.ring.keys()).localCheckpoint()
+    entries = _captured(spark, settings, probes)
+    table = vault.table_name(settings)
+    before = iceberg.current_snapshot(spark, settings, table)
+    result = Shred({}, entries, probes, before.snapshot_id if before else None)
+    live = vault.rows(spark, settings).join(entries.select("pseudonym"), "pseudonym", "left_semi")
+    found = {r.identifier: r["count"] for r in live.groupBy("identifier").count().collect()}
+    result.deleted = found
+    commit = None
+    if found:
+        view = f"dsr_shred_{id(entries):x}"
+        entries.select("pseudonym").distinct().createOrReplaceTempView(view)
+        try:
+            iceberg.with_conflict_retries(settings, "the vault: shredding", lambda: spark.sql(
+                f"MERGE INTO {settings.table(table)} t USING {view} s ON t.pseudonym = s.pseudonym "
+                "WHEN MATCHED THEN DELETE"))
+        finally:
+            spark.catalog.dropTempView(view)
+        commit = iceberg.current_snapshot(spark, settings, table)
+        result.snapshot_id = commit.snapshot_id if commit else None
+    per_request = {(r.request_id, r.identifier): r["count"] for r in entries.groupBy("request_id", "identifier")
+                   .count().collect()}
+    result.seconds["erase"] = round(time.perf_counter() - start, 3)
+    for name, mapping in mappings.items():
+        current = iceberg.current_snapshot(spark, settings, name)
+        matches = {rid: n for (rid, ident), n in per_request.items() if ident == mapping.identifier}
+        plan = TablePlan(name, mapping.key, mapping.identifier, "shred", "vault", "none", 0, sum(matches.values()),
+                         matches, current.snapshot_id if current else None,
+                         reason=f"{found.get(mapping.identifier, 0)} vault entries deleted; the table is not rewritten")
+        erasure = TableErasure(plan, seconds=result.seconds["erase"])
+        if commit is not None:
+            erasure.data_files_rewritten = int(commit.summary.get("deleted-data-files", 0))
+            erasure.bytes_rewritten = int(commit.summary.get("removed-files-size", 0))
+        result.erasures[name] = erasure
+    return result
+
+
+def purge_vault(spark: SparkSession, settings: Settings, result: Shred) -> None:
+    """The vault's own purge: its older snapshots (which still hold the deleted entries) expire."""
+    faults.failpoint("during_shred")
+    start = time.perf_counter()
+    result.purge = vault.purge_history(spark, settings)
+    result.purge.seconds = round(time.perf_counter() - start, 3)
+    faults.failpoint("after_shred")
+
+
+def _captured(spark: SparkSession, settings: Settings, probes: DataFrame) -> DataFrame:
+    """(request_id, identifier, pseudonym, key_check) of every entry of the probed identifiers held by a
+    file some retained vault snapshot references: the live ones, and those a killed run deleted while
+    its history is kept. Kept on the executors (small: one row per subject and identifier)."""
+    empty = spark.createDataFrame([], "request_id string, identifier string, pseudonym string, key_check string")
+    if not vault.exists(spark, settings):
+        return empty
+    paths, _ = iceberg.retained_files(spark, settings, vault.table_name(settings))
+    if not paths:
+        return empty
+    stored = iceberg.read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND)))
+    return (stored.join(F.broadcast(probes), ["key_hash", "key_id"])
+            .where(F.col("identifier") == F.col("key_type"))
+            .select("request_id", "identifier", "pseudonym", "key_check").distinct().localCheckpoint())
+
+
+def _schema(columns) -> StructType:
+    return StructType([StructField(c, StringType()) for c in columns])
+
+
+def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, request_ids: list[str]
+           ) -> TableVerification:
+    """Prove a shred for one table:
+
+    - live, history, storage: no vault row (current snapshot; every file a retained snapshot
+      references; every Parquet file under the vault's location) holds a subject's entry, found by
+      the identifier's keyed hash, by the captured pseudonym or by the data key's check value (so
+      no entry left holds the same key);
+    - the table's stored files hold none of the subjects' plaintext identifiers in its key column;
+    - with `min_k`: the table is k-anonymous over its quasi-identifiers (else the rows may still
+      single the person out, and the shred does not count as an erasure).
+    Also reported: the rows left under the shredded pseudonyms (unlinkable now) and whether the
+    table still is at the snapshot it had before the shred (not rewritten). Cost: one job reading the
+    vault three ways (it is small), one read of the table's key column.
+    """
+    start = time.perf_counter()
+    mapping = settings.datamap.shredded[table]
+    check = TableVerification(table, physical=True)
+    probes = result.probes.where(F.col("key_type") == mapping.identifier)
+    entries = result.entries.where(F.col("identifier") == mapping.identifier)
+    location = iceberg.table_location(spark, settings, vault.table_name(settings))
+    paths, _ = iceberg.retained_files(spark, settings, vault.table_name(settings))
+    schema = _schema(_FOUND)
+    sources = {"live": vault.rows(spark, settings).select(*_FOUND),
+               "history": iceberg.read_columns_from_files(spark, paths, schema) if paths else None,
+               "storage": iceberg.read_columns_from_files(spark, location, schema, recursive=True)}
+    what = {"live": "vault entries in its current snapshot", "history": "vault entries in files its snapshots keep",
+            "storage": "vault entries in files on storage (incl. orphans)"}
+    tagged = [rows.select(*_FOUND, F.lit(where).alias("dsr_where")) for where, rows in sources.items() if rows]
+    for part in tagged[1:]:
+        tagged[0] = tagged[0].unionByName(part)
+    found = _vault_hits(tagged[0], probes, entries)
+    for (request_id, where), n in sorted(found.items()):
+        check.fail(request_id, f"{table}: {n} {what[where]}")
+    for where in sources:
+        setattr(check, where, sum(n for (_, w), n in found.items() if w == where))
+
+    stored = iceberg.read_columns_from_files(spark, iceberg.table_location(spark, settings, table),
+                                             _schema([mapping.key]), recursive=True).select(
+        F.col(mapping.key).alias("dsr_value"))
+    marks = (probes.select("request_id", F.col("key_value").alias("dsr_value"), F.lit("plaintext").alias("kind"))
+             .unionByName(entries.select("request_id", F.col("pseudonym").alias("dsr_value"),
+                                         F.lit("unlinkable").alias("kind"))).distinct())
+    counts = {(r.request_id, r.kind): r["count"] for r in
+              stored.join(F.broadcast(marks), "dsr_value").groupBy("request_id", "kind").count().collect()}
+    for (request_id, kind), n in counts.items():
+        if kind == "plaintext":
+            check.fail(request_id, f"{table}: {n} stored rows hold the subject's identifier in plaintext")
+    erasure = result.erasures.get(table)
+    current = iceberg.current_snapshot(spark, settings, table)
+    check.details = {
+        "method": "crypto-shred: vault entry deleted and purged",
+        "vault_entries_deleted": result.deleted.get(mapping.identifier, 0),
+        "rows_left_unlinkable": sum(n for (_, kind), n in counts.items() if kind == "unlinkable"),
+        "pseudonyms_checked": erasure.plan.rows_matched if erasure else 0,
+        "table_snapshot_unchanged": bool(erasure) and erasure.plan.snapshot_before == (
+            current.snapshot_id if current else None),
+    }
+    if mapping.min_k:
+        _check_k(spark, settings, table, check, request_ids)
+    check.details["seconds"] = round(time.perf_counter() - start, 3)
+    return check
+
+
+def _vault_hits(rows: DataFrame, probes: DataFrame, entries: DataFrame) -> dict[tuple[str, str], int]:
+    """Vault rows naming a subject, per (request, where the row was read: `dsr_where`): by keyed hash,
+    pseudonym or key check, a row counted once. One Spark job over every source."""
+    by_hash = rows.join(F.broadcast(probes.select("request_id", "key_hash", "key_id")), ["key_hash", "key_id"])
+    by_pseudonym = rows.join(F.broadcast(entries.select("request_id", "pseudonym")), "pseudonym")
+    by_key = rows.join(F.broadcast(entries.select("request_id", F.col("key_check").alias("k"))),
+                       F.col("key_check") == F.col("k"))
+    marks = ("request_id", "pseudonym", "dsr_where")
+    hits = by_hash.select(*marks).unionByName(by_pseudonym.select(*marks)).unionByName(by_key.select(*marks))
+    return {(r.request_id, r.dsr_where): r["count"]
+            for r in hits.distinct().groupBy("request_id", "dsr_where").count().collect()}
+
+
+def _check_k(spark: SparkSession, settings: Settings, table: str, check: TableVerification,
+             request_ids: list[str]) -> None:
+    mapping = settings.datamap.shredded[table]
+    try:
+        report = assess(spark, settings, table, mapping.quasi_identifiers, k=mapping.min_k)
+    except Exception as exc:
+        reason = f"{table}: k-anonymity cannot be measured ({first_line(exc)})"
+        k = None
+    else:
+        k = report.smallest_class
+        reason = (None if report.k_anonymous else
+                  f"{table}: k-anonymity {k} over {', '.join(mapping.quasi_identifiers)} is below min_k "
+                  f"{mapping.min_k}: the remaining columns can still single people out, so the shred does not count "
+                  "as an erasure; generalise or drop columns (see dsr risk)")
+    check.details["k_anonymity"] = {"k": k, "min_k": mapping.min_k, "quasi_identifiers": mapping.quasi_identifiers}
+    if reason:
+        for request_id in request_ids:
+            check.fail(request_id, reason)
