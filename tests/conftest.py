@@ -32,7 +32,7 @@ def make_settings(root: Path, **overrides) -> Settings:
         "catalog": {"name": f"cat{next(_names)}", "properties": {"type": "hadoop", "warehouse": str(root / "wh")}},
         "secret_key_file": str(root / "dsr-secret.key"),
         # the demo's bronze tables only: the silver and gold layers cost every run; test_propagate adds them
-        "datamap": datamap_dict(demo_datamap(derived=False)),
+        "datamap": datamap_dict(demo_datamap(derived=False)),  # no vault copy either
         **overrides,
     }
     return settings_from_dict(raw, base=root)
@@ -120,7 +120,7 @@ def disk_lakehouse(spark, tmp_path):
 def make_disk_lakehouse(spark, tmp_path: Path, derived: bool = False) -> tuple[Settings, Path]:
     """`disk_lakehouse`; `derived`: with the demo's silver and gold layers in the data map and the lake."""
     settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0},
-                             **({"datamap": datamap_dict(demo_datamap())} if derived else {}))
+                             **({"datamap": datamap_dict(demo_datamap(vault=False))} if derived else {}))
     props = settings.catalog.properties
     props["cache-enabled"] = "false"  # other processes commit: never serve a cached table state
     attach(spark, settings)

@@ -33,7 +33,7 @@ SILVER_GOLD = ["demo_silver.user_daily", "demo_silver.user_history", "demo_gold.
 
 
 def layered_datamap(**extra) -> dict:
-    raw = datamap_dict(demo_datamap())
+    raw = datamap_dict(demo_datamap(vault=False))
     raw["derived"]["demo_gold.type_totals"] = TYPE_TOTALS
     raw["derived"].update(extra)
     return raw

@@ -290,10 +290,16 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
             _check_collateral(erasures[table], checked)
         return checked
 
+    def timed(table: str) -> verify.TableVerification:
+        start = time.perf_counter()
+        checked = prove(table)
+        checked.seconds = round(time.perf_counter() - start, 3)
+        return checked
+
     with _timed(report, "verify", spark):
         verifications = _each_table(settings, progress, "verify" if purge_now else "verify live data (purge not run)",
                                     [*tables, *settings.datamap.files,
-                                     *(settings.datamap.shredded if shredded is not None else [])], prove)
+                                     *(settings.datamap.shredded if shredded is not None else [])], timed)
 
     for table in verifications:
         report.tables[table] = {

@@ -17,8 +17,9 @@ from pyspark.sql import functions as F
 
 from .config import Settings
 from .datamap import lineage
-from .datamap.model import DEMO_DERIVED, DerivedMapping
+from .datamap.model import DEMO_DERIVED, DEMO_SHREDDED, DerivedMapping
 from .progress import Progress, Silent
+from .vault.pseudonymize import pseudonymize_table
 
 ANCHOR = "2024-11-15 00:00:00"  # fixed so data does not depend on the day it is generated
 EVENT_TYPES = ["page_view", "click", "add_to_cart", "purchase", "login"]
@@ -189,7 +190,8 @@ def generate(
 ) -> GenerateResult:
     """(Re)create <demo>.users, .events (appended in batches, like the notebook), .newsletter, .orders,
     and with `layers` (default: when the data map declares the demo's derived tables) the silver
-    tables user_daily and user_history (SCD2) and the gold aggregates daily_by_type and top_visitors.
+    tables user_daily and user_history (SCD2) and the gold aggregates daily_by_type and top_visitors;
+    when the data map lists <demo>_vault.events (action: shred), that pseudonymized copy of the events.
 
     Existing demo tables are dropped with PURGE first, so no old snapshot keeps earlier data.
     Cost: writes all rows once; one commit per events batch.
@@ -201,7 +203,9 @@ def generate(
     ns = settings.demo_namespace
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.namespace(ns)}")
     layers = any(t in settings.datamap.derived for t in DEMO_DERIVED) if layers is None else layers
-    progress.stage("generate", 3 + batches + (len(DEMO_DERIVED) if layers else 0))
+    vault_copy = next((f"{ns}_vault.{t.split('.')[1]}" for t in DEMO_SHREDDED
+                       if f"{ns}_vault.{t.split('.')[1]}" in settings.datamap.shredded), None)
+    progress.stage("generate", 3 + batches + (len(DEMO_DERIVED) if layers else 0) + (1 if vault_copy else 0))
     for table, df, props in (
         ("users", users_df(spark, users, seed), PLAIN_PROPS),
         ("newsletter", newsletter_df(spark, users, seed), PLAIN_PROPS),
@@ -219,6 +223,10 @@ def generate(
             df.writeTo(settings.table(f"{ns}.events")).append()
     if layers:
         _layers(spark, settings, seed, progress)
+    if vault_copy:
+        progress.step(vault_copy)
+        spark.sql(f"DROP TABLE IF EXISTS {settings.table(vault_copy)} PURGE")
+        pseudonymize_table(spark, settings, f"{ns}.events", vault_copy, "user_id", encrypt=["event_details"])
     progress.done()
     return GenerateResult(users, events, batches, users)
 

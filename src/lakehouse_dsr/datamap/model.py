@@ -389,8 +389,17 @@ DEMO_DERIVED = {
 }
 
 
-def demo_datamap(derived: bool = True) -> DataMap:
-    """The demo lake's data map; `derived`: with its silver and gold layers (synth.generate builds them)."""
+DEMO_SHREDDED = {
+    "demo_vault.events": {"key": "user_id", "action": "shred", "encrypted": ["event_details"],
+                          "purpose": "product analytics (pseudonymized copy)", "recipients": ["analytics team"],
+                          "retention": "25 months"},
+}
+
+
+def demo_datamap(derived: bool = True, vault: bool | None = None) -> DataMap:
+    """The demo lake's data map; `derived`: with its silver and gold layers, `vault` (default: as
+    `derived`): with the pseudonymized copy of the events (synth.generate builds them)."""
+    vault = derived if vault is None else vault
     return DataMap.model_validate(
         {
             "derived": DEMO_DERIVED if derived else {},
@@ -403,6 +412,7 @@ def demo_datamap(derived: bool = True) -> DataMap:
                                 "retention": "25 months"},
                 "demo.newsletter": {"key": "email", "identifier": "email", "purpose": "newsletter (consent)",
                                     "recipients": ["email service provider"], "retention": "until unsubscribed"},
+                **(DEMO_SHREDDED if vault else {}),
                 "demo.orders": {
                     "key": "user_id",
                     "action": "redact",

@@ -104,7 +104,7 @@ class RunReport:
     def _render_tables(self, console: Console) -> None:
         table = Table(title=f"run {self.run_id}: erasure per table", title_justify="left")
         for column in ("table", "action", "strategy", "mode", "rows matched", "rows erased/redacted",
-                       "files rewritten", "MB rewritten", "snapshots expired", "verified"):
+                       "files rewritten", "MB rewritten", "snapshots expired", "seconds", "verified"):
             table.add_column(column, justify="right" if column[0].isdigit() or " " in column else "left")
         for name, t in self.tables.items():
             e, p, v = t["erase"], t.get("purge", {}), t.get("verification", {})
@@ -122,6 +122,13 @@ class RunReport:
                 name, *erased,
                 str(e.get("data_files_rewritten", 0) + p.get("data_files_rewritten", 0)),
                 f"{(e.get('bytes_rewritten', 0) + p.get('bytes_rewritten', 0)) / 1e6:.1f}",
-                str(p.get("snapshots_expired", 0)), verified,
+                str(p.get("snapshots_expired", 0)),
+                f"{e.get('seconds', 0) + p.get('seconds', 0) + v.get('seconds', 0):.1f}", verified,
             )
         console.print(table)
+        for name, t in self.tables.items():
+            if t["erase"].get("action") == "shred":
+                d = t.get("verification", {}).get("details", {})
+                console.print(f"{name}: shredded {d.get('vault_entries_deleted', 0)} vault entries; the table's "
+                              f"{d.get('rows_kept', 0):,} rows stay, the shredded people's now unlinkable and "
+                              "undecryptable; nothing of the table was rewritten (MB rewritten: the vault's files)")

@@ -154,7 +154,7 @@ def _vault_links(spark: SparkSession, settings: Settings, table: str, keys: Data
     identifier = settings.datamap.shredded[table].identifier
     values = keys.where(F.col("key_type") == identifier).select("request_id", F.col("key_value").alias("value"))
     found = vault.links(spark, settings, values.select("value").distinct(), identifier, vault_keys)
-    return values.join(found, "value")
+    return values.join(found, "value").localCheckpoint()  # read twice: for the rows and for the notes
 
 
 def _shredded_rows(spark: SparkSession, settings: Settings, table: str, links: DataFrame) -> DataFrame:

@@ -21,6 +21,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from .. import faults
 from ..config import Settings
+from ..datamap.model import PSEUDONYM_PREFIX, column_ref
 from ..exceptions import first_line
 from ..lake import iceberg
 from ..lake.hmac import with_keyring_hashes
@@ -43,7 +44,6 @@ class Shred:
     snapshot_id: int | None = None
     purge: vault.VaultPurge | None = None
     deleted: dict[str, int] = field(default_factory=dict)  # identifier type -> entries this run deleted
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: vault.Keys) -> Shred:
@@ -58,13 +58,18 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
     mappings = settings.datamap.shredded
     types = sorted({m.identifier for m in mappings.values()})
     probes = with_keyring_hashes(spark, keys.where(F.col("key_type").isin(*types)), "key_value",
-                                 vault_keys.ring.keys()).localCheckpoint()
+                                 vault_keys.ring.keys())
     entries = _captured(spark, settings, probes)
     table = vault.table_name(settings)
     before = iceberg.current_snapshot(spark, settings, table)
     result = Shred({}, entries, probes, before.snapshot_id if before else None)
-    live = vault.rows(spark, settings).join(entries.select("pseudonym"), "pseudonym", "left_semi")
-    found = {r.identifier: r["count"] for r in live.groupBy("identifier").count().collect()}
+    live = vault.rows(spark, settings).select("pseudonym", F.lit(True).alias("live"))
+    per_request: dict[tuple[str, str], int] = {}
+    found: dict[str, int] = {}
+    for r in entries.join(live, "pseudonym", "left").groupBy("request_id", "identifier", "live").count().collect():
+        per_request[(r.request_id, r.identifier)] = per_request.get((r.request_id, r.identifier), 0) + r["count"]
+        if r.live:
+            found[r.identifier] = found.get(r.identifier, 0) + r["count"]
     result.deleted = found
     commit = None
     if found:
@@ -78,16 +83,14 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
             spark.catalog.dropTempView(view)
         commit = iceberg.current_snapshot(spark, settings, table)
         result.snapshot_id = commit.snapshot_id if commit else None
-    per_request = {(r.request_id, r.identifier): r["count"] for r in entries.groupBy("request_id", "identifier")
-                   .count().collect()}
-    result.seconds["erase"] = round(time.perf_counter() - start, 3)
+    seconds = round(time.perf_counter() - start, 3)
     for name, mapping in mappings.items():
         current = iceberg.current_snapshot(spark, settings, name)
         matches = {rid: n for (rid, ident), n in per_request.items() if ident == mapping.identifier}
         plan = TablePlan(name, mapping.key, mapping.identifier, "shred", "vault", "none", 0, sum(matches.values()),
                          matches, current.snapshot_id if current else None,
                          reason=f"{found.get(mapping.identifier, 0)} vault entries deleted; the table is not rewritten")
-        erasure = TableErasure(plan, seconds=result.seconds["erase"])
+        erasure = TableErasure(plan, seconds=seconds)
         if commit is not None:
             erasure.data_files_rewritten = int(commit.summary.get("deleted-data-files", 0))
             erasure.bytes_rewritten = int(commit.summary.get("removed-files-size", 0))
@@ -131,25 +134,59 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
     - live, history, storage: no vault row (current snapshot; every file a retained snapshot
       references; every Parquet file under the vault's location) holds a subject's entry, found by
       the identifier's keyed hash, by the captured pseudonym or by the data key's check value (so
-      no entry left holds the same key);
-    - the table's stored files hold none of the subjects' plaintext identifiers in its key column;
+      no entry left holds the same key). When the retained snapshots and the storage listing hold
+      exactly the current files (the state the vault's purge leaves), the live read stands for all.
+    - no file of the table holds a plaintext identifier in its key column: every data file any
+      retained snapshot references has key bounds (Iceberg's column metrics) that start with the
+      pseudonym prefix, so every value in it does; files without such bounds, and files on storage
+      no snapshot references, are read and their keys compared with the subjects' identifiers.
     - with `min_k`: the table is k-anonymous over its quasi-identifiers (else the rows may still
       single the person out, and the shred does not count as an erasure).
-    Also reported: the rows left under the shredded pseudonyms (unlinkable now) and whether the
-    table still is at the snapshot it had before the shred (not rewritten). Cost: one job reading the
-    vault three ways (it is small), one read of the table's key column.
+    Also reported: whether the table still is at the snapshot it had before the shred (its rows all
+    kept, now unlinkable). Cost: metadata and one listing per table, one small read of the vault;
+    no read of the table's rows unless a file lacks key bounds (and, with min_k, one aggregation).
     """
-    start = time.perf_counter()
     mapping = settings.datamap.shredded[table]
     check = TableVerification(table, physical=True)
     probes = result.probes.where(F.col("key_type") == mapping.identifier)
     entries = result.entries.where(F.col("identifier") == mapping.identifier)
-    location = iceberg.table_location(spark, settings, vault.table_name(settings))
-    paths, _ = iceberg.retained_files(spark, settings, vault.table_name(settings))
+    _prove_vault(spark, settings, table, check, probes, entries)
+    unproven = _files_without_pseudonym_bounds(spark, settings, table, mapping.key)
+    if unproven:
+        stored = iceberg.read_columns_from_files(spark, unproven, _schema([mapping.key]))
+        plain = stored.join(F.broadcast(probes.select("request_id", F.col("key_value").alias(mapping.key))),
+                            mapping.key).groupBy("request_id").count().collect()
+        for r in plain:
+            check.fail(r.request_id, f"{table}: {r['count']} stored rows hold the subject's identifier in plaintext")
+    erasure = result.erasures.get(table)
+    current = iceberg.current_snapshot(spark, settings, table)
+    check.details = {
+        "method": "crypto-shred: vault entry deleted and purged",
+        "vault_entries_deleted": result.deleted.get(mapping.identifier, 0),
+        "pseudonyms_checked": erasure.plan.rows_matched if erasure else 0,
+        "files_read_for_plaintext": len(unproven),
+        "table_snapshot_unchanged": bool(erasure) and erasure.plan.snapshot_before == (
+            current.snapshot_id if current else None),
+        "rows_kept": int(current.summary.get("total-records", 0)) if current else 0,
+    }
+    if mapping.min_k:
+        _check_k(spark, settings, table, check, request_ids)
+    return check
+
+
+def _prove_vault(spark: SparkSession, settings: Settings, table: str, check: TableVerification,
+                 probes: DataFrame, entries: DataFrame) -> None:
+    name = vault.table_name(settings)
+    paths, current = iceberg.retained_files(spark, settings, name)
+    location = iceberg.table_location(spark, settings, name)
+    same = {iceberg.same_file(p) for p in current}
+    check.one_scan = ({iceberg.same_file(p) for p in paths} == same
+                      and {iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} == same)
     schema = _schema(_FOUND)
-    sources = {"live": vault.rows(spark, settings).select(*_FOUND),
-               "history": iceberg.read_columns_from_files(spark, paths, schema) if paths else None,
-               "storage": iceberg.read_columns_from_files(spark, location, schema, recursive=True)}
+    sources = {"live": vault.rows(spark, settings).select(*_FOUND)}
+    if not check.one_scan:
+        sources["history"] = iceberg.read_columns_from_files(spark, paths, schema) if paths else None
+        sources["storage"] = iceberg.read_columns_from_files(spark, location, schema, recursive=True)
     what = {"live": "vault entries in its current snapshot", "history": "vault entries in files its snapshots keep",
             "storage": "vault entries in files on storage (incl. orphans)"}
     tagged = [rows.select(*_FOUND, F.lit(where).alias("dsr_where")) for where, rows in sources.items() if rows]
@@ -158,47 +195,39 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
     found = _vault_hits(tagged[0], probes, entries)
     for (request_id, where), n in sorted(found.items()):
         check.fail(request_id, f"{table}: {n} {what[where]}")
-    for where in sources:
-        setattr(check, where, sum(n for (_, w), n in found.items() if w == where))
+    for where in ("live", "history", "storage"):
+        counted = where if where in sources else "live"
+        setattr(check, where, sum(n for (_, w), n in found.items() if w == counted))
 
-    stored = iceberg.read_columns_from_files(spark, iceberg.table_location(spark, settings, table),
-                                             _schema([mapping.key]), recursive=True).select(
-        F.col(mapping.key).alias("dsr_value"))
-    marks = (probes.select("request_id", F.col("key_value").alias("dsr_value"), F.lit("plaintext").alias("kind"))
-             .unionByName(entries.select("request_id", F.col("pseudonym").alias("dsr_value"),
-                                         F.lit("unlinkable").alias("kind"))).distinct())
-    counts = {(r.request_id, r.kind): r["count"] for r in
-              stored.join(F.broadcast(marks), "dsr_value").groupBy("request_id", "kind").count().collect()}
-    for (request_id, kind), n in counts.items():
-        if kind == "plaintext":
-            check.fail(request_id, f"{table}: {n} stored rows hold the subject's identifier in plaintext")
-    erasure = result.erasures.get(table)
-    current = iceberg.current_snapshot(spark, settings, table)
-    check.details = {
-        "method": "crypto-shred: vault entry deleted and purged",
-        "vault_entries_deleted": result.deleted.get(mapping.identifier, 0),
-        "rows_left_unlinkable": sum(n for (_, kind), n in counts.items() if kind == "unlinkable"),
-        "pseudonyms_checked": erasure.plan.rows_matched if erasure else 0,
-        "table_snapshot_unchanged": bool(erasure) and erasure.plan.snapshot_before == (
-            current.snapshot_id if current else None),
-    }
-    if mapping.min_k:
-        _check_k(spark, settings, table, check, request_ids)
-    check.details["seconds"] = round(time.perf_counter() - start, 3)
-    return check
+
+def _files_without_pseudonym_bounds(spark: SparkSession, settings: Settings, table: str, key: str) -> list[str]:
+    """Data and delete files of `table` whose key values are not all proven pseudonyms by their column
+    bounds (every retained snapshot's files), plus Parquet files on storage no snapshot references.
+    Metadata and one listing; only paths reach the driver."""
+    name = settings.table(table)
+    metrics = f"readable_metrics.{column_ref(key)}"
+    proven = (f"({metrics}.value_count = {metrics}.null_value_count) OR ({metrics}.lower_bound >= "
+              f"'{PSEUDONYM_PREFIX}' AND {metrics}.upper_bound >= '{PSEUDONYM_PREFIX}' AND "
+              f"{metrics}.upper_bound < '{PSEUDONYM_PREFIX[:-1]}{chr(ord(PSEUDONYM_PREFIX[-1]) + 1)}')")
+    # position delete files (content 1) hold file paths and positions, no key values
+    rows = spark.sql(f"SELECT file_path, content = 1 OR coalesce({proven}, false) AS proven FROM {name}.all_files"
+                     ).collect()
+    known = {iceberg.same_file(r.file_path) for r in rows}
+    unproven = list(dict.fromkeys(r.file_path for r in rows if not r.proven))
+    location = iceberg.table_location(spark, settings, table)
+    return unproven + [p for p in iceberg.parquet_files_under(spark, location) if iceberg.same_file(p) not in known]
 
 
 def _vault_hits(rows: DataFrame, probes: DataFrame, entries: DataFrame) -> dict[tuple[str, str], int]:
-    """Vault rows naming a subject, per (request, where the row was read: `dsr_where`): by keyed hash,
-    pseudonym or key check, a row counted once. One Spark job over every source."""
-    by_hash = rows.join(F.broadcast(probes.select("request_id", "key_hash", "key_id")), ["key_hash", "key_id"])
-    by_pseudonym = rows.join(F.broadcast(entries.select("request_id", "pseudonym")), "pseudonym")
-    by_key = rows.join(F.broadcast(entries.select("request_id", F.col("key_check").alias("k"))),
-                       F.col("key_check") == F.col("k"))
-    marks = ("request_id", "pseudonym", "dsr_where")
-    hits = by_hash.select(*marks).unionByName(by_pseudonym.select(*marks)).unionByName(by_key.select(*marks))
-    return {(r.request_id, r.dsr_where): r["count"]
-            for r in hits.distinct().groupBy("request_id", "dsr_where").count().collect()}
+    """Vault rows naming a subject, per (request, where the row was read: `dsr_where`): by keyed hash
+    (with its key id), pseudonym or key check, a row counted once. One Spark job over every source."""
+    marks = (probes.select("request_id", F.concat_ws("/", "key_hash", "key_id").alias("dsr_mark"))
+             .unionByName(entries.select("request_id", F.col("pseudonym").alias("dsr_mark")))
+             .unionByName(entries.select("request_id", F.col("key_check").alias("dsr_mark"))))
+    stored = rows.select("pseudonym", "dsr_where", F.explode(F.array(
+        F.concat_ws("/", "key_hash", "key_id"), F.col("pseudonym"), F.col("key_check"))).alias("dsr_mark"))
+    hits = stored.join(F.broadcast(marks), "dsr_mark").select("request_id", "pseudonym", "dsr_where").distinct()
+    return {(r.request_id, r.dsr_where): r["count"] for r in hits.groupBy("request_id", "dsr_where").count().collect()}
 
 
 def _check_k(spark: SparkSession, settings: Settings, table: str, check: TableVerification,

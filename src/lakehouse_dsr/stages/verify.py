@@ -134,6 +134,7 @@ class TableVerification:
     collateral_detail: str | None = None
     failing: dict[str, list[str]] = field(default_factory=dict)
     details: dict = field(default_factory=dict)  # what else a table's kind of proof established (shred.py)
+    seconds: float = 0.0
 
     @property
     def passed(self) -> bool:

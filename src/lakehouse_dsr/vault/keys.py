@@ -82,9 +82,6 @@ def load_master_keys(settings: Settings, create: bool = False) -> MasterKeys:
 def new_master_key(settings: Settings, current: MasterKeys) -> MasterKeys:
     """Retire the active master key (appended to the keyring file first, synced) and write a new one.
     Crash-safe like the HMAC key rotation: at no moment is a key that wraps stored entries lost."""
-    if current.from_env:
-        raise ConfigError(f"the vault master key comes from ${VAULT_KEY_ENV}; rotate it there: add its hex to "
-                          f"{retired_file(master_key_file(settings))} (mode 0600), then set the new key")
     path = master_key_file(settings)
     retired = retired_file(path)
     kept = load_retired(path)

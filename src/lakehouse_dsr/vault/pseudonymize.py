@@ -20,6 +20,7 @@ from pyspark.sql.types import BinaryType, StringType
 from ..config import Settings
 from ..datamap.model import check_table_name
 from ..exceptions import DataMapError, DsrError
+from ..lake import iceberg
 from . import vault
 
 PROPERTY = "dsr.pseudonymized"  # table property of a pseudonymized table: {key, identifier, encrypted: {col: type}}
@@ -52,10 +53,10 @@ def pseudonymize(df: DataFrame, settings: Settings, key: str = "user_id", identi
     """`df` with `key` holding each subject's pseudonym and the `encrypt` columns as AES-GCM binary.
 
     Subjects seen for the first time get vault entries first, in one commit for the whole batch
-    (this reads `df`'s distinct keys once). The result is lazy: writing it reads `df` again and joins
-    it with the batch's entries. A row with no key keeps NULL in the key and the encrypted columns
-    (no subject, no key to encrypt with). `identifier`: the identifier type the key holds (default:
-    the data map's subject).
+    (this reads `df`'s distinct keys once, and keeps them on the executors). The result is lazy:
+    writing it reads `df` again and joins it with the batch's entries. A row with no key keeps NULL
+    in the key and the encrypted columns (no subject, no key to encrypt with). `identifier`: the
+    identifier type the key holds (default: the data map's subject).
     """
     return _pseudonymized(df, settings, key, identifier or settings.datamap.subject, encrypt)[0]
 
@@ -66,7 +67,9 @@ def _pseudonymized(df: DataFrame, settings: Settings, key: str, identifier: str,
     spark = df.sparkSession
     encrypted = _check(df, key, list(encrypt))
     keys = vault.open_keys(spark, settings, create=True)
-    values = df.select(F.col(key).cast("string").alias("value")).where(F.col("value").isNotNull()).distinct()
+    # read once: the entries are created and looked up from the same distinct keys
+    values = df.select(F.col(key).cast("string").alias("value")).where(F.col("value").isNotNull()).distinct() \
+        .localCheckpoint()
     created = vault.ensure_entries(spark, settings, values, identifier, keys)
     link = vault.links(spark, settings, values, identifier, keys).select(
         F.col("value").alias("dsr_value"), F.col("pseudonym").alias("dsr_pseudonym"),
@@ -162,7 +165,8 @@ def pseudonymize_table(spark: SparkSession, settings: Settings, source: str, tar
     meta = json.dumps({"key": key, "identifier": identifier, "encrypted": encrypted})
     (out.writeTo(settings.table(target)).using("iceberg").tableProperty("format-version", "2")
      .tableProperty(PROPERTY, meta).create())
-    rows = spark.table(settings.table(target)).count()
+    written = iceberg.current_snapshot(spark, settings, target)
+    rows = int(written.summary.get("total-records", 0)) if written else 0
     return Pseudonymized(source, target, key, identifier, encrypted, rows, created)
 
 

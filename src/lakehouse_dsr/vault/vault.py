@@ -194,7 +194,8 @@ class MasterRotation:
 
 
 def rotate_master_key(spark: SparkSession, settings: Settings) -> MasterRotation:
-    """Wrap every data key under a new master key, without touching a fact table.
+    """Wrap every data key under a new master key, without touching a fact table. (With
+    $DSR_VAULT_KEY: under the key it holds now, unwrapping with the retired keys listed in the file.)
 
     Order (each step safe to repeat after a crash): the old key goes to the retired keyring, the new
     key replaces the key file, every entry not yet under the new key is re-wrapped in one MERGE
@@ -203,7 +204,8 @@ def rotate_master_key(spark: SparkSession, settings: Settings) -> MasterRotation
     the vault's files.
     """
     current = open_keys(spark, settings)
-    masters = new_master_key(settings, current.masters)
+    # With $DSR_VAULT_KEY the operator has set the new key already (the old one in the retired file)
+    masters = current.masters if current.masters.from_env else new_master_key(settings, current.masters)
     keys = Keys(current.ring, masters)
     rewrapped = 0
     if exists(spark, settings):
