@@ -56,7 +56,8 @@ def schema_of(types: dict[str, DataType]) -> StructType:
 def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> KeyTypes:
     """Check that every mapped table and column exists with a usable type; nothing is changed.
 
-    Returns the Spark type of each table's key columns. Reads only table schemas (no data).
+    Returns the Spark type of each table's key columns. Reads table schemas, and for `action: shred`
+    tables up to SAMPLE_ROWS key values (only a count reaches the driver).
     """
     problems: list[str] = []
     key_types: KeyTypes = {}

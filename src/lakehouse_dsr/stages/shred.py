@@ -63,10 +63,9 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
     table = vault.table_name(settings)
     before = iceberg.current_snapshot(spark, settings, table)
     result = Shred({}, entries, probes, before.snapshot_id if before else None)
-    live = vault.rows(spark, settings).select("pseudonym", F.lit(True).alias("live"))
     per_request: dict[tuple[str, str], int] = {}
     found: dict[str, int] = {}
-    for r in entries.join(live, "pseudonym", "left").groupBy("request_id", "identifier", "live").count().collect():
+    for r in entries.groupBy("request_id", "identifier", "live").count().collect():
         per_request[(r.request_id, r.identifier)] = per_request.get((r.request_id, r.identifier), 0) + r["count"]
         if r.live:
             found[r.identifier] = found.get(r.identifier, 0) + r["count"]
@@ -77,8 +76,7 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
         entries.select("pseudonym").distinct().createOrReplaceTempView(view)
         try:
             iceberg.with_conflict_retries(settings, "the vault: shredding", lambda: spark.sql(
-                f"MERGE INTO {settings.table(table)} t USING {view} s ON t.pseudonym = s.pseudonym "
-                "WHEN MATCHED THEN DELETE"))
+                f"DELETE FROM {settings.table(table)} WHERE pseudonym IN (SELECT pseudonym FROM {view})"))
         finally:
             spark.catalog.dropTempView(view)
         commit = iceberg.current_snapshot(spark, settings, table)
@@ -108,19 +106,23 @@ def purge_vault(spark: SparkSession, settings: Settings, result: Shred) -> None:
 
 
 def _captured(spark: SparkSession, settings: Settings, probes: DataFrame) -> DataFrame:
-    """(request_id, identifier, pseudonym, key_check) of every entry of the probed identifiers held by a
-    file some retained vault snapshot references: the live ones, and those a killed run deleted while
-    its history is kept. Kept on the executors (small: one row per subject and identifier)."""
-    empty = spark.createDataFrame([], "request_id string, identifier string, pseudonym string, key_check string")
+    """(request_id, identifier, pseudonym, key_check, live) of every entry of the probed identifiers
+    held by a file some retained vault snapshot references: the live ones (in a file of the current
+    snapshot: the vault has no delete files), and those a killed run deleted while its history is
+    kept. One read of those files; kept on the executors (one row per subject and identifier)."""
+    empty = spark.createDataFrame([], "request_id string, identifier string, pseudonym string, key_check string, "
+                                      "live boolean")
     if not vault.exists(spark, settings):
         return empty
-    paths, _ = iceberg.retained_files(spark, settings, vault.table_name(settings))
+    paths, current = iceberg.retained_files(spark, settings, vault.table_name(settings))
     if not paths:
         return empty
-    stored = iceberg.read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND)))
+    stored = iceberg.read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND))).withColumn(
+        "live", F.regexp_replace(F.input_file_name(), "^file:/+", "/").isin(*{iceberg.same_file(p) for p in current}))
     return (stored.join(F.broadcast(probes), ["key_hash", "key_id"])
             .where(F.col("identifier") == F.col("key_type"))
-            .select("request_id", "identifier", "pseudonym", "key_check").distinct().localCheckpoint())
+            .groupBy("request_id", "identifier", "pseudonym", "key_check").agg(F.max("live").alias("live"))
+            .localCheckpoint())
 
 
 def _schema(columns) -> StructType:

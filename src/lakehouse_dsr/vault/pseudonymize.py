@@ -23,6 +23,8 @@ from ..exceptions import DataMapError, DsrError
 from ..lake import iceberg
 from . import vault
 
+# Up to this many subjects in a batch (about 100 bytes each), their links are broadcast to the rows
+BROADCAST_SUBJECTS = 500_000
 PROPERTY = "dsr.pseudonymized"  # table property of a pseudonymized table: {key, identifier, encrypted: {col: type}}
 
 
@@ -73,7 +75,9 @@ def _pseudonymized(df: DataFrame, settings: Settings, key: str, identifier: str,
     created = vault.ensure_entries(spark, settings, values, identifier, keys)
     link = vault.links(spark, settings, values, identifier, keys).select(
         F.col("value").alias("dsr_value"), F.col("pseudonym").alias("dsr_pseudonym"),
-        F.col("data_key").alias("dsr_data_key"))
+        F.col("data_key").alias("dsr_data_key")).localCheckpoint()
+    if values.count() <= BROADCAST_SUBJECTS:  # Spark cannot size a checkpoint: say it is small
+        link = F.broadcast(link)
     joined = df.join(link, df[key].cast("string") == link["dsr_value"], "left")
     pseudonym, data_key = F.col("dsr_pseudonym"), F.col("dsr_data_key")
     out = []
