@@ -49,11 +49,13 @@ test-integration: integration-deps
 
 # The notebook's steps against `dsr run` on identical data, then a wide lake (10, 50, 100 mapped
 # tables of 10k rows: whole `dsr run` processes against per-table SQL), the silver/gold propagation and
-# streaming suppression; JSON + charts in bench/results/.
+# streaming suppression, the vault (shred against erase, pseudonymize against a copy, export through
+# it, at 1M and BENCH_EVENTS); JSON + charts in bench/results/.
 bench: $(STAMP)
 	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
 	$(PY) bench/tables.py
 	$(PY) bench/propagate.py --events $(BENCH_EVENTS)
+	$(PY) bench/vault.py --events $(sort 1000000 $(BENCH_EVENTS))
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
