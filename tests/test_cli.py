@@ -106,6 +106,12 @@ def test_demo_command(tmp_path):
     assert report["summary"] == {**report["summary"], "requests": 10, "completed": 10, "failed": 0}
     assert len(list((tmp_path / "exports").rglob("req-*.json"))) == 2
     assert (tmp_path / "dsr-secret.key").stat().st_mode & 0o077 == 0
+    # the pseudonymized copy: shredded beside the plain erase, no row of it rewritten
+    shredded = report["tables"]["demo_vault.events"]
+    assert shredded["erase"]["action"] == "shred" and shredded["erase"]["rows_changed"] == 0
+    assert shredded["verification"]["passed"] and shredded["verification"]["details"]["table_snapshot_unchanged"]
+    assert "demo_vault.events: shredded" in result.stdout
+    assert (tmp_path / "dsr-vault.key").stat().st_mode & 0o077 == 0
 
 
 def test_status_shows_what_waits_for_the_batched_purge(spark, configured, tmp_path):

@@ -14,7 +14,9 @@ def test_default_is_the_embedded_lakehouse(tmp_path, monkeypatch):
     assert s.catalog.name == "lakehouse"
     assert s.catalog.properties == {"type": "hadoop", "warehouse": (tmp_path / "lakehouse").as_uri()}
     assert s.spark.master == "local[*]"
-    assert set(s.datamap.tables) == {"demo.users", "demo.events", "demo.newsletter", "demo.orders"}
+    assert set(s.datamap.tables) == {"demo.users", "demo.events", "demo.newsletter", "demo.orders",
+                                     "demo_vault.events"}
+    assert set(s.datamap.shredded) == {"demo_vault.events"}  # the pseudonymized copy of the events
     assert s.key_file() == tmp_path / "dsr-secret.key"
 
 

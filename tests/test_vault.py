@@ -160,6 +160,7 @@ def _hash(settings, value: str) -> str:
     return keyed_hash(load_key(settings.key_file()), value)
 
 
+@pytest.mark.slow
 def test_shred_erases_through_the_vault_and_access_reads_through_it(spark, tmp_path):
     settings, _ = make_disk_lakehouse(spark, tmp_path)
     pseudonymize_table(spark, settings, "demo.events", EVENTS, "user_id", encrypt=["event_details"])

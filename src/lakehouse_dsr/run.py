@@ -410,7 +410,8 @@ def _record_erasures(ledger: Ledger, run_id: str, erasures: dict[str, erase.Tabl
                              for t, e in erasures.items() if e.snapshot_id is not None),
                            *(Step(run_id, t, "propagated") for t in propagated),
                            *([Step(run_id, shredded[0], "shredded", shredded[1].snapshot_id,
-                                   {"tables": sorted(shredded[1].erasures)})] if shredded else [])])
+                                   {"tables": sorted(shredded[1].erasures),
+                                    "snapshot_before": shredded[1].snapshot_before})] if shredded else [])])
 
 
 def _stale_aggregates(settings: Settings, steps: list[Step]) -> set[str]:
