@@ -35,14 +35,19 @@ def load_key(key_file: Path) -> bytes:
     if env:
         return env.encode("utf-8")
     if key_file.exists():
-        if key_file.stat().st_mode & 0o077:
-            raise ConfigError(f"key file {key_file} is readable by others; run: chmod 600 {key_file}")
-        return bytes.fromhex(key_file.read_text().strip())
+        return bytes.fromhex(read_private(key_file, "key file").strip())
     key_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(secrets.token_hex(32))
     return bytes.fromhex(key_file.read_text().strip())
+
+
+def read_private(path: Path, what: str) -> str:
+    """The text of a key file, refused (ConfigError) when others may read it."""
+    if path.stat().st_mode & 0o077:
+        raise ConfigError(f"{what} {path} is readable by others; run: chmod 600 {path}")
+    return path.read_text()
 
 
 def key_id(key: bytes) -> str:
@@ -60,10 +65,8 @@ def load_retired(key_file: Path) -> tuple[bytes, ...]:
     path = retired_file(key_file)
     if not path.exists():
         return ()
-    if path.stat().st_mode & 0o077:
-        raise ConfigError(f"retired key file {path} is readable by others; run: chmod 600 {path}")
     keys = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(read_private(path, "retired key file").splitlines(), start=1):
         if line.strip():
             try:
                 keys.append(bytes.fromhex(line.strip()))
@@ -74,7 +77,8 @@ def load_retired(key_file: Path) -> tuple[bytes, ...]:
 
 @dataclass(frozen=True)
 class Keyring:
-    """The active key (makes every new hash) and the retired ones (still check the hashes they made)."""
+    """The active key (makes every new hash, or wraps every new data key: vault/keys.py) and the
+    retired ones (still check the hashes they made, or unwrap what they wrapped)."""
 
     active: bytes
     retired: tuple[bytes, ...] = ()

@@ -17,30 +17,18 @@ from pathlib import Path
 
 from ..config import Settings
 from ..exceptions import ConfigError
-from ..ledger.keys import key_id, load_retired, retired_file, write_private
+from ..ledger.keys import Keyring, key_id, load_retired, read_private, retired_file, write_private
 
 VAULT_KEY_ENV = "DSR_VAULT_KEY"
 KEY_BYTES = 32  # AES-256
 
 
 @dataclass(frozen=True)
-class MasterKeys:
-    """The active master key (wraps every new data key) and retired ones (unwrap older entries)."""
+class MasterKeys(Keyring):
+    """The master keys as a keyring: `keys()` is {master_key_id: key}; `from_env`: the active one is
+    $DSR_VAULT_KEY (rotation then re-wraps to it instead of writing a new key)."""
 
-    active: bytes
-    retired: tuple[bytes, ...] = ()
     from_env: bool = False
-
-    @property
-    def active_id(self) -> str:
-        return key_id(self.active)
-
-    def keys(self) -> dict[str, bytes]:
-        """{master_key_id: key}, active first."""
-        ring: dict[str, bytes] = {}
-        for key in (self.active, *reversed(self.retired)):
-            ring.setdefault(key_id(key), key)
-        return ring
 
 
 def master_key_file(settings: Settings) -> Path:
@@ -69,9 +57,7 @@ def load_master_keys(settings: Settings, create: bool = False) -> MasterKeys:
     if env:
         return MasterKeys(_parse(env, f"${VAULT_KEY_ENV}"), load_retired(path), from_env=True)
     if path.exists():
-        if path.stat().st_mode & 0o077:
-            raise ConfigError(f"vault key file {path} is readable by others; run: chmod 600 {path}")
-        return MasterKeys(_parse(path.read_text(), str(path)), load_retired(path))
+        return MasterKeys(_parse(read_private(path, "vault key file"), str(path)), load_retired(path))
     if not create:
         raise ConfigError(f"no vault master key: set ${VAULT_KEY_ENV} or restore the key file {path}")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -64,8 +64,8 @@ def pseudonymize(df: DataFrame, settings: Settings, key: str = "user_id", identi
 
 
 def _pseudonymized(df: DataFrame, settings: Settings, key: str, identifier: str, encrypt: list[str] | tuple[str, ...]
-                   ) -> tuple[DataFrame, int]:
-    """`pseudonymize`, and how many vault entries it created."""
+                   ) -> tuple[DataFrame, int, dict[str, str]]:
+    """`pseudonymize`, how many vault entries it created, and the encrypted columns' types."""
     spark = df.sparkSession
     encrypted = _check(df, key, list(encrypt))
     keys = vault.open_keys(spark, settings, create=True)
@@ -88,7 +88,7 @@ def _pseudonymized(df: DataFrame, settings: Settings, key: str, identifier: str,
             out.append(vault.gcm_encrypt(F.col(f"`{column}`").cast("binary"), data_key, pseudonym).alias(column))
         else:
             out.append(F.col(f"`{column}`"))
-    return joined.select(*out), created
+    return joined.select(*out), created, encrypted
 
 
 def reidentify(df: DataFrame, settings: Settings, key: str = "user_id", decrypt: list[str] | dict[str, str] = (),
@@ -163,8 +163,7 @@ def pseudonymize_table(spark: SparkSession, settings: Settings, source: str, tar
         raise DataMapError(f"{target} already exists; choose a new table name (nothing was written)")
     df = spark.table(settings.table(source))
     identifier = identifier or _identifier_of(settings, source, key)
-    encrypted = _check(df, key, list(encrypt))
-    out, created = _pseudonymized(df, settings, key, identifier, list(encrypt))
+    out, created, encrypted = _pseudonymized(df, settings, key, identifier, list(encrypt))
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.namespace(target.split('.')[0])}")
     meta = json.dumps({"key": key, "identifier": identifier, "encrypted": encrypted})
     (out.writeTo(settings.table(target)).using("iceberg").tableProperty("format-version", "2")
