@@ -13,6 +13,7 @@ from ..exceptions import DataMapError, first_line
 from ..lake.plainfiles import check_dataset
 from . import lineage
 from .model import PSEUDONYM_PATTERN, DataMap, column_path, is_array
+from .shares import check_shares
 
 T = TypeVar("T")
 KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
@@ -56,8 +57,9 @@ def schema_of(types: dict[str, DataType]) -> StructType:
 def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> KeyTypes:
     """Check that every mapped table and column exists with a usable type; nothing is changed.
 
-    Returns the Spark type of each table's key columns. Reads table schemas, and for `action: shred`
-    tables up to SAMPLE_ROWS key values (only a count reaches the driver).
+    Returns the Spark type of each table's key columns (shares: of those created already). Reads
+    table schemas, and for `action: shred` tables up to SAMPLE_ROWS key values (only a count reaches
+    the driver).
     """
     problems: list[str] = []
     key_types: KeyTypes = {}
@@ -108,6 +110,9 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
                 continue
     problems += _aggregate_problems(spark, datamap, qualify)
     problems += _shred_problems(spark, datamap, qualify)
+    share_problems, share_types = check_shares(spark, datamap, qualify)
+    problems += share_problems
+    key_types.update(share_types)
     if problems:
         raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(problems))
     return key_types

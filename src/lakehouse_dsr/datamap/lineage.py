@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 
 from ..exceptions import DataMapError, first_line
-from .model import DerivedMapping
+from .model import DerivedMapping, ShareMapping
 
 _ABOVE = {"Project", "Filter", "Sort", "SubqueryAlias"}  # allowed above the Aggregate
 _BELOW = {"Project", "Filter", "SubqueryAlias"}  # allowed between the Aggregate and the source
@@ -60,14 +60,16 @@ def _nodes(plan) -> Iterator:
         yield from _nodes(child)
 
 
-def parse(spark: SparkSession, name: str, mapping: DerivedMapping, known: set[str], catalog: str) -> Query:
-    """The aggregate's SQL parsed; DataMapError when it does not parse, reads a table the data map does
-    not list, or reads one its `from:` does not name (the erase order follows `from:`)."""
+def parse(spark: SparkSession, name: str, mapping: DerivedMapping | ShareMapping, known: set[str], catalog: str,
+          section: str = "derived") -> Query:
+    """The aggregate's SQL (or a share's: `section` names it in errors) parsed; DataMapError when it does
+    not parse, reads a table the data map does not list, or reads one its `from:` does not name (the
+    erase order follows `from:`)."""
     parser = spark._jsparkSession.sessionState().sqlParser()
     try:
         plan = parser.parsePlan(mapping.sql)
     except Exception as exc:  # ParseException
-        raise DataMapError(f"derived {name}: the sql does not parse: {first_line(exc)}") from None
+        raise DataMapError(f"{section} {name}: the sql does not parse: {first_line(exc)}") from None
     nodes = list(_nodes(plan))
     ctes = {pair._1() for n in nodes if n.nodeName() == "UnresolvedWith" for pair in _seq(n.cteRelations())}
     spans = []
@@ -81,14 +83,14 @@ def parse(spark: SparkSession, name: str, mapping: DerivedMapping, known: set[st
             parts = parts[1:]
         table = ".".join(parts)
         if table not in known:
-            raise DataMapError(f"derived {name}: the sql reads {table}, which the data map does not list "
+            raise DataMapError(f"{section} {name}: the sql reads {table}, which the data map does not list "
                                "(under tables: or derived:)")
         if table not in mapping.sources:
-            raise DataMapError(f"derived {name}: the sql reads {table}, which its 'from' does not name")
+            raise DataMapError(f"{section} {name}: the sql reads {table}, which its 'from' does not name")
         origin = node.origin()
         spans.append((origin.startIndex().get(), origin.stopIndex().get(), table))
     if not spans:
-        raise DataMapError(f"derived {name}: the sql reads no table")
+        raise DataMapError(f"{section} {name}: the sql reads no table")
     return Query(name, mapping.sql, tuple(sorted(set(spans))))
 
 

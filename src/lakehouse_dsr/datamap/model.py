@@ -19,6 +19,8 @@ datamap:
   derived:                         # tables built from others: erased after their sources (lineage.py)
     demo_silver.user_daily: {from: [demo.events], key: user_id}
     demo_gold.daily_by_type: {from: [demo.events], sql: "SELECT ...", group_by: [event_type, day]}
+  shares:                          # tables that leave the company, kept free of opted-out subjects (stages/share.py)
+    partner.events: {from: demo.events, key: user_id, sql: "SELECT user_id, event_type FROM demo.events"}
 ```
 """
 
@@ -28,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")  # \Z: "$" would let a newline through
@@ -264,6 +266,43 @@ class DerivedMapping(TableMapping):
         return [] if self.is_aggregate else super().groups
 
 
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_SELECT = re.compile(r"\s*SELECT\b", re.IGNORECASE)
+
+
+class ShareMapping(BaseModel):
+    """A table that leaves the company (`shares:`): the result of `sql`, one SELECT reading the data-map
+    table `from`, without the rows of any subject who opted out of sale/sharing; `key` is the result
+    column holding the subject id. `dsr run` creates and refreshes it (datamap/shares.py, stages/share.py)."""
+
+    # The YAML says `from`, never `source`, and a dump (write_config, the service) says it too.
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
+    source: str = Field(alias="from")
+    key: str
+    sql: str
+    _subject: str = PrivateAttr(default="")  # the data map's subject identifier, which `key` holds
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShareMapping:
+        try:
+            check_table_name(self.source)
+        except ValueError as exc:
+            raise ValueError(f"'from': {exc}") from None
+        if not _NAME.match(self.key):
+            raise ValueError(f"'key' {self.key!r} must name a column of the sql's result (letters, digits, _)")
+        if not _SELECT.match(self.sql):
+            raise ValueError("'sql' must be one SELECT statement reading the 'from' table")
+        return self
+
+    @property
+    def sources(self) -> list[str]:
+        return [self.source]
+
+    @property
+    def groups(self) -> list[KeyGroup]:
+        return [KeyGroup(self.key, self._subject)]
+
+
 class DataMap(BaseModel):
     model_config = ConfigDict(extra="forbid")
     subject: str = "user_id"
@@ -271,6 +310,7 @@ class DataMap(BaseModel):
     tables: dict[str, TableMapping]
     files: dict[str, FileMapping] = Field(default_factory=dict)
     derived: dict[str, DerivedMapping] = Field(default_factory=dict)
+    shares: dict[str, ShareMapping] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> DataMap:
@@ -291,6 +331,18 @@ class DataMap(BaseModel):
                 raise ValueError(f"derived: {name} reads {', '.join(outside)}, which the data map does not list "
                                  "(under tables: or derived:)")
         self.derived_levels()  # a cycle fails here
+        for name, share in self.shares.items():
+            if not _TABLE.match(name):
+                raise ValueError(f"shares: {name!r} must be written namespace.table (letters, digits, _)")
+            if name in self.tables or name in self.derived or name in self.files:
+                raise ValueError(f"shares: {name} is also listed under tables/derived/files; dsr run writes a share")
+            if share.source not in self.tables and share.source not in self.derived:
+                raise ValueError(f"shares: {name} reads {share.source} ('from'), which is not a table of the data map "
+                                 "(under tables: or derived:)")
+            if share.source in self.shredded:
+                raise ValueError(f"shares: {name} reads {share.source}, whose key holds vault pseudonyms "
+                                 "(action: shred), so opted-out subjects could not be found in it")
+            share._subject = self.subject
         for name, mapping in [*self.tables.items(), *self.files.items(), *self.keyed_derived.items()]:
             if name not in self.files:
                 check_table_name(name)
@@ -306,9 +358,9 @@ class DataMap(BaseModel):
                     )
         return self
 
-    def mapping(self, name: str) -> TableMapping:
-        """The mapping of a table, a derived table or a file dataset."""
-        for section in (self.tables, self.derived, self.files):
+    def mapping(self, name: str) -> TableMapping | ShareMapping:
+        """The mapping of a table, a derived table, a file dataset or a share."""
+        for section in (self.tables, self.derived, self.files, self.shares):
             if name in section:
                 return section[name]
         raise KeyError(name)

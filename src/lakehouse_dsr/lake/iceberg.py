@@ -375,6 +375,18 @@ def commits_between(spark: SparkSession, settings: Settings, table: str, after_i
     return [Commit(s.snapshotId(), str(s.operation()), dict(s.summary())) for s in reversed(chain)]
 
 
+def commits_since(spark: SparkSession, settings: Settings, table: str, after_id: int, until_id: int
+                  ) -> list[Commit] | None:
+    """Commits after `after_id` up to `until_id` included, oldest first; None when `after_id` is not an
+    ancestor of `until_id` (expired, rolled back or replaced meanwhile). Metadata only."""
+    if after_id == until_id:
+        return []
+    chain = list(_ancestors(_jtable(spark, settings, table), until_id, after_id))
+    if not chain or chain[-1].parentId() != after_id:
+        return None
+    return [Commit(s.snapshotId(), str(s.operation()), dict(s.summary())) for s in reversed(chain)]
+
+
 def _ancestors(jtable, start_id: int | None, stop_id: int | None):
     """Snapshots from `start_id` back along the parent line, up to (not including) `stop_id`; stops
     early where the line ends or a snapshot has expired."""
@@ -405,6 +417,13 @@ def read_appended(spark: SparkSession, settings: Settings, table: str, commit: C
         return read_at(spark, settings, table, commit.snapshot_id)
     return (spark.read.format("iceberg").option("start-snapshot-id", str(parent_id))
             .option("end-snapshot-id", str(commit.snapshot_id)).load(f"{settings.catalog.name}.{table}"))
+
+
+def read_appends(spark: SparkSession, settings: Settings, table: str, after_id: int, until_id: int) -> DataFrame:
+    """The rows the append commits after `after_id` up to `until_id` added (Iceberg's incremental read:
+    other commits, such as deletes and rewrites, are skipped). Reads only the appended files."""
+    return (spark.read.format("iceberg").option("start-snapshot-id", str(after_id))
+            .option("end-snapshot-id", str(until_id)).load(f"{settings.catalog.name}.{table}"))
 
 
 def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_id: int | None) -> Snapshot | None:

@@ -1,5 +1,5 @@
 """The request ledger: Iceberg tables `<ns>.requests`, `<ns>.request_keys`, `<ns>.audit` (plus the step
-journal and the run lease), read and written without a JVM (store.py).
+journal, the run lease and the run history `<ns>.runs`), read and written without a JVM (store.py).
 
 Lifecycle: received -> in_progress -> completed | failed (failed stays open and is retried).
 Under the batched purge policy an erase request goes in_progress -> erased (logically erased,
@@ -31,8 +31,7 @@ from .store import Store, arrow_rows
 
 ACTIONABLE_STATUSES = ("received", "in_progress", "failed")  # picked up by the next run
 OPEN_STATUSES = (*ACTIONABLE_STATUSES, "erased")  # erased: waiting for the physical purge
-NOT_YET_PROCESSED = {"opt_out": "recorded; opt-out requests are not yet processed by this version"}
-LEDGER_TABLES = ("requests", "request_keys", "audit", "steps", "lease")
+LEDGER_TABLES = ("requests", "request_keys", "audit", "steps", "lease", "runs", "consent")
 
 
 def new_request_id(taken: set[str]) -> str:
@@ -94,28 +93,38 @@ class Ledger:
         (a concurrent submission makes it look again, so duplicates never slip in between), then one
         audit append. An open request submitted before a key rotation holds its subject's hash under
         a retired key: each new subject is hashed under every key of the ring to find it.
+
+        Requests that come with an id (acknowledged by the intake service under it) are added exactly
+        once by that id, whatever else is open for the subject: the person holds a status token for
+        each. Their ids cost one more read, pruned to the files that may hold them.
         """
         now = now or utc_now()
         inputs = [r.validated() for r in inputs]
+        given = [r.request_id for r in inputs if r.request_id]
         created: list[str] = []
 
         def attempt(loaded) -> None:
             keys = self.keyring.keys()  # after the catalog answered: an unreachable one leaves no key file behind
+            snapshot = loaded.current_snapshot()
             rows = loaded.scan(row_filter=In("status", OPEN_STATUSES), selected_fields=("subject_hash", "request_type")
-                               ).to_arrow().to_pylist() if loaded.current_snapshot() else []
+                               ).to_arrow().to_pylist() if snapshot else []
             seen = {(r["subject_hash"], r["request_type"]) for r in rows}
-            fresh, ids = [], set()
+            stored = {r["request_id"] for r in loaded.scan(row_filter=In("request_id", given), selected_fields=(
+                "request_id",)).to_arrow().to_pylist()} if snapshot and given else set()
+            fresh, ids = [], set(given)
             for r in inputs:
                 hashes = [keyed_hash(k, r.subject_id) for k in keys.values()]
-                if any((h, r.request_type) in seen for h in hashes):
+                if r.request_id in stored if r.request_id else any((h, r.request_type) in seen for h in hashes):
                     continue
                 seen.add((hashes[0], r.request_type))
+                stored.add(r.request_id or "")
                 received = r.received_at or now
                 fresh.append({
-                    "request_id": new_request_id(ids), "request_type": r.request_type, "regulation": r.regulation,
+                    "request_id": r.request_id or new_request_id(ids), "request_type": r.request_type,
+                    "regulation": r.regulation,
                     "subject_id": r.subject_id, "subject_hash": hashes[0], "status": "received",
-                    "status_reason": NOT_YET_PROCESSED.get(r.request_type), "received_at": received,
-                    "due_date": due_date(received.date(), r.regulation), "extended": False, "updated_at": now})
+                    "status_reason": None, "received_at": received, "extended": False, "updated_at": now,
+                    "due_date": due_date(received.date(), r.regulation, request_type=r.request_type)})
             created[:] = [f["request_id"] for f in fresh]
             if fresh:
                 loaded.append(arrow_rows(loaded, fresh))
@@ -157,6 +166,37 @@ class Ledger:
 
     def completed_ids(self, request_type: str) -> list[str]:
         return sorted(r["request_id"] for r in self.requests(("completed",)) if r["request_type"] == request_type)
+
+    # -- run history (the operator dashboard) ----------------------------------------------------
+    def record_run(self, record: RunRecord) -> None:
+        """Add a run that did work to the run history: one append (one commit)."""
+        self.store.append("runs", [{
+            "run_id": record.run_id, "started_at": record.started_at, "finished_at": record.finished_at,
+            "seconds": json.dumps(record.seconds, sort_keys=True), "tables": json.dumps(record.tables, sort_keys=True),
+            "requests_completed": record.completed, "requests_failed": record.failed,
+            "requests_erased": record.erased}])
+
+    def runs(self, limit: int = 20) -> list[dict]:
+        """The last `limit` recorded runs, newest first: run_id, started_at and finished_at (ISO-8601),
+        seconds ({stage: s}), tables ({table: {action, rows, bytes_rewritten, files_rewritten}}),
+        requests_completed, requests_failed, requests_erased (awaiting the batched purge). No
+        identifiers. Cost: one read of the runs table (one small row per run)."""
+        rows = sorted(self.store.rows("runs"), key=lambda r: (r["started_at"], r["run_id"]), reverse=True)[:limit]
+        return [{**r, "started_at": r["started_at"].isoformat(), "finished_at": r["finished_at"].isoformat(),
+                 "seconds": json.loads(r["seconds"]), "tables": json.loads(r["tables"])} for r in rows]
+
+    def table_totals(self) -> list[dict]:
+        """Per table, over every recorded run: rows erased or redacted, bytes rewritten, and the number
+        of runs that worked on it (erased, purged or verified there); sorted by table. Cost: one read
+        of the runs table's `tables` column."""
+        totals: dict[str, dict] = {}
+        for row in self.store.rows("runs", columns=("tables",)):
+            for table, figures in json.loads(row["tables"]).items():
+                t = totals.setdefault(table, {"table": table, "rows": 0, "bytes_rewritten": 0, "runs": 0})
+                t["rows"] += figures["rows"]
+                t["bytes_rewritten"] += figures["bytes_rewritten"]
+                t["runs"] += 1
+        return [totals[t] for t in sorted(totals)]
 
     # -- keys -----------------------------------------------------------------------------------
     def record_keys(self, hashed: list[tuple[str, str, str, str]]) -> None:
@@ -219,7 +259,8 @@ class Ledger:
                 raise LedgerError(f"request {request_id} is already completed")
             if r["extended"]:
                 raise LedgerError(f"request {request_id} was already extended; the law allows one extension")
-            r.update(due_date=due_date(r["received_at"].date(), r["regulation"], extended=True), extended=True,
+            due = due_date(r["received_at"].date(), r["regulation"], True, r["request_type"])  # CCPA opt-outs: none
+            r.update(due_date=due, extended=True,
                      extension_reason=reason, updated_at=now or utc_now())
             return rows
 
@@ -269,6 +310,20 @@ def _status(r: dict, today: date, working: bool) -> RequestStatus:
 class SubmitResult:
     created: list[str]
     duplicates: int
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of the run history: a run that did work."""
+
+    run_id: str
+    started_at: datetime
+    finished_at: datetime
+    seconds: dict[str, float]  # per stage
+    tables: dict[str, dict]  # per table: action, rows (erased or redacted), bytes_rewritten, files_rewritten
+    completed: int
+    failed: int
+    erased: int  # logically erased, awaiting the batched purge
 
 
 @dataclass

@@ -13,11 +13,13 @@ from typing import Literal
 
 from ..exceptions import RequestInputError
 
-RequestType = Literal["erase", "access", "opt_out"]
+RequestType = Literal["erase", "access", "opt_out", "opt_in"]
 Regulation = Literal["gdpr", "ccpa"]
-REQUEST_TYPES: tuple[str, ...] = ("erase", "access", "opt_out")
+REQUEST_TYPES: tuple[str, ...] = ("erase", "access", "opt_out", "opt_in")
+CONSENT_TYPES: tuple[str, ...] = ("opt_out", "opt_in")  # sale/sharing of personal data: stop, or resume
 REGULATIONS: tuple[str, ...] = ("gdpr", "ccpa")
 MAX_SUBJECT_LENGTH = 65_536
+REQUEST_ID = re.compile(r"req-[0-9a-f]{21}")
 
 
 def utc_now() -> datetime:
@@ -31,13 +33,29 @@ def add_months(day: date, months: int) -> date:
     return date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
 
 
-def due_date(received: date, regulation: str, extended: bool = False) -> date:
-    """GDPR Art. 12(3): one month, extendable by two more; CCPA §1798.130: 45 days, extendable by 45."""
+def add_business_days(day: date, days: int) -> date:
+    """The `days`-th weekday (Monday to Friday) after `day`: Friday + 1 = Monday, Saturday + 1 = Monday.
+    Public holidays are not known here, so they count as business days (the deadline errs early)."""
+    while days > 0:
+        day += timedelta(days=1)
+        days -= day.weekday() < 5
+    return day
+
+
+def due_date(received: date, regulation: str, extended: bool = False, request_type: str = "erase") -> date:
+    """GDPR Art. 12(3): one month, extendable by two more, for every type (an opt-out is an objection,
+    Art. 21). CCPA §1798.130: 45 days, extendable by 45; but an opt-out of sale/sharing is due in 15
+    business days, without extension (11 CCR §7026(f)). Opt-ins have no statutory deadline: they
+    follow the opt-out's (RequestInputError for an extension under CCPA)."""
+    if regulation not in REGULATIONS:
+        raise RequestInputError(f"unknown regulation {regulation!r} (expected one of {', '.join(REGULATIONS)})")
     if regulation == "gdpr":
         return add_months(received, 3 if extended else 1)
-    if regulation == "ccpa":
-        return received + timedelta(days=90 if extended else 45)
-    raise RequestInputError(f"unknown regulation {regulation!r} (expected one of {', '.join(REGULATIONS)})")
+    if request_type in CONSENT_TYPES:
+        if extended:
+            raise RequestInputError(f"CCPA allows no extension for {request_type} requests: due in 15 business days")
+        return add_business_days(received, 15)
+    return received + timedelta(days=90 if extended else 45)
 
 
 @dataclass(frozen=True)
@@ -46,6 +64,8 @@ class RequestInput:
     request_type: str
     regulation: str = "gdpr"
     received_at: datetime | None = None
+    # Given by the intake service, which acknowledged the request under this id before the ledger saw it.
+    request_id: str | None = None
 
     def validated(self, where: str = "") -> RequestInput:
         prefix = f"{where}: " if where else ""
@@ -68,7 +88,9 @@ class RequestInput:
             received = received.replace(tzinfo=UTC)
         if received is not None and received > utc_now() + timedelta(days=1):
             raise RequestInputError(f"{prefix}received_at {received.isoformat()} is in the future")
-        return RequestInput(self.subject_id, self.request_type, self.regulation, received)
+        if self.request_id is not None and not REQUEST_ID.fullmatch(self.request_id):
+            raise RequestInputError(f"{prefix}request id {_shown(self.request_id)} is not req-<21 hex digits>")
+        return RequestInput(self.subject_id, self.request_type, self.regulation, received, self.request_id)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -50,6 +50,13 @@ SCHEMAS: dict[str, pa.Schema] = {
     "lease": pa.schema([("run_id", pa.string()), ("host", pa.string()), ("pid", pa.int64()), ("started_at", _TS),
                         ("heartbeat_at", _TS), ("expires_at", _TS), ("requests", pa.string()),
                        ("interrupted", pa.string())]),
+    # One row per `dsr run` that did work (Ledger.record_run); `seconds` and `tables` are JSON.
+    "runs": pa.schema([("run_id", pa.string()), ("started_at", _TS), ("finished_at", _TS), ("seconds", pa.string()),
+                       ("tables", pa.string()), ("requests_completed", pa.int64()), ("requests_failed", pa.int64()),
+                       ("requests_erased", pa.int64())]),
+    # Each subject's last opt-out/opt-in (ledger/consent.py), by keyed hash and the key that made it.
+    "consent": pa.schema([("subject_hash", pa.string()), ("key_id", pa.string()), ("opted_out", pa.bool_()),
+                          ("request_id", pa.string()), ("updated_at", _TS)]),
 }
 # No column bounds for subject_id, so no manifest ever carries an identifier; old metadata files go.
 # No retries inside pyiceberg: it would re-apply a write computed from rows another writer has since

@@ -239,14 +239,15 @@ def verify_tables(
     key_types: KeyTypes, tables: list[str] | None = None, physical: bool = True,
     values_at: dict[str, tuple[int, DataFrame]] | None = None,
 ) -> list[TableVerification]:
-    """Verify tables holding subject keys and file datasets (default: all; aggregates hold no keys and
-    are proven in the run that recomputes them, stages/propagate.py) against (request_id, key_type,
-    key_hash) rows (`values_at`: see verify_table)."""
+    """Verify tables holding subject keys, file datasets and shares (default: all; aggregates hold no
+    keys and are proven in the run that recomputes them, stages/propagate.py) against (request_id,
+    key_type, key_hash) rows (`values_at`: see verify_table)."""
     key = keys_for(settings, hashes, key)  # once for all tables
     return [verify_dataset(spark, settings, table, hashes, key) if table in settings.datamap.files
             else verify_table(spark, settings, table, settings.datamap.mapping(table).groups, key_types[table], hashes,
                               key, physical, (values_at or {}).get(table))
-            for table in tables or [*settings.datamap.keyed_order(), *settings.datamap.files]]
+            for table in tables or [*settings.datamap.keyed_order(), *settings.datamap.files,
+                                    *(s for s in settings.datamap.shares if s in key_types)]]  # created shares
 
 
 def verify_dataset(spark: SparkSession, settings: Settings, name: str, hashes: DataFrame,
