@@ -115,7 +115,7 @@ def generate(
 @app.command()
 def submit(
     subject: Annotated[str | None, typer.Option(help="subject id (the data map's subject identifier)")] = None,
-    type_: Annotated[str | None, typer.Option("--type", help="erase | access | opt_out")] = None,
+    type_: Annotated[str | None, typer.Option("--type", help="erase | access | opt_out | opt_in")] = None,
     regulation: Annotated[str, typer.Option(help="gdpr | ccpa")] = "gdpr",
     received: Annotated[str | None, typer.Option(help="when it was received (ISO-8601; default now)")] = None,
     file: Annotated[Path | None, typer.Option("--file", help="CSV: subject_id,type[,regulation][,received_at]")] = None,
@@ -141,6 +141,7 @@ def submit(
 @app.command("run")
 def run_cmd(
     report: Annotated[Path | None, typer.Option(help="write the JSON run report here")] = None,
+    html: Annotated[Path | None, typer.Option(help="write the run report as a page with charts here")] = None,
     export_format: Annotated[str | None, typer.Option("--format", help="access packages: json | csv | parquet")] = None,
     export_dir: Annotated[Path | None, typer.Option(help="where access packages go (default ./exports)")] = None,
 ) -> None:
@@ -158,6 +159,8 @@ def run_cmd(
         result = run_batch(lambda: _spark(by_lake_size=True), settings, bars)  # Spark starts only if there is work
     if report:
         result.write(report)
+    if html:
+        result.write_html(html)
     if not result.requests:
         console.print("no open access or erase requests")
     result.render(console)
@@ -197,6 +200,46 @@ def extend(request_id: str, reason: Annotated[str, typer.Option(help="why (told 
     """Apply the regulation's one allowed deadline extension (GDPR +2 months, CCPA +45 days)."""
     r = _ledger().extend(request_id, reason)
     console.print(f"{r.request_id}: due {r.due_date} ({r.days_left} days left)")
+
+
+@app.command()
+def certificate(
+    request_id: Annotated[str | None, typer.Argument(help="a completed request")] = None,
+    html: Annotated[Path | None, typer.Option(help="write the certificate as a readable page here")] = None,
+    json_file: Annotated[Path | None, typer.Option("--json", help="write the signed JSON certificate here")] = None,
+    check: Annotated[Path | None, typer.Option(help="check a signed JSON certificate: exit 0 intact, 1 not")] = None,
+) -> None:
+    """A signed certificate of a completed request (no subject identifier), or --check one for alteration."""
+    from .evidence.certificate import build_certificate, certificate_html, check_certificate, read_certificate
+    from .evidence.report import write_owner_only
+
+    if check is not None:
+        if request_id or html or json_file:
+            raise DsrError("--check FILE takes no request id, --html or --json")
+        result = check_certificate(read_certificate(check), _ledger())
+        console.print(f"{escape(str(check))}: [{'green' if result.intact else 'red'}]{escape(result.reason)}[/]",
+                      soft_wrap=True)
+        if not result.intact:
+            raise typer.Exit(1)
+        return
+    if request_id is None:
+        raise DsrError("give a completed request's id, or --check FILE")
+    doc = build_certificate(_ledger(), request_id)
+    if json_file:
+        write_owner_only(json_file, json.dumps(doc, indent=2, sort_keys=True))
+    if html:
+        write_owner_only(html, certificate_html(doc))
+    r = doc["request"]
+    met = "[green]met[/]" if r["deadline_met"] else "[red]missed[/]"
+    console.print(f"{r['request_id']}: {r['type']} ({r['regulation']}), received {r['received'][:10]}, due {r['due']}"
+                  f"{' (extended)' if r['extended'] else ''}, completed {r['completed'][:10]}: deadline {met}")
+    console.print(f"{doc['totals']['rows']:,} row(s) in {doc['totals']['tables']} table(s); signed with key "
+                  f"{doc['signature']['key_id']}")
+    for path in (json_file, html):
+        if path:
+            console.print(f"written: {escape(str(path))}")
+    if not (json_file or html):
+        console.print("save it with --json FILE (the signed original) and --html FILE (a page to read)")
 
 
 @app.command("verify")
@@ -452,6 +495,20 @@ def bench(
 
 
 @app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+    forwarded_allow_ips: Annotated[str | None, typer.Option(
+        help="reverse proxies whose X-Forwarded-For is trusted (default: 127.0.0.1)")] = None,
+) -> None:
+    """Serve the intake API, the request pages and the operator dashboard (no JVM); acknowledged
+    requests reach the ledger within seconds. Operators authenticate with $DSR_API_TOKEN."""
+    from .service.server import serve as run_server
+
+    run_server(_settings(), host, port, forwarded_allow_ips)
+
+
+@app.command()
 def demo(
     users: Annotated[int, typer.Option(min=1)] = 10_000,
     events: Annotated[int, typer.Option(min=0, help="up to the notebook's 10,000,000")] = 1_000_000,
@@ -484,9 +541,10 @@ def demo(
 
 def entry() -> None:
     try:
-        app(standalone_mode=False)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        # Not standalone, Click returns the code of a `typer.Exit` (exit 1: run or check failed) instead of raising it
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except typer.TyperException as exc:  # Click's own: unknown command or option, bad value: usage, exit 2

@@ -1,10 +1,12 @@
 """`dsr run`: every open request in one batch per type.
 
 Access requests first (a person asking for a copy and erasure gets the copy): resolve -> export
--> checksum check. Then erase requests: resolve -> erase -> purge -> verify. Then one ledger
-commit for all outcomes and the ledger's own purge. A request completes only when its proof
-holds (package checksum, or every table's verification); otherwise it stays open (status
-failed, retried by the next run) with the reasons.
+-> checksum check. Then erase requests: resolve -> erase -> purge -> verify. Then opt-out and
+opt-in requests and the data map's shares (stages/share.py): consent recorded, every share
+refreshed without opted-out or erased subjects, purged and verified. Then one ledger commit for
+all outcomes and the ledger's own purge. A request completes only when its proof holds (package
+checksum, or every table's and share's verification); otherwise it stays open (status failed,
+retried by the next run) with the reasons.
 
 Under `purge.policy: batched` a run whose requests are not yet near their deadline verifies the
 live data only and leaves them `erased`; the run that reaches the earliest purge deadline purges
@@ -40,7 +42,7 @@ from .ledger.lease import Lease
 from .ledger.ledger import OPEN_STATUSES, Ledger, Outcome
 from .ledger.requests import utc_now
 from .progress import Progress, Silent
-from .stages import access, collateral, erase, files, identity, matching, propagate, purge, shred, verify
+from .stages import access, collateral, erase, files, identity, matching, propagate, purge, share, shred, verify
 from .vault import vault
 
 
@@ -70,22 +72,26 @@ class _Work:
     deadlines: dict[str, date]  # purge deadline of each erase request, waiting or new
     purge_now: bool
     ledger_purge: bool  # the ledger's own history still holds plaintext of completed requests
+    consent: dict[str, dict]  # opt_out and opt_in requests (stages/share.py)
+    shares: bool  # the data map declares shares: every run refreshes them
 
     @property
     def ids(self) -> list[str]:
-        return [*self.access, *self.erase]
+        return [*self.access, *self.erase, *self.consent]
 
     @property
     def needs_lease(self) -> bool:
-        return bool(self.ids or self.purge_now or self.ledger_purge)
+        return bool(self.ids or self.purge_now or self.ledger_purge or self.shares)
 
 
 def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, progress: Progress | None = None,
         today: date | None = None) -> RunReport:
-    """Process every open access and erase request; returns the run report (no identifiers).
+    """Process every open request (access, erase, opt_out, opt_in) and refresh the data map's shares;
+    returns the run report (no identifiers).
 
     `spark`: a session, or a function making one: called only when there is work for Spark, so a
-    run with nothing to do costs two small pyiceberg reads, writes nothing and starts no JVM.
+    run with nothing to do costs two small pyiceberg reads, writes nothing and starts no JVM (with
+    shares declared there is always something to do: their refresh).
     `today` (default: the current UTC date) is the day purge deadlines are compared with.
     A run with work takes the ledger's lease (ledger/lease.py) and reads the ledger again under it:
     another live holder makes this one wait or raise LedgerBusyError, per `run.concurrent`.
@@ -118,7 +124,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
             work = _read_work(ledger, settings, today, holder.interrupted, report)  # as it is now we hold it
             if work.ids:
                 lease.working_on(work.ids)
-        if not work.ids and not work.purge_now:
+        if not work.ids and not work.purge_now and not work.shares:
             report.purge_schedule = _schedule(settings, False, work.waiting)
             if work.ledger_purge:
                 _purge_ledger(ledger, report)
@@ -135,6 +141,12 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         outcomes = _run_access(session, settings, key_types, report, progress, work, vault_keys)
         if not report.held:  # a table on hold stops every erasure and purge until `dsr release`
             outcomes += _run_erasure(session, settings, ledger, key_types, report, progress, work, vault_keys)
+        if work.shares or work.consent:  # consent recorded, every share refreshed without opted-out or erased people
+            with _timed(report, "shares", session):
+                outcomes, shared = share.process(session, settings, ledger, work.consent, outcomes,
+                                                 {*work.erase, *work.waiting}, set(report.held), progress,
+                                                 report.run_id)
+            report.shares = {name: s.as_dict() for name, s in shared.items()}
         faults.failpoint("after_verify")
         with _timed(report, "ledger"):
             lease.check()  # a run that lost its lease must not record anything: its successor acts
@@ -147,6 +159,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
                 if settings.purge.policy == "immediate" or report.purge_schedule.get("purged"):
                     _purge_ledger(ledger, report)
         report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
+        ledger.record_run(report.record(utc_now()))  # the dashboard's run history: one append
         return report
     finally:
         lease.release()
@@ -161,7 +174,7 @@ def _read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tup
     steps = ledger.journal.steps()
     report.held = {t: s.detail.get("reason", "") for t, s in ledger.journal.holds(steps).items()}
     report.not_processed = {}
-    by_type: dict[str, dict[str, dict]] = {"access": {}, "erase": {}}
+    by_type: dict[str, dict[str, dict]] = {"access": {}, "erase": {}, "opt_out": {}, "opt_in": {}}
     waiting: dict[str, date] = {}
     for r in rows:
         if r["status"] == "erased":
@@ -175,7 +188,8 @@ def _read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tup
                                for rid, r in erase.items()}}
     return _Work(by_type["access"], erase, waiting, steps, list(interrupted), deadlines,
                  not report.held and purge.purge_due(deadlines.values(), today),
-                 settings.purge.policy == "immediate" and ledger.purge_owed(steps))
+                 settings.purge.policy == "immediate" and ledger.purge_owed(steps),
+                 {**by_type["opt_out"], **by_type["opt_in"]}, bool(settings.datamap.shares))
 
 
 def _purge_ledger(ledger: Ledger, report: RunReport) -> None:
@@ -294,6 +308,7 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         start = time.perf_counter()
         checked = prove(table)
         checked.seconds = round(time.perf_counter() - start, 3)
+        checked.details.setdefault("method", _proof_method(settings, table, checked))
         return checked
 
     with _timed(report, "verify", spark):
@@ -545,6 +560,23 @@ def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVer
         verification.collateral_ok, verification.collateral_detail = False, erasure.collateral.detail
 
 
+def _proof_method(settings: Settings, table: str, v: verify.TableVerification) -> str:
+    """How `table` was proven, in words for certificates (shredded tables name their own method)."""
+    if table in settings.datamap.aggregates:
+        return "groups recomputed from the erased sources and compared row for row" + (
+            "; no file of an older snapshot and no unreferenced file left" if v.physical else "")
+    if table in settings.datamap.files:
+        where = "every file of the dataset (its live data, history and storage at once)"
+    elif v.physical:
+        where = ("the live snapshot, the files of every retained snapshot, every file on storage (unreferenced ones "
+                 "included), branches and tags")
+        if v.one_scan:
+            where += "; history and storage held only the live files, so one scan covered all three"
+    else:
+        where = "the live snapshot"
+    return f"keyed hash (HMAC-SHA256) of every key value, compared with the request's stored hashes, in {where}"
+
+
 def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
               purges: dict[str, purge.TablePurge], verifications: dict[str, verify.TableVerification],
               run_id: str, prior: dict[str, dict], resumed: dict[str, Step], deadlines: dict[str, date],
@@ -578,8 +610,13 @@ def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
             entry["data_files_rewritten"] = entry.get("data_files_rewritten", 0) + (p.data_files_rewritten if p else 0)
             entry["bytes_rewritten"] = entry.get("bytes_rewritten", 0) + (p.bytes_rewritten if p else 0)
             entry["snapshots_expired"] = p.snapshots_expired if p else 0
+            entry["files_deleted"] = p.files_deleted if p else 0  # from storage: files only expired snapshots held
+            entry["orphans_removed"] = p.orphans_removed if p else 0
             entry["checks"] = {"live": v.live == 0, "collateral": v.collateral_ok,
                                **({"history": v.history == 0, "storage": v.storage == 0} if v.physical else {})}
+            # `checks` are the batch's; `passed`: none of them found this request's subject
+            entry["verification"] = {"method": v.details.get("method", ""), "passed": not v.failing.get(request_id),
+                                     "one_scan": v.one_scan, "refs_checked": sorted(v.refs)}
             tables[table] = entry
         if stop_reason:
             reasons.append(stop_reason)

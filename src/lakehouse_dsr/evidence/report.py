@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from ..lake.metrics import IoCost
+from ..ledger.keys import write_private
+from ..ledger.ledger import RunRecord
+from .html import run_report_page
 
 
 @dataclass
@@ -37,10 +40,13 @@ class RunReport:
     collateral_failures: dict[str, str] = field(default_factory=dict)
     # tables on hold from an earlier collateral failure: no erasure ran ({table: reason})
     held: dict[str, str] = field(default_factory=dict)
+    # per share (stages/share.py ShareRefresh.as_dict): refresh mode, rows added/removed, purge, verification
+    shares: dict[str, dict] = field(default_factory=dict)
 
     @property
     def needs_attention(self) -> bool:
-        return bool(self.failed or self.held or self.collateral_failures)
+        return bool(self.failed or self.held or self.collateral_failures
+                    or any(s["error"] for s in self.shares.values()))
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -59,15 +65,40 @@ class RunReport:
         d["summary"] = {"requests": len(self.requests), "completed": len(self.completed), "failed": len(self.failed),
                         "awaiting_purge": len(self.awaiting_purge),
                         "seconds_total": round(sum(self.seconds.values()), 3)}
+        d["per_table"] = self.per_table
         return d
+
+    @property
+    def per_table(self) -> dict[str, dict]:
+        """Per table: action, rows erased or redacted (0 for aggregates recomputed and tables shredded:
+        no row of anyone's is taken out there), data files and bytes rewritten by the erase and the
+        purge, snapshots expired, and whether it was verified ("yes", "live only", "no")."""
+        figures = {}
+        for name, t in self.tables.items():
+            e, p, v = t["erase"], t.get("purge", {}), t.get("verification", {})
+            figures[name] = {
+                "action": e.get("action", "aggregate" if t.get("aggregate") else "erased earlier"),
+                "rows": e.get("rows_changed", 0) if e.get("action") in ("delete", "redact") else 0,
+                "files_rewritten": e.get("data_files_rewritten", 0) + p.get("data_files_rewritten", 0),
+                "bytes_rewritten": e.get("bytes_rewritten", 0) + p.get("bytes_rewritten", 0),
+                "snapshots_expired": p.get("snapshots_expired", 0),
+                "verified": ("yes" if v.get("physical", True) else "live only") if v.get("passed") else "no"}
+        return figures
+
+    def record(self, finished_at: datetime) -> RunRecord:
+        """The run as one row of the ledger's run history (the operator dashboard)."""
+        return RunRecord(self.run_id, datetime.fromisoformat(self.started_at), finished_at, dict(self.seconds),
+                         {t: {k: f[k] for k in ("action", "rows", "bytes_rewritten", "files_rewritten")}
+                          for t, f in self.per_table.items()},
+                         len(self.completed), len(self.failed), len(self.awaiting_purge))
 
     def write(self, path: str | Path) -> None:
         """Write the JSON report, readable by its owner only."""
-        file = Path(path)
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(self.as_dict(), fh, indent=2, sort_keys=True)
+        write_owner_only(path, json.dumps(self.as_dict(), indent=2, sort_keys=True))
+
+    def write_html(self, path: str | Path) -> None:
+        """Write the report as a self-contained page with charts (evidence/html.py), owner-only."""
+        write_owner_only(path, run_report_page(self.as_dict()))
 
     def render(self, console: Console) -> None:
         if self.tables:
@@ -100,14 +131,21 @@ class RunReport:
                           f"lost), then `dsr release {table} --reason ...`")
         for kind, n in self.not_processed.items():
             console.print(f"  {n} {kind} request(s) recorded, not processed by this version")
+        for name, s in self.shares.items():  # no verification: nothing to prove in this run
+            verified = s["verification"].get("passed")
+            console.print(f"share {name}: {s['mode']}" + (f" ({s['reason']})" if s["reason"] else "")
+                          + f", {s['rows_added']:,} rows added, {s['rows_removed']:,} removed, {s['seconds']:.1f}s"
+                          + ("" if verified is None else ", verified" if verified else ", [red]not verified[/]")
+                          + (f", [red]{s['error']}[/]" if s["error"] else ""))
 
     def _render_tables(self, console: Console) -> None:
         table = Table(title=f"run {self.run_id}: erasure per table", title_justify="left")
         for column in ("table", "action", "strategy", "mode", "rows matched", "rows erased/redacted",
                        "files rewritten", "MB rewritten", "snapshots expired", "seconds", "verified"):
             table.add_column(column, justify="right" if column[0].isdigit() or " " in column else "left")
+        figures = self.per_table
         for name, t in self.tables.items():
-            e, p, v = t["erase"], t.get("purge", {}), t.get("verification", {})
+            e, p, v, f = t["erase"], t.get("purge", {}), t.get("verification", {}), figures[name]
             if e and e["action"] == "recompute":  # an aggregate: groups replaced, no rows of anyone's
                 groups = "all" if e["strategy"] == "full_refresh" else f"{e['rows_matched']} groups"
                 erased = [e["action"], e["strategy"], e["write_mode"], groups, "–"]
@@ -116,14 +154,11 @@ class RunReport:
             else:
                 erased = ["(not fed by this batch)" if t.get("aggregate") else "(erased in an earlier run)",
                           "", "", "", ""]
-            verified = ("[green]yes[/]" if v.get("physical", True) else "[yellow]live only[/]") if v.get("passed") \
-                else "[red]no[/]"
+            colour = {"yes": "green", "live only": "yellow"}.get(f["verified"], "red")
             table.add_row(
-                name, *erased,
-                str(e.get("data_files_rewritten", 0) + p.get("data_files_rewritten", 0)),
-                f"{(e.get('bytes_rewritten', 0) + p.get('bytes_rewritten', 0)) / 1e6:.1f}",
-                str(p.get("snapshots_expired", 0)),
-                f"{e.get('seconds', 0) + p.get('seconds', 0) + v.get('seconds', 0):.1f}", verified,
+                name, *erased, str(f["files_rewritten"]), f"{f['bytes_rewritten'] / 1e6:.1f}",
+                str(f["snapshots_expired"]), f"{e.get('seconds', 0) + p.get('seconds', 0) + v.get('seconds', 0):.1f}",
+                f"[{colour}]{f['verified']}[/]",
             )
         console.print(table)
         for name, t in self.tables.items():
@@ -132,3 +167,10 @@ class RunReport:
                 console.print(f"{name}: shredded {d.get('vault_entries_deleted', 0)} vault entries; the table's "
                               f"{d.get('rows_kept', 0):,} rows stay, the shredded people's now unlinkable and "
                               "undecryptable; nothing of the table was rewritten (MB rewritten: the vault's files)")
+
+
+def write_owner_only(path: str | Path, text: str) -> None:
+    """Replace `path` (its folder created if missing) atomically with `text`, readable by its owner only."""
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    write_private(file, text)
