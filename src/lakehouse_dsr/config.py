@@ -119,6 +119,33 @@ class RunSettings(_Strict):
     parallel_tables: int = Field(default=4, ge=1)
 
 
+class SmtpSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=25, ge=1, le=65535)
+    sender: str = "privacy@localhost"
+    starttls: bool = False
+    username: str | None = None  # with password: SMTP AUTH (put the password in ${ENV}, not in the file)
+    password: str | None = None
+    timeout_seconds: float = Field(default=10.0, gt=0)
+
+
+class IntakeSettings(_Strict):
+    """`dsr serve`: the HTTP intake service (service/)."""
+
+    # email_code: erase and access requests wait as identity_unverified until the code mailed to the
+    # person comes back (opt-outs never wait: CCPA forbids verifying them).
+    verification: Literal["none", "email_code"] = "none"
+    smtp: SmtpSettings = Field(default_factory=SmtpSettings)
+    code_ttl_minutes: float = Field(default=15.0, gt=0)
+    max_code_attempts: int = Field(default=5, ge=1)  # wrong codes before the request is locked
+    rate_limit_per_minute: int = Field(default=600, ge=0)  # per client address; 0: no limit
+    max_body_bytes: int = Field(default=16_384, ge=256)
+    # The durable queue of acknowledged requests (SQLite); default: beside the HMAC key file.
+    queue_file: Path | None = None
+    ingest_interval_seconds: float = Field(default=2.0, gt=0)  # acknowledged requests reach the ledger this often
+    cors_origins: list[str] = Field(default_factory=list)  # none: browsers allow same-origin pages only
+
+
 class Settings(_Strict):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
@@ -127,6 +154,7 @@ class Settings(_Strict):
     erase: EraseSettings = Field(default_factory=EraseSettings)
     export: ExportSettings = Field(default_factory=ExportSettings)
     run: RunSettings = Field(default_factory=RunSettings)
+    intake: IntakeSettings = Field(default_factory=IntakeSettings)
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"
     secret_key_file: Path | None = None
@@ -152,6 +180,9 @@ class Settings(_Strict):
         wh = self.catalog.local_warehouse()
         return (wh.parent if wh else Path.cwd()) / "dsr-secret.key"
 
+    def intake_queue_file(self) -> Path:
+        return self.intake.queue_file or self.key_file().parent / "dsr-intake.db"
+
 
 def _absolutize(settings: Settings, base: Path) -> Settings:
     """Hadoop catalogs need an absolute URI; relative paths are read from the config's folder."""
@@ -164,6 +195,8 @@ def _absolutize(settings: Settings, base: Path) -> Settings:
         props["uri"] = f"jdbc:sqlite:{(base / sqlite[len('jdbc:sqlite:'):]).resolve()}"  # both planes: one file
     if settings.secret_key_file and not settings.secret_key_file.is_absolute():
         settings.secret_key_file = (base / settings.secret_key_file).resolve()
+    if settings.intake.queue_file and not settings.intake.queue_file.is_absolute():
+        settings.intake.queue_file = (base / settings.intake.queue_file).resolve()
     if not settings.export.directory.is_absolute():
         settings.export.directory = (base / settings.export.directory).resolve()
     return settings

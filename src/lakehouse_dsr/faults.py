@@ -24,6 +24,7 @@ FAILPOINTS = (
     "after_purge",    # tables purged, not verified
     "after_verify",   # verified, outcomes not yet recorded
     "after_finish",   # outcomes recorded, the ledger's own history not yet purged
+    "after_intake_ledger_commit",  # `dsr serve`: acknowledged requests in the ledger, the queue not yet told
 )
 
 

@@ -1,0 +1,348 @@
+"""Intake: what the service does with a request a person files, without HTTP (service/app.py is the
+HTTP shell around it) and without a JVM.
+
+A filing is acknowledged once it is in the durable queue (queue.py). Two background threads then
+move it on: one mails verification codes (when `intake.verification` is `email_code`), one moves
+acknowledged requests into the ledger in groups — one ledger commit for everything that arrived
+since the last one, never one per HTTP request — and, at start-up, whatever a crash left behind.
+A request reaches the ledger exactly once: under the id it was acknowledged with, which the ledger
+adds only if it is not there yet.
+
+Status tokens and codes are keyed hashes (HMAC under purpose keys derived from the engine's key),
+so the service stores neither: a token is recomputed from the request id, and a code is checked
+against its hash.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from .. import faults
+from ..config import Settings
+from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
+from ..ledger.ledger import OPEN_STATUSES, Ledger, RequestStatus, new_request_id
+from ..ledger.requests import RequestInput, due_date, utc_now
+from .mail import MailError, send_code
+from .queue import IntakeQueue
+
+log = logging.getLogger("lakehouse_dsr.service")
+VERIFIED_TYPES = ("erase", "access", "opt_in")  # never opt-outs: CCPA regulations forbid verifying them
+INGEST_BATCH = 5_000
+_EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
+
+
+class IntakeError(DsrError):
+    """A filing, token or code the service refuses; `http_status` says how (the message never holds
+    an identifier)."""
+
+    def __init__(self, message: str, http_status: int = 422, field: str | None = None):
+        super().__init__(message)
+        self.http_status, self.field = http_status, field
+
+
+@dataclass(frozen=True)
+class Filing:
+    """A request as a person files it."""
+
+    request_type: str
+    subject_id: str
+    regulation: str = "gdpr"
+    email: str | None = None  # where the verification code goes (erase and access, under email_code)
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    request_id: str
+    status: str
+    due_date: str
+    status_token: str
+    # Sec-GPC: 1 on the filing: the CCPA opt-out recorded beside it (None when the filing is that opt-out).
+    gpc_opt_out_request_id: str | None = None
+    replayed: bool = False  # an Idempotency-Key seen before: the first answer, again
+
+
+class Intake:
+    """The queue, the keys and the ledger of one service process."""
+
+    def __init__(self, settings: Settings, ledger: Ledger | None = None):
+        self.settings, self.config = settings, settings.intake
+        self.ledger = ledger or Ledger(settings)
+        keys = self.ledger.keyring.keys()  # active first; retired keys still check older tokens and codes
+        self._keys = {purpose: [_derive(k, purpose) for k in keys.values()] for purpose in ("token", "code", "filing")}
+        self.queue = IntakeQueue(settings.intake_queue_file())
+        self._stop = threading.Event()
+        self._wake = {"mail": threading.Event(), "ingest": threading.Event()}
+        self._threads: list[threading.Thread] = []
+
+    # -- life ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start mailing codes and moving requests into the ledger (at once: a crash may have left some)."""
+        for name, step in (("mail", self.send_due_codes), ("ingest", self.ingest)):
+            thread = threading.Thread(target=self._every, args=(name, step), name=f"intake-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self) -> None:
+        """Stop the background threads (a last ingest first: a clean stop leaves nothing waiting)."""
+        self._stop.set()
+        for event in self._wake.values():
+            event.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+        self.queue.close()
+
+    def _every(self, name: str, step) -> None:
+        while True:
+            try:
+                step()
+            except Exception as exc:  # the catalog or the mail server is down: retried on the next tick
+                log.warning("intake %s: %s", name, first_line(exc, with_type=True))
+            if self._stop.is_set():
+                return
+            self._wake[name].wait(self.config.ingest_interval_seconds)
+            self._wake[name].clear()
+
+    # -- tokens -------------------------------------------------------------------------------------
+    def status_token(self, request_id: str) -> str:
+        return _token(self._keys["token"][0], request_id)
+
+    def check_token(self, request_id: str, token: str | None) -> None:
+        if not token or not any(hmac.compare_digest(_token(k, request_id), token) for k in self._keys["token"]):
+            raise IntakeError("the status token does not match this request", 403)
+
+    # -- filing -------------------------------------------------------------------------------------
+    def file(self, filing: Filing, idempotency_key: str | None = None, gpc: bool = False) -> Future[Acknowledgement]:
+        """Validate (raises IntakeError at once) and queue a request; the Future resolves once it is on
+        disk. `gpc`: the browser sent Sec-GPC: 1, which also records a CCPA opt-out for the subject."""
+        try:
+            request = RequestInput(filing.subject_id, filing.request_type, filing.regulation).validated()
+        except RequestInputError as exc:
+            raise IntakeError(str(exc), 422, "subject_id" if "subject" in str(exc) else None) from None
+        verify = self.config.verification == "email_code" and request.request_type in VERIFIED_TYPES
+        if verify and not filing.email:
+            raise IntakeError("an e-mail address is needed to verify who is asking", 422, "email")
+        if filing.email is not None and (len(filing.email) > 254 or not _EMAIL.fullmatch(filing.email)):
+            raise IntakeError("the e-mail address is not valid", 422, "email")
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
+            raise IntakeError("the Idempotency-Key header must be 1 to 200 characters", 422, "Idempotency-Key")
+        extra_opt_out = gpc and not (request.request_type == "opt_out" and request.regulation == "ccpa")
+        fingerprint = _mac(self._keys["filing"][0], "\0".join(
+            (request.request_type, request.regulation, request.subject_id, filing.email or "", str(extra_opt_out))))
+        now = utc_now()
+
+        def insert(connection: sqlite3.Connection) -> Acknowledgement:
+            if idempotency_key is not None:
+                seen = connection.execute("SELECT * FROM intake WHERE idempotency_key = ?", (idempotency_key,)
+                                          ).fetchone()
+                if seen is not None:
+                    return self._replay(connection, seen, fingerprint)
+            request_id = self._insert(connection, request, now, idempotency_key, fingerprint, verify,
+                                      filing.email if verify else None)
+            gpc_id = None
+            if extra_opt_out:
+                gpc_key = f"{idempotency_key}:gpc" if idempotency_key else None
+                opt_out = RequestInput(request.subject_id, "opt_out", "ccpa")
+                gpc_id = self._insert(connection, opt_out, now, gpc_key, fingerprint, False, None)
+            state = "identity_unverified" if verify else "received"
+            return self._acknowledge(request_id, state, now, request.regulation, request.request_type, gpc_id)
+
+        future = self.queue.run(insert)
+        if verify:
+            future.add_done_callback(lambda _: self._wake["mail"].set())
+        return future
+
+    @staticmethod
+    def _insert(connection: sqlite3.Connection, request: RequestInput, now: datetime, idempotency_key: str | None,
+                fingerprint: str, verify: bool, email: str | None) -> str:
+        while True:
+            request_id = new_request_id(set())
+            try:
+                connection.execute(
+                    "INSERT INTO intake (request_id, idempotency_key, fingerprint, request_type, regulation,"
+                    " subject_id, email, received_at, state, reason, mail_due) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (request_id, idempotency_key, fingerprint, request.request_type, request.regulation,
+                     request.subject_id, email, now.isoformat(), "identity_unverified" if verify else "received",
+                     "a verification code is being sent to the e-mail address given" if verify else None,
+                     1 if verify else 0))
+                return request_id
+            except sqlite3.IntegrityError:
+                if connection.execute("SELECT 1 FROM intake WHERE request_id = ?", (request_id,)).fetchone() is None:
+                    raise  # not an id collision (those are 1 in 2^40 within a millisecond): a bug, say so
+                continue
+
+    def _replay(self, connection: sqlite3.Connection, seen: sqlite3.Row, fingerprint: str) -> Acknowledgement:
+        if not hmac.compare_digest(seen["fingerprint"], fingerprint):
+            raise IntakeError("this Idempotency-Key was used for a different request", 409, "Idempotency-Key")
+        gpc = connection.execute("SELECT request_id FROM intake WHERE idempotency_key = ?",
+                                 (f"{seen['idempotency_key']}:gpc",)).fetchone()
+        received = datetime.fromisoformat(seen["received_at"])
+        state = seen["state"] if seen["ingested_at"] is None else "received"
+        return self._acknowledge(seen["request_id"], state, received, seen["regulation"], seen["request_type"],
+                                 gpc["request_id"] if gpc else None, replayed=True)
+
+    def _acknowledge(self, request_id: str, state: str, received: datetime, regulation: str, request_type: str,
+                     gpc_id: str | None, replayed: bool = False) -> Acknowledgement:
+        due = due_date(received.date(), regulation, request_type=request_type)
+        return Acknowledgement(request_id, state, due.isoformat(), self.status_token(request_id), gpc_id, replayed)
+
+    # -- status -------------------------------------------------------------------------------------
+    def status(self, request_id: str, token: str | None, today: date | None = None) -> RequestStatus:
+        """The request's status for the person holding its token: from the queue until it is in the
+        ledger, from the ledger after. Cost: one queue lookup, then (if ingested) two small ledger reads."""
+        self.check_token(request_id, token)
+        row = self.queue.call(lambda c: c.execute("SELECT * FROM intake WHERE request_id = ?", (request_id,)
+                                                  ).fetchone())
+        if row is not None and row["ingested_at"] is None:
+            return _queued_status(row, today or utc_now().date())
+        try:
+            return self.ledger.request(request_id)
+        except LedgerError:
+            raise IntakeError("no such request", 404) from None
+
+    def waiting(self, today: date | None = None) -> list[RequestStatus]:
+        """Acknowledged requests not in the ledger yet (unverified, locked, or moments old)."""
+        rows = self.queue.call(lambda c: c.execute("SELECT * FROM intake WHERE ingested_at IS NULL").fetchall())
+        return [_queued_status(r, today or utc_now().date()) for r in rows]
+
+    def requests(self, status: str | None = None, request_type: str | None = None, regulation: str | None = None
+                 ) -> list[RequestStatus]:
+        """Every request, queued or in the ledger, without subject ids; `status` "open" means any not
+        completed. Sorted by days left (most urgent first)."""
+        found = [*self.waiting(), *self.ledger.statuses()]
+        wanted = (*OPEN_STATUSES, "identity_unverified", "locked") if status == "open" else (status,)
+        found = [r for r in found if (status is None or r.status in wanted)
+                 and (request_type is None or r.request_type == request_type)
+                 and (regulation is None or r.regulation == regulation)]
+        return sorted(found, key=lambda r: (r.days_left is None, r.days_left or 0, r.received))
+
+    # -- verification -------------------------------------------------------------------------------
+    def verify(self, request_id: str, code: str) -> RequestStatus:
+        """Check a code: right → the request is received (the code and e-mail address are forgotten);
+        wrong → one try fewer, and after `intake.max_code_attempts` the request is locked."""
+        if not isinstance(code, str) or not re.fullmatch(r"\d{6}", code.strip()):
+            raise IntakeError("the code is six digits", 422, "code")
+        code, limit = code.strip(), self.config.max_code_attempts
+
+        def check(connection: sqlite3.Connection) -> tuple[str, int]:
+            row = connection.execute("SELECT * FROM intake WHERE request_id = ?", (request_id,)).fetchone()
+            if row is None:
+                return "unknown", 0
+            if row["state"] != "identity_unverified":
+                return row["state"], 0
+            if row["code_hash"] is None:
+                return "no_code", 0
+            if row["code_expires"] < time.time():  # before the comparison: a late code costs no try
+                return "expired", 0
+            if not any(hmac.compare_digest(_mac(k, f"{request_id}:{code}"), row["code_hash"])
+                       for k in self._keys["code"]):
+                attempts = row["attempts"] + 1
+                locked = attempts >= limit
+                connection.execute("UPDATE intake SET attempts = ?, state = ?, reason = ? WHERE request_id = ?", (
+                    attempts, "locked" if locked else "identity_unverified",
+                    "locked after too many wrong verification codes" if locked else row["reason"], request_id))
+                return ("locked" if locked else "wrong"), limit - attempts
+            connection.execute("UPDATE intake SET state = 'received', reason = NULL, code_hash = NULL, email = NULL,"
+                               " code_expires = NULL, mail_due = 0 WHERE request_id = ?", (request_id,))
+            return "verified", 0
+
+        outcome, left = self.queue.call(check)
+        refusals = {
+            "unknown": ("no such request", 404),
+            "received": ("the identity is already verified (a code works once)", 409),
+            "locked": ("the request is locked after too many wrong codes", 423),
+            "no_code": ("no code has been sent for this request yet", 409),
+            "expired": ("the code has expired; ask for a new one", 410),
+            "wrong": (f"wrong code; {left} {'try' if left == 1 else 'tries'} left", 400),
+        }
+        if outcome in refusals:
+            raise IntakeError(*refusals[outcome])
+        self._wake["ingest"].set()
+        return self.status(request_id, self.status_token(request_id))
+
+    def resend_code(self, request_id: str, token: str | None) -> RequestStatus:
+        """Mail a new code (the old one stops working) for an unverified request."""
+        self.check_token(request_id, token)
+        changed = self.queue.call(lambda c: c.execute(
+            "UPDATE intake SET mail_due = 1 WHERE request_id = ? AND state = 'identity_unverified'", (request_id,)
+        ).rowcount)
+        if not changed:
+            raise IntakeError("this request is not waiting for a verification code", 409)
+        self._wake["mail"].set()
+        return self.status(request_id, token)
+
+    def send_due_codes(self) -> int:
+        """Mail a fresh code for every request that needs one; a mail server that is down leaves the
+        request waiting with the reason, and it is tried again on the next tick. Returns codes sent."""
+        due = self.queue.call(lambda c: c.execute(
+            "SELECT request_id, email FROM intake WHERE mail_due = 1 AND state = 'identity_unverified'").fetchall())
+        sent = 0
+        for row in due:
+            request_id, code = row["request_id"], f"{secrets.randbelow(10**6):06d}"
+            # Stored before it is sent: a code that reached the person always checks.
+            self._update(request_id, code_hash=_mac(self._keys["code"][0], f"{request_id}:{code}"),
+                         code_expires=time.time() + self.config.code_ttl_minutes * 60)
+            try:
+                send_code(self.config.smtp, row["email"], request_id, code, self.config.code_ttl_minutes)
+            except MailError as exc:
+                self._update(request_id, reason=f"the verification e-mail could not be sent yet: {exc}; "
+                                                "it is tried again")
+                continue
+            self._update(request_id, mail_due=0, reason="a verification code was sent to the e-mail address given")
+            sent += 1
+        return sent
+
+    def _update(self, request_id: str, **columns) -> None:
+        """Set `columns` (names from this module, never from input) of one queued request."""
+        assignments = ", ".join(f"{name} = ?" for name in columns)
+        self.queue.call(lambda c: c.execute(f"UPDATE intake SET {assignments} WHERE request_id = ?",
+                                            (*columns.values(), request_id)))
+
+    # -- into the ledger ----------------------------------------------------------------------------
+    def ingest(self) -> int:
+        """Move every acknowledged, verified request into the ledger: one ledger commit (and one audit
+        commit) per `INGEST_BATCH`, then the queue forgets their identifiers. Returns requests moved."""
+        moved = 0
+        while True:
+            rows = self.queue.call(lambda c: c.execute(
+                "SELECT request_id, request_type, regulation, subject_id, received_at FROM intake"
+                " WHERE ingested_at IS NULL AND state = 'received' ORDER BY received_at LIMIT ?", (INGEST_BATCH,)
+            ).fetchall())
+            if not rows:
+                return moved
+            self.ledger.submit([RequestInput(r["subject_id"], r["request_type"], r["regulation"],
+                                             datetime.fromisoformat(r["received_at"]), r["request_id"]) for r in rows])
+            faults.failpoint("after_intake_ledger_commit")
+            done = [(utc_now().isoformat(), r["request_id"]) for r in rows]
+            self.queue.call(lambda c, done=done: c.executemany(
+                "UPDATE intake SET ingested_at = ?, subject_id = NULL, email = NULL WHERE request_id = ?", done))
+            moved += len(rows)
+
+
+def _queued_status(row: sqlite3.Row, today: date) -> RequestStatus:
+    received = datetime.fromisoformat(row["received_at"])
+    due = due_date(received.date(), row["regulation"], request_type=row["request_type"])
+    return RequestStatus(row["request_id"], row["request_type"], row["regulation"], row["state"], row["reason"],
+                         f"{received:%Y-%m-%dT%H:%M:%SZ}", due.isoformat(), (due - today).days, False, None)
+
+
+def _derive(key: bytes, purpose: str) -> bytes:
+    return hmac.new(key, f"dsr intake {purpose}".encode(), hashlib.sha256).digest()
+
+
+def _mac(key: bytes, text: str) -> str:
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+def _token(key: bytes, request_id: str) -> str:
+    return base64.urlsafe_b64encode(hmac.new(key, request_id.encode(), hashlib.sha256).digest()[:18]).decode()
