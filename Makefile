@@ -28,9 +28,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-# Debian packages for the shared-catalog set-ups: PostgreSQL and the two JDBC drivers. Installs only
-# what is missing (apt-get needs root, or sudo when there is one).
-DEBIAN_PACKAGES := postgresql libpostgresql-jdbc-java libxerial-sqlite-jdbc-java
+# Debian packages for the shared-catalog set-ups: PostgreSQL and the two JDBC drivers; Chromium and its
+# driver for the browser tests of the intake pages. Installs only what is missing (apt-get needs root,
+# or sudo when there is one).
+DEBIAN_PACKAGES := postgresql libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 integration-deps: $(STAMP) jars
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -50,12 +51,14 @@ test-integration: integration-deps
 # The notebook's steps against `dsr run` on identical data, then a wide lake (10, 50, 100 mapped
 # tables of 10k rows: whole `dsr run` processes against per-table SQL), the silver/gold propagation and
 # streaming suppression, the vault (shred against erase, pseudonymize against a copy, export through
-# it, at 1M and BENCH_EVENTS); JSON + charts in bench/results/.
+# it, at 1M and BENCH_EVENTS), the intake service under 10,000 filings from 20 clients against a
+# commit per request; JSON + charts in bench/results/.
 bench: $(STAMP)
 	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
 	$(PY) bench/tables.py
 	$(PY) bench/propagate.py --events $(BENCH_EVENTS)
 	$(PY) bench/vault.py --events $(sort 1000000 $(BENCH_EVENTS))
+	$(PY) bench/intake.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
