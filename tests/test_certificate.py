@@ -303,7 +303,7 @@ def test_the_service_serves_certificates_runs_and_totals_to_operators_only(lake)
     """`dsr serve` on this lake's config: what the dashboard and a compliance officer download."""
     from intake_server import served
 
-    ledger, request_id = lake["ledger"], lake["erase_ids"][0]
+    ledger, request_id = Ledger(lake["settings"]), lake["erase_ids"][0]  # fresh: a test above rotates the key
     with served(lake["config"]) as server, server.operator() as operator, server.client() as anyone:
         url = f"/api/v1/operator/requests/{request_id}/certificate"
         assert anyone.get(url).status_code == 401 and anyone.get("/api/v1/operator/runs").status_code == 401
