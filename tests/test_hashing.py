@@ -139,3 +139,16 @@ def test_each_hash_is_checked_under_the_key_that_made_it(spark):
     candidates = with_keyring_hashes(spark, df, "v", ring.keys())
     assert sorted(r.request_id for r in join_on_key(candidates, stored).collect()) == ["legacy", "made-by-old"]
     assert sorted(r.v for r in join_on_key(candidates, stored, "left_semi").collect()) == ["alice", VALUES[3]]
+
+
+def test_first_use_from_many_threads_makes_one_key(tmp_path):
+    """Processes or threads starting together on a fresh install all get the one key that was written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lakehouse_dsr.ledger.keys import load_key
+
+    path = tmp_path / "dsr-secret.key"
+    with ThreadPoolExecutor(16) as pool:
+        keys = set(pool.map(lambda _: load_key(path), range(64)))
+    assert len(keys) == 1 and len(next(iter(keys))) == 32
+    assert path.stat().st_mode & 0o777 == 0o600 and [p.name for p in tmp_path.iterdir()] == [path.name]

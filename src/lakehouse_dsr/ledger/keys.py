@@ -34,13 +34,23 @@ def load_key(key_file: Path) -> bytes:
     env = os.environ.get(KEY_ENV)
     if env:
         return env.encode("utf-8")
-    if key_file.exists():
-        return bytes.fromhex(read_private(key_file, "key file").strip())
-    key_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_hex(32))
-    return bytes.fromhex(key_file.read_text().strip())
+    if not key_file.exists():
+        # Written aside, then linked into place: of processes or threads starting at once exactly one
+        # key wins, and none reads a key file that is still empty.
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        draft = key_file.with_name(f".{key_file.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(draft, key_file)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(draft)
+    return bytes.fromhex(read_private(key_file, "key file").strip())
 
 
 def read_private(path: Path, what: str) -> str:
