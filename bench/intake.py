@@ -1,6 +1,6 @@
 """The intake service under load: `dsr serve` against many clients filing at once.
 
-Usage: python bench/intake.py [--requests 10000] [--clients 20] [--retries 0.05] [--naive 200]
+Usage: python bench/intake.py [--requests 10000] [--clients 20] [--retries 0.05] [--naive 200] [--ingest-interval 2]
 
 A real `dsr serve` process on 127.0.0.1 (its own fresh catalog, no rate limit), and in this process
 `--clients` keep-alive HTTP/1.1 connections, each filing its share of `--requests` one after the
@@ -155,20 +155,20 @@ def serve(config: Path) -> tuple[subprocess.Popen, int]:
     raise SystemExit("dsr serve did not start")
 
 
-def configured(work: Path) -> Path:
+def configured(work: Path, ingest_interval: float = 2.0) -> Path:
     """A fresh catalog and key under `work`, without a rate limit (one address files everything)."""
     work.mkdir(parents=True)
     config = work / "dsr.yaml"
     config.write_text(yaml.safe_dump({
         "catalog": {"name": "bench", "properties": {"type": "hadoop", "warehouse": str(work / "wh")}},
         "secret_key_file": str(work / "dsr-secret.key"),
-        "intake": {"rate_limit_per_minute": 0, "ingest_interval_seconds": 2.0}}))
+        "intake": {"rate_limit_per_minute": 0, "ingest_interval_seconds": ingest_interval}}))
     Ledger(load_settings(config)).ensure()
     return config
 
 
 def run(work: Path, a) -> dict:
-    config = configured(work / "service")
+    config = configured(work / "service", a.ingest_interval)
     proc, port = serve(config)
     try:
         result = asyncio.run(load(port, a.requests, a.clients, a.retries, seed=7))
@@ -209,7 +209,7 @@ def chart(result: dict, path: Path) -> None:
     s = result["service"]
     ax.set_title(f"{s['posts']} filings, {result['clients']} clients: {s['throughput_per_s']}/s "
                  f"vs {result['naive']['throughput_per_s']}/s naive")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -220,6 +220,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--retries", type=float, default=0.05)
     parser.add_argument("--naive", type=int, default=200)
+    parser.add_argument("--ingest-interval", type=float, default=2.0, help="intake.ingest_interval_seconds")
     a = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = run(Path(tmp), a)

@@ -1,12 +1,11 @@
 """Intake: what the service does with a request a person files, without HTTP (service/app.py is the
 HTTP shell around it) and without a JVM.
 
-A filing is acknowledged once it is in the durable queue (queue.py). Two background threads then
-move it on: one mails verification codes (when `intake.verification` is `email_code`), one moves
-acknowledged requests into the ledger in groups — one ledger commit for everything that arrived
-since the last one, never one per HTTP request — and, at start-up, whatever a crash left behind.
-A request reaches the ledger exactly once: under the id it was acknowledged with, which the ledger
-adds only if it is not there yet.
+A filing is acknowledged once it is in the durable queue (queue.py). Then a thread mails
+verification codes (when `intake.verification` is `email_code`), and a process of its own
+(ingester.py) moves acknowledged requests into the ledger in groups — one ledger commit for
+everything that arrived since the last one, never one per HTTP request — and, at start-up, whatever
+a crash left behind. A request reaches the ledger exactly once, under the id it was acknowledged with.
 
 Status tokens and codes are keyed hashes (HMAC under purpose keys derived from the engine's key),
 so the service stores neither: a token is recomputed from the request id, and a code is checked
@@ -28,17 +27,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import date, datetime
 
-from .. import faults
 from ..config import Settings
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..ledger.ledger import OPEN_STATUSES, Ledger, RequestStatus, new_request_id
 from ..ledger.requests import RequestInput, due_date, utc_now
+from .ingester import Ingester, ingest
 from .mail import MailError, send_code
 from .queue import IntakeQueue
 
 log = logging.getLogger("lakehouse_dsr.service")
 VERIFIED_TYPES = ("erase", "access", "opt_in")  # never opt-outs: CCPA regulations forbid verifying them
-INGEST_BATCH = 5_000
 _EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
 
 
@@ -81,37 +79,34 @@ class Intake:
         keys = self.ledger.keyring.keys()  # active first; retired keys still check older tokens and codes
         self._keys = {purpose: [_derive(k, purpose) for k in keys.values()] for purpose in ("token", "code", "filing")}
         self.queue = IntakeQueue(settings.intake_queue_file())
-        self._stop = threading.Event()
-        self._wake = {"mail": threading.Event(), "ingest": threading.Event()}
-        self._threads: list[threading.Thread] = []
+        self._stop, self._wake_mail = threading.Event(), threading.Event()
+        self._mailer = threading.Thread(target=self._mail, name="intake-mail", daemon=True)
+        self._ingester = Ingester(settings)
 
     # -- life ---------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start mailing codes and moving requests into the ledger (at once: a crash may have left some)."""
-        for name, step in (("mail", self.send_due_codes), ("ingest", self.ingest)):
-            thread = threading.Thread(target=self._every, args=(name, step), name=f"intake-{name}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        """Start mailing codes, and the process that moves requests into the ledger (at once: a crash
+        may have left some)."""
+        self._mailer.start()
+        self._ingester.start()
 
     def close(self) -> None:
-        """Stop the background threads (a last ingest first: a clean stop leaves nothing waiting)."""
+        """Stop mailing and ingesting (a last ingest first: a clean stop leaves nothing waiting)."""
         self._stop.set()
-        for event in self._wake.values():
-            event.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
+        self._wake_mail.set()
+        if self._mailer.is_alive():
+            self._mailer.join(timeout=60)
+        self._ingester.stop()
         self.queue.close()
 
-    def _every(self, name: str, step) -> None:
-        while True:
+    def _mail(self) -> None:
+        while not self._stop.is_set():
             try:
-                step()
-            except Exception as exc:  # the catalog or the mail server is down: retried on the next tick
-                log.warning("intake %s: %s", name, first_line(exc, with_type=True))
-            if self._stop.is_set():
-                return
-            self._wake[name].wait(self.config.ingest_interval_seconds)
-            self._wake[name].clear()
+                self.send_due_codes()
+            except Exception as exc:  # the queue's disk: tried again on the next tick
+                log.warning("intake mail: %s", first_line(exc, with_type=True))
+            self._wake_mail.wait(self.config.ingest_interval_seconds)
+            self._wake_mail.clear()
 
     # -- tokens -------------------------------------------------------------------------------------
     def status_token(self, request_id: str) -> str:
@@ -159,7 +154,7 @@ class Intake:
 
         future = self.queue.run(insert)
         if verify:
-            future.add_done_callback(lambda _: self._wake["mail"].set())
+            future.add_done_callback(lambda _: self._wake_mail.set())
         return future
 
     @staticmethod
@@ -267,7 +262,7 @@ class Intake:
         }
         if outcome in refusals:
             raise IntakeError(*refusals[outcome])
-        self._wake["ingest"].set()
+        self._ingester.wake()
         return self.status(request_id, self.status_token(request_id))
 
     def resend_code(self, request_id: str, token: str | None) -> RequestStatus:
@@ -278,7 +273,7 @@ class Intake:
         ).rowcount)
         if not changed:
             raise IntakeError("this request is not waiting for a verification code", 409)
-        self._wake["mail"].set()
+        self._wake_mail.set()
         return self.status(request_id, token)
 
     def send_due_codes(self) -> int:
@@ -310,23 +305,8 @@ class Intake:
 
     # -- into the ledger ----------------------------------------------------------------------------
     def ingest(self) -> int:
-        """Move every acknowledged, verified request into the ledger: one ledger commit (and one audit
-        commit) per `INGEST_BATCH`, then the queue forgets their identifiers. Returns requests moved."""
-        moved = 0
-        while True:
-            rows = self.queue.call(lambda c: c.execute(
-                "SELECT request_id, request_type, regulation, subject_id, received_at FROM intake"
-                " WHERE ingested_at IS NULL AND state = 'received' ORDER BY received_at LIMIT ?", (INGEST_BATCH,)
-            ).fetchall())
-            if not rows:
-                return moved
-            self.ledger.submit([RequestInput(r["subject_id"], r["request_type"], r["regulation"],
-                                             datetime.fromisoformat(r["received_at"]), r["request_id"]) for r in rows])
-            faults.failpoint("after_intake_ledger_commit")
-            done = [(utc_now().isoformat(), r["request_id"]) for r in rows]
-            self.queue.call(lambda c, done=done: c.executemany(
-                "UPDATE intake SET ingested_at = ?, subject_id = NULL, email = NULL WHERE request_id = ?", done))
-            moved += len(rows)
+        """Move acknowledged requests into the ledger now, from this process (ingester.ingest)."""
+        return ingest(self.queue, self.ledger)
 
 
 def _queued_status(row: sqlite3.Row, today: date) -> RequestStatus:
