@@ -199,7 +199,7 @@ def chart(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.38
     for offset, (label, key) in zip((-width / 2, width / 2), (("dsr serve (queue, group commits)", "service"),
-                                                               ("commit per request (naive)", "naive"))):
+                                                               ("commit per request (naive)", "naive")), strict=True):
         values = [result[key]["latency"][n] for n in names]
         ax.bar([i + offset for i in range(len(names))], values, width, label=label)
     ax.axhline(100, color="red", linestyle="--", linewidth=1, label="100 ms target (p99)")
