@@ -20,6 +20,7 @@ from conftest import HOSTILE
 from intake_server import OPERATOR_TOKEN, Mailbox, Served, free_port, intake_config, served
 from lakehouse_dsr.config import load_settings
 from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import add_business_days
 
 
 def ledger_of(config: Path) -> Ledger:
@@ -104,10 +105,11 @@ def test_global_privacy_control_records_a_ccpa_opt_out_beside_the_request(servic
         assert "gpc_opt_out_request_id" not in plain
         unsignalled = file(client, "frank", "access").json()
         assert "gpc_opt_out_request_id" not in unsignalled
-    rows = {r["request_id"]: r for r in ledger_of(service.config).requests()} if wait_in_ledger(
-        service.config, [ack["request_id"], opt_out, plain["request_id"]]) else {}
+    assert len(wait_in_ledger(service.config, [ack["request_id"], opt_out, plain["request_id"]])) == 3
+    rows = {r["request_id"]: r for r in ledger_of(service.config).requests()}
     assert (rows[opt_out]["request_type"], rows[opt_out]["regulation"], rows[opt_out]["subject_id"]) == (
         "opt_out", "ccpa", "dave")
+    assert rows[opt_out]["due_date"] == add_business_days(rows[opt_out]["received_at"].date(), 15)
     assert sum(1 for r in rows.values() if r["subject_id"] == "frank" and r["request_type"] == "opt_out") == 0
 
 
@@ -181,8 +183,13 @@ def test_no_cross_origin_access_by_default(service):
     assert page.status_code == 200 and "default-src 'self'" in page.headers["content-security-policy"]
 
 
-def test_a_client_over_the_rate_limit_gets_429(tmp_path):
-    with served(intake_config(tmp_path, rate_limit_per_minute=5)) as server, server.client() as client:
+def test_a_client_over_the_rate_limit_gets_429_and_listed_origins_get_cors(tmp_path):
+    allowed = "https://privacy.example.com"
+    with served(intake_config(tmp_path, rate_limit_per_minute=6, cors_origins=[allowed])) as server, \
+            server.client() as client:
+        preflight = {"Access-Control-Request-Method": "POST"}  # counts as one call of the six
+        assert client.options("/api/v1/requests", headers={"Origin": allowed, **preflight}
+                              ).headers["access-control-allow-origin"] == allowed
         answers = [file(client, f"user-{i}").status_code for i in range(7)]
         assert answers[:5] == [202] * 5 and answers[5:] == [429, 429]
         limited = file(client, "user-x")

@@ -603,20 +603,9 @@ def _outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
                          "snapshot_id": e.snapshot_id, "rounds": e.rounds}
             if e is not None and e.plan.action == "recompute":
                 entry["strategy"] = e.plan.strategy
-            if e is not None:  # batch-wide costs of this table's erase + purge (shared by the batch's requests)
-                entry["data_files_rewritten"] = e.data_files_rewritten
-                entry["bytes_rewritten"] = e.bytes_rewritten
-            entry["purged"] = p is not None
-            entry["data_files_rewritten"] = entry.get("data_files_rewritten", 0) + (p.data_files_rewritten if p else 0)
-            entry["bytes_rewritten"] = entry.get("bytes_rewritten", 0) + (p.bytes_rewritten if p else 0)
-            entry["snapshots_expired"] = p.snapshots_expired if p else 0
-            entry["files_deleted"] = p.files_deleted if p else 0  # from storage: files only expired snapshots held
-            entry["orphans_removed"] = p.orphans_removed if p else 0
-            entry["checks"] = {"live": v.live == 0, "collateral": v.collateral_ok,
-                               **({"history": v.history == 0, "storage": v.storage == 0} if v.physical else {})}
-            # `checks` are the batch's; `passed`: none of them found this request's subject
-            entry["verification"] = {"method": v.details.get("method", ""), "passed": not v.failing.get(request_id),
-                                     "one_scan": v.one_scan, "refs_checked": sorted(v.refs)}
+            rewritten = (e.data_files_rewritten, e.bytes_rewritten) if e is not None else (
+                entry.get("data_files_rewritten", 0), entry.get("bytes_rewritten", 0))  # an earlier run's erase
+            entry.update(purge.evidence(p, *rewritten), **v.evidence(request_id))
             tables[table] = entry
         if stop_reason:
             reasons.append(stop_reason)

@@ -26,14 +26,14 @@ from pathlib import Path
 from pyiceberg.expressions import EqualTo
 
 from ..exceptions import DsrError, LedgerError
-from ..ledger.keys import KEY_ENV, Keyring
+from ..ledger.keys import KEY_ENV, Keyring, derive_key
 from ..ledger.ledger import Ledger
 from ..ledger.requests import REQUEST_ID, utc_now
 from .html import Markup, badge, code, esc, fact_list, human_bytes, page, table
 
 FORMAT = "lakehouse-dsr certificate 1"
 ALGORITHM = "HMAC-SHA256"
-_PURPOSE = b"lakehouse-dsr certificate"  # derives the signing key: a certificate MAC is never a subject hash
+_PURPOSE = "lakehouse-dsr certificate"  # derives the signing key (keys.derive_key)
 _COLUMNS = ("request_id", "request_type", "regulation", "status", "received_at", "due_date", "extended",
             "completed_at", "run_id", "evidence")  # no subject_id, no subject_hash
 _KEY_ID = re.compile(r"[0-9a-f]{8}")
@@ -137,8 +137,7 @@ def _canonical(doc: dict) -> bytes:
 
 
 def _mac(secret: bytes, doc: dict) -> str:
-    signing_key = hmac.new(secret, _PURPOSE, hashlib.sha256).digest()
-    return hmac.new(signing_key, _canonical(doc), hashlib.sha256).hexdigest()
+    return hmac.new(derive_key(secret, _PURPOSE), _canonical(doc), hashlib.sha256).hexdigest()
 
 
 def sign(doc: dict, keyring: Keyring) -> dict:

@@ -178,5 +178,11 @@ def write_private(path: Path, text: str) -> None:
         os.close(folder)
 
 
+def derive_key(key: bytes, purpose: str) -> bytes:
+    """A key for one purpose (status tokens, certificate signatures, ...) from an engine key: a MAC made
+    for one purpose is never valid for another, nor a subject hash."""
+    return hmac.new(key, purpose.encode(), hashlib.sha256).digest()
+
+
 def keyed_hash(key: bytes, value: str) -> str:
     return hmac.new(key, value.encode("utf-8"), hashlib.sha256).hexdigest()

@@ -117,7 +117,8 @@ class Ledger:
                 if r.request_id in stored if r.request_id else any((h, r.request_type) in seen for h in hashes):
                     continue
                 seen.add((hashes[0], r.request_type))
-                stored.add(r.request_id or "")
+                if r.request_id:
+                    stored.add(r.request_id)
                 received = r.received_at or now
                 fresh.append({
                     "request_id": r.request_id or new_request_id(ids), "request_type": r.request_type,

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import Settings
+from ..evidence.certificate import build_certificate, certificate_html
 from ..exceptions import DsrError, LedgerError, first_line
 from ..ledger.ledger import RequestStatus
 from ..ledger.requests import REQUEST_ID
@@ -130,8 +131,6 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
 
     @app.get("/api/v1/operator/requests/{request_id}/certificate", dependencies=[Operator])
     def certificate(request_id: RequestId, format: Literal["json", "html"] = "json") -> Response:
-        from ..evidence.certificate import build_certificate, certificate_html
-
         document = build_certificate(intake.ledger, request_id)
         if format == "html":
             return HTMLResponse(certificate_html(document))

@@ -29,6 +29,7 @@ from datetime import date, datetime
 
 from ..config import Settings
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
+from ..ledger.keys import derive_key, keyed_hash
 from ..ledger.ledger import OPEN_STATUSES, Ledger, RequestStatus, new_request_id
 from ..ledger.requests import RequestInput, due_date, utc_now
 from .ingester import Ingester, ingest
@@ -77,7 +78,8 @@ class Intake:
         self.settings, self.config = settings, settings.intake
         self.ledger = ledger or Ledger(settings)
         keys = self.ledger.keyring.keys()  # active first; retired keys still check older tokens and codes
-        self._keys = {purpose: [_derive(k, purpose) for k in keys.values()] for purpose in ("token", "code", "filing")}
+        self._keys = {purpose: [derive_key(k, f"dsr intake {purpose}") for k in keys.values()]
+                      for purpose in ("token", "code", "filing")}
         self.queue = IntakeQueue(settings.intake_queue_file())
         self._stop, self._wake_mail = threading.Event(), threading.Event()
         self._mailer = threading.Thread(target=self._mail, name="intake-mail", daemon=True)
@@ -123,16 +125,17 @@ class Intake:
         try:
             request = RequestInput(filing.subject_id, filing.request_type, filing.regulation).validated()
         except RequestInputError as exc:
-            raise IntakeError(str(exc), 422, "subject_id" if "subject" in str(exc) else None) from None
+            raise IntakeError(str(exc), 422, "subject_id") from None  # type and regulation: checked by the app
         verify = self.config.verification == "email_code" and request.request_type in VERIFIED_TYPES
         if verify and not filing.email:
             raise IntakeError("an e-mail address is needed to verify who is asking", 422, "email")
-        if filing.email is not None and (len(filing.email) > 254 or not _EMAIL.fullmatch(filing.email)):
+        if filing.email is not None and (len(filing.email) > 254 or not _EMAIL.fullmatch(filing.email)
+                                         or not _encodable(filing.email)):
             raise IntakeError("the e-mail address is not valid", 422, "email")
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
             raise IntakeError("the Idempotency-Key header must be 1 to 200 characters", 422, "Idempotency-Key")
         extra_opt_out = gpc and not (request.request_type == "opt_out" and request.regulation == "ccpa")
-        fingerprint = _mac(self._keys["filing"][0], "\0".join(
+        fingerprint = keyed_hash(self._keys["filing"][0], "\0".join(
             (request.request_type, request.regulation, request.subject_id, filing.email or "", str(extra_opt_out))))
         now = utc_now()
 
@@ -214,7 +217,9 @@ class Intake:
                  ) -> list[RequestStatus]:
         """Every request, queued or in the ledger, without subject ids; `status` "open" means any not
         completed. Sorted by days left (most urgent first)."""
-        found = [*self.waiting(), *self.ledger.statuses()]
+        stored = self.ledger.statuses()
+        known = {r.request_id for r in stored}
+        found = [*(r for r in self.waiting() if r.request_id not in known), *stored]
         wanted = (*OPEN_STATUSES, "identity_unverified", "locked") if status == "open" else (status,)
         found = [r for r in found if (status is None or r.status in wanted)
                  and (request_type is None or r.request_type == request_type)
@@ -239,7 +244,7 @@ class Intake:
                 return "no_code", 0
             if row["code_expires"] < time.time():  # before the comparison: a late code costs no try
                 return "expired", 0
-            if not any(hmac.compare_digest(_mac(k, f"{request_id}:{code}"), row["code_hash"])
+            if not any(hmac.compare_digest(keyed_hash(k, f"{request_id}:{code}"), row["code_hash"])
                        for k in self._keys["code"]):
                 attempts = row["attempts"] + 1
                 locked = attempts >= limit
@@ -285,7 +290,7 @@ class Intake:
         for row in due:
             request_id, code = row["request_id"], f"{secrets.randbelow(10**6):06d}"
             # Stored before it is sent: a code that reached the person always checks.
-            self._update(request_id, code_hash=_mac(self._keys["code"][0], f"{request_id}:{code}"),
+            self._update(request_id, code_hash=keyed_hash(self._keys["code"][0], f"{request_id}:{code}"),
                          code_expires=time.time() + self.config.code_ttl_minutes * 60)
             try:
                 send_code(self.config.smtp, row["email"], request_id, code, self.config.code_ttl_minutes)
@@ -316,12 +321,12 @@ def _queued_status(row: sqlite3.Row, today: date) -> RequestStatus:
                          f"{received:%Y-%m-%dT%H:%M:%SZ}", due.isoformat(), (due - today).days, False, None)
 
 
-def _derive(key: bytes, purpose: str) -> bytes:
-    return hmac.new(key, f"dsr intake {purpose}".encode(), hashlib.sha256).digest()
-
-
-def _mac(key: bytes, text: str) -> str:
-    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from JSON's \ud800
+        return False
+    return True
 
 
 def _token(key: bytes, request_id: str) -> str:

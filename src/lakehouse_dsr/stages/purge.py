@@ -44,6 +44,18 @@ class TablePurge:
         return asdict(self)
 
 
+def evidence(purged: TablePurge | None, files_rewritten: int = 0, bytes_rewritten: int = 0) -> dict:
+    """A table's purge as a request's evidence records it, with the data files and bytes the erase
+    rewrote before it (batch-wide costs, shared by the batch's requests)."""
+    p = purged
+    return {"purged": p is not None,
+            "data_files_rewritten": files_rewritten + (p.data_files_rewritten if p else 0),
+            "bytes_rewritten": bytes_rewritten + (p.bytes_rewritten if p else 0),
+            "snapshots_expired": p.snapshots_expired if p else 0,
+            "files_deleted": p.files_deleted if p else 0,  # from storage: files only expired snapshots held
+            "orphans_removed": p.orphans_removed if p else 0}
+
+
 def purge_deadline(erased_on: date, due: date, policy: PurgeSettings) -> date:
     """Latest day the physical purge may run for a request logically erased on `erased_on`.
 

@@ -215,6 +215,7 @@ def _maintain(spark: SparkSession, settings: Settings, name: str, shared: Query,
             result.verification = verify.verify_table(spark, settings, name, share.groups, {share.key: key_type},
                                                       subjects.excluded, subjects.keys)
             result.verification.seconds = round(time.perf_counter() - began, 3)
+            result.verification.details["method"] = METHOD
         current = iceberg.current_snapshot(spark, settings, name)
         result.snapshot_id = current.snapshot_id if current else None
         if not source_held:
@@ -338,18 +339,12 @@ def _record(spark: SparkSession, settings: Settings, name: str, result: ShareRef
 
 def _entry(result: ShareRefresh, request_id: str, action: str) -> dict:
     """A share's part of a request's evidence (the shape of an erased table's entry)."""
-    p, v = result.purge, result.verification
     rows = result.added if action == "include" else result.removed
     entry = {"action": action, "rows": rows.get(request_id, 0), "snapshot_id": result.snapshot_id,
-             "refresh": result.mode, "purged": p is not None,
-             "data_files_rewritten": result.data_files_rewritten + (p.data_files_rewritten if p else 0),
-             "bytes_rewritten": result.bytes_rewritten + (p.bytes_rewritten if p else 0),
-             "snapshots_expired": p.snapshots_expired if p else 0, "files_deleted": p.files_deleted if p else 0,
-             "orphans_removed": p.orphans_removed if p else 0}
-    if v is not None:
-        entry["checks"] = {"live": v.live == 0, "history": v.history == 0, "storage": v.storage == 0}
-        entry["verification"] = {"method": METHOD, "passed": not v.failing.get(request_id), "one_scan": v.one_scan,
-                                 "refs_checked": sorted(v.refs)}
+             "refresh": result.mode,
+             **purge.evidence(result.purge, result.data_files_rewritten, result.bytes_rewritten)}
+    if result.verification is not None:  # no collateral check: a share is ours to recompute
+        entry.update(result.verification.evidence(request_id, collateral=False))
     return entry
 
 

@@ -150,6 +150,14 @@ class TableVerification:
         d["requests_failing"] = len(self.failing)
         return d
 
+    def evidence(self, request_id: str, collateral: bool = True) -> dict:
+        """The proof as a request's evidence records it: the batch's `checks` (collateral only where one
+        was made), whether none of them found this request's subject (`passed`), and how (`method`)."""
+        return {"checks": {"live": self.live == 0, **({"collateral": self.collateral_ok} if collateral else {}),
+                           **({"history": self.history == 0, "storage": self.storage == 0} if self.physical else {})},
+                "verification": {"method": self.details.get("method", ""), "passed": not self.failing.get(request_id),
+                                 "one_scan": self.one_scan, "refs_checked": sorted(self.refs)}}
+
 
 def verify_table(
     spark: SparkSession, settings: Settings, table: str, groups: list[KeyGroup], types: dict[str, DataType],
