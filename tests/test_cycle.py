@@ -9,18 +9,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
-from pyspark.sql.types import StringType
 
-from conftest import HOSTILE, NEAR_MISS, SEED, USER_KEY, add_subjects, ledger_table, make_settings, snapshot_ids
+from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings, snapshot_ids
 from lakehouse_dsr import synth
-from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.keys import key_id, keyed_hash
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.stages import collateral
-from lakehouse_dsr.stages.verify import verify_completed, verify_table
+from lakehouse_dsr.stages.verify import verify_completed
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 USERS = 40
@@ -222,37 +218,3 @@ def test_reverification_detects_data_that_came_back(spark, cycle):
     assert len(failing) == 1
     (reasons,) = failing.values()
     assert any("demo.events: 1 rows in the current snapshot" in r for r in reasons)
-
-
-def test_live_verification_uses_the_collateral_scan_only_while_its_rows_are_current(spark, new_lakehouse):
-    """The erase snapshot's grouped key values (read once by the collateral check) stand for the live
-    scan while the table holds that snapshot's rows (rewrites since change files, not rows); after a
-    commit that changes rows the table is read again."""
-    settings = new_lakehouse()
-    subject, key = synth.user_id(SEED, 0), Ledger(settings).key
-    hashes = spark.createDataFrame([("r1", "user_id", keyed_hash(key, subject), key_id(key))],
-                                   "request_id string, key_type string, key_hash string, key_id string")
-    events = spark.table(settings.table("demo.events"))
-    subject_df = spark.createDataFrame([(subject,)], "user_id string")
-    rows = events.join(subject_df, "user_id").count()
-    assert rows > 0
-    snapshot = iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id
-    # The shared scan's values, here without the subject: used as they are, so the subject is not found.
-    others = collateral.by_keys(events.join(subject_df, "user_id", "left_anti"), USER_KEY)
-    shared = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, hashes, key,
-                           physical=False, values_at=(snapshot, others))
-    assert shared.live == 0
-    # Rewrites since (the purge's compaction and manifest rewrite) keep the rows: the values still stand.
-    iceberg.rewrite_sorted(spark, settings, "demo.events", "user_id", 128 * 1024 * 1024)
-    iceberg.rewrite_manifests(spark, settings, "demo.events")
-    rewritten = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, hashes, key,
-                              physical=False, values_at=(snapshot, others))
-    assert iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id != snapshot
-    assert rewritten.live == 0
-    # A newer snapshot with new rows (an append, then another rewrite): the stale values are ignored
-    # and the live scan finds the subject.
-    events.join(subject_df, "user_id").writeTo(settings.table("demo.events")).append()
-    iceberg.rewrite_manifests(spark, settings, "demo.events")
-    fresh = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, hashes, key,
-                          physical=False, values_at=(snapshot, others))
-    assert fresh.live == 2 * rows and set(fresh.failing) == {"r1"}

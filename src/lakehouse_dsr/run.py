@@ -33,7 +33,7 @@ from .config import Settings
 from .datamap.check import KeyTypes, check_against_catalog
 from .evidence.report import RequestResult, RunReport
 from .exceptions import CommitConflictError, first_line
-from .lake import iceberg
+from .lake import iceberg, skipping
 from .lake.hmac import with_keyed_hash
 from .lake.metrics import IoCost, StageMeter
 from .ledger.journal import Step
@@ -162,6 +162,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         ledger.record_run(report.record(utc_now()))  # the dashboard's run history: one append
         return report
     finally:
+        skipping.release()
         lease.release()
 
 
@@ -248,7 +249,8 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         report.purge_schedule = _schedule(settings, False, waiting)
         return []
     tables = settings.datamap.erase_order()
-    erasures, shredded = _erase(spark, settings, ledger, work, request_ids, key_types, report, progress, vault_keys)
+    erasures, shredded, key_sets = _erase(spark, settings, ledger, work, request_ids, key_types, report, progress,
+                                          vault_keys)
     # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
     resumed = {s.table: s for s in work.steps if s.run_id in work.interrupted and s.step == "erased"}
     faults.failpoint("after_erase")
@@ -286,11 +288,12 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         if table in settings.datamap.shredded:
             return shred.verify(spark, settings, table, shredded, request_ids)
         e = erasures.get(table)
-        at_commit = (e.snapshot_id, e.values_at_commit) if e and e.values_at_commit is not None else None
+        # Plaintext keys exist for this run's batch only: requests erased earlier are proven unpruned.
+        prune = key_sets.get(table) if len(proven) == len(request_ids) else None
         def check(physical: bool) -> verify.TableVerification:
             if table in settings.datamap.aggregates:
                 return propagate.verify_aggregate(spark, settings, table, e, proven, physical)
-            return _verify(spark, settings, hash_keys, table, hashes, key_types, physical, at_commit)
+            return _verify(spark, settings, hash_keys, table, hashes, key_types, physical, prune)
         checked = check(purge_now)
         if checked.live and e is not None and e.plan.strategy == "subtract_groups":
             propagate.catch_up(spark, settings, table, e)
@@ -298,7 +301,6 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         if purge_now and not checked.live and (checked.history or checked.storage):
             # Left over from an earlier, interrupted run: purge now and prove again.
             purges[table] = _purge(spark, settings, table)
-            at_commit = None
             checked = check(True)
         if table in erasures:
             _check_collateral(erasures[table], checked)
@@ -345,7 +347,7 @@ def _record_keys(spark: SparkSession, ledger: Ledger, keys: DataFrame) -> None:
 
 def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work, request_ids: list[str],
            key_types: KeyTypes, report: RunReport, progress: Progress, vault_keys: vault.Keys | None
-           ) -> tuple[dict[str, erase.TableErasure], shred.Shred | None]:
+           ) -> tuple[dict[str, erase.TableErasure], shred.Shred | None, dict[str, matching.TableKeys]]:
     """Resolve the batch's identifiers, record their hashes, and erase them from every mapped table
     and file dataset, then propagate to the derived tables level by level (a level reads only
     tables erased before it): keyed ones erased by key, aggregates recomputed (stages/propagate.py).
@@ -358,7 +360,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
     with the erase commits, and the vault's history purged.
     """
     if not request_ids:
-        return {}, None
+        return {}, None, {}
     with _timed(report, "resolve", spark):
         progress.stage("resolve identifiers", 1)
         progress.step(f"{len(request_ids)} subjects")
@@ -395,7 +397,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
             shred.purge_vault(spark, settings, shredded)
             progress.done()
     if not datamap.derived:
-        return erasures, shredded
+        return erasures, shredded, key_sets
     faults.failpoint("before_propagate")
     stale = _stale_aggregates(settings, work.steps)
     with _timed(report, "propagate", spark):
@@ -413,7 +415,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
             faults.failpoint("during_propagate")
             _record_erasures(ledger, report.run_id, {t: erasures[t] for t in level if t in erasures},
                              propagated=[t for t in level if t in datamap.aggregates])
-    return erasures, shredded
+    return erasures, shredded, key_sets
 
 
 def _record_erasures(ledger: Ledger, run_id: str, erasures: dict[str, erase.TableErasure],
@@ -476,7 +478,7 @@ class _LateRows:
             if moved and self.keys is None:
                 self.keys = verify.keys_for(settings, self.hashes, self.ledger.keyring)
             late = [t for t in moved
-                    if _verify(spark, settings, self.keys, t, self.hashes, self.key_types, physical=False).live]
+                    if _verify(spark, settings, self.keys, t, self.hashes, self.key_types, False, key_sets[t]).live]
             if not late:
                 return
             again = _each_table(settings, progress, "erase late rows", late,
@@ -493,22 +495,21 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
 
 def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matching.TableKeys
                  ) -> erase.TableErasure:
-    """Plan, fingerprint (collateral check), commit, and check one table (thread-safe: runs beside
+    """Plan, commit, and check one table for collateral damage (thread-safe: runs beside
     other tables' erasures on the same session)."""
     start = time.perf_counter()
     content = settings.erase.collateral_check == "content"
-    table_plan = erase.plan(spark, settings, table, keys, fingerprint=content)
+    table_plan = erase.plan(spark, settings, table, keys)
     try:
         erasure = erase.apply(spark, settings, table_plan, keys)
     except Exception as exc:  # recorded; verification then shows what is left
         erasure = erase.TableErasure(table_plan, error=first_line(exc, with_type=True))
     if erasure.snapshot_id is not None:
-        erasure.collateral, erasure.values_at_commit = collateral.check(
+        erasure.collateral = collateral.check(
             spark, settings, table, keys, table_plan.snapshot_before, erasure.snapshot_id,
-            table_plan.other_before, table_plan.requested_after,
-        ) if content else (collateral.check_counts(
+        ) if content else collateral.check_counts(
             spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,
-            table_plan.expected_rows_after, erasure.rows_after), None)
+            table_plan.expected_rows_after, erasure.rows_after)
     erasure.seconds = round(time.perf_counter() - start, 3)
     return erasure
 
@@ -547,10 +548,9 @@ def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePu
     return result
 
 
-def _verify(spark, settings, keys, table, hashes, key_types, physical=True, values_at=None
-            ) -> verify.TableVerification:
+def _verify(spark, settings, keys, table, hashes, key_types, physical=True, prune=None) -> verify.TableVerification:
     return verify.verify_tables(spark, settings, hashes, keys, key_types, [table], physical,
-                                {table: values_at} if values_at else None)[0]
+                                {table: prune} if prune else None)[0]
 
 
 def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:

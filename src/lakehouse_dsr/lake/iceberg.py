@@ -40,7 +40,8 @@ class Ref:
     snapshot_id: int
 
 
-def _jtable(spark: SparkSession, settings: Settings, table: str):
+def java_table(spark: SparkSession, settings: Settings, table: str):
+    """Iceberg's Java Table for `table` (through Spark's catalog: its cache, its FileIO)."""
     return spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
         spark._jsparkSession, f"{settings.catalog.name}.{table}"
     )
@@ -57,18 +58,18 @@ def _actions(spark: SparkSession):
 
 
 def current_snapshot(spark: SparkSession, settings: Settings, table: str) -> Snapshot | None:
-    snap = _jtable(spark, settings, table).currentSnapshot()
+    snap = java_table(spark, settings, table).currentSnapshot()
     if snap is None:
         return None
     return Snapshot(snap.snapshotId(), snap.timestampMillis(), dict(snap.summary()))
 
 
 def table_properties(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
-    return dict(_jtable(spark, settings, table).properties())
+    return dict(java_table(spark, settings, table).properties())
 
 
 def table_location(spark: SparkSession, settings: Settings, table: str) -> str:
-    return str(_jtable(spark, settings, table).location())
+    return str(java_table(spark, settings, table).location())
 
 
 def write_mode(spark: SparkSession, settings: Settings, table: str, operation: str) -> str:
@@ -78,7 +79,7 @@ def write_mode(spark: SparkSession, settings: Settings, table: str, operation: s
 
 def refs(spark: SparkSession, settings: Settings, table: str) -> list[Ref]:
     """Branches and tags other than main: each pins its snapshots against expiry. Table metadata only."""
-    found = _jtable(spark, settings, table).refs()
+    found = java_table(spark, settings, table).refs()
     return sorted((Ref(name, "BRANCH" if ref.isBranch() else "TAG", ref.snapshotId())
                    for name, ref in ((n, found.get(n)) for n in found.keySet()) if name != "main"),
                   key=lambda r: r.name)
@@ -95,26 +96,76 @@ def summary_count(spark: SparkSession, settings: Settings, table: str, key: str)
     return int(snap.summary.get(key, "0")) if snap else 0
 
 
+def live_rows(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None) -> int:
+    """Rows a reader sees at a snapshot. From its summary when that tells exactly (no equality
+    deletes: the records of its data files less its position deletes, one row each: deletion
+    vectors and file-scoped deletes never name a position twice); otherwise a count with deletes
+    applied."""
+    if snapshot_id is None:
+        return 0
+    s = _counts(java_table(spark, settings, table).snapshot(snapshot_id))
+    if "total-records" in s and "total-position-deletes" in s and not s.get("total-equality-deletes"):
+        return s["total-records"] - s["total-position-deletes"]
+    return read_at(spark, settings, table, snapshot_id).count()
+
+
+def _counts(snapshot) -> dict[str, int]:
+    return {k: int(v) for k, v in dict(snapshot.summary()).items() if v.lstrip("-").isdigit()}
+
+
 def rows_after_commit(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None,
                       rows_before: int) -> int:
     """Rows a reader sees at a commit, given the rows before it (no commit: counted now).
 
     Metadata only when the commit's summary tells exactly: a commit that only added position
     deletes or deletion vectors removed one live row per new position (a vector replacing an older
-    one for the same file carries the old positions too, counted as removed); a snapshot without
-    delete files holds exactly its record total. Otherwise a count with deletes applied, since
-    dangling delete files would make totals wrong.
+    one for the same file carries the old positions too, counted as removed); a commit between two
+    snapshots without delete files removed the difference of their record totals. Otherwise a
+    count with deletes applied, since dangling delete files would make totals wrong.
     """
     if snapshot_id is None:
         return read_at(spark, settings, table, None).count()
-    snap = _jtable(spark, settings, table).snapshot(snapshot_id)
-    s = {k: int(v) for k, v in dict(snap.summary()).items() if v.lstrip("-").isdigit()}
+    jtable = java_table(spark, settings, table)
+    snap = jtable.snapshot(snapshot_id)
+    s = _counts(snap)
     if (not s.get("added-data-files") and not s.get("deleted-data-files") and not s.get("added-equality-deletes")
             and "added-position-deletes" in s):
         return rows_before - s["added-position-deletes"] + s.get("removed-position-deletes", 0)
-    if "total-records" in s and s.get("total-delete-files") == 0:
-        return s["total-records"]
+    parent = _counts(jtable.snapshot(snap.parentId())) if snap.parentId() is not None else {}
+    if "total-records" in s and s.get("total-delete-files") == 0 and parent.get("total-delete-files") == 0:
+        return rows_before - (parent["total-records"] - s["total-records"])
     return read_at(spark, settings, table, snap.snapshotId()).count()
+
+
+@dataclass(frozen=True)
+class CommitFiles:
+    """The data files one commit changed, from its own manifests."""
+
+    parent_id: int | None
+    removed: frozenset[str]  # data files it removed (copy-on-write: rewritten)
+    added: frozenset[str]  # data files it added
+    deleted_from: frozenset[str]  # data files its new delete files or deletion vectors apply to
+
+
+def commit_files(spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> CommitFiles:
+    """What commit `snapshot_id` changed. Reads only the manifests that commit wrote; a position
+    delete file that is not scoped to one data file (older writers) names its data files only in
+    its rows, so its `file_path` column is read (a small Spark job over that delete file)."""
+    jtable = java_table(spark, settings, table)
+    snap, io = jtable.snapshot(snapshot_id), jtable.io()
+    util = spark._jvm.org.apache.iceberg.util.ContentFileUtil
+    deleted_from, unscoped = set(), []
+    for delete_file in snap.addedDeleteFiles(io):
+        referenced = util.referencedDataFileLocation(delete_file)
+        if referenced is not None:
+            deleted_from.add(str(referenced))
+        else:
+            unscoped.append(str(delete_file.location()))
+    if unscoped:
+        deleted_from.update(r.file_path for r in spark.read.parquet(*unscoped).select("file_path").distinct()
+                            .collect())
+    return CommitFiles(snap.parentId(), frozenset(str(f.location()) for f in snap.removedDataFiles(io)),
+                       frozenset(str(f.location()) for f in snap.addedDataFiles(io)), frozenset(deleted_from))
 
 
 def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str, target_file_size_bytes: int) -> int:
@@ -146,7 +197,7 @@ def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: s
     files take the commit's sequence number, so the old position deletes no longer apply to any
     file and are dropped as dangling (with the starting number they would stay in every scan).
     """
-    strategy = "" if _jtable(spark, settings, table).sortOrder().isUnsorted() else ", strategy => 'sort'"
+    strategy = "" if java_table(spark, settings, table).sortOrder().isUnsorted() else ", strategy => 'sort'"
     row = spark.sql(
         f"CALL `{settings.catalog.name}`.system.rewrite_data_files("
         f"table => '{procedure_table(settings, table)}'{strategy}, options => map("
@@ -185,7 +236,7 @@ def rewrite_manifests(spark: SparkSession, settings: Settings, table: str) -> in
     and delete manifests alike (Iceberg's core rewrite, which would need no Spark job, keeps delete
     manifests as they are).
     """
-    jtable = _jtable(spark, settings, table)
+    jtable = java_table(spark, settings, table)
     if jtable.currentSnapshot() is None:
         return 0
     result = _actions(spark).rewriteManifests(jtable).execute()
@@ -207,7 +258,7 @@ def expire_snapshots_before_current(spark: SparkSession, settings: Settings, tab
     per commit), never a data file. Iceberg's Spark action plans the same set difference with Spark
     jobs over metadata tables (about 1 s of fixed cost per table on a small lake); it serves the rest.
     """
-    jtable = _jtable(spark, settings, table)
+    jtable = java_table(spark, settings, table)
     current = jtable.currentSnapshot()
     if current is None:
         return ExpireResult(0, 0)
@@ -261,7 +312,7 @@ def remove_orphan_files(spark: SparkSession, settings: Settings, table: str, min
     still committing; Iceberg's procedure refuses windows under 24 h, the action does not.
     """
     cutoff = int((time.time() - min_age_minutes * 60) * 1000)
-    jtable = _jtable(spark, settings, table)
+    jtable = java_table(spark, settings, table)
     if not _may_hold_orphans(spark, settings, table, jtable, cutoff):
         return 0
     result = _actions(spark).deleteOrphanFiles(jtable).olderThan(cutoff).execute()
@@ -367,7 +418,7 @@ def commits_between(spark: SparkSession, settings: Settings, table: str, after_i
     None when `after_id` is not an ancestor (the table was rolled back or replaced meanwhile).
     Metadata only.
     """
-    jtable = _jtable(spark, settings, table)
+    jtable = java_table(spark, settings, table)
     start = jtable.snapshot(before_id).parentId()
     chain = list(_ancestors(jtable, start, after_id))
     if (chain[-1].parentId() if chain else start) != after_id:  # the line ended or expired first
@@ -381,7 +432,7 @@ def commits_since(spark: SparkSession, settings: Settings, table: str, after_id:
     ancestor of `until_id` (expired, rolled back or replaced meanwhile). Metadata only."""
     if after_id == until_id:
         return []
-    chain = list(_ancestors(_jtable(spark, settings, table), until_id, after_id))
+    chain = list(_ancestors(java_table(spark, settings, table), until_id, after_id))
     if not chain or chain[-1].parentId() != after_id:
         return None
     return [Commit(s.snapshotId(), str(s.operation()), dict(s.summary())) for s in reversed(chain)]
@@ -401,7 +452,7 @@ def same_rows_since(spark: SparkSession, settings: Settings, table: str, snapsho
     """Whether the current snapshot holds exactly the rows of `snapshot_id`: it is that snapshot, or
     every commit since is a `replace` (compaction, manifest rewrite: by the spec, files change and
     the table's data does not). Metadata only."""
-    jtable = _jtable(spark, settings, table)
+    jtable = java_table(spark, settings, table)
     current = jtable.currentSnapshot()
     if current is None:
         return False
@@ -430,7 +481,7 @@ def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_
     """This Spark application's newest commit after `after_id`, found by the `spark.app.id` Iceberg
     writes into each summary: other writers may have committed after it. Metadata only."""
     app_id = spark.sparkContext.applicationId
-    jtable = _jtable(spark, settings, table)
+    jtable = java_table(spark, settings, table)
     current = jtable.currentSnapshot()
     for snap in _ancestors(jtable, current.snapshotId() if current else None, after_id):
         summary = dict(snap.summary())

@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from .. import faults
 from ..config import EXPORT_FORMATS, Settings
 from ..datamap.check import KeyTypes, check_against_catalog
-from ..lake import iceberg, plainfiles
+from ..lake import iceberg, plainfiles, skipping
 from ..vault import vault
 from ..vault.pseudonymize import PROPERTY
 from . import identity, matching
@@ -72,8 +72,9 @@ def export(
 ) -> ExportResult:
     """Write one package per request of `requests` (request_id, subject_id, regulation) under `out_dir`.
 
-    Cost: one scan of every mapped table (broadcast join with the batch's identifiers), a shuffle of
-    the matching rows only, and one file write per request. Also writes `manifest.json`.
+    Cost: one scan of the files of every mapped table that may hold the batch's identifiers (data
+    skipping; broadcast join with them), a shuffle of the matching rows only, and one file write per
+    request. Also writes `manifest.json`.
     `action: shred` tables are read through the vault: the subject's rows are found by their
     pseudonym and exported re-identified and decrypted; a subject with no vault entry gets a note
     that the table's rows cannot be linked to them (`unlinkable`).
@@ -134,8 +135,16 @@ def _source(spark: SparkSession, settings: Settings, name: str) -> DataFrame:
 
 def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: TableKeys) -> DataFrame:
     """(request_id, table_name, row): each row once per request it names, through any key column;
-    with several key columns the row's JSON also says which matched (`dsr_matched_keys`)."""
-    source = _source(spark, settings, table)
+    with several key columns the row's JSON also says which matched (`dsr_matched_keys`). Reads
+    only the files of a table that may hold the batch's keys (lake/skipping.py); none when no file can."""
+    if table in settings.datamap.files:
+        source = _source(spark, settings, table)
+    else:
+        snapshot = iceberg.current_snapshot(spark, settings, table)
+        source = skipping.read(spark, settings, keys.candidates(spark, settings, table,
+                                                                 snapshot.snapshot_id if snapshot else None))
+        if source is None:
+            return spark.createDataFrame([], "request_id string, table_name string, row string")
     marked = matching.mark(source, keys).where(matching.any_hit(keys))
     values = [source[c] for c in source.columns]
     if not keys.single:

@@ -3,20 +3,23 @@
 Every row gets two hashes of all its columns (xxhash64 and murmur3, each column followed by its
 null flag, so a NULL cannot pass for a shifted value). A set of rows is summarised by its count,
 the exact sum of the first hashes and the XOR of the second: a fingerprint that ignores row order
-and file layout (a rewrite does not change it) and adds up across parts.
+and file layout and adds up across parts.
 
-Before the erase commit, the plan's own scan (erase.plan, one read of the pre-erase snapshot)
-also fingerprints the rows NOT belonging to requested subjects (and, for redacting tables, what
-the requested rows must become: each key group's columns NULL where its own key was requested, the
-other person's columns in a shared row as they were). After it, one scan of the erase snapshot fingerprints the same.
-Rows other writers appended in between are fingerprinted from their own commits (incremental
-reads) and added to the expectation, so a concurrent append never passes for damage. Cost: the
-plan's scan reads every column instead of the key alone, plus one full scan of the erase snapshot.
+After the erase commit, only what it changed is read: its own manifests say which data files it
+removed (copy-on-write rewrites), added, and attached deletes to (merge-on-read). Every other file
+is the same immutable file with the same deletes, so its rows are unchanged by construction. A
+touched file that data skipping says holds no requested key is damage at once. In files that got
+deletes, the rows not requested are counted before and after (key columns only): a data file never
+changes, so equal counts mean the same rows. The rewritten files' rows not requested, plus the
+requested rows as the erasure must leave them (nothing, or each key group's columns NULL where its
+own key was requested), must be exactly the added files' rows not requested (fingerprints). Other
+writers' commits between the plan and the erase commit must be appends, else the check is
+inconclusive and nothing is purged; the commit's files are read as its parent snapshot held them,
+so rows appended meanwhile are accounted for wherever the erase met them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -24,8 +27,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StructField, StructType
 
 from ..config import Settings
-from ..datamap import KeyGroup, column_ref
-from ..lake import iceberg
+from ..datamap import column_ref
+from ..lake import iceberg, skipping
 from . import matching
 from .matching import Redaction, TableKeys
 
@@ -80,18 +83,6 @@ def aggregates(prefix: str, where: Column) -> list[Column]:
             F.bit_xor(F.when(where, F.col(f"{prefix}h2"))).alias(f"{prefix}xor")]
 
 
-def group_aggregates(redacting: bool) -> list[Column]:
-    """Per-group fingerprint parts over columns made by `row_hashes` ("o_" always, "r_" for a
-    redacting table): summed and XORed again by `part`."""
-    prefixes = ["o_", *(["r_"] if redacting else [])]
-    return [agg for p in prefixes for agg in (F.sum(f"{p}h1").alias(f"{p}sum"), F.bit_xor(f"{p}h2").alias(f"{p}xor"))]
-
-
-def part(group, prefix: str) -> Fingerprint:
-    """The fingerprint of one collected group (`count` and `group_aggregates` with `prefix`)."""
-    return Fingerprint(int(group["count"]), int(group[f"{prefix}sum"] or 0), int(group[f"{prefix}xor"] or 0))
-
-
 def pick(row, prefix: str) -> Fingerprint:
     return Fingerprint(int(row[f"{prefix}rows"] or 0), int(row[f"{prefix}sum"] or 0), int(row[f"{prefix}xor"] or 0))
 
@@ -119,58 +110,75 @@ class CollateralResult:
 
 
 def check(spark: SparkSession, settings: Settings, table: str, table_keys: TableKeys,
-          snapshot_before: int | None, erase_snapshot: int, other_before: Fingerprint,
-          requested_after: Fingerprint) -> tuple[CollateralResult, DataFrame | None]:
-    """Compare the erase snapshot with what the plan's snapshot allows (see the module doc); also
-    returns the erase snapshot's key values (`by_keys`) when it was read, for the live verification.
+          snapshot_before: int | None, erase_snapshot: int) -> CollateralResult:
+    """Prove that the erase commit changed only the requested subjects' rows (see the module doc).
 
-    Redacting tables: requested rows become NULL-keyed rows, indistinguishable from other rows, so
-    they are expected among them; with concurrent appends of requested rows the erase may have
-    seen some of those commits, so every prefix of them is a valid expectation.
+    Only the files the commit changed are read; the others are unchanged by construction, and its
+    own manifests say which (commit_files). Cost: for data files that got deletes (merge-on-read),
+    their key columns before and after the commit (rows not requested counted on both sides; a
+    redacting table also hashes the requested rows before); for data files it rewrote
+    (copy-on-write), every column of the old files before and of the new files after, hashed.
     """
     between = iceberg.commits_between(spark, settings, table, snapshot_before, erase_snapshot)
     if between is None or any(c.operation not in ("append", "replace") for c in between):
         ops = sorted({c.operation for c in between or []} - {"append", "replace"})
         return CollateralResult(False, False, "cannot prove: the table changed by other than appends while it was "
-                                f"erased ({', '.join(ops) or 'history rewritten'}); nothing purged, retried next run"
-                                ), None
-    expected, late_redacted = other_before, []
-    parent = snapshot_before
-    for commit in between:
-        if commit.operation == "append":
-            added_other, added_requested = split(iceberg.read_appended(spark, settings, table, commit, parent),
-                                                 table_keys)
-            expected = expected + added_other
-            late_redacted.append(added_requested)
-        parent = commit.snapshot_id
-    values = by_keys(iceberg.read_at(spark, settings, table, erase_snapshot), table_keys.groups)
-    kept = matching.mark(values, table_keys, [F.col(key_column(i)) for i in range(len(table_keys.groups))]) \
-        .where(~matching.any_hit(table_keys))
-    after = pick(kept.agg(F.sum("count").alias("o_rows"), F.sum("o_sum").alias("o_sum"),
-                          F.bit_xor("o_xor").alias("o_xor")).first(), "o_")
-    candidates = [expected + requested_after]
-    for extra in late_redacted if settings.datamap.mapping(table).action == "redact" else []:
-        candidates.append(candidates[-1] + extra)
-    if after in candidates:
-        return CollateralResult(True), values
-    return CollateralResult(False, True, f"rows not requested changed: expected {candidates[0].describe()}, "
-                                         f"found {after.describe()} at snapshot {erase_snapshot}"), values
+                                f"erased ({', '.join(ops) or 'history rewritten'}); nothing purged, retried next run")
+    changed = iceberg.commit_files(spark, settings, table, erase_snapshot)
+    before = table_keys.candidates(spark, settings, table, changed.parent_id)
+    beyond = (changed.removed | changed.deleted_from) - set(before.paths())
+    if beyond:  # metadata proves those files held no requested key
+        return CollateralResult(False, True, f"the erase commit changed {len(beyond)} file(s) that hold no requested "
+                                f"key (snapshot {erase_snapshot})")
+    kept = changed.deleted_from - changed.removed  # still live, with new deletes
+    redacting = settings.datamap.mapping(table).action == "redact"
+    others_before, requested_kept = _kept_before(spark, settings, before, kept, table_keys, redacting)
+    after = table_keys.candidates(spark, settings, table, erase_snapshot)
+    others_after = _count_others(skipping.read(spark, settings, after, kept), table_keys)
+    if others_before != others_after:
+        return CollateralResult(False, True, f"{others_before - others_after} rows not requested were deleted from "
+                                f"files the erase commit attached deletes to (snapshot {erase_snapshot})")
+    removed = skipping.read(spark, settings, before, set(changed.removed))
+    expected_other, expected_redacted = split(removed, table_keys) if removed is not None else (Fingerprint(),) * 2
+    expected = expected_other + expected_redacted + requested_kept
+    found = _not_requested(spark, settings, table, changed.added, table_keys)
+    if found == expected:
+        return CollateralResult(True)
+    return CollateralResult(False, True, "rows not requested changed in the files the erase commit rewrote: "
+                                         f"expected {expected.describe()}, found {found.describe()} at snapshot "
+                                         f"{erase_snapshot}")
 
 
-def key_column(index: int) -> str:
-    """The column of `by_keys` holding key group `index`'s values."""
-    return f"dsr_k{index}"
+def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candidates, kept: frozenset[str],
+                 table_keys: TableKeys, redacting: bool) -> tuple[int, Fingerprint]:
+    """(rows not requested, requested rows as redacted) of the files that got deletes, before the
+    commit: a redaction on merge-on-read deletes those rows and adds them redacted in new files."""
+    rows = skipping.read(spark, settings, before, kept)
+    if rows is None:
+        return 0, Fingerprint()
+    if not redacting:
+        return _count_others(rows, table_keys), Fingerprint()
+    other, redacted = split(rows, table_keys)
+    return other.rows, redacted
 
 
-def by_keys(rows: DataFrame, groups: Sequence[KeyGroup]) -> DataFrame:
-    """(dsr_k0, dsr_k1, ..., count, o_sum, o_xor): `rows` grouped by their key columns' values, with
-    each group's fingerprint parts; the live verification of the same snapshot reads its values from
-    here (verify.grouped_at_commit). Kept (local checkpoint): one small row per distinct combination of keys."""
-    keys = [F.col(column_ref(g.column)).alias(key_column(i)) for i, g in enumerate(groups)]
-    return (rows.select(*keys, *row_hashes(rows.schema, "o_"))
-            .groupBy(*[key_column(i) for i in range(len(keys))])
-            .agg(F.count(F.lit(1)).alias("count"), *group_aggregates(False))
-            .localCheckpoint())
+def _count_others(rows: DataFrame | None, table_keys: TableKeys) -> int:
+    """Rows of `rows` no requested key names: reads the key columns only."""
+    if rows is None:
+        return 0
+    return matching.mark(rows, table_keys).where(~matching.any_hit(table_keys)).count()
+
+
+def _not_requested(spark: SparkSession, settings: Settings, table: str, files: frozenset[str],
+                   table_keys: TableKeys) -> Fingerprint:
+    """Fingerprint of the rows no requested key names in new data files (read as Parquet: a commit's
+    own new files carry no deletes)."""
+    if not files:
+        return Fingerprint()
+    schema = spark.table(settings.table(table)).schema
+    rows = iceberg.read_columns_from_files(spark, sorted(files), schema)
+    kept = matching.mark(rows, table_keys).where(~matching.any_hit(table_keys))
+    return pick(kept.select(*row_hashes(schema, "o_")).agg(*aggregates("o_", F.lit(True))).first(), "o_")
 
 
 def check_counts(spark: SparkSession, settings: Settings, table: str, snapshot_before: int | None,

@@ -15,9 +15,9 @@ from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..datamap import TableMapping, column_ref, is_array
-from ..lake import iceberg
-from . import collateral, matching
-from .collateral import CollateralResult, Fingerprint
+from ..lake import iceberg, skipping
+from . import matching
+from .collateral import CollateralResult
 from .matching import TableKeys
 
 
@@ -33,27 +33,29 @@ class TablePlan:
     rows_matched: int
     matches_by_request: dict[str, int]
     snapshot_before: int | None
-    # collateral check (content mode): the rows not requested, and what requested rows must become
-    other_before: Fingerprint | None = None
-    requested_after: Fingerprint | None = None
     reason: str | None = None  # why this strategy (an aggregate recomputed whole: why not by groups)
+    rows_scanned: int | None = None  # rows of the files the plan read (data skipping: fewer than rows_before)
+    skipping: dict | None = None  # skipping.Candidates.as_dict(): files and bytes read of the table's
 
     @classmethod
     def from_groups(cls, table: str, mapping: TableMapping, groups: list, strategy: str, write_mode: str,
-                    snapshot_before: int | None, other_before: Fingerprint | None = None,
-                    requested_after: Fingerprint | None = None) -> TablePlan:
+                    snapshot_before: int | None, rows_before: int | None = None,
+                    candidates: skipping.Candidates | None = None) -> TablePlan:
         """The plan from a scan's groups (rows with `request_ids`, NULL for rows nobody asked about,
         and `count`): a row named by several requests counts once in the totals, once per request
-        in `matches_by_request`."""
+        in `matches_by_request`. `rows_before`: the table's rows when the scan read only some files."""
         matches: dict[str, int] = {}
         for g in groups:
             for request_id in g.request_ids or []:
                 matches[request_id] = matches.get(request_id, 0) + g["count"]
+        scanned = sum(g["count"] for g in groups)
         return cls(table=table, key=", ".join(mapping.key_columns),
                    identifier=", ".join(dict.fromkeys(g.identifier for g in mapping.groups)), action=mapping.action,
-                   strategy=strategy, write_mode=write_mode, rows_before=sum(g["count"] for g in groups),
+                   strategy=strategy, write_mode=write_mode,
+                   rows_before=scanned if rows_before is None else rows_before,
                    rows_matched=sum(g["count"] for g in groups if g.request_ids), matches_by_request=matches,
-                   snapshot_before=snapshot_before, other_before=other_before, requested_after=requested_after)
+                   snapshot_before=snapshot_before, rows_scanned=scanned,
+                   skipping=candidates.as_dict() if candidates else None)
 
     @property
     def expected_rows_after(self) -> int:
@@ -74,8 +76,6 @@ class TableErasure:
     attempts: int = 1  # statements run: more than one when concurrent commits conflicted
     rounds: int = 1  # erase rounds: more than one when late rows of requested subjects arrived
     collateral: CollateralResult | None = None
-    # The erase snapshot's key values (collateral.by_keys), when the content check read them
-    values_at_commit: DataFrame | None = None
     groups: DataFrame | None = None  # an aggregate recomputed by groups: the groups replaced
 
     @property
@@ -106,14 +106,12 @@ class TableErasure:
         self.error = later.error or self.error
         if later.collateral and not later.collateral.ok or self.collateral is None:
             self.collateral = later.collateral
-        self.values_at_commit = later.values_at_commit if later.snapshot_id else self.values_at_commit
 
     def as_dict(self) -> dict:
-        frames = ("plan", "values_at_commit", "groups")
+        frames = ("plan", "groups")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in frames}
         d["collateral"] = asdict(self.collateral) if self.collateral else None
-        plan = {k: v for k, v in asdict(self.plan).items()
-                if k not in ("matches_by_request", "other_before", "requested_after")}
+        plan = {k: v for k, v in asdict(self.plan).items() if k != "matches_by_request"}
         return {**plan, **d, "rows_changed": self.rows_changed}
 
 
@@ -148,42 +146,29 @@ def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str
     return {op: iceberg.write_mode(spark, settings, table, op) for op in ("delete", "update", "merge")}
 
 
-def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, fingerprint: bool = False
-         ) -> TablePlan:
-    """Count matches per request and pick the strategy: one scan, one Spark job.
+def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys) -> TablePlan:
+    """Count matches per request and pick the strategy.
 
-    The same scan counts the table's rows (a row two requests share, through one key column or
-    two, counts once in the totals) and, with `fingerprint` (the content collateral check),
-    fingerprints the rows not requested and what the requested rows must become. Cost: reads the
-    key columns, or every column with `fingerprint`, joined with each key column's broadcast key
-    set; the driver receives one row per combination of matching requests (request ids, a count
-    and hash parts; never a value).
+    Reads the key columns of the files that may hold the batch's keys only (lake/skipping.py:
+    column bounds, partition transforms and bloom filters decide it from metadata), joined with
+    each key column's broadcast key set; a table no file of which can hold a key costs no Spark
+    job. The table's row count comes from its snapshot summary. The driver receives one row per
+    combination of matching requests (request ids and a count; never a value).
     """
     mapping = settings.datamap.mapping(table)
     snapshot = iceberg.current_snapshot(spark, settings, table)
-    rows = iceberg.read_at(spark, settings, table, snapshot.snapshot_id if snapshot else None)
-    redacting = mapping.action == "redact"
-    hashes = [*collateral.row_hashes(rows.schema, "o_"),
-              *(collateral.row_hashes(rows.schema, "r_", matching.redactions(keys)) if redacting else [])
-              ] if fingerprint else []
+    snapshot_id = snapshot.snapshot_id if snapshot else None
+    candidates = keys.candidates(spark, settings, table, snapshot_id)
+    rows = skipping.read(spark, settings, candidates)
     # One group per combination of requests naming a row, plus one (no requests) for every other row.
-    groups = (
-        matching.mark(rows, keys)
-        .select(matching.request_ids(keys).alias("request_ids"), *hashes)
-        .groupBy("request_ids")
-        .agg(F.count(F.lit(1)).alias("count"), *(collateral.group_aggregates(redacting) if fingerprint else []))
-        .collect()
+    groups = [] if rows is None else (
+        matching.mark(rows, keys).select(matching.request_ids(keys).alias("request_ids"))
+        .groupBy("request_ids").agg(F.count(F.lit(1)).alias("count")).collect()
     )
-    matched = [g for g in groups if g.request_ids]
     modes = write_modes(spark, settings, table)
     strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes, mapping.simple)
-    other_before = requested_after = None
-    if fingerprint:
-        other_before = sum((collateral.part(g, "o_") for g in groups if not g.request_ids), Fingerprint())
-        requested_after = sum((collateral.part(g, "r_") for g in matched), Fingerprint()) if redacting \
-            else Fingerprint()
-    return TablePlan.from_groups(table, mapping, groups, strategy, modes[strategy.split("_")[0]],
-                                 snapshot.snapshot_id if snapshot else None, other_before, requested_after)
+    return TablePlan.from_groups(table, mapping, groups, strategy, modes[strategy.split("_")[0]], snapshot_id,
+                                 iceberg.live_rows(spark, settings, table, snapshot_id), candidates)
 
 
 def _view(df: DataFrame) -> str:
@@ -219,7 +204,8 @@ def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: Table
     an erased subject, an array key loses only the erased elements, or the row is deleted."""
     mapping = settings.datamap.mapping(table_plan.table)
     width = range(len(keys.groups))
-    rows = iceberg.read_at(spark, settings, table_plan.table, table_plan.snapshot_before).select(
+    candidates = keys.candidates(spark, settings, table_plan.table, table_plan.snapshot_before)
+    rows = skipping.read(spark, settings, candidates).select(  # not empty: the plan found matches there
         *[F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)])
     marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in width])
     source = marked.where(matching.any_hit(keys)).select(
@@ -247,9 +233,11 @@ def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: Table
 def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys) -> TableErasure:
     """Run the plan as one commit. Skips tables without matches (no empty commits).
 
-    Copy-on-write: reads and rewrites every data file holding a match. Merge-on-read: reads the
-    key columns of candidate files and writes delete files only. A redaction over several key
-    columns first reads the key columns of the plan's snapshot once, for the requested key tuples.
+    Copy-on-write: reads the key columns of every file to find those holding a match, then reads and
+    rewrites those. Merge-on-read: reads the key columns of every file and writes delete files only.
+    (Spark's MERGE plans its own scan: data skipping cannot reach it without values in its text.)
+    A redaction over several key columns first reads the key columns of the plan's candidate files
+    once, for the requested key tuples.
     """
     result = TableErasure(table_plan)
     if table_plan.rows_matched == 0:

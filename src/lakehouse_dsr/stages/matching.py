@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from ..config import Settings
 from ..datamap import KeyGroup, column_path, column_ref, is_array
 from ..datamap.check import KeyTypes
+from ..lake import skipping
 
 
 def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) -> DataFrame:
@@ -37,6 +38,7 @@ class KeySet:
 
     requesters: DataFrame
     size: int  # distinct values: decides whether the statement may broadcast them
+    values: skipping.KeyValues | None = None  # the same values in the driver's JVM, for data skipping
 
     @property
     def hits(self) -> DataFrame:
@@ -45,10 +47,11 @@ class KeySet:
 
 
 def key_set(keys: DataFrame, identifier: str, key_type: DataType) -> KeySet:
-    """The KeySet of `identifier` at `key_type`. Cost: two small jobs over the batch's keys."""
+    """The KeySet of `identifier` at `key_type`. Cost: two or three small jobs over the batch's keys."""
     grouped = keys_for_identifier(keys, identifier, key_type).groupBy("key_value").agg(
         F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=True)
-    return KeySet(grouped, grouped.count())
+    values = skipping.key_values(grouped, key_type)
+    return KeySet(grouped, values.size if values else grouped.count(), values)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,16 @@ class TableKeys:
     @property
     def single(self) -> bool:
         return len(self.groups) == 1
+
+    @property
+    def values(self) -> tuple[skipping.KeyValues | None, ...]:
+        """Each group's values for data skipping (None: that group cannot be pruned on)."""
+        return tuple(s.values for s in self.sets)
+
+    def candidates(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None
+                   ) -> skipping.Candidates:
+        """The files of `table` at `snapshot_id` that may hold these keys (metadata only)."""
+        return skipping.plan(spark, settings, table, snapshot_id, self.groups, self.values)
 
     def replace(self, index: int, keys: KeySet) -> TableKeys:
         return TableKeys(self.groups, tuple(keys if i == index else s for i, s in enumerate(self.sets)))

@@ -24,11 +24,11 @@ from ..config import Settings
 from ..datamap import KeyGroup, column_ref
 from ..datamap.check import KeyTypes, check_against_catalog, schema_of
 from ..exceptions import LedgerError
-from ..lake import iceberg, plainfiles
+from ..lake import iceberg, plainfiles, skipping
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
 from ..ledger.ledger import Ledger
-from . import collateral
+from .matching import TableKeys
 
 
 def _entry(group: int, identifier: str) -> Callable[[Column], Column]:
@@ -76,13 +76,6 @@ def find_hashed_in_groups(spark: SparkSession, grouped: DataFrame, hashes: DataF
         .groupBy("request_id").agg(F.sum("count").alias("n")).collect()
     )
     return {r.request_id: int(r.n) for r in found}
-
-
-def grouped_at_commit(by_keys: DataFrame, groups: list[KeyGroup]) -> DataFrame:
-    """`find_hashed_in_groups`' input from the collateral check's `by_keys` of the same snapshot."""
-    columns = [F.col(collateral.key_column(i)) for i in range(len(groups))]
-    return (key_values(by_keys, groups, columns, carry=["count"])
-            .groupBy("dsr_group", "key_type", "dsr_value").agg(F.sum("count").alias("count")))
 
 
 @dataclass(frozen=True)
@@ -162,7 +155,7 @@ class TableVerification:
 def verify_table(
     spark: SparkSession, settings: Settings, table: str, groups: list[KeyGroup], types: dict[str, DataType],
     hashes: DataFrame, key: bytes | Keyring | HashKeys, physical: bool = True,
-    values_at: tuple[int, DataFrame] | None = None,
+    prune: TableKeys | None = None,
 ) -> TableVerification:
     """Run the live, history, storage and ref checks over every key column of one table.
 
@@ -171,23 +164,25 @@ def verify_table(
     current snapshot. `key`: the keyring, or the active key (the retired ones are then read from
     the keyring file), or the keys `keys_for` resolved already for a set of hashes including these.
     A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
-    it fails with that reason. `values_at`:
-    (snapshot id, that snapshot's `collateral.by_keys`), read already by the collateral check: used
-    instead of the live scan while the table holds the same rows as at that snapshot (no commit
-    since, or only rewrites, such as the purge's).
+    it fails with that reason. `prune`: the plaintext keys these hashes were made from (a run knows
+    them; `dsr verify` does not): the live scan then reads only the files that may hold them
+    (lake/skipping.py), and none, with no Spark job, when metadata rules every file out.
 
-    Cost: one scan of the key columns in the current snapshot, one over the files of all retained
-    snapshots, one over all Parquet files under the location (every key column's values, numeric
-    and nested ones included), one per branch/tag. When the retained snapshots and the storage
-    listing hold exactly the current snapshot's files and no delete files (the state a purge
-    leaves), those scans would read the same bytes as the live one, so the live scan stands for all
-    three (metadata and one listing decide it). One scan marking rows by input file was measured
-    slower (10M events: 12.0 s against 6.8 s), as every file holds most subjects and grouping by
-    (value, file) keeps millions of groups.
+    Cost: one scan of the key columns in the current snapshot (its candidate files with `prune`),
+    one over the files of all retained snapshots, one over all Parquet files under the location
+    (every key column's values, numeric and nested ones included), one per branch/tag. When the
+    retained snapshots and the storage listing hold exactly the current snapshot's files and no
+    delete files (the state a purge leaves), those scans would read the same bytes as the live one,
+    so the live scan stands for all three (metadata and one listing decide it). One scan marking
+    rows by input file was measured slower (10M events: 12.0 s against 6.8 s), as every file holds
+    most subjects and grouping by (value, file) keeps millions of groups.
     """
     result, key = _started(settings, table, hashes, key, physical=physical)
-    if values_at and iceberg.same_rows_since(spark, settings, table, values_at[0]):
-        live = find_hashed_in_groups(spark, grouped_at_commit(values_at[1], groups), hashes, key)
+    if prune is not None:
+        snapshot = iceberg.current_snapshot(spark, settings, table)
+        current = skipping.read(spark, settings, prune.candidates(spark, settings, table,
+                                                                  snapshot.snapshot_id if snapshot else None))
+        live = find_hashed(spark, key_values(current, groups), hashes, key) if current is not None else {}
     else:
         live = find_hashed(spark, key_values(spark.table(settings.table(table)), groups), hashes, key)
     result.live = _record(result, live, "rows in the current snapshot")
@@ -245,15 +240,15 @@ def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
 def verify_tables(
     spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring | HashKeys,
     key_types: KeyTypes, tables: list[str] | None = None, physical: bool = True,
-    values_at: dict[str, tuple[int, DataFrame]] | None = None,
+    prune: dict[str, TableKeys] | None = None,
 ) -> list[TableVerification]:
     """Verify tables holding subject keys, file datasets and shares (default: all; aggregates hold no
     keys and are proven in the run that recomputes them, stages/propagate.py) against (request_id,
-    key_type, key_hash) rows (`values_at`: see verify_table)."""
+    key_type, key_hash) rows (`prune`: each table's plaintext keys, see verify_table)."""
     key = keys_for(settings, hashes, key)  # once for all tables
     return [verify_dataset(spark, settings, table, hashes, key) if table in settings.datamap.files
             else verify_table(spark, settings, table, settings.datamap.mapping(table).groups, key_types[table], hashes,
-                              key, physical, (values_at or {}).get(table))
+                              key, physical, (prune or {}).get(table))
             for table in tables or [*settings.datamap.keyed_order(), *settings.datamap.files,
                                     *(s for s in settings.datamap.shares if s in key_types)]]  # created shares
 

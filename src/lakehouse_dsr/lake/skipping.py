@@ -1,0 +1,170 @@
+"""Data skipping: which files of a table can hold a batch's keys, decided on the driver from Iceberg
+metadata, and a read of exactly those files.
+
+A batch's key values become an Iceberg expression (`key IN (...)` per key column, ORed) built inside
+the JVM from a small Dataset of the values (`Encoders.STRING/LONG/INT`, `collectAsList`): no value
+crosses Py4J as command text (Py4J logs its commands at DEBUG), none enters SQL text or a Spark plan.
+Iceberg plans the snapshot's files with it on the driver (no Spark job): manifests are skipped by
+their partition summaries, files by partition values (identity and `bucket(key)` transforms project
+the values) and by column bounds (sorted or clustered tables: `dsr optimize`). The surviving tasks
+are staged with Iceberg's ScanTaskSetManager and read through `scan-task-set-id`, the mechanism
+Iceberg's own compaction uses: the plan shows only the set's id. Each task carries the expression
+as its residual, which Iceberg's Parquet reader uses to skip row groups by their statistics,
+dictionaries and bloom filters (`write.parquet.bloom-filter-enabled.column.<key>`). Rows are not
+filtered by the read: callers still join with the batch's keys.
+
+Iceberg's own logs print the expression through `ExpressionUtil.toSanitizedString` (values
+replaced by hashes), and at INFO only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import DataType, IntegerType, LongType, StringType
+
+from ..config import Settings
+from ..datamap import KeyGroup, column_path
+from . import iceberg
+
+# Iceberg's metrics, manifest and row-group evaluators treat an IN of more than 200 values as
+# "may match" (IN_PREDICATE_LIMIT): larger sets are split into ORed chunks of sorted values.
+_IN_LIMIT = 200
+# Beyond this many values per key column, a set is not turned into a predicate (every file is read):
+# the expression travels with every task and is tested against every file's bounds.
+MAX_VALUES = 100_000
+
+_ENCODERS = {StringType: "STRING", LongType: "LONG", IntegerType: "INT"}
+
+
+def prunable(key_type: DataType) -> bool:
+    """Whether values of this key type can become a pruning predicate."""
+    return type(key_type) in _ENCODERS
+
+
+@dataclass(frozen=True)
+class KeyValues:
+    """The batch's distinct values of one key column, held in the driver's JVM (a java.util.List,
+    sorted), never in Python."""
+
+    java_list: object
+    size: int
+
+
+def key_values(values: DataFrame, key_type: DataType) -> KeyValues | None:
+    """`values` (one column `key_value` of `key_type`, distinct) as a JVM list; None when the type
+    cannot be pruned on or there are more than MAX_VALUES values. Cost: one small Spark job."""
+    if not prunable(key_type):
+        return None
+    encoder = getattr(values.sparkSession._jvm.org.apache.spark.sql.Encoders, _ENCODERS[type(key_type)])()
+    ordered = values.select("key_value").where("key_value IS NOT NULL").orderBy("key_value").limit(MAX_VALUES + 1)
+    java_list = getattr(ordered._jdf, "as")(encoder).collectAsList()  # `as`: a Python keyword
+    size = java_list.size()
+    return KeyValues(java_list, size) if size <= MAX_VALUES else None
+
+
+def _expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[KeyValues | None, ...]):
+    """OR over key columns of `column IN values` (in chunks): a row may name a requested subject
+    through any of them. Always-true when a column cannot be pruned on (array keys, other types, too
+    many values); always-false when no column has a value."""
+    expressions = spark._jvm.org.apache.iceberg.expressions.Expressions
+    result = expressions.alwaysFalse()
+    for group, kv in zip(groups, values, strict=True):
+        if group.is_array or kv is None:
+            return expressions.alwaysTrue()
+        for start in range(0, kv.size, _IN_LIMIT):
+            chunk = kv.java_list.subList(start, min(start + _IN_LIMIT, kv.size))
+            # `or` and `in` are Python keywords: reached by name
+            result = getattr(expressions, "or")(result, getattr(expressions, "in")(column_path(group.column), chunk))
+    return result
+
+
+_staged: list = []  # (task set manager, java table, task set id) staged by this process, until release()
+
+
+def release() -> None:
+    """Drop every task set staged so far (their DataFrames can no longer be read): a run calls it
+    when it ends, so a long-lived session does not accumulate file lists."""
+    while _staged:
+        manager, jtable, set_id = _staged.pop()
+        manager.removeTasks(jtable, set_id)
+
+
+@dataclass
+class Candidates:
+    """The files of one snapshot that may hold a batch's keys, planned and staged (see the module doc)."""
+
+    table: str
+    snapshot_id: int | None
+    files: int = 0  # candidate data files
+    bytes: int = 0
+    total_files: int = 0  # data files in the snapshot
+    total_bytes: int = 0
+    pruned: bool = False  # False: every file is a candidate (nothing to prune on)
+    _tasks: object = field(default=None, repr=False)  # java.util.List<FileScanTask>
+
+    @property
+    def empty(self) -> bool:
+        return self.files == 0
+
+    def paths(self) -> list[str]:
+        """The candidate data files' locations (one Py4J call per file)."""
+        return [str(task.file().location()) for task in self._tasks] if self._tasks is not None else []
+
+    def as_dict(self) -> dict:
+        return {"files": self.files, "bytes": self.bytes, "total_files": self.total_files,
+                "total_bytes": self.total_bytes, "pruned": self.pruned}
+
+
+def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None,
+         groups: tuple[KeyGroup, ...], values: tuple[KeyValues | None, ...]) -> Candidates:
+    """The candidate files of `table` at `snapshot_id` (None: an empty table) for the key values
+    (one KeyValues per key group, None where the group cannot be pruned on). Metadata only, on the
+    driver: manifests and their file entries are read, no data file and no Spark job."""
+    if snapshot_id is None:
+        return Candidates(table, None)
+    jtable = iceberg.java_table(spark, settings, table)
+    jvm = spark._jvm
+    summary = dict(jtable.snapshot(snapshot_id).summary())
+    scan = jtable.newScan().useSnapshot(snapshot_id)
+    expression = _expression(spark, groups, values)
+    always_true = jvm.org.apache.iceberg.expressions.Expressions.alwaysTrue()
+    pruned = not expression.equals(always_true)
+    if pruned:
+        scan = scan.filter(expression)
+    # Whole-file tasks: the staged scan splits them by the table's read.split.target-size itself.
+    tasks = jvm.org.apache.iceberg.relocated.com.google.common.collect.Lists.newArrayList(scan.planFiles())
+    files = {}
+    for task in tasks:
+        data_file = task.file()
+        files[str(data_file.location())] = int(data_file.fileSizeInBytes())
+    return Candidates(table, snapshot_id, len(files), sum(files.values()), int(summary.get("total-data-files", 0)),
+                      int(summary.get("total-files-size", 0)), pruned, tasks)
+
+
+def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: set[str] | None = None
+         ) -> DataFrame | None:
+    """The candidate files' rows as of the candidates' snapshot (delete files applied), or of the
+    files among them whose locations are in `only`; None when there is no such file (no Spark job
+    is needed to know the answer). The read skips row groups the keys cannot be in."""
+    if candidates.empty:
+        return None
+    tasks = candidates._tasks
+    if only is not None:
+        jvm = spark._jvm
+        chosen = jvm.java.util.ArrayList()
+        for task in tasks:
+            if str(task.file().location()) in only:
+                chosen.add(task)
+        if chosen.isEmpty():
+            return None
+        tasks = chosen
+    set_id = f"dsr-{uuid.uuid4().hex}"
+    jtable = iceberg.java_table(spark, settings, candidates.table)
+    manager = spark._jvm.org.apache.iceberg.spark.ScanTaskSetManager.get()
+    manager.stageTasks(jtable, set_id, tasks)
+    _staged.append((manager, jtable, set_id))
+    return (spark.read.format("iceberg").option("scan-task-set-id", set_id)
+            .load(f"{settings.catalog.name}.{candidates.table}"))
