@@ -370,7 +370,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
 
     datamap = settings.datamap
     hashes = verify.stored_hashes(spark, ledger, request_ids)
-    late = _LateRows(spark, settings, ledger, hashes, key_types)
+    late = _LateRows(spark, settings, ledger, hashes, key_types, work.purge_now)
     erasures: dict[str, erase.TableErasure] = {}
     with _timed(report, "erase", spark):
         key_sets = matching.key_sets(settings, keys, key_types, [*datamap.keyed, *datamap.files])
@@ -379,7 +379,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         waves = datamap.erase_waves()
         for wave in waves[:len(waves) - len(datamap.derived_levels())]:
             erasures.update(_each_table(settings, progress, "erase", wave,
-                                        lambda t: _erase_table(spark, settings, t, key_sets[t])))
+                                        lambda t: _erase_table(spark, settings, t, key_sets[t], work.purge_now)))
         if datamap.files:
             erasures.update(_each_table(settings, progress, "erase files", list(datamap.files),
                                         lambda d: files.erase_dataset(spark, settings, d, key_sets[d])))
@@ -404,7 +404,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         for level in datamap.derived_levels():
             def derive(table: str) -> erase.TableErasure | None:
                 if table in datamap.keyed:
-                    return _erase_table(spark, settings, table, key_sets[table])
+                    return _erase_table(spark, settings, table, key_sets[table], work.purge_now)
                 changes = _changes(settings, table, erasures, key_sets)
                 if not changes and table not in stale:
                     return None  # nothing it reads changed
@@ -465,8 +465,9 @@ class _LateRows:
     """Later erase rounds: rows of the batch's subjects that other writers appended after our commit."""
 
     def __init__(self, spark: SparkSession, settings: Settings, ledger: Ledger, hashes: DataFrame,
-                 key_types: KeyTypes):
+                 key_types: KeyTypes, purging: bool):
         self.spark, self.settings, self.ledger, self.hashes, self.key_types = spark, settings, ledger, hashes, key_types
+        self.purging = purging
         self.keys: verify.HashKeys | None = None
 
     def erase(self, progress: Progress, erasures: dict[str, erase.TableErasure], tables: list[str],
@@ -482,7 +483,7 @@ class _LateRows:
             if not late:
                 return
             again = _each_table(settings, progress, "erase late rows", late,
-                                lambda t: _erase_table(spark, settings, t, key_sets[t]))
+                                lambda t: _erase_table(spark, settings, t, key_sets[t], self.purging))
             for table, later in again.items():
                 erasures[table].absorb(later)
 
@@ -493,13 +494,13 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
     return current is not None and current.snapshot_id != ours
 
 
-def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matching.TableKeys
+def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matching.TableKeys, purging: bool
                  ) -> erase.TableErasure:
     """Plan, commit, and check one table for collateral damage (thread-safe: runs beside
     other tables' erasures on the same session)."""
     start = time.perf_counter()
     content = settings.erase.collateral_check == "content"
-    table_plan = erase.plan(spark, settings, table, keys)
+    table_plan = erase.plan(spark, settings, table, keys, purging)
     try:
         erasure = erase.apply(spark, settings, table_plan, keys)
     except Exception as exc:  # recorded; verification then shows what is left

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -135,6 +136,44 @@ def rows_after_commit(spark: SparkSession, settings: Settings, table: str, snaps
     if "total-records" in s and s.get("total-delete-files") == 0 and parent.get("total-delete-files") == 0:
         return rows_before - (parent["total-records"] - s["total-records"])
     return read_at(spark, settings, table, snap.snapshotId()).count()
+
+
+def format_version(spark: SparkSession, settings: Settings, table: str) -> int:
+    return int(java_table(spark, settings, table).operations().current().formatVersion())
+
+
+def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_files: list, rows: DataFrame,
+                    read_snapshot_id: int, conflict_filter) -> None:
+    """Replace `old_files` (Java DataFiles of snapshot `read_snapshot_id`) by `rows` in one
+    `overwrite` commit, as Spark's copy-on-write DELETE would, but for exactly these files.
+
+    `rows` are written through Iceberg's rewrite path (option `rewritten-file-scan-task-set-id`: the
+    new files are staged, not committed), each task's rows sorted by the table's sort order, no
+    shuffle. The commit is validated like a serializable copy-on-write operation: it fails (and the
+    caller retries) when another writer meanwhile added data `conflict_filter` may match, or deleted
+    from the old files. Cost: one read and one write of the rows.
+    """
+    jvm = spark._jvm
+    set_id = f"dsr-rewrite-{uuid.uuid4().hex}"
+    jtable = java_table(spark, settings, table)
+    coordinator = jvm.org.apache.iceberg.spark.FileRewriteCoordinator.get()
+    try:
+        (rows.write.format("iceberg").option("rewritten-file-scan-task-set-id", set_id)
+         .option("distribution-mode", "none").option("fanout-enabled", "true")
+         .mode("append").save(f"{settings.catalog.name}.{table}"))
+        new_files = coordinator.fetchNewFiles(jtable, set_id)
+        jtable.refresh()
+        operation = (jtable.newOverwrite().validateFromSnapshot(read_snapshot_id)
+                     .conflictDetectionFilter(conflict_filter).validateNoConflictingData()
+                     .validateNoConflictingDeletes())
+        for data_file in old_files:
+            operation.deleteFile(data_file)
+        if new_files is not None:
+            for data_file in new_files:
+                operation.addFile(data_file)
+        operation.set("spark.app.id", spark.sparkContext.applicationId).commit()
+    finally:
+        coordinator.clearRewrite(jtable, set_id)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def key_values(values: DataFrame, key_type: DataType) -> KeyValues | None:
     return KeyValues(java_list, size) if size <= MAX_VALUES else None
 
 
-def _expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[KeyValues | None, ...]):
+def expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[KeyValues | None, ...]):
     """OR over key columns of `column IN values` (in chunks): a row may name a requested subject
     through any of them. Always-true when a column cannot be pruned on (array keys, other types, too
     many values); always-false when no column has a value."""
@@ -94,7 +94,7 @@ def release() -> None:
 
 @dataclass
 class Candidates:
-    """The files of one snapshot that may hold a batch's keys, planned and staged (see the module doc)."""
+    """The files of one snapshot that may hold a batch's keys, planned on the driver (see the module doc)."""
 
     table: str
     snapshot_id: int | None
@@ -103,15 +103,33 @@ class Candidates:
     total_files: int = 0  # data files in the snapshot
     total_bytes: int = 0
     pruned: bool = False  # False: every file is a candidate (nothing to prune on)
+    predicate: object = field(default=None, repr=False)  # the Iceberg expression planned with
     _tasks: object = field(default=None, repr=False)  # java.util.List<FileScanTask>
+    _paths: list[str] = field(default_factory=list, repr=False)  # each task's data file, in order
+    _sizes: list[int] = field(default_factory=list, repr=False)
 
     @property
     def empty(self) -> bool:
         return self.files == 0
 
     def paths(self) -> list[str]:
-        """The candidate data files' locations (one Py4J call per file)."""
-        return [str(task.file().location()) for task in self._tasks] if self._tasks is not None else []
+        """The candidate data files' locations."""
+        return list(self._paths)
+
+    def subset(self, spark: SparkSession, paths: set[str]) -> Candidates:
+        """These candidates restricted to the files at `paths`."""
+        chosen, kept_paths, kept_sizes = spark._jvm.java.util.ArrayList(), [], []
+        for i, path in enumerate(self._paths):
+            if path in paths:
+                chosen.add(self._tasks.get(i))
+                kept_paths.append(path)
+                kept_sizes.append(self._sizes[i])
+        return Candidates(self.table, self.snapshot_id, len(kept_paths), sum(kept_sizes), self.total_files,
+                          self.total_bytes, self.pruned, self.predicate, chosen, kept_paths, kept_sizes)
+
+    def data_files(self) -> list:
+        """The candidates' Java DataFile objects (for a commit that replaces them)."""
+        return [task.file() for task in self._tasks] if self._tasks is not None else []
 
     def as_dict(self) -> dict:
         return {"files": self.files, "bytes": self.bytes, "total_files": self.total_files,
@@ -123,48 +141,38 @@ def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int |
     """The candidate files of `table` at `snapshot_id` (None: an empty table) for the key values
     (one KeyValues per key group, None where the group cannot be pruned on). Metadata only, on the
     driver: manifests and their file entries are read, no data file and no Spark job."""
-    if snapshot_id is None:
-        return Candidates(table, None)
-    jtable = iceberg.java_table(spark, settings, table)
     jvm = spark._jvm
+    predicate = expression(spark, groups, values)
+    if snapshot_id is None:
+        return Candidates(table, None, predicate=predicate)
+    jtable = iceberg.java_table(spark, settings, table)
     summary = dict(jtable.snapshot(snapshot_id).summary())
     scan = jtable.newScan().useSnapshot(snapshot_id)
-    expression = _expression(spark, groups, values)
-    always_true = jvm.org.apache.iceberg.expressions.Expressions.alwaysTrue()
-    pruned = not expression.equals(always_true)
+    pruned = not predicate.equals(jvm.org.apache.iceberg.expressions.Expressions.alwaysTrue())
     if pruned:
-        scan = scan.filter(expression)
+        scan = scan.filter(predicate)
     # Whole-file tasks: the staged scan splits them by the table's read.split.target-size itself.
     tasks = jvm.org.apache.iceberg.relocated.com.google.common.collect.Lists.newArrayList(scan.planFiles())
-    files = {}
-    for task in tasks:
-        data_file = task.file()
-        files[str(data_file.location())] = int(data_file.fileSizeInBytes())
-    return Candidates(table, snapshot_id, len(files), sum(files.values()), int(summary.get("total-data-files", 0)),
-                      int(summary.get("total-files-size", 0)), pruned, tasks)
+    files = [task.file() for task in tasks]
+    paths, sizes = [str(f.location()) for f in files], [int(f.fileSizeInBytes()) for f in files]
+    return Candidates(table, snapshot_id, len(paths), sum(sizes), int(summary.get("total-data-files", 0)),
+                      int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes)
 
 
-def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: set[str] | None = None
+def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: set[str] | frozenset[str] | None = None
          ) -> DataFrame | None:
     """The candidate files' rows as of the candidates' snapshot (delete files applied), or of the
     files among them whose locations are in `only`; None when there is no such file (no Spark job
-    is needed to know the answer). The read skips row groups the keys cannot be in."""
+    is needed to know the answer). The read skips row groups the keys cannot be in; the `_file`
+    metadata column names each row's file."""
+    if only is not None:
+        candidates = candidates.subset(spark, set(only))
     if candidates.empty:
         return None
-    tasks = candidates._tasks
-    if only is not None:
-        jvm = spark._jvm
-        chosen = jvm.java.util.ArrayList()
-        for task in tasks:
-            if str(task.file().location()) in only:
-                chosen.add(task)
-        if chosen.isEmpty():
-            return None
-        tasks = chosen
     set_id = f"dsr-{uuid.uuid4().hex}"
     jtable = iceberg.java_table(spark, settings, candidates.table)
     manager = spark._jvm.org.apache.iceberg.spark.ScanTaskSetManager.get()
-    manager.stageTasks(jtable, set_id, tasks)
+    manager.stageTasks(jtable, set_id, candidates._tasks)
     _staged.append((manager, jtable, set_id))
     return (spark.read.format("iceberg").option("scan-task-set-id", set_id)
             .load(f"{settings.catalog.name}.{candidates.table}"))

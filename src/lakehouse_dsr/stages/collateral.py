@@ -63,6 +63,15 @@ def erased_value(f: StructField, redactions: dict[str, list[Redaction]]) -> Colu
     return col
 
 
+def erased_rows(content: DataFrame, keys: TableKeys, action: str) -> DataFrame:
+    """Rows as the erasure leaves them: without the requested rows, or with their groups nulled."""
+    marked = matching.mark(content, keys)
+    if action == "delete":
+        return marked.where(~matching.any_hit(keys)).select(*[F.col(f"`{c}`") for c in content.columns])
+    redactions = matching.redactions(keys)
+    return marked.select(*[erased_value(f, redactions).alias(f.name) for f in content.schema.fields])
+
+
 def row_hashes(schema: StructType, prefix: str, redactions: dict[str, list[Redaction]] | None = None
                ) -> list[Column]:
     """The two per-row hashes over the columns of `schema` (the table's: columns a join added are

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
@@ -48,7 +48,7 @@ def erase_dataset(spark: SparkSession, settings: Settings, name: str, keys: Tabl
     try:
         for old in sorted(f for f, hits in hits_in.items() if hits):
             content = plainfiles.reader(spark, mapping).load(old)
-            new = plainfiles.replace(spark, old, _erased(content, keys, mapping.action), mapping)
+            new = plainfiles.replace(spark, old, collateral.erased_rows(content, keys, mapping.action), mapping)
             after = plainfiles.reader(spark, mapping).load(new).count()
             expected = rows_in[old] - (0 if mapping.action == "redact" else hits_in[old])
             result.data_files_rewritten += 1
@@ -58,12 +58,3 @@ def erase_dataset(spark: SparkSession, settings: Settings, name: str, keys: Tabl
         result.error = first_line(exc, with_type=True)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
-
-
-def _erased(content: DataFrame, keys: TableKeys, action: str) -> DataFrame:
-    """A file's rows as the erasure leaves them: without the requested rows, or with their groups nulled."""
-    marked = matching.mark(content, keys)
-    if action == "delete":
-        return marked.where(~matching.any_hit(keys)).select(*[F.col(f"`{c}`") for c in content.columns])
-    redactions = matching.redactions(keys)
-    return marked.select(*[collateral.erased_value(f, redactions).alias(f.name) for f in content.schema.fields])

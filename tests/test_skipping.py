@@ -1,0 +1,155 @@
+"""Data skipping: on a clustered table, plan, erase, collateral check, verification and export read
+the files that can hold the requested keys and no other; a table no file of which can hold them
+costs no Spark job; a concurrent change to another person's row in a touched file is still caught.
+
+Rows read come from Spark's own counters (lake/metrics.py); which files hold whom is worked out
+independently, with pyiceberg and pyarrow over the table's files.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import functions as F
+
+from conftest import SEED, make_settings
+from lakehouse_dsr import synth
+from lakehouse_dsr.datamap.check import check_against_catalog
+from lakehouse_dsr.lake import iceberg, layout, skipping
+from lakehouse_dsr.lake.catalog import open_catalog
+from lakehouse_dsr.lake.metrics import StageMeter
+from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
+from lakehouse_dsr.run import run
+from lakehouse_dsr.stages import erase, matching, verify
+from lakehouse_dsr.stages.access import export
+from test_reliability import wrap_apply
+
+EVENTS = "demo.events"
+ERASED, ASKED, BYSTANDER = synth.user_id(SEED, 3), synth.user_id(SEED, 11), synth.user_id(SEED, 4)
+ABSENT = "zzzz-no-such-user"  # sorts after every id: outside every file's key bounds
+
+
+def files_holding(settings, subjects: list[str]) -> dict[str, int]:
+    """{data file: its rows} of the live files holding any of `subjects`, read with pyiceberg and pyarrow."""
+    table = open_catalog(settings).load_table(EVENTS)
+    out = {}
+    for f in table.inspect.files().to_pylist():
+        ids = pq.read_table(f["file_path"].removeprefix("file:"), columns=["user_id"]).column("user_id")
+        if pc.any(pc.is_in(ids, value_set=pa.array(subjects))).as_py():
+            out[f["file_path"]] = f["record_count"]
+    return out
+
+
+def live_files(settings) -> set[str]:
+    return {f["file_path"] for f in open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()}
+
+
+@pytest.fixture
+def clustered(spark, tmp_path):
+    """The tiny demo lake with only the events table mapped, clustered by user_id into many small files."""
+    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0},
+                             datamap={"subject": "user_id", "identifiers": {}, "tables": {EVENTS: {"key": "user_id"}}})
+    attach(spark, settings)
+    synth.generate(spark, settings, users=60, events=3000, seed=SEED, batches=1)
+    layout.optimize(spark, settings, EVENTS, target_file_size_bytes=4 * 1024)
+    assert len(live_files(settings)) >= 10
+    return settings
+
+
+def table_keys(spark, settings, subjects: list[str]) -> matching.TableKeys:
+    keys = spark.createDataFrame([(f"r{i}", "user_id", s) for i, s in enumerate(subjects)],
+                                 "request_id string, key_type string, key_value string")
+    types = check_against_catalog(spark, settings.datamap, settings.table)
+    return matching.key_sets(settings, keys, types, [EVENTS])[EVENTS]
+
+
+def test_the_plan_reads_only_the_files_that_can_hold_the_keys(spark, clustered):
+    holding = files_holding(clustered, [ERASED])
+    total = spark.table(clustered.table(EVENTS)).count()
+    keys = table_keys(spark, clustered, [ERASED])
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    plan = erase.plan(spark, clustered, EVENTS, keys)
+    cost = meter.since(mark)
+    expected = spark.table(clustered.table(EVENTS)).where(F.col("user_id") == ERASED).count()
+    assert plan.rows_matched == expected > 0
+    assert plan.rows_before == total
+    assert plan.skipping["pruned"] and plan.skipping["files"] == len(holding) < plan.skipping["total_files"]
+    assert set(plan.matched_files) == set(holding)
+    assert plan.rows_scanned == sum(holding.values()) < total / 5
+    # Spark's count: those files' rows, plus the broadcast key row read back from its checkpoint
+    assert plan.rows_scanned <= cost.rows_read <= plan.rows_scanned + keys.size
+
+
+def test_a_table_no_file_can_match_costs_no_spark_job(spark, clustered, tmp_path):
+    keys = table_keys(spark, clustered, [ABSENT])
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    plan = erase.plan(spark, clustered, EVENTS, keys)
+    result = erase.apply(spark, clustered, plan, keys)
+    assert meter.since(mark).stages == 0
+    assert plan.rows_matched == 0 and plan.skipping["files"] == 0 and result.snapshot_id is None
+    hashes = spark.createDataFrame([("r0", "user_id", "0" * 64, None)],
+                                   "request_id string, key_type string, key_hash string, key_id string")
+    key = verify.keys_for(clustered, hashes, Ledger(clustered).key)  # once per run, for every table
+    mark = meter.mark()
+    proof = verify.verify_table(spark, clustered, EVENTS, clustered.datamap.mapping(EVENTS).groups,
+                                check_against_catalog(spark, clustered.datamap, clustered.table)[EVENTS],
+                                hashes, key, physical=False, prune=keys)
+    assert meter.since(mark).stages == 0 and proof.live == 0 and proof.passed
+    # An access request for nobody: the export's scan of the table is skipped, one empty package is written.
+    requests = spark.createDataFrame([("r0", ABSENT, "gdpr")],
+                                     "request_id string, subject_id string, regulation string")
+    mark = meter.mark()
+    result = export(spark, clustered, requests, tmp_path / "out")
+    # what Spark counts as read is the batch's own few rows (its checkpoints), none of the table's 3,000
+    assert meter.since(mark).rows_read < 10 and len(result.packages) == 1
+    skipping.release()
+
+
+def test_a_run_reads_the_files_holding_the_requested_people_and_leaves_the_others_untouched(spark, clustered):
+    holding = files_holding(clustered, [ERASED, ASKED])
+    erased_holding = set(files_holding(clustered, [ERASED]))
+    before = live_files(clustered)
+    total = spark.table(clustered.table(EVENTS)).count()
+    bystanders = spark.table(clustered.table(EVENTS)).where(~F.col("user_id").isin(ERASED)).count()
+    Ledger(clustered).submit([RequestInput(ERASED, "erase"), RequestInput(ASKED, "access")])
+    report = run(spark, clustered)
+    assert {r.status for r in report.requests} == {"completed"}, [r.reason for r in report.requests]
+    events = report.tables[EVENTS]
+    assert events["erase"]["strategy"] == "rewrite_files" and events["erase"]["collateral"]["ok"]
+    assert events["erase"]["skipping"]["files"] < events["erase"]["skipping"]["total_files"]
+    # Plan, commit, collateral check, verification and export: each reads some of the files holding
+    # the two people (the commit and the check read the erased person's files again, the check also
+    # the new ones), never the rest.
+    read = sum(report.cost[stage]["rows_read"] for stage in ("export", "erase", "verify"))
+    assert 0 < read <= 5 * sum(holding.values()) < total
+    replaced = before - live_files(clustered)
+    assert replaced == erased_holding  # only the files holding the erased person were rewritten
+    assert spark.table(clustered.table(EVENTS)).where(F.col("user_id") == ERASED).count() == 0
+    assert spark.table(clustered.table(EVENTS)).count() == bystanders
+
+
+def test_a_concurrent_change_to_another_persons_row_in_a_touched_file_is_caught(spark, new_lakehouse, monkeypatch):
+    settings = new_lakehouse()
+    events = spark.table(settings.table(EVENTS))
+    assert events.where(F.col("user_id") == BYSTANDER).count() > 0
+    Ledger(settings).submit([RequestInput(ERASED, "erase")])
+
+    def during(spark, settings, keys):  # another writer changes a bystander's rows between plan and commit
+        spark.sql(f"UPDATE {settings.table(EVENTS)} SET event_details = 'changed' WHERE user_id = '{BYSTANDER}'")
+
+    wrap_apply(monkeypatch, EVENTS, during)
+    report = run(spark, settings)
+    assert EVENTS in report.collateral_failures
+    assert "cannot prove" in report.collateral_failures[EVENTS]
+    assert report.tables[EVENTS]["purge"] == {} and {r.status for r in report.requests} == {"failed"}
+    # nothing purged: the pre-erase snapshot stays for a rollback, and the other writer's change is kept
+    before = report.tables[EVENTS]["erase"]["snapshot_before"]
+    assert iceberg.read_at(spark, settings, EVENTS, before).where(F.col("user_id") == ERASED).count() > 0
+    assert {r.event_details for r in spark.table(settings.table(EVENTS)).where(F.col("user_id") == BYSTANDER)
+            .select("event_details").distinct().collect()} == {"changed"}
