@@ -1,14 +1,18 @@
-"""Purge cost follows the files that hold the erased people: 1M -> 10M -> 30M events, clustered or not.
+"""Cost follows the people, not the lake: a clustered events table at 1M -> 10M -> 30M -> 100M events.
 
-Usage: python bench/clustered.py [--events 1000000,10000000,30000000] [--unclustered 1000000,10000000]
-       [--erase 10] [--file-mb 16] [--keep-others]
+Usage: python bench/clustered.py [--events 1000000,10000000,30000000,100000000] [--unclustered 10000000]
+       [--erase 10] [--access 10] [--rounds 3] [--file-mb 16] [--keep-others]
 Per size and layout, as whole `dsr` processes with Spark's default 1 GB driver: `dsr generate`
 (users = events / 100, as in the notebook); for the clustered layout `dsr optimize --table
 demo.events --target-file-size-mb 16` (files of a fixed size, so 10 people touch at most 10 files
-whatever the table's size); `dsr submit --file` of `erase` random users; `dsr run --report`. The
-data map holds the events table only, so the run's purge is the events table's. From the report:
-the purge stage's seconds and Spark I/O, the data files and bytes the erase and purge rewrote;
-from the table: its data files and bytes. Writes bench/results/clustered.json and clustered.png.
+whatever the table's size); then `rounds` times: `dsr submit --file` of `erase` + `access` random
+users not asked about before, and `dsr run --report`. The data map holds the events table only.
+Per round: the run's seconds, each stage's seconds and Spark I/O (rows and bytes read), and the
+bytes of the data files holding the requested people before the run (found with pyiceberg and
+pyarrow, not by the engine). The summary: median run per size, the ratio of each size to 10M, and
+bytes read by plan + erase + collateral check + verification + export (stages export, resolve,
+erase, verify) against the bytes of the files holding the people. Writes bench/results/clustered.json
+and clustered.png.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import json
 import random
 import shutil
+import statistics
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,7 +56,29 @@ def table_size(cfg: Path) -> tuple[int, int]:
     return len(files), sum(f["file_size_in_bytes"] for f in files)
 
 
-def point(events: int, clustered: bool, erase: int, file_mb: int, work: Path) -> dict:
+def holding_bytes(cfg: Path, subjects: list[str]) -> tuple[int, int]:
+    """(data files, bytes) of the events table's live files holding any of `subjects`: each file's
+    user_id column read with pyarrow, one file at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from lakehouse_dsr.config import load_settings
+    from lakehouse_dsr.lake.catalog import open_catalog
+
+    wanted = pa.array(subjects)
+    files = n = 0
+    for f in open_catalog(load_settings(cfg)).load_table("demo.events").inspect.files().to_pylist():
+        ids = pq.read_table(f["file_path"].removeprefix("file:"), columns=["user_id"]).column("user_id")
+        if pc.any(pc.is_in(ids, value_set=wanted)).as_py():
+            files, n = files + 1, n + f["file_size_in_bytes"]
+    return files, n
+
+
+SCANS = ("export", "resolve", "erase", "verify")  # plan, erase commit, collateral check, verification, export
+
+
+def point(events: int, clustered: bool, erase: int, access: int, rounds: int, file_mb: int, work: Path) -> dict:
     from lakehouse_dsr import synth
 
     cfg = config(work, file_mb)
@@ -62,21 +89,35 @@ def point(events: int, clustered: bool, erase: int, file_mb: int, work: Path) ->
         out["optimize_s"] = dsr_process(cfg, "optimize", "--table", "demo.events",
                                         "--target-file-size-mb", str(file_mb))
     out["files"], out["bytes"] = table_size(cfg)
-    requests = work / "requests.csv"
-    subjects = random.Random(events).sample(range(users), erase)
-    requests.write_text("subject_id,type\n" + "".join(f"{synth.user_id(SEED, i)},erase\n" for i in subjects))
-    dsr_process(cfg, "submit", "--file", str(requests))
-    report = work / "report.json"
-    out["run_s"] = dsr_process(cfg, "run", "--report", str(report))
-    r = json.loads(report.read_text())
-    table = r["tables"]["demo.events"]
-    out["stages_s"] = r["seconds"]
-    out["purge_s"] = r["seconds"].get("purge", 0.0)
-    out["purge_cost"] = r["cost"].get("purge", {})
-    out["erase_files_rewritten"] = table["erase"].get("data_files_rewritten", 0)
-    out["purge_files_rewritten"] = table["purge"].get("data_files_rewritten", 0)
-    out["purge_bytes_rewritten"] = table["purge"].get("bytes_rewritten", 0)
-    out["completed"] = sum(1 for q in r["requests"] if q["status"] == "completed")
+    people = random.Random(events).sample(range(users), (erase + access) * rounds)
+    out["rounds"] = []
+    for r in range(rounds):
+        chosen = [synth.user_id(SEED, i) for i in people[r * (erase + access):(r + 1) * (erase + access)]]
+        requests = work / "requests.csv"
+        requests.write_text("subject_id,type\n" + "".join(f"{u},erase\n" for u in chosen[:erase])
+                            + "".join(f"{u},access\n" for u in chosen[erase:]))
+        files, held = holding_bytes(cfg, chosen)
+        dsr_process(cfg, "submit", "--file", str(requests))
+        report = work / "report.json"
+        run_s = dsr_process(cfg, "run", "--report", str(report))
+        rep = json.loads(report.read_text())
+        table = rep["tables"]["demo.events"]
+        read = sum(rep["cost"].get(stage, {}).get("bytes_read", 0) for stage in SCANS)
+        out["rounds"].append({
+            "run_s": run_s, "stages_s": rep["seconds"], "cost": rep["cost"],
+            "holding_files": files, "holding_bytes": held, "scanned_bytes": read,
+            "scanned_vs_holding": round(read / held, 2) if held else None,
+            "erase": {k: table["erase"].get(k) for k in ("strategy", "skipping", "data_files_rewritten",
+                                                          "bytes_rewritten", "rows_matched")},
+            "purge_files_rewritten": table["purge"].get("data_files_rewritten", 0),
+            "completed": sum(1 for q in rep["requests"] if q["status"] == "completed"),
+        })
+    out["run_s"] = statistics.median(r["run_s"] for r in out["rounds"])
+    out["scanned_vs_holding"] = statistics.median(r["scanned_vs_holding"] or 0 for r in out["rounds"])
+    out["stages_s"] = {stage: statistics.median(r["stages_s"].get(stage, 0.0) for r in out["rounds"])
+                       for stage in sorted({s for r in out["rounds"] for s in r["stages_s"]})}
+    out["bytes_read"] = {stage: statistics.median(r["cost"].get(stage, {}).get("bytes_read", 0) for r in out["rounds"])
+                         for stage in out["stages_s"]}
     return out
 
 
@@ -86,24 +127,30 @@ def chart(points: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (secs, written) = plt.subplots(1, 2, figsize=(11, 4))
-    for layout, style in (("clustered", "o-"), ("unsorted", "s--")):
-        mine = sorted((p for p in points if p["layout"] == layout), key=lambda p: p["events"])
-        if not mine:
-            continue
-        x = [p["events"] / 1e6 for p in mine]
-        secs.plot(x, [p["purge_s"] for p in mine], style, label=f"purge, {layout}")
-        written.plot(x, [p["purge_bytes_rewritten"] / 1e6 for p in mine], style, label=f"rewritten, {layout}")
-        written.plot(x, [p["bytes"] / 1e6 for p in mine], ":", color="grey",
-                     label="table size" if layout == "clustered" else None)
-    secs.set_xlabel("events (millions)")
-    secs.set_ylabel("seconds")
-    secs.set_title("purge stage of `dsr run` (10 erased people)")
-    written.set_xlabel("events (millions)")
-    written.set_ylabel("MB")
-    written.set_title("bytes the purge rewrote")
-    for ax in (secs, written):
-        ax.legend(fontsize=8)
+    mine = sorted((p for p in points if p["layout"] == "clustered"), key=lambda p: p["events"])
+    fig, (secs, read) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = [f"{p['events'] / 1e6:g}M" for p in mine]
+    stages = sorted({s for p in mine for s in p["stages_s"]})
+    bottom = [0.0] * len(mine)
+    for stage in stages:
+        values = [p["stages_s"].get(stage, 0.0) for p in mine]
+        secs.bar(labels, values, bottom=bottom, label=stage)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    secs.plot(labels, [p["run_s"] for p in mine], "ko-", label="whole dsr run")
+    secs.set_ylabel("seconds (median)")
+    secs.set_title("dsr run, clustered events, 10 erase + 10 access: seconds per stage")
+    secs.legend(fontsize=7)
+    x = range(len(mine))
+    read.bar([i - 0.2 for i in x], [p["rounds"][0]["holding_bytes"] / 1e6 for p in mine], 0.4,
+             label="files holding the 20 people")
+    read.bar([i + 0.2 for i in x], [sum(p["bytes_read"].get(s, 0) for s in SCANS) / 1e6 for p in mine], 0.4,
+             label="read by plan, erase, check, verify, export")
+    read.plot(list(x), [p["bytes"] / 1e6 for p in mine], "k:", label="table size")
+    read.set_xticks(list(x), labels)
+    read.set_yscale("log")
+    read.set_ylabel("MB")
+    read.set_title("bytes read against the bytes that hold the people")
+    read.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -111,9 +158,11 @@ def chart(points: list[dict], path: Path) -> None:
 
 def main() -> None:
     args = argparse.ArgumentParser()
-    args.add_argument("--events", default="1000000,10000000,30000000")
-    args.add_argument("--unclustered", default="1000000,10000000")
+    args.add_argument("--events", default="1000000,10000000,30000000,100000000")
+    args.add_argument("--unclustered", default="")
     args.add_argument("--erase", type=int, default=10)
+    args.add_argument("--access", type=int, default=10)
+    args.add_argument("--rounds", type=int, default=3)
     args.add_argument("--file-mb", type=int, default=16, help="clustered file size (dsr optimize)")
     args.add_argument("--keep-others", action="store_true", help="keep the saved points not measured now")
     args.add_argument("--workdir", default=tempfile.mkdtemp(prefix="dsr-bench-clustered-"))
@@ -123,7 +172,7 @@ def main() -> None:
     for events, clustered in runs:
         work = Path(a.workdir) / f"{events}-{'clustered' if clustered else 'unsorted'}"
         work.mkdir(parents=True, exist_ok=True)
-        points.append(point(events, clustered, a.erase, a.file_mb, work))
+        points.append(point(events, clustered, a.erase, a.access, a.rounds, a.file_mb, work))
         print(json.dumps(points[-1]), flush=True)
         shutil.rmtree(work / "wh")  # 30M events take GBs
     results = Path(__file__).parent / "results"
@@ -132,8 +181,12 @@ def main() -> None:
         measured = {(p["events"], p["layout"]) for p in points}
         points = [p for p in json.loads((results / "clustered.json").read_text())["points"]
                   if (p["events"], p["layout"]) not in measured] + points
+    runs = {p["events"]: p["run_s"] for p in points if p["layout"] == "clustered"}
     (results / "clustered.json").write_text(json.dumps({
-        "erase": a.erase, "file_mb": a.file_mb, "driver_memory": "Spark default (1g)",
+        "erase": a.erase, "access": a.access, "rounds": a.rounds, "file_mb": a.file_mb,
+        "driver_memory": "Spark default (1g)",
+        "run_vs_10M": {str(n): round(s / runs[10_000_000], 2) for n, s in sorted(runs.items())}
+        if 10_000_000 in runs else {},
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"), "points": points}, indent=1))
     chart(points, results / "clustered.png")
 

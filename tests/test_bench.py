@@ -25,7 +25,7 @@ def test_bench_writes_results_and_charts(spark, tmp_path):
     batched = out["side_b_dsr_events_batched"]
     assert batched["awaiting_purge"] == 5 and batched["completed"] == 10 and not batched["verified_physically"]
     assert "purge" not in batched["seconds"] and b["events_purge_s"] > 0
-    assert a["cost"]["export"]["bytes_read"] > 0 and b["cost"]["purge"]["bytes_written"] > 0
+    assert a["cost"]["export"]["bytes_read"] > 0 and b["cost"]["erase"]["bytes_written"] > 0
     assert len(b["rounds"]) == 2
     plain = out["plain_rewrite"]
     assert plain["full_cycle_s"] > 0 and plain["data_files_rewritten"] >= b["data_files_rewritten"] >= 1

@@ -8,13 +8,18 @@ independently, with pyiceberg and pyarrow over the table's files.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from pyspark.sql import functions as F
 
-from conftest import SEED, make_settings
+from conftest import SEED, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap.check import check_against_catalog
 from lakehouse_dsr.lake import iceberg, layout, skipping
@@ -153,3 +158,36 @@ def test_a_concurrent_change_to_another_persons_row_in_a_touched_file_is_caught(
     assert iceberg.read_at(spark, settings, EVENTS, before).where(F.col("user_id") == ERASED).count() > 0
     assert {r.event_details for r in spark.table(settings.table(EVENTS)).where(F.col("user_id") == BYSTANDER)
             .select("event_details").distinct().collect()} == {"changed"}
+
+
+@pytest.mark.slow
+def test_no_identifier_in_plans_or_the_event_log_of_a_real_run(spark, tmp_path):
+    """A whole `dsr run` with Spark's event log on: every query plan Spark records (physical plan
+    descriptions, plan trees of each SQL execution and its adaptive updates, job and stage
+    descriptions) and the process's output hold no identifier of the batch, though data skipping
+    turned the identifiers into predicates."""
+    settings, config = make_disk_lakehouse(spark, tmp_path)
+    raw = yaml.safe_load(config.read_text())
+    raw["spark"]["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(tmp_path / "events")})
+    (tmp_path / "events").mkdir()
+    config.write_text(yaml.safe_dump(raw))
+    erased, asked = [synth.user_id(SEED, 1), synth.user_id(SEED, 2)], synth.user_id(SEED, 5)
+    emails = [r.email for r in spark.table(settings.table("demo.users")).where(F.col("user_id").isin(*erased))
+              .select("email").collect()]
+    assert len(emails) == 2
+    Ledger(settings).submit([*(RequestInput(s, "erase") for s in erased), RequestInput(asked, "access")])
+    out = dsr_output(config, "run")
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "events").iterdir()]
+    assert logs and all("SparkListenerSQLExecutionStart" in log for log in logs)
+    assert any("IcebergStagedScan" in log for log in logs)  # the skipping reads are in the plans
+    for value in [*erased, asked, *emails]:
+        assert value not in out
+        assert not any(value in log for log in logs), "an identifier is in the event log"
+
+
+def dsr_output(config, *args: str) -> str:
+    dsr = str(Path(sys.executable).parent / "dsr")
+    done = subprocess.run([dsr, "-c", str(config), *args], cwd=config.parent, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout + done.stderr

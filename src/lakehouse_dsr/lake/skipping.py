@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, StringType
 
 from ..config import Settings
@@ -163,8 +164,8 @@ def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: 
          ) -> DataFrame | None:
     """The candidate files' rows as of the candidates' snapshot (delete files applied), or of the
     files among them whose locations are in `only`; None when there is no such file (no Spark job
-    is needed to know the answer). The read skips row groups the keys cannot be in; the `_file`
-    metadata column names each row's file."""
+    is needed to know the answer). The read skips row groups the keys cannot be in; Spark's
+    input_file_name() names each row's file."""
     if only is not None:
         candidates = candidates.subset(spark, set(only))
     if candidates.empty:
@@ -174,5 +175,7 @@ def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: 
     manager = spark._jvm.org.apache.iceberg.spark.ScanTaskSetManager.get()
     manager.stageTasks(jtable, set_id, candidates._tasks)
     _staged.append((manager, jtable, set_id))
-    return (spark.read.format("iceberg").option("scan-task-set-id", set_id)
+    rows = (spark.read.format("iceberg").option("scan-task-set-id", set_id)
             .load(f"{settings.catalog.name}.{candidates.table}"))
+    # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
+    return rows.select(*[F.col(f"`{c}`") for c in spark.table(settings.table(candidates.table)).columns])

@@ -152,7 +152,7 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
     one key takes 3.0 s), and a MERGE on `k1 = v OR k2 = v` would be a nested-loop join.
     """
     natural = "delete" if action == "delete" else "update"
-    if rewrite:
+    if rewrite and distinct_keys <= broadcast_max_keys:  # its join broadcasts the key set
         return "rewrite_files"
     if not simple:
         return "merge_key_tuples"
@@ -182,7 +182,8 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, p
     rows = skipping.read(spark, settings, candidates)
     # One group per combination of requests naming a row, plus one (no requests) for every other row.
     groups = [] if rows is None else (
-        matching.mark(rows, keys).select(matching.request_ids(keys).alias("request_ids"), F.col("_file").alias(_FILE))
+        matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys)  # named at the scan, before the join
+        .select(matching.request_ids(keys).alias("request_ids"), _FILE)
         .groupBy("request_ids", _FILE).agg(F.count(F.lit(1)).alias("count")).collect()
     )
     modes = write_modes(spark, settings, table)
