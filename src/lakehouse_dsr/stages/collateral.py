@@ -32,7 +32,7 @@ from ..lake import iceberg, skipping
 from . import matching
 from .matching import Redaction, TableKeys
 
-_HIT = "dsr_hit"
+_HIT, _SIDE = "dsr_hit", "dsr_side"
 
 
 @dataclass(frozen=True)
@@ -85,30 +85,42 @@ def row_hashes(schema: StructType, prefix: str, redactions: dict[str, list[Redac
     return [F.xxhash64(*inputs).cast("decimal(20,0)").alias(f"{prefix}h1"), F.hash(*inputs).alias(f"{prefix}h2")]
 
 
-def aggregates(prefix: str, where: Column) -> list[Column]:
-    """Fingerprint aggregates (`<prefix>rows`, `<prefix>sum`, `<prefix>xor`) over the rows where `where` holds."""
+def aggregates(prefix: str, where: Column, source: str | None = None) -> list[Column]:
+    """Fingerprint aggregates (`<prefix>rows`, `<prefix>sum`, `<prefix>xor`) over the rows where `where`
+    holds, of the hashes `row_hashes` made with prefix `source` (default: `prefix`)."""
+    source = source or prefix
     return [F.sum(F.when(where, 1).otherwise(0)).alias(f"{prefix}rows"),
-            F.sum(F.when(where, F.col(f"{prefix}h1"))).alias(f"{prefix}sum"),
-            F.bit_xor(F.when(where, F.col(f"{prefix}h2"))).alias(f"{prefix}xor")]
+            F.sum(F.when(where, F.col(f"{source}h1"))).alias(f"{prefix}sum"),
+            F.bit_xor(F.when(where, F.col(f"{source}h2"))).alias(f"{prefix}xor")]
 
 
 def pick(row, prefix: str) -> Fingerprint:
     return Fingerprint(int(row[f"{prefix}rows"] or 0), int(row[f"{prefix}sum"] or 0), int(row[f"{prefix}xor"] or 0))
 
 
-def split(rows: DataFrame, table_keys: TableKeys) -> tuple[Fingerprint, Fingerprint]:
-    """(rows not requested, requested rows as the erasure must leave them) for `rows`. One scan.
+def split(rows: DataFrame | None, table_keys: TableKeys, after: DataFrame | None = None
+          ) -> tuple[Fingerprint, Fingerprint, Fingerprint]:
+    """(rows not requested, requested rows as the erasure must leave them) of `rows`, and the rows
+    not requested of `after`: one job over both.
 
     Requested rows become nothing (a deleting table) or themselves with each hit key group's
     redacted columns set to NULL (a redacting table).
     """
     redactions = matching.redactions(table_keys)
-    marked = matching.mark(rows, table_keys)
-    hashed = marked.select(matching.any_hit(table_keys).alias(_HIT), *row_hashes(rows.schema, "o_"),
-                           *(row_hashes(rows.schema, "r_", redactions) if redactions else []))
-    requested = F.col(_HIT)
-    totals = hashed.agg(*aggregates("o_", ~requested), *(aggregates("r_", requested) if redactions else [])).first()
-    return pick(totals, "o_"), pick(totals, "r_") if redactions else Fingerprint()
+    parts = []
+    for side, frame in ((0, rows), (1, after)):
+        if frame is not None:
+            parts.append(matching.mark(frame, table_keys).select(
+                F.lit(side).alias(_SIDE), matching.any_hit(table_keys).alias(_HIT), *row_hashes(frame.schema, "o_"),
+                *(row_hashes(frame.schema, "r_", redactions) if redactions else [])))
+    if not parts:
+        return Fingerprint(), Fingerprint(), Fingerprint()
+    hashed = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    before, requested = F.col(_SIDE) == 0, F.col(_HIT)
+    totals = hashed.agg(*aggregates("o_", before & ~requested),
+                        *(aggregates("r_", before & requested) if redactions else []),
+                        *aggregates("a_", ~before & ~requested, source="o_")).first()
+    return pick(totals, "o_"), pick(totals, "r_") if redactions else Fingerprint(), pick(totals, "a_")
 
 
 @dataclass
@@ -148,9 +160,10 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
         return CollateralResult(False, True, f"{others_before - others_after} rows not requested were deleted from "
                                 f"files the erase commit attached deletes to (snapshot {erase_snapshot})")
     removed = skipping.read(spark, settings, before, set(changed.removed))
-    expected_other, expected_redacted = split(removed, table_keys) if removed is not None else (Fingerprint(),) * 2
+    added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(settings.table(table)).schema
+                                            ) if changed.added else None  # new files: no deletes yet
+    expected_other, expected_redacted, found = split(removed, table_keys, added)
     expected = expected_other + expected_redacted + requested_kept
-    found = _not_requested(spark, settings, table, changed.added, table_keys)
     if found == expected:
         return CollateralResult(True)
     return CollateralResult(False, True, "rows not requested changed in the files the erase commit rewrote: "
@@ -167,7 +180,7 @@ def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candi
         return 0, Fingerprint()
     if not redacting:
         return _count_others(rows, table_keys), Fingerprint()
-    other, redacted = split(rows, table_keys)
+    other, redacted, _ = split(rows, table_keys)
     return other.rows, redacted
 
 
@@ -176,18 +189,6 @@ def _count_others(rows: DataFrame | None, table_keys: TableKeys) -> int:
     if rows is None:
         return 0
     return matching.mark(rows, table_keys).where(~matching.any_hit(table_keys)).count()
-
-
-def _not_requested(spark: SparkSession, settings: Settings, table: str, files: frozenset[str],
-                   table_keys: TableKeys) -> Fingerprint:
-    """Fingerprint of the rows no requested key names in new data files (read as Parquet: a commit's
-    own new files carry no deletes)."""
-    if not files:
-        return Fingerprint()
-    schema = spark.table(settings.table(table)).schema
-    rows = iceberg.read_columns_from_files(spark, sorted(files), schema)
-    kept = matching.mark(rows, table_keys).where(~matching.any_hit(table_keys))
-    return pick(kept.select(*row_hashes(schema, "o_")).agg(*aggregates("o_", F.lit(True))).first(), "o_")
 
 
 def check_counts(spark: SparkSession, settings: Settings, table: str, snapshot_before: int | None,
