@@ -40,12 +40,12 @@ def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
     only); TableKeys that `before` returns replace the batch's in the statement."""
     real, calls = erase.apply, []
 
-    def apply(spark, settings, table_plan, keys):
+    def apply(spark, settings, table_plan, keys, **options):  # options (the check's keys) pass unchanged
         first = table_plan.table == table and not calls
         if first:
             calls.append(1)
             keys = (before(spark, settings, keys) if before else None) or keys
-        result = real(spark, settings, table_plan, keys)
+        result = real(spark, settings, table_plan, keys, **options)
         if first and after:
             after(spark, settings)
         return result

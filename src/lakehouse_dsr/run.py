@@ -502,12 +502,12 @@ def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matc
     content = settings.erase.collateral_check == "content"
     table_plan = erase.plan(spark, settings, table, keys, purging)
     try:
-        erasure = erase.apply(spark, settings, table_plan, keys)
+        erasure = erase.apply(spark, settings, table_plan, keys, observe=keys if content else None)
     except Exception as exc:  # recorded; verification then shows what is left
         erasure = erase.TableErasure(table_plan, error=first_line(exc, with_type=True))
     if erasure.snapshot_id is not None:
         erasure.collateral = collateral.check(
-            spark, settings, table, keys, table_plan.snapshot_before, erasure.snapshot_id,
+            spark, settings, table, keys, table_plan.snapshot_before, erasure.snapshot_id, erasure.observed,
         ) if content else collateral.check_counts(
             spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,
             table_plan.expected_rows_after, erasure.rows_after)

@@ -20,9 +20,10 @@ so rows appended meanwhile are accounted for wherever the erase met them.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StructField, StructType
 
@@ -123,6 +124,36 @@ def split(rows: DataFrame | None, table_keys: TableKeys, after: DataFrame | None
     return pick(totals, "o_"), pick(totals, "r_") if redactions else Fingerprint(), pick(totals, "a_")
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What the rows an erase commit rewrote held, fingerprinted by the check's own keys while the
+    rewrite read them (Spark's observed metrics on the same scan): spares the check reading the
+    removed files again."""
+
+    files: frozenset[str]  # the files read and replaced
+    other: Fingerprint  # their rows not requested
+    redacted: Fingerprint  # their requested rows as the erasure must leave them
+
+
+def observe(rows: DataFrame, table_keys: TableKeys) -> tuple[DataFrame, Observation]:
+    """`rows` unchanged, with the fingerprints of `split` collected by Spark while they are read
+    (`observed` turns them into an Observed once the action has run)."""
+    redactions = matching.redactions(table_keys)
+    hashed = matching.mark(rows, table_keys).select(
+        "*", matching.any_hit(table_keys).alias(_HIT), *row_hashes(rows.schema, "o_"),
+        *(row_hashes(rows.schema, "r_", redactions) if redactions else []))
+    observation = Observation(f"dsr_collateral_{uuid.uuid4().hex[:12]}")
+    requested = F.col(_HIT)
+    observed = hashed.observe(observation, *aggregates("o_", ~requested),
+                              *(aggregates("r_", requested) if redactions else []))
+    return observed.select(*[F.col(f"`{c}`") for c in rows.columns]), observation
+
+
+def observed(observation: Observation, files: list[str]) -> Observed:
+    totals = observation.get
+    return Observed(frozenset(files), pick(totals, "o_"), pick(totals, "r_") if "r_rows" in totals else Fingerprint())
+
+
 @dataclass
 class CollateralResult:
     ok: bool
@@ -131,14 +162,15 @@ class CollateralResult:
 
 
 def check(spark: SparkSession, settings: Settings, table: str, table_keys: TableKeys,
-          snapshot_before: int | None, erase_snapshot: int) -> CollateralResult:
+          snapshot_before: int | None, erase_snapshot: int, seen: Observed | None = None) -> CollateralResult:
     """Prove that the erase commit changed only the requested subjects' rows (see the module doc).
 
     Only the files the commit changed are read; the others are unchanged by construction, and its
     own manifests say which (commit_files). Cost: for data files that got deletes (merge-on-read),
     their key columns before and after the commit (rows not requested counted on both sides; a
     redacting table also hashes the requested rows before); for data files it rewrote
-    (copy-on-write), every column of the old files before and of the new files after, hashed.
+    (copy-on-write), every column of the old files before and of the new files after, hashed;
+    the old files' fingerprints come from `seen` when the rewrite observed exactly those files.
     """
     between = iceberg.commits_between(spark, settings, table, snapshot_before, erase_snapshot)
     if between is None or any(c.operation not in ("append", "replace") for c in between):
@@ -159,10 +191,13 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
     if others_before != others_after:
         return CollateralResult(False, True, f"{others_before - others_after} rows not requested were deleted from "
                                 f"files the erase commit attached deletes to (snapshot {erase_snapshot})")
-    removed = skipping.read(spark, settings, before, set(changed.removed))
+    fresh = seen is None or seen.files != changed.removed
+    removed = skipping.read(spark, settings, before, set(changed.removed)) if fresh else None
     added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(settings.table(table)).schema
                                             ) if changed.added else None  # new files: no deletes yet
     expected_other, expected_redacted, found = split(removed, table_keys, added)
+    if not fresh:
+        expected_other, expected_redacted = seen.other, seen.redacted
     expected = expected_other + expected_redacted + requested_kept
     if found == expected:
         return CollateralResult(True)

@@ -83,6 +83,7 @@ class TableErasure:
     attempts: int = 1  # statements run: more than one when concurrent commits conflicted
     rounds: int = 1  # erase rounds: more than one when late rows of requested subjects arrived
     collateral: CollateralResult | None = None
+    observed: collateral.Observed | None = None  # the rewritten files' fingerprints, read by the rewrite
     groups: DataFrame | None = None  # an aggregate recomputed by groups: the groups replaced
 
     @property
@@ -115,7 +116,7 @@ class TableErasure:
             self.collateral = later.collateral
 
     def as_dict(self) -> dict:
-        frames = ("plan", "groups")
+        frames = ("plan", "groups", "observed")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in frames}
         d["collateral"] = asdict(self.collateral) if self.collateral else None
         plan = {k: v for k, v in asdict(self.plan).items()
@@ -255,10 +256,12 @@ def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: Table
             f"ON {on} WHEN MATCHED THEN {action}")
 
 
-def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys) -> None:
+def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
+                   observe: TableKeys | None) -> collateral.Observed | None:
     """The `rewrite_files` commit at the current snapshot: the plan's files holding matches, and any
     candidate file added since the plan (appends may hold requested rows), rewritten as the erasure
-    leaves their rows. Safe to repeat after a conflict: each attempt starts from the current snapshot."""
+    leaves their rows; with `observe` (the collateral check's keys), the rows read are fingerprinted
+    on the way. Safe to repeat after a conflict: each attempt starts from the current snapshot."""
     table = table_plan.table
     current = iceberg.current_snapshot(spark, settings, table)
     now = keys.candidates(spark, settings, table, current.snapshot_id)
@@ -266,14 +269,20 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
     rows = skipping.read(spark, settings, chosen)
     if rows is None:  # another writer removed them meanwhile: verification shows what is left
-        return
+        return None
+    observation = None
+    if observe is not None:
+        rows, observation = collateral.observe(rows, observe)
     iceberg.overwrite_files(spark, settings, table, chosen.data_files(),
                             collateral.erased_rows(rows, keys, settings.datamap.mapping(table).action),
                             current.snapshot_id, now.predicate)
+    return collateral.observed(observation, chosen.paths()) if observation else None
 
 
-def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys) -> TableErasure:
-    """Run the plan as one commit. Skips tables without matches (no empty commits).
+def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
+          observe: TableKeys | None = None) -> TableErasure:
+    """Run the plan as one commit. Skips tables without matches (no empty commits). `observe`: the
+    keys the collateral check marks rows by, for a rewrite to fingerprint what it reads.
 
     Copy-on-write: reads the key columns of every file to find those holding a match, then reads and
     rewrites those. Merge-on-read: reads the key columns of every file and writes delete files only.
@@ -286,8 +295,9 @@ def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: 
         result.rows_after = table_plan.rows_before
         return result
     if table_plan.strategy == "rewrite_files":
-        result.attempts = iceberg.with_conflict_retries(settings, f"table {table_plan.table}: the erase commit",
-                                                        lambda: _rewrite_files(spark, settings, table_plan, keys))[1]
+        result.observed, result.attempts = iceberg.with_conflict_retries(
+            settings, f"table {table_plan.table}: the erase commit",
+            lambda: _rewrite_files(spark, settings, table_plan, keys, observe))
         result.took(iceberg.own_commit_since(spark, settings, table_plan.table, table_plan.snapshot_before))
         result.rows_after = iceberg.rows_after_commit(spark, settings, table_plan.table, result.snapshot_id,
                                                       table_plan.rows_before)
