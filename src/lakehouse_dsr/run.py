@@ -284,17 +284,20 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
 
     hashes = verify.stored_hashes(spark, ledger, proven)
     hash_keys = verify.keys_for(settings, hashes, ledger.keyring)  # once, for every table
+    # Plaintext keys exist for this run's batch only: requests erased earlier are proven unpruned.
+    prune = key_sets if len(proven) == len(request_ids) else {}
+    keyed = [t for t in tables if t in settings.datamap.keyed]
+    live: dict[str, dict[str, int]] = {}
+
     def prove(table: str) -> verify.TableVerification:
         if table in settings.datamap.shredded:
             return shred.verify(spark, settings, table, shredded, request_ids)
         e = erasures.get(table)
-        # Plaintext keys exist for this run's batch only: requests erased earlier are proven unpruned.
-        prune = key_sets.get(table) if len(proven) == len(request_ids) else None
-        def check(physical: bool) -> verify.TableVerification:
+        def check(physical: bool, found: dict[str, int] | None = None) -> verify.TableVerification:
             if table in settings.datamap.aggregates:
                 return propagate.verify_aggregate(spark, settings, table, e, proven, physical)
-            return _verify(spark, settings, hash_keys, table, hashes, key_types, physical, prune)
-        checked = check(purge_now)
+            return _verify(spark, settings, hash_keys, table, hashes, key_types, physical, prune.get(table), found)
+        checked = check(purge_now, live.get(table))
         if checked.live and e is not None and e.plan.strategy == "subtract_groups":
             propagate.catch_up(spark, settings, table, e)
             checked = check(purge_now)
@@ -314,6 +317,8 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         return checked
 
     with _timed(report, "verify", spark):
+        if len(keyed) > 1:  # every keyed table's live check in one Spark job
+            live.update(verify.live_found(spark, settings, keyed, hashes, hash_keys, prune))
         verifications = _each_table(settings, progress, "verify" if purge_now else "verify live data (purge not run)",
                                     [*tables, *settings.datamap.files,
                                      *(settings.datamap.shredded if shredded is not None else [])], timed)
@@ -378,8 +383,9 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         # still resolve from them. Within a wave, tables are erased side by side.
         waves = datamap.erase_waves()
         for wave in waves[:len(waves) - len(datamap.derived_levels())]:
-            erasures.update(_each_table(settings, progress, "erase", wave,
-                                        lambda t: _erase_table(spark, settings, t, key_sets[t], work.purge_now)))
+            plans = erase.plan_many(spark, settings, wave, key_sets, work.purge_now)  # one Spark job for the wave
+            erasures.update(_each_table(settings, progress, "erase", wave, lambda t, plans=plans: _erase_table(
+                spark, settings, t, key_sets[t], work.purge_now, plans[t])))
         if datamap.files:
             erasures.update(_each_table(settings, progress, "erase files", list(datamap.files),
                                         lambda d: files.erase_dataset(spark, settings, d, key_sets[d])))
@@ -494,13 +500,13 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
     return current is not None and current.snapshot_id != ours
 
 
-def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matching.TableKeys, purging: bool
-                 ) -> erase.TableErasure:
-    """Plan, commit, and check one table for collateral damage (thread-safe: runs beside
-    other tables' erasures on the same session)."""
+def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matching.TableKeys, purging: bool,
+                 table_plan: erase.TablePlan | None = None) -> erase.TableErasure:
+    """Plan (unless `table_plan` is given: planned with its wave), commit, and check one table for
+    collateral damage (thread-safe: runs beside other tables' erasures on the same session)."""
     start = time.perf_counter()
     content = settings.erase.collateral_check == "content"
-    table_plan = erase.plan(spark, settings, table, keys, purging)
+    table_plan = table_plan or erase.plan(spark, settings, table, keys, purging)
     try:
         erasure = erase.apply(spark, settings, table_plan, keys, observe=keys if content else None)
     except Exception as exc:  # recorded; verification then shows what is left
@@ -549,9 +555,10 @@ def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePu
     return result
 
 
-def _verify(spark, settings, keys, table, hashes, key_types, physical=True, prune=None) -> verify.TableVerification:
+def _verify(spark, settings, keys, table, hashes, key_types, physical=True, prune=None, live=None
+            ) -> verify.TableVerification:
     return verify.verify_tables(spark, settings, hashes, keys, key_types, [table], physical,
-                                {table: prune} if prune else None)[0]
+                                {table: prune} if prune else None, {table: live} if live is not None else None)[0]
 
 
 def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:

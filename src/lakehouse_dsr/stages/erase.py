@@ -174,19 +174,40 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, p
     column bounds, partition transforms and bloom filters decide it from metadata), joined with
     each key column's broadcast key set; a table no file of which can hold a key costs no Spark
     job. The table's row count comes from its snapshot summary. The driver receives one row per
-    combination of matching requests (request ids and a count; never a value).
+    file and combination of matching requests (request ids, the file's name and a count; never a value).
     """
+    return plan_many(spark, settings, [table], {table: keys}, purging)[table]
+
+
+def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: dict[str, TableKeys],
+              purging: bool = False) -> dict[str, TablePlan]:
+    """`plan` for several tables in one Spark job over the union of their scans: on a wide lake of
+    small tables, a job per table would cost more than the reading."""
+    scans, parts = {}, []
+    for table in tables:
+        snapshot = iceberg.current_snapshot(spark, settings, table)
+        snapshot_id = snapshot.snapshot_id if snapshot else None
+        candidates = keys[table].candidates(spark, settings, table, snapshot_id)
+        scans[table] = snapshot_id, candidates
+        rows = skipping.read(spark, settings, candidates)
+        if rows is not None:  # one group per file and combination of requests naming a row (none: other rows)
+            parts.append(matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys[table])  # named at the scan
+                         .select(F.lit(table).alias("dsr_table"),
+                                 matching.request_ids(keys[table]).alias("request_ids"), _FILE))
+    groups: dict[str, list] = {table: [] for table in tables}
+    if parts:
+        union = parts[0]
+        for part in parts[1:]:
+            union = union.unionByName(part)
+        for g in union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count")).collect():
+            groups[g.dsr_table].append(g)
+    return {table: _plan(spark, settings, table, keys[table], purging, *scans[table], groups[table])
+            for table in tables}
+
+
+def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool,
+          snapshot_id: int | None, candidates: skipping.Candidates, groups: list) -> TablePlan:
     mapping = settings.datamap.mapping(table)
-    snapshot = iceberg.current_snapshot(spark, settings, table)
-    snapshot_id = snapshot.snapshot_id if snapshot else None
-    candidates = keys.candidates(spark, settings, table, snapshot_id)
-    rows = skipping.read(spark, settings, candidates)
-    # One group per combination of requests naming a row, plus one (no requests) for every other row.
-    groups = [] if rows is None else (
-        matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys)  # named at the scan, before the join
-        .select(matching.request_ids(keys).alias("request_ids"), _FILE)
-        .groupBy("request_ids", _FILE).agg(F.count(F.lit(1)).alias("count")).collect()
-    )
     modes = write_modes(spark, settings, table)
     rewrite = iceberg.format_version(spark, settings, table) <= 2
     strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes, mapping.simple,

@@ -65,17 +65,54 @@ def find_hashed(spark: SparkSession, values: DataFrame, hashes: DataFrame, key: 
 def find_hashed_in_groups(spark: SparkSession, grouped: DataFrame, hashes: DataFrame,
                           key: bytes | Keyring | dict[str, bytes]) -> dict[str, int]:
     """`find_hashed` over values already grouped: (dsr_group, key_type, dsr_value, count)."""
+    return {r.request_id: int(r.n) for r in _found(spark, grouped, hashes, key, [])}
+
+
+def _found(spark: SparkSession, grouped: DataFrame, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes],
+           by: list[str]) -> list:
+    """Rows (`by` columns..., request_id, n) of grouped values found among the stored hashes."""
     keys = {key_id(key): key} if isinstance(key, bytes) else key
     hashed = with_keyring_hashes(spark, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value", keys)
     stored = hashes.select("request_id", "key_hash", F.col("key_type").alias("dsr_stored_type"),
                            *(["key_id"] if "key_id" in hashes.columns else []))
     # One shuffle: partitioned by request, both the de-duplication and the sum run in place.
-    found = (
+    return (
         join_on_key(hashed, stored).where(F.col("key_type") == F.col("dsr_stored_type"))
-        .repartition("request_id").dropDuplicates(["request_id", "dsr_group", "dsr_value"])
-        .groupBy("request_id").agg(F.sum("count").alias("n")).collect()
+        .repartition("request_id").dropDuplicates([*by, "request_id", "dsr_group", "dsr_value"])
+        .groupBy(*by, "request_id").agg(F.sum("count").alias("n")).collect()
     )
-    return {r.request_id: int(r.n) for r in found}
+
+
+def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashes: DataFrame, key: HashKeys,
+               prune: dict[str, TableKeys] | None = None) -> dict[str, dict[str, int]]:
+    """{table: {request id: rows}}: the live check of many tables (verify_table's first scan) in one
+    Spark job over the union of their key columns, instead of a job per table: on a wide lake of
+    small tables each job's fixed cost is most of the work. `prune`: see verify_table; a table no
+    file of which can hold the keys adds nothing to the job."""
+    parts = []
+    for table in tables:
+        rows = _live_rows(spark, settings, table, (prune or {}).get(table))
+        if rows is not None:
+            values = key_values(rows, settings.datamap.mapping(table).groups)
+            parts.append(values.select(F.lit(table).alias("dsr_table"), "dsr_group", "key_type", "dsr_value"))
+    found: dict[str, dict[str, int]] = {table: {} for table in tables}
+    if parts:
+        union = parts[0]
+        for part in parts[1:]:
+            union = union.unionByName(part)
+        grouped = union.groupBy("dsr_table", "dsr_group", "key_type", "dsr_value").count()
+        for r in _found(spark, grouped, hashes, key.keys, ["dsr_table"]):
+            found[r.dsr_table][r.request_id] = int(r.n)
+    return found
+
+
+def _live_rows(spark: SparkSession, settings: Settings, table: str, prune: TableKeys | None) -> DataFrame | None:
+    """The current snapshot's rows (only the files that may hold `prune`'s keys; None when none can)."""
+    if prune is None:
+        return spark.table(settings.table(table))
+    snapshot = iceberg.current_snapshot(spark, settings, table)
+    return skipping.read(spark, settings, prune.candidates(spark, settings, table,
+                                                           snapshot.snapshot_id if snapshot else None))
 
 
 @dataclass(frozen=True)
@@ -155,7 +192,7 @@ class TableVerification:
 def verify_table(
     spark: SparkSession, settings: Settings, table: str, groups: list[KeyGroup], types: dict[str, DataType],
     hashes: DataFrame, key: bytes | Keyring | HashKeys, physical: bool = True,
-    prune: TableKeys | None = None,
+    prune: TableKeys | None = None, live: dict[str, int] | None = None,
 ) -> TableVerification:
     """Run the live, history, storage and ref checks over every key column of one table.
 
@@ -166,7 +203,8 @@ def verify_table(
     A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
     it fails with that reason. `prune`: the plaintext keys these hashes were made from (a run knows
     them; `dsr verify` does not): the live scan then reads only the files that may hold them
-    (lake/skipping.py), and none, with no Spark job, when metadata rules every file out.
+    (lake/skipping.py), and none, with no Spark job, when metadata rules every file out. `live`:
+    the live check's findings, made already for many tables at once (`live_found`).
 
     Cost: one scan of the key columns in the current snapshot (its candidate files with `prune`),
     one over the files of all retained snapshots, one over all Parquet files under the location
@@ -178,13 +216,9 @@ def verify_table(
     most subjects and grouping by (value, file) keeps millions of groups.
     """
     result, key = _started(settings, table, hashes, key, physical=physical)
-    if prune is not None:
-        snapshot = iceberg.current_snapshot(spark, settings, table)
-        current = skipping.read(spark, settings, prune.candidates(spark, settings, table,
-                                                                  snapshot.snapshot_id if snapshot else None))
+    if live is None:
+        current = _live_rows(spark, settings, table, prune)
         live = find_hashed(spark, key_values(current, groups), hashes, key) if current is not None else {}
-    else:
-        live = find_hashed(spark, key_values(spark.table(settings.table(table)), groups), hashes, key)
     result.live = _record(result, live, "rows in the current snapshot")
     if not physical:
         return result
@@ -240,17 +274,22 @@ def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
 def verify_tables(
     spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring | HashKeys,
     key_types: KeyTypes, tables: list[str] | None = None, physical: bool = True,
-    prune: dict[str, TableKeys] | None = None,
+    prune: dict[str, TableKeys] | None = None, live: dict[str, dict[str, int]] | None = None,
 ) -> list[TableVerification]:
     """Verify tables holding subject keys, file datasets and shares (default: all; aggregates hold no
     keys and are proven in the run that recomputes them, stages/propagate.py) against (request_id,
-    key_type, key_hash) rows (`prune`: each table's plaintext keys, see verify_table)."""
+    key_type, key_hash) rows (`prune`: each table's plaintext keys, see verify_table). The live
+    checks of the tables run as one Spark job (`live_found`) unless `live` brings their findings."""
     key = keys_for(settings, hashes, key)  # once for all tables
+    tables = tables or [*settings.datamap.keyed_order(), *settings.datamap.files,
+                        *(s for s in settings.datamap.shares if s in key_types)]  # created shares
+    keyed = [t for t in tables if t not in settings.datamap.files]
+    if live is None and len(keyed) > 1:
+        live = live_found(spark, settings, keyed, hashes, key, prune)
     return [verify_dataset(spark, settings, table, hashes, key) if table in settings.datamap.files
             else verify_table(spark, settings, table, settings.datamap.mapping(table).groups, key_types[table], hashes,
-                              key, physical, (prune or {}).get(table))
-            for table in tables or [*settings.datamap.keyed_order(), *settings.datamap.files,
-                                    *(s for s in settings.datamap.shares if s in key_types)]]  # created shares
+                              key, physical, (prune or {}).get(table), (live or {}).get(table))
+            for table in tables]
 
 
 def verify_dataset(spark: SparkSession, settings: Settings, name: str, hashes: DataFrame,
