@@ -83,13 +83,22 @@ def point(events: int, clustered: bool, erase: int, access: int, rounds: int, fi
 
     cfg = config(work, file_mb)
     users = max(1, events // 100)
-    out = {"events": events, "layout": "clustered" if clustered else "unsorted",
-           "generate_s": dsr_process(cfg, "generate", "--users", str(users), "--events", str(events))}
-    if clustered:
-        out["optimize_s"] = dsr_process(cfg, "optimize", "--table", "demo.events",
-                                        "--target-file-size-mb", str(file_mb))
+    built = work / "lake.json"  # a lake kept by --keep-lakes: later rounds erase people not asked about yet
+    if built.exists():
+        out = json.loads(built.read_text())
+    else:
+        out = {"events": events, "layout": "clustered" if clustered else "unsorted",
+               "generate_s": dsr_process(cfg, "generate", "--users", str(users), "--events", str(events))}
+        if clustered:
+            out["optimize_s"] = dsr_process(cfg, "optimize", "--table", "demo.events",
+                                            "--target-file-size-mb", str(file_mb))
+        built.write_text(json.dumps(out))
     out["files"], out["bytes"] = table_size(cfg)
-    people = random.Random(events).sample(range(users), (erase + access) * rounds)
+    asked = work / "asked.json"  # people of earlier rounds on a kept lake
+    earlier = set(json.loads(asked.read_text())) if asked.exists() else set()
+    people = [i for i in random.Random(events + len(earlier)).sample(range(users), (erase + access) * rounds + len(
+        earlier)) if i not in earlier][:(erase + access) * rounds]
+    asked.write_text(json.dumps(sorted(earlier | set(people))))
     out["rounds"] = []
     for r in range(rounds):
         chosen = [synth.user_id(SEED, i) for i in people[r * (erase + access):(r + 1) * (erase + access)]]
@@ -165,6 +174,7 @@ def main() -> None:
     args.add_argument("--rounds", type=int, default=3)
     args.add_argument("--file-mb", type=int, default=16, help="clustered file size (dsr optimize)")
     args.add_argument("--keep-others", action="store_true", help="keep the saved points not measured now")
+    args.add_argument("--keep-lakes", action="store_true", help="keep each lake in --workdir for a later run")
     args.add_argument("--workdir", default=tempfile.mkdtemp(prefix="dsr-bench-clustered-"))
     a = args.parse_args()
     runs = [(int(n), True) for n in a.events.split(",") if n] + [(int(n), False) for n in a.unclustered.split(",") if n]
@@ -174,7 +184,8 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         points.append(point(events, clustered, a.erase, a.access, a.rounds, a.file_mb, work))
         print(json.dumps(points[-1]), flush=True)
-        shutil.rmtree(work / "wh")  # 30M events take GBs
+        if not a.keep_lakes:
+            shutil.rmtree(work, ignore_errors=True)  # 30M events take GBs
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     if a.keep_others and (results / "clustered.json").exists():  # re-measured points replace their old ones

@@ -383,9 +383,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
         # still resolve from them. Within a wave, tables are erased side by side.
         waves = datamap.erase_waves()
         for wave in waves[:len(waves) - len(datamap.derived_levels())]:
-            plans = erase.plan_many(spark, settings, wave, key_sets, work.purge_now)  # one Spark job for the wave
-            erasures.update(_each_table(settings, progress, "erase", wave, lambda t, plans=plans: _erase_table(
-                spark, settings, t, key_sets[t], work.purge_now, plans[t])))
+            erasures.update(_erase_tables(spark, settings, progress, "erase", wave, key_sets, work.purge_now))
         if datamap.files:
             erasures.update(_each_table(settings, progress, "erase files", list(datamap.files),
                                         lambda d: files.erase_dataset(spark, settings, d, key_sets[d])))
@@ -408,14 +406,16 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
     stale = _stale_aggregates(settings, work.steps)
     with _timed(report, "propagate", spark):
         for level in datamap.derived_levels():
+            keyed = [t for t in level if t in datamap.keyed]
+            if keyed:  # derived keyed tables: erased by key, like the sources
+                erasures.update(_erase_tables(spark, settings, progress, "propagate", keyed, key_sets, work.purge_now))
+
             def derive(table: str) -> erase.TableErasure | None:
-                if table in datamap.keyed:
-                    return _erase_table(spark, settings, table, key_sets[table], work.purge_now)
                 changes = _changes(settings, table, erasures, key_sets)
                 if not changes and table not in stale:
                     return None  # nothing it reads changed
                 return propagate.refresh(spark, settings, table, changes, table in stale)
-            done = _each_table(settings, progress, "propagate", level, derive)
+            done = _each_table(settings, progress, "propagate", [t for t in level if t not in datamap.keyed], derive)
             erasures.update({t: e for t, e in done.items() if e is not None})
             late.erase(progress, erasures, [t for t in level if t in datamap.keyed], key_sets)
             faults.failpoint("during_propagate")
@@ -488,8 +488,7 @@ class _LateRows:
                     if _verify(spark, settings, self.keys, t, self.hashes, self.key_types, False, key_sets[t]).live]
             if not late:
                 return
-            again = _each_table(settings, progress, "erase late rows", late,
-                                lambda t: _erase_table(spark, settings, t, key_sets[t], self.purging))
+            again = _erase_tables(spark, settings, progress, "erase late rows", late, key_sets, self.purging)
             for table, later in again.items():
                 erasures[table].absorb(later)
 
@@ -500,25 +499,34 @@ def _changed_since(spark: SparkSession, settings: Settings, table: str, erasure:
     return current is not None and current.snapshot_id != ours
 
 
-def _erase_table(spark: SparkSession, settings: Settings, table: str, keys: matching.TableKeys, purging: bool,
-                 table_plan: erase.TablePlan | None = None) -> erase.TableErasure:
-    """Plan (unless `table_plan` is given: planned with its wave), commit, and check one table for
-    collateral damage (thread-safe: runs beside other tables' erasures on the same session)."""
-    start = time.perf_counter()
+def _erase_tables(spark: SparkSession, settings: Settings, progress: Progress, stage: str, tables: list[str],
+                  key_sets: dict[str, matching.TableKeys], purging: bool) -> dict[str, erase.TableErasure]:
+    """Erase `tables`: planned in one Spark job (erase.plan_many), committed side by side, and their
+    commits checked for collateral damage together (the content check's fingerprints in one job).
+    Each table's `seconds` is its commit and count check; the shared plan and check are the stage's."""
+    plans = erase.plan_many(spark, settings, tables, key_sets, purging)
     content = settings.erase.collateral_check == "content"
-    table_plan = table_plan or erase.plan(spark, settings, table, keys, purging)
-    try:
-        erasure = erase.apply(spark, settings, table_plan, keys, observe=keys if content else None)
-    except Exception as exc:  # recorded; verification then shows what is left
-        erasure = erase.TableErasure(table_plan, error=first_line(exc, with_type=True))
-    if erasure.snapshot_id is not None:
-        erasure.collateral = collateral.check(
-            spark, settings, table, keys, table_plan.snapshot_before, erasure.snapshot_id, erasure.observed,
-        ) if content else collateral.check_counts(
-            spark, settings, table, table_plan.snapshot_before, erasure.snapshot_id,
-            table_plan.expected_rows_after, erasure.rows_after)
-    erasure.seconds = round(time.perf_counter() - start, 3)
-    return erasure
+
+    def commit(table: str) -> erase.TableErasure:
+        start, keys = time.perf_counter(), key_sets[table]
+        try:
+            erasure = erase.apply(spark, settings, plans[table], keys, observe=keys if content else None)
+        except Exception as exc:  # recorded; verification then shows what is left
+            erasure = erase.TableErasure(plans[table], error=first_line(exc, with_type=True))
+        if erasure.snapshot_id is not None and not content:
+            erasure.collateral = collateral.check_counts(spark, settings, table, erasure.plan.snapshot_before,
+                                                         erasure.snapshot_id, erasure.plan.expected_rows_after,
+                                                         erasure.rows_after)
+        erasure.seconds = round(time.perf_counter() - start, 3)
+        return erasure
+
+    erasures = _each_table(settings, progress, stage, tables, commit)
+    if content:
+        committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed)
+                     for t, e in erasures.items() if e.snapshot_id is not None]
+        for table, result in collateral.check_many(spark, settings, committed).items():
+            erasures[table].collateral = result
+    return erasures
 
 
 T = TypeVar("T")

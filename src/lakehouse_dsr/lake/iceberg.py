@@ -149,8 +149,9 @@ def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_fil
     `overwrite` commit, as Spark's copy-on-write DELETE would, but for exactly these files.
 
     `rows` are written through Iceberg's rewrite path (option `rewritten-file-scan-task-set-id`: the
-    new files are staged, not committed), each task's rows sorted by the table's sort order, no
-    shuffle. The commit is validated like a serializable copy-on-write operation: it fails (and the
+    new files are staged, not committed), each task's rows in the order they come, as Iceberg's
+    bin-pack compaction writes: no shuffle, no sort (rows read file by file keep a clustered
+    table's order). The commit is validated like a serializable copy-on-write operation: it fails (and the
     caller retries) when another writer meanwhile added data `conflict_filter` may match, or deleted
     from the old files. Cost: one read and one write of the rows.
     """
@@ -160,7 +161,7 @@ def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_fil
     coordinator = jvm.org.apache.iceberg.spark.FileRewriteCoordinator.get()
     try:
         (rows.write.format("iceberg").option("rewritten-file-scan-task-set-id", set_id)
-         .option("distribution-mode", "none").option("fanout-enabled", "true")
+         .option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
          .mode("append").save(f"{settings.catalog.name}.{table}"))
         new_files = coordinator.fetchNewFiles(jtable, set_id)
         jtable.refresh()

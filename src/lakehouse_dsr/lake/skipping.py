@@ -37,6 +37,7 @@ _IN_LIMIT = 200
 # the expression travels with every task and is tested against every file's bounds.
 MAX_VALUES = 100_000
 
+_SPLIT = 128 * 1024 * 1024  # Iceberg's default read.split.target-size
 _ENCODERS = {StringType: "STRING", LongType: "LONG", IntegerType: "INT"}
 
 
@@ -160,12 +161,13 @@ def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int |
                       int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes)
 
 
-def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: set[str] | frozenset[str] | None = None
-         ) -> DataFrame | None:
+def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: set[str] | frozenset[str] | None = None,
+         file_per_task: bool = False) -> DataFrame | None:
     """The candidate files' rows as of the candidates' snapshot (delete files applied), or of the
     files among them whose locations are in `only`; None when there is no such file (no Spark job
     is needed to know the answer). The read skips row groups the keys cannot be in; Spark's
-    input_file_name() names each row's file."""
+    input_file_name() names each row's file. `file_per_task`: no task reads parts of two files
+    (each task's rows are one file's, in the file's order), as a rewrite that keeps order needs."""
     if only is not None:
         candidates = candidates.subset(spark, set(only))
     if candidates.empty:
@@ -175,7 +177,9 @@ def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: 
     manager = spark._jvm.org.apache.iceberg.spark.ScanTaskSetManager.get()
     manager.stageTasks(jtable, set_id, candidates._tasks)
     _staged.append((manager, jtable, set_id))
-    rows = (spark.read.format("iceberg").option("scan-task-set-id", set_id)
-            .load(f"{settings.catalog.name}.{candidates.table}"))
+    reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
+    if file_per_task:  # opening a file costs a whole split: small files are not packed together
+        reader = reader.option("split-size", str(_SPLIT)).option("file-open-cost", str(_SPLIT))
+    rows = reader.load(f"{settings.catalog.name}.{candidates.table}")
     # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
     return rows.select(*[F.col(f"`{c}`") for c in spark.table(settings.table(candidates.table)).columns])

@@ -33,7 +33,7 @@ from ..lake import iceberg, skipping
 from . import matching
 from .matching import Redaction, TableKeys
 
-_HIT, _SIDE = "dsr_hit", "dsr_side"
+_HIT, _SIDE, _TABLE = "dsr_hit", "dsr_side", "dsr_table"
 
 
 @dataclass(frozen=True)
@@ -107,21 +107,38 @@ def split(rows: DataFrame | None, table_keys: TableKeys, after: DataFrame | None
     Requested rows become nothing (a deleting table) or themselves with each hit key group's
     redacted columns set to NULL (a redacting table).
     """
-    redactions = matching.redactions(table_keys)
-    parts = []
-    for side, frame in ((0, rows), (1, after)):
-        if frame is not None:
-            parts.append(matching.mark(frame, table_keys).select(
-                F.lit(side).alias(_SIDE), matching.any_hit(table_keys).alias(_HIT), *row_hashes(frame.schema, "o_"),
-                *(row_hashes(frame.schema, "r_", redactions) if redactions else [])))
-    if not parts:
-        return Fingerprint(), Fingerprint(), Fingerprint()
-    hashed = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    return _split_many({"": (rows, after, table_keys)})[""]
+
+
+def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, TableKeys]]
+                ) -> dict[str, tuple[Fingerprint, Fingerprint, Fingerprint]]:
+    """`split` of several tables' (rows, after, keys) in one Spark job over the union of their hashes."""
+    frames = []
+    for name, (rows, after, table_keys) in parts.items():
+        redactions = matching.redactions(table_keys)
+        redacted = row_hashes if redactions else None
+        for side, frame in ((0, rows), (1, after)):
+            if frame is None:
+                continue
+            frames.append(matching.mark(frame, table_keys).select(
+                F.lit(name).alias(_TABLE), F.lit(side).alias(_SIDE), matching.any_hit(table_keys).alias(_HIT),
+                *row_hashes(frame.schema, "o_"),
+                *(redacted(frame.schema, "r_", redactions) if redacted else
+                  [F.lit(None).cast("decimal(20,0)").alias("r_h1"), F.lit(None).cast("int").alias("r_h2")])))
+    out = {name: (Fingerprint(), Fingerprint(), Fingerprint()) for name in parts}
+    if not frames:
+        return out
+    hashed = frames[0]
+    for frame in frames[1:]:
+        hashed = hashed.unionByName(frame)
     before, requested = F.col(_SIDE) == 0, F.col(_HIT)
-    totals = hashed.agg(*aggregates("o_", before & ~requested),
-                        *(aggregates("r_", before & requested) if redactions else []),
-                        *aggregates("a_", ~before & ~requested, source="o_")).first()
-    return pick(totals, "o_"), pick(totals, "r_") if redactions else Fingerprint(), pick(totals, "a_")
+    for totals in hashed.groupBy(_TABLE).agg(*aggregates("o_", before & ~requested),
+                                             *aggregates("r_", before & requested),
+                                             *aggregates("a_", ~before & ~requested, source="o_")).collect():
+        name = totals[_TABLE]
+        redacting = bool(matching.redactions(parts[name][2]))
+        out[name] = pick(totals, "o_"), pick(totals, "r_") if redacting else Fingerprint(), pick(totals, "a_")
+    return out
 
 
 @dataclass(frozen=True)
@@ -161,6 +178,18 @@ class CollateralResult:
     detail: str | None = None
 
 
+@dataclass(frozen=True)
+class Commit:
+    """An erase commit to check: its table, the batch's keys there, the plan's snapshot, the commit,
+    and what a rewrite observed of the rows it read."""
+
+    table: str
+    keys: TableKeys
+    snapshot_before: int | None
+    snapshot_id: int
+    seen: Observed | None = None
+
+
 def check(spark: SparkSession, settings: Settings, table: str, table_keys: TableKeys,
           snapshot_before: int | None, erase_snapshot: int, seen: Observed | None = None) -> CollateralResult:
     """Prove that the erase commit changed only the requested subjects' rows (see the module doc).
@@ -172,7 +201,42 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
     (copy-on-write), every column of the old files before and of the new files after, hashed;
     the old files' fingerprints come from `seen` when the rewrite observed exactly those files.
     """
-    between = iceberg.commits_between(spark, settings, table, snapshot_before, erase_snapshot)
+    return check_many(spark, settings, [Commit(table, table_keys, snapshot_before, erase_snapshot, seen)])[table]
+
+
+def check_many(spark: SparkSession, settings: Settings, commits: list[Commit]) -> dict[str, CollateralResult]:
+    """`check` for several tables' erase commits, with the rewritten and added files of all of them
+    fingerprinted in one Spark job: on a wide lake of small tables, a job per table would cost more
+    than the reading."""
+    results: dict[str, CollateralResult] = {}
+    pending: dict[str, tuple[Commit, DataFrame | None, DataFrame | None, Fingerprint, Observed | None]] = {}
+    for commit in commits:
+        prepared = _prepare(spark, settings, commit)
+        if isinstance(prepared, CollateralResult):
+            results[commit.table] = prepared
+        else:
+            pending[commit.table] = (commit, *prepared)
+    sums = _split_many({table: (removed, added, commit.keys)
+                        for table, (commit, removed, added, *_) in pending.items()})
+    for table, (commit, _, _, requested_kept, seen) in pending.items():
+        expected_other, expected_redacted, found = sums[table]
+        if seen is not None:
+            expected_other, expected_redacted = seen.other, seen.redacted
+        expected = expected_other + expected_redacted + requested_kept
+        results[table] = CollateralResult(True) if found == expected else CollateralResult(
+            False, True, "rows not requested changed in the files the erase commit rewrote: expected "
+                         f"{expected.describe()}, found {found.describe()} at snapshot {commit.snapshot_id}")
+    return results
+
+
+def _prepare(spark: SparkSession, settings: Settings, commit: Commit
+             ) -> CollateralResult | tuple[DataFrame | None, DataFrame | None, Fingerprint, Observed | None]:
+    """A commit's check up to its fingerprints: a result already (other writers' commits in between,
+    files beyond the keys' reach, rows gone from files that got deletes), or (the rewritten files'
+    rows unless the rewrite observed exactly those, the added files' rows, the requested rows of
+    files that got deletes as redacted, the observation that stands for the rewritten files)."""
+    table, table_keys, erase_snapshot = commit.table, commit.keys, commit.snapshot_id
+    between = iceberg.commits_between(spark, settings, table, commit.snapshot_before, erase_snapshot)
     if between is None or any(c.operation not in ("append", "replace") for c in between):
         ops = sorted({c.operation for c in between or []} - {"append", "replace"})
         return CollateralResult(False, False, "cannot prove: the table changed by other than appends while it was "
@@ -191,19 +255,11 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
     if others_before != others_after:
         return CollateralResult(False, True, f"{others_before - others_after} rows not requested were deleted from "
                                 f"files the erase commit attached deletes to (snapshot {erase_snapshot})")
-    fresh = seen is None or seen.files != changed.removed
-    removed = skipping.read(spark, settings, before, set(changed.removed)) if fresh else None
+    seen = commit.seen if commit.seen is not None and commit.seen.files == changed.removed else None
+    removed = skipping.read(spark, settings, before, set(changed.removed)) if seen is None else None
     added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(settings.table(table)).schema
                                             ) if changed.added else None  # new files: no deletes yet
-    expected_other, expected_redacted, found = split(removed, table_keys, added)
-    if not fresh:
-        expected_other, expected_redacted = seen.other, seen.redacted
-    expected = expected_other + expected_redacted + requested_kept
-    if found == expected:
-        return CollateralResult(True)
-    return CollateralResult(False, True, "rows not requested changed in the files the erase commit rewrote: "
-                                         f"expected {expected.describe()}, found {found.describe()} at snapshot "
-                                         f"{erase_snapshot}")
+    return removed, added, requested_kept, seen
 
 
 def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candidates, kept: frozenset[str],

@@ -288,7 +288,7 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     now = keys.candidates(spark, settings, table, current.snapshot_id)
     matched, planned = set(table_plan.matched_files), set(table_plan.candidate_files)
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
-    rows = skipping.read(spark, settings, chosen)
+    rows = skipping.read(spark, settings, chosen, file_per_task=True)  # each file's rows keep their order
     if rows is None:  # another writer removed them meanwhile: verification shows what is left
         return None
     observation = None
