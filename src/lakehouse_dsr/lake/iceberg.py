@@ -163,17 +163,22 @@ def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_fil
         (rows.write.format("iceberg").option("rewritten-file-scan-task-set-id", set_id)
          .option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
          .mode("append").save(f"{settings.catalog.name}.{table}"))
-        new_files = coordinator.fetchNewFiles(jtable, set_id)
+        new_files = list(coordinator.fetchNewFiles(jtable, set_id) or [])
         jtable.refresh()
-        operation = (jtable.newOverwrite().validateFromSnapshot(read_snapshot_id)
+        operation = (jtable.newOverwrite().caseSensitive(False).validateFromSnapshot(read_snapshot_id)
                      .conflictDetectionFilter(conflict_filter).validateNoConflictingData()
                      .validateNoConflictingDeletes())
         for data_file in old_files:
             operation.deleteFile(data_file)
-        if new_files is not None:
-            for data_file in new_files:
-                operation.addFile(data_file)
-        operation.set("spark.app.id", spark.sparkContext.applicationId).commit()
+        for data_file in new_files:
+            operation.addFile(data_file)
+        try:
+            operation.set("spark.app.id", spark.sparkContext.applicationId).commit()
+        except Exception as exc:
+            if any(name in str(exc) for name in _CONFLICTS):  # nothing committed: the new files belong to nobody
+                for data_file in new_files:  # (an unknown commit state keeps them: the commit may have landed)
+                    jtable.io().deleteFile(data_file.location())
+            raise
     finally:
         coordinator.clearRewrite(jtable, set_id)
 

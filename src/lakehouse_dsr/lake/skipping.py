@@ -149,7 +149,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int |
         return Candidates(table, None, predicate=predicate)
     jtable = iceberg.java_table(spark, settings, table)
     summary = dict(jtable.snapshot(snapshot_id).summary())
-    scan = jtable.newScan().useSnapshot(snapshot_id)
+    scan = jtable.newScan().useSnapshot(snapshot_id).caseSensitive(False)  # as Spark resolves data-map names
     pruned = not predicate.equals(jvm.org.apache.iceberg.expressions.Expressions.alwaysTrue())
     if pruned:
         scan = scan.filter(predicate)
