@@ -375,7 +375,7 @@ def _erase(spark: SparkSession, settings: Settings, ledger: Ledger, work: _Work,
 
     datamap = settings.datamap
     hashes = verify.stored_hashes(spark, ledger, request_ids)
-    late = _LateRows(spark, settings, ledger, hashes, key_types, work.purge_now)
+    late = _LateRows(spark, settings, ledger, hashes, work.purge_now)
     erasures: dict[str, erase.TableErasure] = {}
     with _timed(report, "erase", spark):
         key_sets = matching.key_sets(settings, keys, key_types, [*datamap.keyed, *datamap.files])
@@ -470,10 +470,8 @@ def _changes(settings: Settings, table: str, erasures: dict[str, erase.TableEras
 class _LateRows:
     """Later erase rounds: rows of the batch's subjects that other writers appended after our commit."""
 
-    def __init__(self, spark: SparkSession, settings: Settings, ledger: Ledger, hashes: DataFrame,
-                 key_types: KeyTypes, purging: bool):
-        self.spark, self.settings, self.ledger, self.hashes, self.key_types = spark, settings, ledger, hashes, key_types
-        self.purging = purging
+    def __init__(self, spark: SparkSession, settings: Settings, ledger: Ledger, hashes: DataFrame, purging: bool):
+        self.spark, self.settings, self.ledger, self.hashes, self.purging = spark, settings, ledger, hashes, purging
         self.keys: verify.HashKeys | None = None
 
     def erase(self, progress: Progress, erasures: dict[str, erase.TableErasure], tables: list[str],
@@ -482,10 +480,12 @@ class _LateRows:
         for _ in range(settings.erase.max_rounds - 1):
             moved = [t for t in tables if t in erasures and not erasures[t].error
                      and _changed_since(spark, settings, t, erasures[t])]
-            if moved and self.keys is None:
+            if not moved:
+                return
+            if self.keys is None:
                 self.keys = verify.keys_for(settings, self.hashes, self.ledger.keyring)
-            late = [t for t in moved
-                    if _verify(spark, settings, self.keys, t, self.hashes, self.key_types, False, key_sets[t]).live]
+            found = verify.live_found(spark, settings, moved, self.hashes, self.keys, key_sets)  # one job
+            late = [t for t in moved if found[t]]
             if not late:
                 return
             again = _erase_tables(spark, settings, progress, "erase late rows", late, key_sets, self.purging)

@@ -548,28 +548,6 @@ def _ancestors(jtable, start_id: int | None, stop_id: int | None):
         snap = jtable.snapshot(parent) if parent is not None else None
 
 
-def same_rows_since(spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> bool:
-    """Whether the current snapshot holds exactly the rows of `snapshot_id`: it is that snapshot, or
-    every commit since is a `replace` (compaction, manifest rewrite: by the spec, files change and
-    the table's data does not). Metadata only."""
-    jtable = java_table(spark, settings, table)
-    current = jtable.currentSnapshot()
-    if current is None:
-        return False
-    since = list(_ancestors(jtable, current.snapshotId(), snapshot_id))  # newest first, `snapshot_id` excluded
-    on_its_line = not since or since[-1].parentId() == snapshot_id  # else rolled back, replaced or expired
-    return on_its_line and all(str(s.operation()) == "replace" for s in since)
-
-
-def read_appended(spark: SparkSession, settings: Settings, table: str, commit: Commit, parent_id: int | None
-                  ) -> DataFrame:
-    """The rows one append commit added (an incremental read of that commit alone)."""
-    if parent_id is None:  # the table's first commit
-        return read_at(spark, settings, table, commit.snapshot_id)
-    return (spark.read.format("iceberg").option("start-snapshot-id", str(parent_id))
-            .option("end-snapshot-id", str(commit.snapshot_id)).load(f"{settings.catalog.name}.{table}"))
-
-
 def read_appends(spark: SparkSession, settings: Settings, table: str, after_id: int, until_id: int) -> DataFrame:
     """The rows the append commits after `after_id` up to `until_id` added (Iceberg's incremental read:
     other commits, such as deletes and rewrites, are skipped). Reads only the appended files."""

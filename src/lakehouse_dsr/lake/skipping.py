@@ -41,11 +41,6 @@ _SPLIT = 128 * 1024 * 1024  # Iceberg's default read.split.target-size
 _ENCODERS = {StringType: "STRING", LongType: "LONG", IntegerType: "INT"}
 
 
-def prunable(key_type: DataType) -> bool:
-    """Whether values of this key type can become a pruning predicate."""
-    return type(key_type) in _ENCODERS
-
-
 @dataclass(frozen=True)
 class KeyValues:
     """The batch's distinct values of one key column, held in the driver's JVM (a java.util.List,
@@ -58,7 +53,7 @@ class KeyValues:
 def key_values(values: DataFrame, key_type: DataType) -> KeyValues | None:
     """`values` (one column `key_value` of `key_type`, distinct) as a JVM list; None when the type
     cannot be pruned on or there are more than MAX_VALUES values. Cost: one small Spark job."""
-    if not prunable(key_type):
+    if type(key_type) not in _ENCODERS:  # other types cannot become a pruning predicate
         return None
     encoder = getattr(values.sparkSession._jvm.org.apache.spark.sql.Encoders, _ENCODERS[type(key_type)])()
     ordered = values.select("key_value").where("key_value IS NOT NULL").orderBy("key_value").limit(MAX_VALUES + 1)

@@ -140,9 +140,7 @@ def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: Ta
     if table in settings.datamap.files:
         source = _source(spark, settings, table)
     else:
-        snapshot = iceberg.current_snapshot(spark, settings, table)
-        source = skipping.read(spark, settings, keys.candidates(spark, settings, table,
-                                                                 snapshot.snapshot_id if snapshot else None))
+        source = skipping.read(spark, settings, keys.current_candidates(spark, settings, table))
         if source is None:
             return spark.createDataFrame([], "request_id string, table_name string, row string")
     marked = matching.mark(source, keys).where(matching.any_hit(keys))

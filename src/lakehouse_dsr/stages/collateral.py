@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -128,9 +129,7 @@ def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, Table
     out = {name: (Fingerprint(), Fingerprint(), Fingerprint()) for name in parts}
     if not frames:
         return out
-    hashed = frames[0]
-    for frame in frames[1:]:
-        hashed = hashed.unionByName(frame)
+    hashed = reduce(DataFrame.unionByName, frames)
     before, requested = F.col(_SIDE) == 0, F.col(_HIT)
     for totals in hashed.groupBy(_TABLE).agg(*aggregates("o_", before & ~requested),
                                              *aggregates("r_", before & requested),

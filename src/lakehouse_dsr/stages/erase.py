@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass, field, fields
+from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -185,10 +186,7 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
     small tables, a job per table would cost more than the reading."""
     scans, parts = {}, []
     for table in tables:
-        snapshot = iceberg.current_snapshot(spark, settings, table)
-        snapshot_id = snapshot.snapshot_id if snapshot else None
-        candidates = keys[table].candidates(spark, settings, table, snapshot_id)
-        scans[table] = snapshot_id, candidates
+        scans[table] = candidates = keys[table].current_candidates(spark, settings, table)
         rows = skipping.read(spark, settings, candidates)
         if rows is not None:  # one group per file and combination of requests naming a row (none: other rows)
             parts.append(matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys[table])  # named at the scan
@@ -196,17 +194,16 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
                                  matching.request_ids(keys[table]).alias("request_ids"), _FILE))
     groups: dict[str, list] = {table: [] for table in tables}
     if parts:
-        union = parts[0]
-        for part in parts[1:]:
-            union = union.unionByName(part)
+        union = reduce(DataFrame.unionByName, parts)
         for g in union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count")).collect():
             groups[g.dsr_table].append(g)
-    return {table: _plan(spark, settings, table, keys[table], purging, *scans[table], groups[table])
+    return {table: _plan(spark, settings, table, keys[table], purging, scans[table], groups[table])
             for table in tables}
 
 
 def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool,
-          snapshot_id: int | None, candidates: skipping.Candidates, groups: list) -> TablePlan:
+          candidates: skipping.Candidates, groups: list) -> TablePlan:
+    snapshot_id = candidates.snapshot_id
     mapping = settings.datamap.mapping(table)
     modes = write_modes(spark, settings, table)
     rewrite = iceberg.format_version(spark, settings, table) <= 2
@@ -284,8 +281,7 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     leaves their rows; with `observe` (the collateral check's keys), the rows read are fingerprinted
     on the way. Safe to repeat after a conflict: each attempt starts from the current snapshot."""
     table = table_plan.table
-    current = iceberg.current_snapshot(spark, settings, table)
-    now = keys.candidates(spark, settings, table, current.snapshot_id)
+    now = keys.current_candidates(spark, settings, table)
     matched, planned = set(table_plan.matched_files), set(table_plan.candidate_files)
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
     rows = skipping.read(spark, settings, chosen, file_per_task=True)  # each file's rows keep their order
@@ -296,7 +292,7 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
         rows, observation = collateral.observe(rows, observe)
     iceberg.overwrite_files(spark, settings, table, chosen.data_files(),
                             collateral.erased_rows(rows, keys, settings.datamap.mapping(table).action),
-                            current.snapshot_id, now.predicate)
+                            now.snapshot_id, now.predicate)
     return collateral.observed(observation, chosen.paths()) if observation else None
 
 
@@ -305,9 +301,10 @@ def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: 
     """Run the plan as one commit. Skips tables without matches (no empty commits). `observe`: the
     keys the collateral check marks rows by, for a rewrite to fingerprint what it reads.
 
-    Copy-on-write: reads the key columns of every file to find those holding a match, then reads and
-    rewrites those. Merge-on-read: reads the key columns of every file and writes delete files only.
-    (Spark's MERGE plans its own scan: data skipping cannot reach it without values in its text.)
+    `rewrite_files`: reads and rewrites only the files holding matches (see choose_strategy). Spark's
+    statements plan their own scans, which data skipping cannot reach without values in SQL text:
+    copy-on-write reads the key columns of every file to find those holding a match, then reads and
+    rewrites those; merge-on-read reads the key columns of every file and writes delete files only.
     A redaction over several key columns first reads the key columns of the plan's candidate files
     once, for the requested key tuples.
     """

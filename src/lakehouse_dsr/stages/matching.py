@@ -13,7 +13,7 @@ from pyspark.sql.types import DataType
 from ..config import Settings
 from ..datamap import KeyGroup, column_path, column_ref, is_array
 from ..datamap.check import KeyTypes
-from ..lake import skipping
+from ..lake import iceberg, skipping
 
 
 def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) -> DataFrame:
@@ -78,6 +78,11 @@ class TableKeys:
                    ) -> skipping.Candidates:
         """The files of `table` at `snapshot_id` that may hold these keys (metadata only)."""
         return skipping.plan(spark, settings, table, snapshot_id, self.groups, self.values)
+
+    def current_candidates(self, spark: SparkSession, settings: Settings, table: str) -> skipping.Candidates:
+        """`candidates` at the table's current snapshot (none for an empty table)."""
+        snapshot = iceberg.current_snapshot(spark, settings, table)
+        return self.candidates(spark, settings, table, snapshot.snapshot_id if snapshot else None)
 
     def replace(self, index: int, keys: KeySet) -> TableKeys:
         return TableKeys(self.groups, tuple(keys if i == index else s for i, s in enumerate(self.sets)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -59,12 +60,7 @@ def find_hashed(spark: SparkSession, values: DataFrame, hashes: DataFrame, key: 
     and key, not per row. A value found twice for one request in one key column (its hashes were
     recorded before and after a rotation) counts once.
     """
-    return find_hashed_in_groups(spark, values.groupBy("dsr_group", "key_type", "dsr_value").count(), hashes, key)
-
-
-def find_hashed_in_groups(spark: SparkSession, grouped: DataFrame, hashes: DataFrame,
-                          key: bytes | Keyring | dict[str, bytes]) -> dict[str, int]:
-    """`find_hashed` over values already grouped: (dsr_group, key_type, dsr_value, count)."""
+    grouped = values.groupBy("dsr_group", "key_type", "dsr_value").count()
     return {r.request_id: int(r.n) for r in _found(spark, grouped, hashes, key, [])}
 
 
@@ -97,9 +93,7 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
             parts.append(values.select(F.lit(table).alias("dsr_table"), "dsr_group", "key_type", "dsr_value"))
     found: dict[str, dict[str, int]] = {table: {} for table in tables}
     if parts:
-        union = parts[0]
-        for part in parts[1:]:
-            union = union.unionByName(part)
+        union = reduce(DataFrame.unionByName, parts)
         grouped = union.groupBy("dsr_table", "dsr_group", "key_type", "dsr_value").count()
         for r in _found(spark, grouped, hashes, key.keys, ["dsr_table"]):
             found[r.dsr_table][r.request_id] = int(r.n)
@@ -110,9 +104,7 @@ def _live_rows(spark: SparkSession, settings: Settings, table: str, prune: Table
     """The current snapshot's rows (only the files that may hold `prune`'s keys; None when none can)."""
     if prune is None:
         return spark.table(settings.table(table))
-    snapshot = iceberg.current_snapshot(spark, settings, table)
-    return skipping.read(spark, settings, prune.candidates(spark, settings, table,
-                                                           snapshot.snapshot_id if snapshot else None))
+    return skipping.read(spark, settings, prune.current_candidates(spark, settings, table))
 
 
 @dataclass(frozen=True)
