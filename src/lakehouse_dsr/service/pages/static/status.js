@@ -43,7 +43,12 @@ function render(s) {
   $("checked").textContent = `Checked at ${new Date().toLocaleTimeString()}.`;
 }
 
+// Each load is numbered: an answer that arrives after a newer load started (a refresh still in flight
+// when the link's fragment changes) belongs to another link and is dropped.
+let loads = 0;
+
 async function load() {
+  const mine = ++loads;
   const { id, token, gpc } = request();
   hide($("load-error"));
   if (!id || !token) {
@@ -58,6 +63,7 @@ async function load() {
   show($("keep"));
   try {
     const answer = await api(`/api/v1/requests/${encodeURIComponent(id)}`, { headers: { "X-Status-Token": token } });
+    if (mine !== loads) return;
     if (answer.status === 200) return render(answer.body);
     const message = answer.status === 403
       ? "This link does not match a request: use the full link you got when you made it."
@@ -66,7 +72,7 @@ async function load() {
     show($("load-error"), message);
   } catch (error) {
     if (!(error instanceof NetworkError)) throw error;
-    show($("load-error"), error.message);
+    if (mine === loads) show($("load-error"), error.message);
   }
 }
 
