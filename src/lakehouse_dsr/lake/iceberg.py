@@ -19,6 +19,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from ..config import Settings
 from ..exceptions import CommitConflictError
+from .bridge import bridge, call, jclass
 
 # Iceberg's own retries cover plain appends; these mean a concurrent commit invalidated the whole operation.
 _CONFLICTS = ("org.apache.iceberg.exceptions.ValidationException",
@@ -33,6 +34,19 @@ class Snapshot:
     snapshot_id: int
     committed_ms: int
     summary: dict[str, str]
+    parent_id: int | None = None
+    operation: str | None = None
+
+    @classmethod
+    def from_bridge(cls, answer: dict | None) -> Snapshot | None:
+        """From the bridge's JSON for one snapshot (None: no snapshot)."""
+        if answer is None:
+            return None
+        return cls(answer["id"], answer["ms"], answer["summary"], answer["parent"], answer["operation"])
+
+    def counts(self) -> dict[str, int]:
+        """The summary's numeric entries (`total-records`, `added-position-deletes`, ...)."""
+        return {k: int(v) for k, v in self.summary.items() if v.lstrip("-").isdigit()}
 
 
 @dataclass(frozen=True)
@@ -44,7 +58,7 @@ class Ref:
 
 def java_table(spark: SparkSession, settings: Settings, table: str):
     """Iceberg's Java Table for `table` (through Spark's catalog: its cache, its FileIO)."""
-    return spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+    return jclass(spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
         spark._jsparkSession, f"{settings.catalog.name}.{table}"
     )
 
@@ -56,18 +70,20 @@ def procedure_table(settings: Settings, table: str) -> str:
 
 
 def _actions(spark: SparkSession):
-    return spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
+    return jclass(spark, "org.apache.iceberg.spark.actions.SparkActions").get(spark._jsparkSession)
+
+
+def snapshot_of(spark: SparkSession, jsnapshot) -> Snapshot | None:
+    """A Java Snapshot (or None) as a Snapshot, read in one round trip."""
+    return Snapshot.from_bridge(call(spark, "snapshot", jsnapshot))
 
 
 def current_snapshot(spark: SparkSession, settings: Settings, table: str) -> Snapshot | None:
-    snap = java_table(spark, settings, table).currentSnapshot()
-    if snap is None:
-        return None
-    return Snapshot(snap.snapshotId(), snap.timestampMillis(), dict(snap.summary()))
+    return snapshot_of(spark, java_table(spark, settings, table).currentSnapshot())
 
 
 def table_properties(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
-    return dict(java_table(spark, settings, table).properties())
+    return call(spark, "toJson", java_table(spark, settings, table).properties())
 
 
 def table_location(spark: SparkSession, settings: Settings, table: str) -> str:
@@ -81,9 +97,8 @@ def write_mode(spark: SparkSession, settings: Settings, table: str, operation: s
 
 def refs(spark: SparkSession, settings: Settings, table: str) -> list[Ref]:
     """Branches and tags other than main: each pins its snapshots against expiry. Table metadata only."""
-    found = java_table(spark, settings, table).refs()
-    return sorted((Ref(name, "BRANCH" if ref.isBranch() else "TAG", ref.snapshotId())
-                   for name, ref in ((n, found.get(n)) for n in found.keySet()) if name != "main"),
+    found = call(spark, "describe", java_table(spark, settings, table))["refs"]
+    return sorted((Ref(r["name"], r["kind"], r["snapshot_id"]) for r in found if r["name"] != "main"),
                   key=lambda r: r.name)
 
 
@@ -105,14 +120,10 @@ def live_rows(spark: SparkSession, settings: Settings, table: str, snapshot_id: 
     applied."""
     if snapshot_id is None:
         return 0
-    s = _counts(java_table(spark, settings, table).snapshot(snapshot_id))
+    s = snapshot_of(spark, java_table(spark, settings, table).snapshot(snapshot_id)).counts()
     if "total-records" in s and "total-position-deletes" in s and not s.get("total-equality-deletes"):
         return s["total-records"] - s["total-position-deletes"]
     return read_at(spark, settings, table, snapshot_id).count()
-
-
-def _counts(snapshot) -> dict[str, int]:
-    return {k: int(v) for k, v in dict(snapshot.summary()).items() if v.lstrip("-").isdigit()}
 
 
 def rows_after_commit(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None,
@@ -128,15 +139,15 @@ def rows_after_commit(spark: SparkSession, settings: Settings, table: str, snaps
     if snapshot_id is None:
         return read_at(spark, settings, table, None).count()
     jtable = java_table(spark, settings, table)
-    snap = jtable.snapshot(snapshot_id)
-    s = _counts(snap)
+    snap = snapshot_of(spark, jtable.snapshot(snapshot_id))
+    s = snap.counts()
     if (not s.get("added-data-files") and not s.get("deleted-data-files") and not s.get("added-equality-deletes")
             and "added-position-deletes" in s):
         return rows_before - s["added-position-deletes"] + s.get("removed-position-deletes", 0)
-    parent = _counts(jtable.snapshot(snap.parentId())) if snap.parentId() is not None else {}
+    parent = snapshot_of(spark, jtable.snapshot(snap.parent_id)).counts() if snap.parent_id is not None else {}
     if "total-records" in s and s.get("total-delete-files") == 0 and parent.get("total-delete-files") == 0:
         return rows_before - (parent["total-records"] - s["total-records"])
-    return read_at(spark, settings, table, snap.snapshotId()).count()
+    return read_at(spark, settings, table, snap.snapshot_id).count()
 
 
 def format_version(spark: SparkSession, settings: Settings, table: str) -> int:
@@ -155,29 +166,25 @@ def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_fil
     caller retries) when another writer meanwhile added data `conflict_filter` may match, or deleted
     from the old files. Cost: one read and one write of the rows.
     """
-    jvm = spark._jvm
     set_id = f"dsr-rewrite-{uuid.uuid4().hex}"
     jtable = java_table(spark, settings, table)
-    coordinator = jvm.org.apache.iceberg.spark.FileRewriteCoordinator.get()
+    coordinator = jclass(spark, "org.apache.iceberg.spark.FileRewriteCoordinator").get()
     try:
         (rows.write.format("iceberg").option("rewritten-file-scan-task-set-id", set_id)
          .option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
          .mode("append").save(f"{settings.catalog.name}.{table}"))
-        new_files = list(coordinator.fetchNewFiles(jtable, set_id) or [])
+        new_files = coordinator.fetchNewFiles(jtable, set_id) or spark._jvm.java.util.ArrayList()
         jtable.refresh()
         operation = (jtable.newOverwrite().caseSensitive(False).validateFromSnapshot(read_snapshot_id)
                      .conflictDetectionFilter(conflict_filter).validateNoConflictingData()
                      .validateNoConflictingDeletes())
-        for data_file in old_files:
-            operation.deleteFile(data_file)
-        for data_file in new_files:
-            operation.addFile(data_file)
+        bridge(spark).replace(operation, old_files, new_files)
         try:
             operation.set("spark.app.id", spark.sparkContext.applicationId).commit()
         except Exception as exc:
             if any(name in str(exc) for name in _CONFLICTS):  # nothing committed: the new files belong to nobody
-                for data_file in new_files:  # (an unknown commit state keeps them: the commit may have landed)
-                    jtable.io().deleteFile(data_file.location())
+                for location in call(spark, "locations", new_files):  # (an unknown commit state keeps them:
+                    jtable.io().deleteFile(location)  # the commit may have landed)
             raise
     finally:
         coordinator.clearRewrite(jtable, set_id)
@@ -199,19 +206,14 @@ def commit_files(spark: SparkSession, settings: Settings, table: str, snapshot_i
     its rows, so its `file_path` column is read (a small Spark job over that delete file)."""
     jtable = java_table(spark, settings, table)
     snap, io = jtable.snapshot(snapshot_id), jtable.io()
-    util = spark._jvm.org.apache.iceberg.util.ContentFileUtil
-    deleted_from, unscoped = set(), []
-    for delete_file in snap.addedDeleteFiles(io):
-        referenced = util.referencedDataFileLocation(delete_file)
-        if referenced is not None:
-            deleted_from.add(str(referenced))
-        else:
-            unscoped.append(str(delete_file.location()))
+    targets = call(spark, "deleteTargets", snap.addedDeleteFiles(io))
+    deleted_from = {referenced for referenced, _ in targets if referenced is not None}
+    unscoped = [location for referenced, location in targets if referenced is None]
     if unscoped:
         deleted_from.update(r.file_path for r in spark.read.parquet(*unscoped).select("file_path").distinct()
                             .collect())
-    return CommitFiles(snap.parentId(), frozenset(str(f.location()) for f in snap.removedDataFiles(io)),
-                       frozenset(str(f.location()) for f in snap.addedDataFiles(io)), frozenset(deleted_from))
+    return CommitFiles(snap.parentId(), frozenset(call(spark, "locations", snap.removedDataFiles(io))),
+                       frozenset(call(spark, "locations", snap.addedDataFiles(io))), frozenset(deleted_from))
 
 
 def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str, target_file_size_bytes: int) -> int:
@@ -324,28 +326,32 @@ def expire_snapshots_before_current(spark: SparkSession, settings: Settings, tab
     jobs over metadata tables (about 1 s of fixed cost per table on a small lake); it serves the rest.
     """
     jtable = java_table(spark, settings, table)
-    current = jtable.currentSnapshot()
+    described = call(spark, "describe", jtable)
+    current = Snapshot.from_bridge(described["current"])
     if current is None:
         return ExpireResult(0, 0)
-    snapshots = list(jtable.snapshots())
-    older = [s.snapshotId() for s in snapshots if s.timestampMillis() < current.timestampMillis()]
+    snapshots = call(spark, "snapshots", jtable)
+    older = [s["id"] for s in snapshots if s["ms"] < current.committed_ms]
     if not older:  # only the current snapshot (or newer ones): nothing to expire
         return ExpireResult(0, 0)
-    found = jtable.refs()
-    main = found.get("main")
-    if found.size() != 1 or main is None or main.minSnapshotsToKeep() is not None \
-            or main.maxSnapshotAgeMs() is not None:  # refs, or main's own retention: Iceberg decides what stays
-        result = (_actions(spark).expireSnapshots(jtable).expireOlderThan(current.timestampMillis())
+    refs = described["refs"]
+    if len(refs) != 1 or refs[0]["name"] != "main" or refs[0]["min_snapshots_to_keep"] is not None \
+            or refs[0]["max_snapshot_age_ms"] is not None:  # refs, or main's own retention: Iceberg decides
+        result = (_actions(spark).expireSnapshots(jtable).expireOlderThan(current.committed_ms)
                   .retainLast(1).execute())
         deleted = (result.deletedDataFilesCount() + result.deletedPositionDeleteFilesCount()
                    + result.deletedEqualityDeleteFilesCount())
     else:
-        deleted = _expire_in_driver(spark, jtable, current.timestampMillis(), snapshots, older[0])
+        deleted = _expire_in_driver(spark, jtable, current.committed_ms, older[0])
     jtable.refresh()
-    return ExpireResult(len(snapshots) - sum(1 for _ in jtable.snapshots()), deleted)
+    return ExpireResult(len(snapshots) - _snapshot_count(jtable), deleted)
 
 
-def _expire_in_driver(spark: SparkSession, jtable, before_ms: int, snapshots: list, one_expired: int) -> int:
+def _snapshot_count(jtable) -> int:
+    return jtable.operations().current().snapshots().size()
+
+
+def _expire_in_driver(spark: SparkSession, jtable, before_ms: int, one_expired: int) -> int:
     """Core expiry of a table without refs; returns the data and delete files it deleted.
 
     Naming one snapshot the expiry removes anyway makes Iceberg clean up by reachability (files no
@@ -353,21 +359,16 @@ def _expire_in_driver(spark: SparkSession, jtable, before_ms: int, snapshots: li
     deletes files whose removal an expired snapshot recorded, so it would leave the files the
     current snapshot replaced.
     """
-    io, metadata = jtable.io(), jtable.operations().current()
     # Paths that are metadata, to tell them from data and delete files among the deleted ones.
-    known_metadata = {s.manifestListLocation() for s in snapshots}
-    known_metadata.update(m.path() for s in snapshots for m in s.allManifests(io))
-    known_metadata.update(f.path() for f in metadata.statisticsFiles())
-    known_metadata.update(f.path() for f in metadata.partitionStatisticsFiles())
-    jvm = spark._jvm
-    deleted = jvm.java.util.stream.Stream.builder()  # a Consumer<String>: collects what the expiry drops
+    known_metadata = set(call(spark, "metadataFiles", jtable, True))
+    deleted = jclass(spark, "java.util.stream.Stream").builder()  # a Consumer<String>: what the expiry drops
     (jtable.expireSnapshots().expireOlderThan(before_ms).retainLast(1).expireSnapshotId(one_expired)
      .deleteWith(deleted).commit())
-    paths = deleted.build().collect(jvm.java.util.stream.Collectors.toList())
+    paths = deleted.build().collect(jclass(spark, "java.util.stream.Collectors").toList())
     # After the commit, as Iceberg's own expiry does (bulk where the FileIO can; failures are logged,
     # and a file left behind is an orphan that the orphan removal and the storage check both see).
-    jvm.org.apache.iceberg.CatalogUtil.deleteFiles(io, paths, "expired", False)
-    return sum(1 for path in paths if path not in known_metadata)
+    jclass(spark, "org.apache.iceberg.CatalogUtil").deleteFiles(jtable.io(), paths, "expired", False)
+    return sum(1 for path in call(spark, "toJson", paths) if path not in known_metadata)
 
 
 def remove_orphan_files(spark: SparkSession, settings: Settings, table: str, min_age_minutes: float) -> int:
@@ -390,29 +391,17 @@ def _may_hold_orphans(spark: SparkSession, settings: Settings, table: str, jtabl
     listing, and the manifests read in the driver (one snapshot, as the expiry leaves a table without
     refs) or two metadata-table queries, against the orphan action's distributed listing and
     anti-join; when in doubt (a file kind not accounted for) it says yes, so the action runs."""
-    path = spark._jvm.org.apache.hadoop.fs.Path(jtable.location())
-    listing = path.getFileSystem(spark._jsc.hadoopConfiguration()).listFiles(path, True)
-    old: list[str] = []
-    while listing.hasNext():
-        status = listing.next()
-        if status.getModificationTime() < cutoff_ms:
-            old.append(same_file(status.getPath().toString()))
+    old = [same_file(path) for path, modified_ms in _listing(spark, jtable.location()) if modified_ms < cutoff_ms]
     if not old:
         return False
-    snapshots = list(jtable.snapshots())
-    if len(snapshots) == 1:
-        io = jtable.io()
-        known = {*_live_files(spark, jtable, snapshots[0]), *(m.path() for m in snapshots[0].allManifests(io))}
+    one_snapshot = _snapshot_count(jtable) == 1
+    if one_snapshot:
+        known = set(_live_files(spark, jtable, jtable.currentSnapshot()))
     else:
         name = settings.table(table)
         known = {r[0] for r in spark.sql(f"SELECT file_path FROM {name}.all_files UNION ALL "
                                          f"SELECT path FROM {name}.all_manifests").collect()}
-    metadata = jtable.operations().current()
-    known.add(metadata.metadataFileLocation())
-    known.update(entry.file() for entry in metadata.previousFiles())
-    known.update(snapshot.manifestListLocation() for snapshot in jtable.snapshots())
-    known.update(stats.path() for stats in metadata.statisticsFiles())
-    known.update(stats.path() for stats in metadata.partitionStatisticsFiles())
+    known.update(call(spark, "metadataFiles", jtable, one_snapshot))
     known = {same_file(k) for k in known if k}
     return any(f not in known and not f.endswith("version-hint.text") for f in old)
 
@@ -422,9 +411,8 @@ def retained_files(spark: SparkSession, settings: Settings, table: str) -> tuple
     among them). Metadata only: a table with one snapshot (as a purge leaves it) has its manifests
     read in the driver, others take one query over its metadata tables."""
     jtable = java_table(spark, settings, table)
-    snapshots = list(jtable.snapshots())
-    if len(snapshots) == 1:
-        files = _live_files(spark, jtable, snapshots[0])
+    if _snapshot_count(jtable) == 1:
+        files = _live_files(spark, jtable, jtable.currentSnapshot())
         return files, set(files)
     name = settings.table(table)
     # Deduplicated here, not in Spark: a GROUP BY would add a shuffle stage to a query of a few rows.
@@ -435,37 +423,19 @@ def retained_files(spark: SparkSession, settings: Settings, table: str) -> tuple
 
 def _live_files(spark: SparkSession, jtable, snapshot) -> list[str]:
     """Every data and delete file one snapshot references (its manifests' live entries), read in
-    the driver: a Py4J call or two per file."""
-    io, specs, files = jtable.io(), jtable.specs(), []
-    manifest_files = spark._jvm.org.apache.iceberg.ManifestFiles
-    for manifest in snapshot.dataManifests(io):
-        files += _locations(manifest_files.read(manifest, io, specs))
-    for manifest in snapshot.deleteManifests(io):
-        files += _locations(manifest_files.readDeleteManifest(manifest, io, specs))
-    return files
+    the driver."""
+    return call(spark, "liveFiles", jtable, snapshot)
 
 
-def _locations(reader) -> list[str]:
-    try:
-        entries = reader.iterator()
-        out = []
-        while entries.hasNext():
-            out.append(str(entries.next().location()))
-        return out
-    finally:
-        reader.close()
+def _listing(spark: SparkSession, location: str) -> list[tuple[str, int]]:
+    """(path, modified ms) of every file below a location: one recursive listing of storage."""
+    path = jclass(spark, "org.apache.hadoop.fs.Path")(location)
+    return call(spark, "listFiles", path.getFileSystem(spark._jsc.hadoopConfiguration()), path)
 
 
 def parquet_files_under(spark: SparkSession, location: str) -> list[str]:
     """Every Parquet file below a location, referenced or not: one recursive listing of storage."""
-    path = spark._jvm.org.apache.hadoop.fs.Path(location)
-    files = path.getFileSystem(spark._jsc.hadoopConfiguration()).listFiles(path, True)
-    found = []
-    while files.hasNext():
-        name = files.next().getPath().toString()
-        if name.endswith(".parquet"):
-            found.append(name)
-    return found
+    return [path for path, _ in _listing(spark, location) if path.endswith(".parquet")]
 
 
 def same_file(path: str) -> str:
@@ -518,12 +488,12 @@ def commits_between(spark: SparkSession, settings: Settings, table: str, after_i
     None when `after_id` is not an ancestor (the table was rolled back or replaced meanwhile).
     Metadata only.
     """
-    jtable = java_table(spark, settings, table)
-    start = jtable.snapshot(before_id).parentId()
-    chain = list(_ancestors(jtable, start, after_id))
-    if (chain[-1].parentId() if chain else start) != after_id:  # the line ended or expired first
+    snapshots = _snapshots_by_id(spark, settings, table)
+    start = snapshots[before_id].parent_id
+    chain = list(_ancestors(snapshots, start, after_id))
+    if (chain[-1].parent_id if chain else start) != after_id:  # the line ended or expired first
         return None
-    return [Commit(s.snapshotId(), str(s.operation()), dict(s.summary())) for s in reversed(chain)]
+    return [Commit(s.snapshot_id, s.operation, s.summary) for s in reversed(chain)]
 
 
 def commits_since(spark: SparkSession, settings: Settings, table: str, after_id: int, until_id: int
@@ -532,20 +502,25 @@ def commits_since(spark: SparkSession, settings: Settings, table: str, after_id:
     ancestor of `until_id` (expired, rolled back or replaced meanwhile). Metadata only."""
     if after_id == until_id:
         return []
-    chain = list(_ancestors(java_table(spark, settings, table), until_id, after_id))
-    if not chain or chain[-1].parentId() != after_id:
+    chain = list(_ancestors(_snapshots_by_id(spark, settings, table), until_id, after_id))
+    if not chain or chain[-1].parent_id != after_id:
         return None
-    return [Commit(s.snapshotId(), str(s.operation()), dict(s.summary())) for s in reversed(chain)]
+    return [Commit(s.snapshot_id, s.operation, s.summary) for s in reversed(chain)]
 
 
-def _ancestors(jtable, start_id: int | None, stop_id: int | None):
+def _snapshots_by_id(spark: SparkSession, settings: Settings, table: str) -> dict[int, Snapshot]:
+    """Every snapshot in the table's metadata, read in one round trip."""
+    found = call(spark, "snapshots", java_table(spark, settings, table))
+    return {s["id"]: Snapshot.from_bridge(s) for s in found}
+
+
+def _ancestors(snapshots: dict[int, Snapshot], start_id: int | None, stop_id: int | None):
     """Snapshots from `start_id` back along the parent line, up to (not including) `stop_id`; stops
     early where the line ends or a snapshot has expired."""
-    snap = jtable.snapshot(start_id) if start_id is not None else None
-    while snap is not None and snap.snapshotId() != stop_id:
+    snap = snapshots.get(start_id) if start_id is not None else None
+    while snap is not None and snap.snapshot_id != stop_id:
         yield snap
-        parent = snap.parentId()
-        snap = jtable.snapshot(parent) if parent is not None else None
+        snap = snapshots.get(snap.parent_id) if snap.parent_id is not None else None
 
 
 def read_appends(spark: SparkSession, settings: Settings, table: str, after_id: int, until_id: int) -> DataFrame:
@@ -559,12 +534,11 @@ def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_
     """This Spark application's newest commit after `after_id`, found by the `spark.app.id` Iceberg
     writes into each summary: other writers may have committed after it. Metadata only."""
     app_id = spark.sparkContext.applicationId
-    jtable = java_table(spark, settings, table)
-    current = jtable.currentSnapshot()
-    for snap in _ancestors(jtable, current.snapshotId() if current else None, after_id):
-        summary = dict(snap.summary())
-        if summary.get("spark.app.id") == app_id and str(snap.operation()) != "append":
-            return Snapshot(snap.snapshotId(), snap.timestampMillis(), summary)
+    current = current_snapshot(spark, settings, table)
+    for snap in _ancestors(_snapshots_by_id(spark, settings, table), current.snapshot_id if current else None,
+                           after_id):
+        if snap.summary.get("spark.app.id") == app_id and snap.operation != "append":
+            return snap
     return None
 
 

@@ -19,6 +19,7 @@ replaced by hashes), and at INFO only.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from pyspark.sql.types import DataType, IntegerType, LongType, StringType
 from ..config import Settings
 from ..datamap import KeyGroup, column_path
 from . import iceberg
+from .bridge import bridge, call, jclass
 
 # Iceberg's metrics, manifest and row-group evaluators treat an IN of more than 200 values as
 # "may match" (IN_PREDICATE_LIMIT): larger sets are split into ORed chunks of sorted values.
@@ -55,7 +57,7 @@ def key_values(values: DataFrame, key_type: DataType) -> KeyValues | None:
     cannot be pruned on or there are more than MAX_VALUES values. Cost: one small Spark job."""
     if type(key_type) not in _ENCODERS:  # other types cannot become a pruning predicate
         return None
-    encoder = getattr(values.sparkSession._jvm.org.apache.spark.sql.Encoders, _ENCODERS[type(key_type)])()
+    encoder = getattr(jclass(values.sparkSession, "org.apache.spark.sql.Encoders"), _ENCODERS[type(key_type)])()
     ordered = values.select("key_value").where("key_value IS NOT NULL").orderBy("key_value").limit(MAX_VALUES + 1)
     java_list = getattr(ordered._jdf, "as")(encoder).collectAsList()  # `as`: a Python keyword
     size = java_list.size()
@@ -66,7 +68,7 @@ def expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[
     """OR over key columns of `column IN values` (in chunks): a row may name a requested subject
     through any of them. Always-true when a column cannot be pruned on (array keys, other types, too
     many values); always-false when no column has a value."""
-    expressions = spark._jvm.org.apache.iceberg.expressions.Expressions
+    expressions = jclass(spark, "org.apache.iceberg.expressions.Expressions")
     result = expressions.alwaysFalse()
     for group, kv in zip(groups, values, strict=True):
         if group.is_array or kv is None:
@@ -115,18 +117,17 @@ class Candidates:
 
     def subset(self, spark: SparkSession, paths: set[str]) -> Candidates:
         """These candidates restricted to the files at `paths`."""
-        chosen, kept_paths, kept_sizes = spark._jvm.java.util.ArrayList(), [], []
-        for i, path in enumerate(self._paths):
-            if path in paths:
-                chosen.add(self._tasks.get(i))
-                kept_paths.append(path)
-                kept_sizes.append(self._sizes[i])
-        return Candidates(self.table, self.snapshot_id, len(kept_paths), sum(kept_sizes), self.total_files,
-                          self.total_bytes, self.pruned, self.predicate, chosen, kept_paths, kept_sizes)
+        kept = [i for i, path in enumerate(self._paths) if path in paths]
+        chosen = bridge(spark).pick(self._tasks, json.dumps(kept)) if self._tasks is not None else None
+        return Candidates(self.table, self.snapshot_id, len(kept), sum(self._sizes[i] for i in kept),
+                          self.total_files, self.total_bytes, self.pruned, self.predicate, chosen,
+                          [self._paths[i] for i in kept], [self._sizes[i] for i in kept])
 
-    def data_files(self) -> list:
-        """The candidates' Java DataFile objects (for a commit that replaces them)."""
-        return [task.file() for task in self._tasks] if self._tasks is not None else []
+    def data_files(self, spark: SparkSession):
+        """The candidates' Java DataFile objects, as a Java list (for a commit that replaces them)."""
+        if self._tasks is None:
+            return jclass(spark, "java.util.ArrayList")()
+        return bridge(spark).dataFiles(self._tasks)
 
     def as_dict(self) -> dict:
         return {"files": self.files, "bytes": self.bytes, "total_files": self.total_files,
@@ -138,20 +139,20 @@ def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int |
     """The candidate files of `table` at `snapshot_id` (None: an empty table) for the key values
     (one KeyValues per key group, None where the group cannot be pruned on). Metadata only, on the
     driver: manifests and their file entries are read, no data file and no Spark job."""
-    jvm = spark._jvm
     predicate = expression(spark, groups, values)
     if snapshot_id is None:
         return Candidates(table, None, predicate=predicate)
     jtable = iceberg.java_table(spark, settings, table)
-    summary = dict(jtable.snapshot(snapshot_id).summary())
+    summary = iceberg.snapshot_of(spark, jtable.snapshot(snapshot_id)).summary
     scan = jtable.newScan().useSnapshot(snapshot_id).caseSensitive(False)  # as Spark resolves data-map names
-    pruned = not predicate.equals(jvm.org.apache.iceberg.expressions.Expressions.alwaysTrue())
+    pruned = not predicate.equals(jclass(spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue())
     if pruned:
         scan = scan.filter(predicate)
     # Whole-file tasks: the staged scan splits them by the table's read.split.target-size itself.
-    tasks = jvm.org.apache.iceberg.relocated.com.google.common.collect.Lists.newArrayList(scan.planFiles())
-    files = [task.file() for task in tasks]
-    paths, sizes = [str(f.location()) for f in files], [int(f.fileSizeInBytes()) for f in files]
+    tasks = jclass(spark, "org.apache.iceberg.relocated.com.google.common.collect.Lists").newArrayList(
+        scan.planFiles())
+    files = call(spark, "taskFiles", tasks)
+    paths, sizes = [path for path, _ in files], [size for _, size in files]
     return Candidates(table, snapshot_id, len(paths), sum(sizes), int(summary.get("total-data-files", 0)),
                       int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes)
 
@@ -169,7 +170,7 @@ def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: 
         return None
     set_id = f"dsr-{uuid.uuid4().hex}"
     jtable = iceberg.java_table(spark, settings, candidates.table)
-    manager = spark._jvm.org.apache.iceberg.spark.ScanTaskSetManager.get()
+    manager = jclass(spark, "org.apache.iceberg.spark.ScanTaskSetManager").get()
     manager.stageTasks(jtable, set_id, candidates._tasks)
     _staged.append((manager, jtable, set_id))
     reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
@@ -177,4 +178,4 @@ def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: 
         reader = reader.option("split-size", str(_SPLIT)).option("file-open-cost", str(_SPLIT))
     rows = reader.load(f"{settings.catalog.name}.{candidates.table}")
     # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
-    return rows.select(*[F.col(f"`{c}`") for c in spark.table(settings.table(candidates.table)).columns])
+    return rows.select(*[F.col(f"`{c}`") for c in call(spark, "columns", jtable)])

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from ..config import Settings
 from ..exceptions import EnvironmentSetupError
 from . import jvm
+from .bridge import tune_driver
 from .catalog import create_catalog_tables, spark_catalog_properties
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -125,6 +126,7 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     _require_iceberg(spark)
+    tune_driver(spark)
     spark.sparkContext.setLogLevel(os.environ.get("DSR_SPARK_LOG_LEVEL", "ERROR"))
     attach(spark, settings)
     return spark

@@ -290,7 +290,7 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     observation = None
     if observe is not None:
         rows, observation = collateral.observe(rows, observe)
-    iceberg.overwrite_files(spark, settings, table, chosen.data_files(),
+    iceberg.overwrite_files(spark, settings, table, chosen.data_files(spark),
                             collateral.erased_rows(rows, keys, settings.datamap.mapping(table).action),
                             now.snapshot_id, now.predicate)
     return collateral.observed(observation, chosen.paths()) if observation else None

@@ -1,0 +1,329 @@
+// Bulk reads of Iceberg metadata for lakehouse-dsr, compiled inside the driver's JVM by Janino
+// (bridge.py). Each method answers in one Py4J round trip what element-by-element access over Py4J
+// answers in hundreds (a Java map or list is otherwise read one entry per round trip). Answers are
+// JSON strings; nothing here reads a data file or a row.
+// Janino compiles Java with generics erased: raw types and explicit casts throughout.
+package lakehouse_dsr;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.io.IOException;
+import java.net.URI;
+import java.nio.file.Files;
+import java.nio.file.attribute.PosixFilePermission;
+import java.util.HashSet;
+import java.util.Set;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.LocalFileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.RawLocalFileSystem;
+import org.apache.hadoop.fs.permission.FsPermission;
+import org.apache.iceberg.ContentFile;
+import org.apache.iceberg.DataFile;
+import org.apache.iceberg.FileScanTask;
+import org.apache.iceberg.ManifestFile;
+import org.apache.iceberg.ManifestFiles;
+import org.apache.iceberg.ManifestReader;
+import org.apache.iceberg.OverwriteFiles;
+import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.SnapshotRef;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.TableMetadata;
+import org.apache.iceberg.HasTableOperations;
+import org.apache.iceberg.io.CloseableIterator;
+import org.apache.iceberg.io.FileIO;
+import org.apache.iceberg.util.ContentFileUtil;
+import py4j.reflection.ClassLoadingStrategy;
+import py4j.reflection.ReflectionUtil;
+
+public class Bridge {
+  private final ObjectMapper json = new ObjectMapper();
+
+  public String toJson(Object value) throws Exception {
+    return json.writeValueAsString(value);
+  }
+
+  private Map snapshotMap(Snapshot s) {
+    Map m = new HashMap();
+    m.put("id", Long.valueOf(s.snapshotId()));
+    m.put("parent", s.parentId());
+    m.put("ms", Long.valueOf(s.timestampMillis()));
+    m.put("operation", s.operation());
+    m.put("summary", s.summary());
+    m.put("manifest_list", s.manifestListLocation());
+    return m;
+  }
+
+  /** One snapshot (null: none): id, parent, ms, operation, summary, manifest_list. */
+  public String snapshot(Snapshot s) throws Exception {
+    return toJson(s == null ? null : snapshotMap(s));
+  }
+
+  /** Every snapshot of the table's metadata, in commit order. */
+  public String snapshots(Table table) throws Exception {
+    List out = new ArrayList();
+    for (Iterator it = table.snapshots().iterator(); it.hasNext(); ) {
+      out.add(snapshotMap((Snapshot) it.next()));
+    }
+    return toJson(out);
+  }
+
+  /** What most callers ask of a table at once: properties, current snapshot, format version,
+   *  location, whether it has a sort order, and its refs. */
+  public String describe(Table table) throws Exception {
+    Map m = new HashMap();
+    TableMetadata metadata = ((HasTableOperations) table).operations().current();
+    m.put("properties", table.properties());
+    m.put("current", table.currentSnapshot() == null ? null : snapshotMap(table.currentSnapshot()));
+    m.put("format_version", Integer.valueOf(metadata.formatVersion()));
+    m.put("location", table.location());
+    m.put("sorted", Boolean.valueOf(!table.sortOrder().isUnsorted()));
+    List refs = new ArrayList();
+    Map found = table.refs();
+    for (Iterator it = found.keySet().iterator(); it.hasNext(); ) {
+      String name = (String) it.next();
+      SnapshotRef ref = (SnapshotRef) found.get(name);
+      Map r = new HashMap();
+      r.put("name", name);
+      r.put("kind", ref.isBranch() ? "BRANCH" : "TAG");
+      r.put("snapshot_id", Long.valueOf(ref.snapshotId()));
+      r.put("min_snapshots_to_keep", ref.minSnapshotsToKeep());
+      r.put("max_snapshot_age_ms", ref.maxSnapshotAgeMs());
+      r.put("max_ref_age_ms", ref.maxRefAgeMs());
+      refs.add(r);
+    }
+    m.put("refs", refs);
+    return toJson(m);
+  }
+
+  /** The table's top-level column names, in schema order. */
+  public String columns(Table table) throws Exception {
+    List out = new ArrayList();
+    for (Iterator it = table.schema().columns().iterator(); it.hasNext(); ) {
+      out.add(((org.apache.iceberg.types.Types.NestedField) it.next()).name());
+    }
+    return toJson(out);
+  }
+
+  /** The locations of content files (data or delete files). */
+  public String locations(Iterable files) throws Exception {
+    List out = new ArrayList();
+    for (Iterator it = files.iterator(); it.hasNext(); ) {
+      out.add(((ContentFile) it.next()).location());
+    }
+    return toJson(out);
+  }
+
+  /** Per scan task: [data file location, its size in bytes]. */
+  public String taskFiles(List tasks) throws Exception {
+    List out = new ArrayList();
+    for (int i = 0; i < tasks.size(); i++) {
+      DataFile f = (DataFile) ((FileScanTask) tasks.get(i)).file();
+      List entry = new ArrayList();
+      entry.add(f.location());
+      entry.add(Long.valueOf(f.fileSizeInBytes()));
+      out.add(entry);
+    }
+    return toJson(out);
+  }
+
+  /** The data files of scan tasks, as a Java list (they stay in the JVM for a commit). */
+  public List dataFiles(List tasks) {
+    List out = new ArrayList();
+    for (int i = 0; i < tasks.size(); i++) {
+      out.add(((FileScanTask) tasks.get(i)).file());
+    }
+    return out;
+  }
+
+  /** The items of `items` at the positions listed in `positions` (a JSON array), as a Java list. */
+  public List pick(List items, String positions) throws Exception {
+    List out = new ArrayList();
+    List chosen = (List) json.readValue(positions, List.class);
+    for (int i = 0; i < chosen.size(); i++) {
+      out.add(items.get(((Number) chosen.get(i)).intValue()));
+    }
+    return out;
+  }
+
+  /** Per delete file: [the one data file it applies to, or null when it is not scoped to one; its own location]. */
+  public String deleteTargets(Iterable deleteFiles) throws Exception {
+    List out = new ArrayList();
+    for (Iterator it = deleteFiles.iterator(); it.hasNext(); ) {
+      ContentFile f = (ContentFile) it.next();
+      List entry = new ArrayList();
+      entry.add(ContentFileUtil.referencedDataFileLocation((org.apache.iceberg.DeleteFile) f));
+      entry.add(f.location());
+      out.add(entry);
+    }
+    return toJson(out);
+  }
+
+  /** Every data and delete file a snapshot references (its manifests' live entries). */
+  public String liveFiles(Table table, Snapshot snapshot) throws Exception {
+    FileIO io = table.io();
+    List out = new ArrayList();
+    for (Iterator it = snapshot.dataManifests(io).iterator(); it.hasNext(); ) {
+      addLocations(ManifestFiles.read((ManifestFile) it.next(), io, table.specs()), out);
+    }
+    for (Iterator it = snapshot.deleteManifests(io).iterator(); it.hasNext(); ) {
+      addLocations(ManifestFiles.readDeleteManifest((ManifestFile) it.next(), io, table.specs()), out);
+    }
+    return toJson(out);
+  }
+
+  private void addLocations(ManifestReader reader, List out) throws Exception {
+    try {
+      CloseableIterator entries = reader.iterator();
+      while (entries.hasNext()) {
+        out.add(((ContentFile) entries.next()).location());
+      }
+    } finally {
+      reader.close();
+    }
+  }
+
+  /** The paths of the metadata files the table's metadata names: manifests (of every snapshot
+   *  when `allManifests`, else none), manifest lists, statistics files, the current and previous
+   *  metadata files. */
+  public String metadataFiles(Table table, boolean allManifests) throws Exception {
+    FileIO io = table.io();
+    TableMetadata metadata = ((HasTableOperations) table).operations().current();
+    List out = new ArrayList();
+    out.add(metadata.metadataFileLocation());
+    for (Iterator it = metadata.previousFiles().iterator(); it.hasNext(); ) {
+      out.add(((TableMetadata.MetadataLogEntry) it.next()).file());
+    }
+    for (Iterator it = table.snapshots().iterator(); it.hasNext(); ) {
+      Snapshot s = (Snapshot) it.next();
+      out.add(s.manifestListLocation());
+      if (allManifests) {
+        for (Iterator m = s.allManifests(io).iterator(); m.hasNext(); ) {
+          out.add(((ManifestFile) m.next()).path());
+        }
+      }
+    }
+    for (Iterator it = metadata.statisticsFiles().iterator(); it.hasNext(); ) {
+      out.add(((org.apache.iceberg.StatisticsFile) it.next()).path());
+    }
+    for (Iterator it = metadata.partitionStatisticsFiles().iterator(); it.hasNext(); ) {
+      out.add(((org.apache.iceberg.PartitionStatisticsFile) it.next()).path());
+    }
+    return toJson(out);
+  }
+
+  /** Every file below `location` (recursively): [path, modification time in ms]. Walks with
+   *  listStatus: FileSystem.listFiles builds LocatedFileStatus objects, and on the local file system
+   *  each one asks for the file's permissions, which Hadoop answers by running `ls` per file. */
+  public String listFiles(FileSystem fs, Path location) throws Exception {
+    List out = new ArrayList();
+    if (!fs.exists(location)) {
+      return toJson(out);
+    }
+    ArrayList pending = new ArrayList();
+    pending.add(location);
+    while (!pending.isEmpty()) {
+      FileStatus[] children = fs.listStatus((Path) pending.remove(pending.size() - 1));
+      for (int i = 0; i < children.length; i++) {
+        if (children[i].isDirectory()) {
+          pending.add(children[i].getPath());
+        } else {
+          List entry = new ArrayList();
+          entry.add(children[i].getPath().toString());
+          entry.add(Long.valueOf(children[i].getModificationTime()));
+          out.add(entry);
+        }
+      }
+    }
+    return toJson(out);
+  }
+
+  /** Replace `old` data files by `added` ones in one overwrite operation (committed by the caller). */
+  public void replace(OverwriteFiles operation, Iterable old, Iterable added) {
+    for (Iterator it = old.iterator(); it.hasNext(); ) {
+      operation.deleteFile((DataFile) it.next());
+    }
+    for (Iterator it = added.iterator(); it.hasNext(); ) {
+      operation.addFile((DataFile) it.next());
+    }
+  }
+
+  /** Hadoop's local file system, setting permissions through java.nio. Without Hadoop's native
+   *  library (pip's PySpark has none) the stock one runs a `chmod` process for every file and
+   *  directory it creates, twice with its checksum files: about 10 ms per file written, thousands
+   *  of processes in a run over a wide lake. */
+  public static class LocalFiles extends RawLocalFileSystem {
+    public void setPermission(Path p, FsPermission permission) throws IOException {
+      PosixFilePermission[] all = PosixFilePermission.values(); // OWNER_READ ... OTHERS_EXECUTE
+      Set chosen = new HashSet();
+      for (int i = 0; i < all.length; i++) {
+        if ((permission.toShort() & (1 << (8 - i))) != 0) {
+          chosen.add(all[i]);
+        }
+      }
+      try {
+        Files.setPosixFilePermissions(pathToFile(p).toPath(), chosen);
+      } catch (UnsupportedOperationException notPosix) {
+        super.setPermission(p, permission);
+      }
+    }
+  }
+
+  /** Make `file:` paths opened through Hadoop's file-system cache use LocalFiles (with checksums,
+   *  as the stock LocalFileSystem). Hadoop's only way in is its package-private cache entry point,
+   *  reached by reflection. Paths opened outside the cache keep Hadoop's own class. */
+  public void useLocalFiles(Configuration conf) throws Exception {
+    URI uri = URI.create("file:///");
+    LocalFileSystem fs = new LocalFileSystem(new LocalFiles());
+    fs.initialize(uri, conf);
+    java.lang.reflect.Method add = FileSystem.class.getDeclaredMethod(
+        "addFileSystemForTesting", new Class[] {URI.class, Configuration.class, FileSystem.class});
+    add.setAccessible(true);
+    add.invoke(null, new Object[] {uri, conf, fs});
+  }
+
+  /** Py4J's class lookups, remembering the names that are not classes. Py4J resolves every
+   *  `jvm.a.b.C` segment, and every name PySpark reaches through its star imports (each `F.col`
+   *  tries several packages), by asking the class loader, which answers "no such class" only after
+   *  searching every jar on the class path: a tenth of the driver's CPU in a run over a wide lake. */
+  public static class RememberingClassLoading implements ClassLoadingStrategy {
+    private final ClassLoadingStrategy inner;
+    private final Set missing = java.util.concurrent.ConcurrentHashMap.newKeySet();
+
+    public RememberingClassLoading(ClassLoadingStrategy inner) {
+      this.inner = inner;
+    }
+
+    public Class classForName(String name) throws ClassNotFoundException {
+      // Per loader: a thread with another context class loader may see other classes.
+      String key = System.identityHashCode(getClassLoader()) + ":" + name;
+      if (missing.contains(key)) {
+        throw new ClassNotFoundException(name);
+      }
+      try {
+        return inner.classForName(name);
+      } catch (ClassNotFoundException notFound) {
+        missing.add(key);
+        throw notFound;
+      }
+    }
+
+    public ClassLoader getClassLoader() {
+      return inner.getClassLoader();
+    }
+  }
+
+  /** Make Py4J remember missing classes (once per JVM). For sessions whose class path does not grow
+   *  later: a jar added at run time would not be searched for a name already found missing. */
+  public void rememberMissingClasses() {
+    if (!(ReflectionUtil.getClassLoadingStrategy() instanceof RememberingClassLoading)) {
+      ReflectionUtil.setClassLoadingStrategy(new RememberingClassLoading(ReflectionUtil.getClassLoadingStrategy()));
+    }
+  }
+}
