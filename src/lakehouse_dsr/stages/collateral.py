@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -31,6 +30,7 @@ from pyspark.sql.types import MapType, StructField, StructType
 from ..config import Settings
 from ..datamap import column_ref
 from ..lake import iceberg, skipping
+from ..lake.batching import collect_union, each_concurrently
 from . import matching
 from .matching import Redaction, TableKeys
 
@@ -108,12 +108,12 @@ def split(rows: DataFrame | None, table_keys: TableKeys, after: DataFrame | None
     Requested rows become nothing (a deleting table) or themselves with each hit key group's
     redacted columns set to NULL (a redacting table).
     """
-    return _split_many({"": (rows, after, table_keys)})[""]
+    return _split_many({"": (rows, after, table_keys)}, 1)[""]
 
 
-def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, TableKeys]]
+def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, TableKeys]], jobs_at_once: int
                 ) -> dict[str, tuple[Fingerprint, Fingerprint, Fingerprint]]:
-    """`split` of several tables' (rows, after, keys) in one Spark job over the union of their hashes."""
+    """`split` of several tables' (rows, after, keys) in a few Spark jobs over unions of their hashes."""
     frames = []
     for name, (rows, after, table_keys) in parts.items():
         redactions = matching.redactions(table_keys)
@@ -129,11 +129,11 @@ def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, Table
     out = {name: (Fingerprint(), Fingerprint(), Fingerprint()) for name in parts}
     if not frames:
         return out
-    hashed = reduce(DataFrame.unionByName, frames)
     before, requested = F.col(_SIDE) == 0, F.col(_HIT)
-    for totals in hashed.groupBy(_TABLE).agg(*aggregates("o_", before & ~requested),
-                                             *aggregates("r_", before & requested),
-                                             *aggregates("a_", ~before & ~requested, source="o_")).collect():
+    per_table = lambda hashed: hashed.groupBy(_TABLE).agg(  # noqa: E731
+        *aggregates("o_", before & ~requested), *aggregates("r_", before & requested),
+        *aggregates("a_", ~before & ~requested, source="o_"))
+    for totals in collect_union(frames, per_table, jobs_at_once):
         name = totals[_TABLE]
         redacting = bool(matching.redactions(parts[name][2]))
         out[name] = pick(totals, "o_"), pick(totals, "r_") if redacting else Fingerprint(), pick(totals, "a_")
@@ -205,18 +205,19 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
 
 def check_many(spark: SparkSession, settings: Settings, commits: list[Commit]) -> dict[str, CollateralResult]:
     """`check` for several tables' erase commits, with the rewritten and added files of all of them
-    fingerprinted in one Spark job: on a wide lake of small tables, a job per table would cost more
-    than the reading."""
+    fingerprinted in a few Spark jobs (lake/batching.py): on a wide lake of small tables, a job per
+    table would cost more than the reading."""
     results: dict[str, CollateralResult] = {}
     pending: dict[str, tuple[Commit, DataFrame | None, DataFrame | None, Fingerprint, Observed | None]] = {}
-    for commit in commits:
-        prepared = _prepare(spark, settings, commit)
+    prepare = lambda commit: _prepare(spark, settings, commit)  # noqa: E731
+    for commit, prepared in zip(commits, each_concurrently(prepare, commits, settings.run.parallel_tables),
+                                strict=True):
         if isinstance(prepared, CollateralResult):
             results[commit.table] = prepared
         else:
             pending[commit.table] = (commit, *prepared)
     sums = _split_many({table: (removed, added, commit.keys)
-                        for table, (commit, removed, added, *_) in pending.items()})
+                        for table, (commit, removed, added, *_) in pending.items()}, settings.run.parallel_tables)
     for table, (commit, _, _, requested_kept, seen) in pending.items():
         expected_other, expected_redacted, found = sums[table]
         if seen is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass, field, fields
-from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -17,6 +16,7 @@ from pyspark.sql import functions as F
 from ..config import Settings
 from ..datamap import TableMapping, column_ref, is_array
 from ..lake import iceberg, skipping
+from ..lake.batching import collect_union, each_concurrently
 from . import collateral, matching
 from .collateral import CollateralResult
 from .matching import TableKeys
@@ -182,23 +182,27 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, p
 
 def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: dict[str, TableKeys],
               purging: bool = False) -> dict[str, TablePlan]:
-    """`plan` for several tables in one Spark job over the union of their scans: on a wide lake of
-    small tables, a job per table would cost more than the reading."""
-    scans, parts = {}, []
-    for table in tables:
-        scans[table] = candidates = keys[table].current_candidates(spark, settings, table)
+    """`plan` for several tables in a few Spark jobs over unions of their scans (lake/batching.py): on
+    a wide lake of small tables, a job per table would cost more than the reading."""
+    def scan(table: str) -> tuple[skipping.Candidates, DataFrame | None]:
+        candidates = keys[table].current_candidates(spark, settings, table)
         rows = skipping.read(spark, settings, candidates)
-        if rows is not None:  # one group per file and combination of requests naming a row (none: other rows)
-            parts.append(matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys[table])  # named at the scan
-                         .select(F.lit(table).alias("dsr_table"),
-                                 matching.request_ids(keys[table]).alias("request_ids"), _FILE))
+        if rows is None:
+            return candidates, None
+        # One group per file and combination of requests naming a row (none: other rows).
+        return candidates, (matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys[table])  # at the scan
+                            .select(F.lit(table).alias("dsr_table"),
+                                    matching.request_ids(keys[table]).alias("request_ids"), _FILE))
+
+    at_once = settings.run.parallel_tables
+    scans = dict(zip(tables, each_concurrently(scan, tables, at_once), strict=True))
     groups: dict[str, list] = {table: [] for table in tables}
-    if parts:
-        union = reduce(DataFrame.unionByName, parts)
-        for g in union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count")).collect():
-            groups[g.dsr_table].append(g)
-    return {table: _plan(spark, settings, table, keys[table], purging, scans[table], groups[table])
-            for table in tables}
+    per_file = lambda union: union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count"))  # noqa: E731
+    for g in collect_union([part for _, part in scans.values() if part is not None], per_file, at_once):
+        groups[g.dsr_table].append(g)
+    planned = each_concurrently(lambda t: _plan(spark, settings, t, keys[t], purging, scans[t][0], groups[t]),
+                                tables, at_once)
+    return dict(zip(tables, planned, strict=True))
 
 
 def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -26,6 +25,7 @@ from ..datamap import KeyGroup, column_ref
 from ..datamap.check import KeyTypes, check_against_catalog, schema_of
 from ..exceptions import LedgerError
 from ..lake import iceberg, plainfiles, skipping
+from ..lake.batching import collect_union, each_concurrently
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
 from ..ledger.ledger import Ledger
@@ -61,21 +61,21 @@ def find_hashed(spark: SparkSession, values: DataFrame, hashes: DataFrame, key: 
     recorded before and after a rotation) counts once.
     """
     grouped = values.groupBy("dsr_group", "key_type", "dsr_value").count()
-    return {r.request_id: int(r.n) for r in _found(spark, grouped, hashes, key, [])}
+    return {r.request_id: int(r.n) for r in _found(grouped, hashes, key, []).collect()}
 
 
-def _found(spark: SparkSession, grouped: DataFrame, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes],
-           by: list[str]) -> list:
+def _found(grouped: DataFrame, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes], by: list[str]) -> DataFrame:
     """Rows (`by` columns..., request_id, n) of grouped values found among the stored hashes."""
     keys = {key_id(key): key} if isinstance(key, bytes) else key
-    hashed = with_keyring_hashes(spark, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value", keys)
+    hashed = with_keyring_hashes(grouped.sparkSession, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value",
+                                 keys)
     stored = hashes.select("request_id", "key_hash", F.col("key_type").alias("dsr_stored_type"),
                            *(["key_id"] if "key_id" in hashes.columns else []))
     # One shuffle: partitioned by request, both the de-duplication and the sum run in place.
     return (
         join_on_key(hashed, stored).where(F.col("key_type") == F.col("dsr_stored_type"))
         .repartition("request_id").dropDuplicates([*by, "request_id", "dsr_group", "dsr_value"])
-        .groupBy(*by, "request_id").agg(F.sum("count").alias("n")).collect()
+        .groupBy(*by, "request_id").agg(F.sum("count").alias("n"))
     )
 
 
@@ -85,18 +85,19 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
     Spark job over the union of their key columns, instead of a job per table: on a wide lake of
     small tables each job's fixed cost is most of the work. `prune`: see verify_table; a table no
     file of which can hold the keys adds nothing to the job."""
-    parts = []
-    for table in tables:
+    def part(table: str) -> DataFrame | None:
         rows = _live_rows(spark, settings, table, (prune or {}).get(table))
-        if rows is not None:
-            values = key_values(rows, settings.datamap.mapping(table).groups)
-            parts.append(values.select(F.lit(table).alias("dsr_table"), "dsr_group", "key_type", "dsr_value"))
+        if rows is None:
+            return None
+        values = key_values(rows, settings.datamap.mapping(table).groups)
+        return values.select(F.lit(table).alias("dsr_table"), "dsr_group", "key_type", "dsr_value")
+
+    parts = [p for p in each_concurrently(part, tables, settings.run.parallel_tables) if p is not None]
     found: dict[str, dict[str, int]] = {table: {} for table in tables}
-    if parts:
-        union = reduce(DataFrame.unionByName, parts)
-        grouped = union.groupBy("dsr_table", "dsr_group", "key_type", "dsr_value").count()
-        for r in _found(spark, grouped, hashes, key.keys, ["dsr_table"]):
-            found[r.dsr_table][r.request_id] = int(r.n)
+    per_table = lambda union: _found(  # noqa: E731
+        union.groupBy("dsr_table", "dsr_group", "key_type", "dsr_value").count(), hashes, key.keys, ["dsr_table"])
+    for r in collect_union(parts, per_table, settings.run.parallel_tables):
+        found[r.dsr_table][r.request_id] = int(r.n)
     return found
 
 
