@@ -59,7 +59,8 @@ WRITER = textwrap.dedent('''
 def test_appends_during_a_run_are_kept_late_rows_erased_and_readers_consistent(spark, disk_lakehouse, tmp_path):
     settings, config = disk_lakehouse
     settings.purge.orphan_min_age_minutes = 60  # a writer is committing: never treat its new files as orphans
-    Ledger(settings).submit([RequestInput(s, "erase") for s in ERASED])
+    subject_of = dict(zip(Ledger(settings).submit([RequestInput(s, "erase") for s in ERASED]).created, ERASED,
+                          strict=True))
     events = spark.table(settings.table("demo.events"))
     writer_rows = F.col("event_details").startswith("w")
     base_others = events.where(~writer_rows & ~F.col("user_id").isin(*ERASED)).count()
@@ -91,6 +92,7 @@ def test_appends_during_a_run_are_kept_late_rows_erased_and_readers_consistent(s
         report = run(spark, settings)
     finally:
         done.set()
+        batches_at_end = json.loads(progress.read_text())["batches"]
         thread.join()
         (tmp_path / "writer.stop").write_text("")
         output = writer.communicate(timeout=120)[0].decode(errors="replace")
@@ -114,5 +116,15 @@ def test_appends_during_a_run_are_kept_late_rows_erased_and_readers_consistent(s
     again = run(spark, settings)  # the writer has stopped: whatever arrived late is erased now
     statuses = {r.request_id: r.status for r in Ledger(settings).statuses()}
     assert set(statuses.values()) == {"completed"}, [r.reason for r in again.requests]
+    # A request the first run proved is closed: rows of its subject that the writer appended after that
+    # proof (its last batches, while the run finished) are a new collection, which a new request erases
+    # (the run does not look at closed requests again). Rows that arrived during the run are all gone.
+    proven_first = {subject_of[r.request_id] for r in report.requests if r.status == "completed"}
+    left = events.where(F.col("user_id").isin(*ERASED)).select("user_id", "event_details").collect()
+    assert all(r.user_id in proven_first and (r.event_details or "").startswith("w")
+               and int(r.event_details[1:]) >= batches_at_end - 2 for r in left), left
+    if left:
+        Ledger(settings).submit([RequestInput(s, "erase") for s in {r.user_id for r in left}])
+        assert {r.status for r in run(spark, settings).requests} == {"completed"}
     assert events.where(F.col("user_id").isin(*ERASED)).count() == 0
     assert others_now.where(writer_rows).count() == 20 * written["batches"]
