@@ -23,6 +23,7 @@ import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.LocalFileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.RawLocalFileSystem;
+import org.apache.hadoop.fs.RemoteIterator;
 import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.iceberg.ContentFile;
 import org.apache.iceberg.DataFile;
@@ -218,11 +219,20 @@ public class Bridge {
     return toJson(out);
   }
 
-  /** Every file below `location` (recursively): [path, modification time in ms]. Walks with
-   *  listStatus: FileSystem.listFiles builds LocatedFileStatus objects, and on the local file system
-   *  each one asks for the file's permissions, which Hadoop answers by running `ls` per file. */
+  /** Every file below `location` (recursively): [path, modification time in ms]. Object stores
+   *  answer listFiles with one flat listing. On the local file system listFiles builds
+   *  LocatedFileStatus objects, each asking for its file's permissions, which Hadoop answers by
+   *  running `ls` per file: there a listStatus walk (137 ms -> 2 ms for a table's folder). */
   public String listFiles(FileSystem fs, Path location) throws Exception {
     List out = new ArrayList();
+    if (!"file".equals(fs.getUri().getScheme())) {
+      RemoteIterator files = fs.listFiles(location, true);
+      while (files.hasNext()) {
+        FileStatus status = (FileStatus) files.next();
+        addFile(out, status);
+      }
+      return toJson(out);
+    }
     if (!fs.exists(location)) {
       return toJson(out);
     }
@@ -234,14 +244,18 @@ public class Bridge {
         if (children[i].isDirectory()) {
           pending.add(children[i].getPath());
         } else {
-          List entry = new ArrayList();
-          entry.add(children[i].getPath().toString());
-          entry.add(Long.valueOf(children[i].getModificationTime()));
-          out.add(entry);
+          addFile(out, children[i]);
         }
       }
     }
     return toJson(out);
+  }
+
+  private void addFile(List out, FileStatus status) {
+    List entry = new ArrayList();
+    entry.add(status.getPath().toString());
+    entry.add(Long.valueOf(status.getModificationTime()));
+    out.add(entry);
   }
 
   /** Replace `old` data files by `added` ones in one overwrite operation (committed by the caller). */
