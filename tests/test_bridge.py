@@ -87,8 +87,11 @@ def test_local_files_keep_hadoop_permissions(spark, tmp_path):
 def test_class_lookups_still_find_and_refuse(spark):
     strategy = spark._jvm.py4j.reflection.ReflectionUtil.getClassLoadingStrategy()
     assert strategy.getClass().getName() == "lakehouse_dsr.Bridge$RememberingClassLoading"
+    assert not strategy.remembersMissing("org.example.NoSuchClass")
     for _ in range(2):  # the second time from memory
         with pytest.raises(Exception, match="ClassNotFoundException"):
             strategy.classForName("org.example.NoSuchClass")
+        assert strategy.remembersMissing("org.example.NoSuchClass")
+    assert not strategy.remembersMissing("org.apache.iceberg.Table")
     assert strategy.classForName("org.apache.iceberg.Table").getName() == "org.apache.iceberg.Table"
     assert bridge.jclass(spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue().toString() == "true"

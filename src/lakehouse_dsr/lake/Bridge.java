@@ -75,16 +75,8 @@ public class Bridge {
     return toJson(out);
   }
 
-  /** What most callers ask of a table at once: properties, current snapshot, format version,
-   *  location, whether it has a sort order, and its refs. */
-  public String describe(Table table) throws Exception {
-    Map m = new HashMap();
-    TableMetadata metadata = ((HasTableOperations) table).operations().current();
-    m.put("properties", table.properties());
-    m.put("current", table.currentSnapshot() == null ? null : snapshotMap(table.currentSnapshot()));
-    m.put("format_version", Integer.valueOf(metadata.formatVersion()));
-    m.put("location", table.location());
-    m.put("sorted", Boolean.valueOf(!table.sortOrder().isUnsorted()));
+  /** The table's refs (main included): name, kind, snapshot id and retention settings. */
+  public String refs(Table table) throws Exception {
     List refs = new ArrayList();
     Map found = table.refs();
     for (Iterator it = found.keySet().iterator(); it.hasNext(); ) {
@@ -96,11 +88,9 @@ public class Bridge {
       r.put("snapshot_id", Long.valueOf(ref.snapshotId()));
       r.put("min_snapshots_to_keep", ref.minSnapshotsToKeep());
       r.put("max_snapshot_age_ms", ref.maxSnapshotAgeMs());
-      r.put("max_ref_age_ms", ref.maxRefAgeMs());
       refs.add(r);
     }
-    m.put("refs", refs);
-    return toJson(m);
+    return toJson(refs);
   }
 
   /** The table's top-level column names, in schema order. */
@@ -330,6 +320,11 @@ public class Bridge {
 
     public ClassLoader getClassLoader() {
       return inner.getClassLoader();
+    }
+
+    /** Whether `name` is remembered as missing for the current class loader. */
+    public boolean remembersMissing(String name) {
+      return missing.contains(System.identityHashCode(getClassLoader()) + ":" + name);
     }
   }
 

@@ -1,4 +1,4 @@
-"""Many tables' small work in a few Spark jobs, and their driver-side preparation side by side.
+"""Many tables' small reads in a few Spark jobs.
 
 A job per table costs its fixed overhead (planning, scheduling, a result stage) per table; one job
 over the union of every table's scan costs quadratically instead: each task deserializes the job's
@@ -11,13 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import reduce
-from typing import TypeVar
 
 from pyspark.sql import DataFrame, Row
 
 UNION_WIDTH = 10  # scans per job
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 def collect_union(parts: list[DataFrame], finish: Callable[[DataFrame], DataFrame], jobs_at_once: int) -> list[Row]:
@@ -34,12 +31,3 @@ def collect_union(parts: list[DataFrame], finish: Callable[[DataFrame], DataFram
     with ThreadPoolExecutor(min(jobs_at_once, len(chunks)), thread_name_prefix="dsr-union") as pool:
         return [row for rows in pool.map(collect, chunks) for row in rows]
 
-
-def each_concurrently(work: Callable[[T], R], items: list[T], at_once: int) -> list[R]:
-    """`work(item)` for every item, `at_once` at a time on threads sharing the session, results in
-    order. For driver work between jobs (planning files, building a table's DataFrames): each step
-    waits on the JVM, which runs other threads' steps meanwhile, on another core."""
-    if len(items) <= 1 or at_once <= 1:
-        return [work(item) for item in items]
-    with ThreadPoolExecutor(min(at_once, len(items)), thread_name_prefix="dsr-prepare") as pool:
-        return list(pool.map(work, items))

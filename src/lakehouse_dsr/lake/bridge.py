@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
+from functools import reduce
 from importlib import resources
 from typing import Any
 
@@ -25,26 +27,33 @@ from ..exceptions import first_line
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_bridges: dict[int, tuple[Any, Any]] = {}  # id(Py4J gateway) -> (that gateway, the Bridge in its JVM)
-_classes: dict[tuple[int, str], tuple[Any, Any]] = {}
+_cached: dict[tuple[int, str], tuple[Any, Any]] = {}  # (id(Py4J gateway), name) -> (that gateway, JVM object)
+
+
+def _in_jvm(spark: SparkSession, name: str, make: Callable[[], Any]) -> Any:
+    """`make()`'s JVM object for `spark`'s gateway, made once per JVM (a new gateway, a new JVM)."""
+    gateway = spark.sparkContext._gateway
+    found = _cached.get((id(gateway), name))
+    if found is None or found[0] is not gateway:
+        with _lock:
+            found = _cached.get((id(gateway), name))
+            if found is None or found[0] is not gateway:
+                found = _cached[(id(gateway), name)] = (gateway, make())
+    return found[1]
 
 
 def bridge(spark: SparkSession):
     """The Bridge object in `spark`'s driver JVM (compiled on first use)."""
-    gateway = spark.sparkContext._gateway
-    found = _bridges.get(id(gateway))
-    if found is not None and found[0] is gateway:
-        return found[1]
-    with _lock:
-        if _bridges.get(id(gateway), (None,))[0] is not gateway:
-            jvm = spark._jvm
-            compiler = jvm.org.codehaus.janino.SimpleCompiler()
-            # Iceberg's classes come with the session's jars: the loader Spark uses for them.
-            compiler.setParentClassLoader(jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader())
-            compiler.cook(resources.files(__package__).joinpath("Bridge.java").read_text())
-            made = compiler.getClassLoader().loadClass("lakehouse_dsr.Bridge").newInstance()
-            _bridges[id(gateway)] = (gateway, made)
-    return _bridges[id(gateway)][1]
+
+    def compile_bridge():
+        jvm = spark._jvm
+        compiler = jvm.org.codehaus.janino.SimpleCompiler()
+        # Iceberg's classes come with the session's jars: the loader Spark uses for them.
+        compiler.setParentClassLoader(jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader())
+        compiler.cook(resources.files(__package__).joinpath("Bridge.java").read_text())
+        return compiler.getClassLoader().loadClass("lakehouse_dsr.Bridge").newInstance()
+
+    return _in_jvm(spark, "lakehouse_dsr.Bridge", compile_bridge)
 
 
 def tune_driver(spark: SparkSession) -> None:
@@ -63,14 +72,7 @@ def tune_driver(spark: SparkSession) -> None:
 
 def jclass(spark: SparkSession, name: str):
     """The Py4J handle of Java class `name` (e.g. `org.apache.iceberg.expressions.Expressions`), cached."""
-    gateway = spark.sparkContext._gateway
-    found = _classes.get((id(gateway), name))
-    if found is None or found[0] is not gateway:
-        handle = spark._jvm
-        for part in name.split("."):
-            handle = getattr(handle, part)
-        found = _classes[(id(gateway), name)] = (gateway, handle)
-    return found[1]
+    return _in_jvm(spark, name, lambda: reduce(getattr, name.split("."), spark._jvm))
 
 
 def call(spark: SparkSession, method: str, *args: Any) -> Any:

@@ -97,7 +97,7 @@ def write_mode(spark: SparkSession, settings: Settings, table: str, operation: s
 
 def refs(spark: SparkSession, settings: Settings, table: str) -> list[Ref]:
     """Branches and tags other than main: each pins its snapshots against expiry. Table metadata only."""
-    found = call(spark, "describe", java_table(spark, settings, table))["refs"]
+    found = call(spark, "refs", java_table(spark, settings, table))
     return sorted((Ref(r["name"], r["kind"], r["snapshot_id"]) for r in found if r["name"] != "main"),
                   key=lambda r: r.name)
 
@@ -326,15 +326,14 @@ def expire_snapshots_before_current(spark: SparkSession, settings: Settings, tab
     jobs over metadata tables (about 1 s of fixed cost per table on a small lake); it serves the rest.
     """
     jtable = java_table(spark, settings, table)
-    described = call(spark, "describe", jtable)
-    current = Snapshot.from_bridge(described["current"])
+    current = snapshot_of(spark, jtable.currentSnapshot())
     if current is None:
         return ExpireResult(0, 0)
     snapshots = call(spark, "snapshots", jtable)
     older = [s["id"] for s in snapshots if s["ms"] < current.committed_ms]
     if not older:  # only the current snapshot (or newer ones): nothing to expire
         return ExpireResult(0, 0)
-    refs = described["refs"]
+    refs = call(spark, "refs", jtable)
     if len(refs) != 1 or refs[0]["name"] != "main" or refs[0]["min_snapshots_to_keep"] is not None \
             or refs[0]["max_snapshot_age_ms"] is not None:  # refs, or main's own retention: Iceberg decides
         result = (_actions(spark).expireSnapshots(jtable).expireOlderThan(current.committed_ms)
@@ -488,7 +487,7 @@ def commits_between(spark: SparkSession, settings: Settings, table: str, after_i
     None when `after_id` is not an ancestor (the table was rolled back or replaced meanwhile).
     Metadata only.
     """
-    snapshots = _snapshots_by_id(spark, settings, table)
+    snapshots = _snapshots_by_id(spark, java_table(spark, settings, table))
     start = snapshots[before_id].parent_id
     chain = list(_ancestors(snapshots, start, after_id))
     if (chain[-1].parent_id if chain else start) != after_id:  # the line ended or expired first
@@ -502,16 +501,15 @@ def commits_since(spark: SparkSession, settings: Settings, table: str, after_id:
     ancestor of `until_id` (expired, rolled back or replaced meanwhile). Metadata only."""
     if after_id == until_id:
         return []
-    chain = list(_ancestors(_snapshots_by_id(spark, settings, table), until_id, after_id))
+    chain = list(_ancestors(_snapshots_by_id(spark, java_table(spark, settings, table)), until_id, after_id))
     if not chain or chain[-1].parent_id != after_id:
         return None
     return [Commit(s.snapshot_id, s.operation, s.summary) for s in reversed(chain)]
 
 
-def _snapshots_by_id(spark: SparkSession, settings: Settings, table: str) -> dict[int, Snapshot]:
+def _snapshots_by_id(spark: SparkSession, jtable) -> dict[int, Snapshot]:
     """Every snapshot in the table's metadata, read in one round trip."""
-    found = call(spark, "snapshots", java_table(spark, settings, table))
-    return {s["id"]: Snapshot.from_bridge(s) for s in found}
+    return {s["id"]: Snapshot.from_bridge(s) for s in call(spark, "snapshots", jtable)}
 
 
 def _ancestors(snapshots: dict[int, Snapshot], start_id: int | None, stop_id: int | None):
@@ -534,9 +532,9 @@ def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_
     """This Spark application's newest commit after `after_id`, found by the `spark.app.id` Iceberg
     writes into each summary: other writers may have committed after it. Metadata only."""
     app_id = spark.sparkContext.applicationId
-    current = current_snapshot(spark, settings, table)
-    for snap in _ancestors(_snapshots_by_id(spark, settings, table), current.snapshot_id if current else None,
-                           after_id):
+    jtable = java_table(spark, settings, table)  # one state of the table: its current snapshot and its history
+    current = jtable.currentSnapshot()
+    for snap in _ancestors(_snapshots_by_id(spark, jtable), current.snapshotId() if current else None, after_id):
         if snap.summary.get("spark.app.id") == app_id and snap.operation != "append":
             return snap
     return None

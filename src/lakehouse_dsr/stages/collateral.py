@@ -30,7 +30,7 @@ from pyspark.sql.types import MapType, StructField, StructType
 from ..config import Settings
 from ..datamap import column_ref
 from ..lake import iceberg, skipping
-from ..lake.batching import collect_union, each_concurrently
+from ..lake.batching import collect_union
 from . import matching
 from .matching import Redaction, TableKeys
 
@@ -209,9 +209,8 @@ def check_many(spark: SparkSession, settings: Settings, commits: list[Commit]) -
     table would cost more than the reading."""
     results: dict[str, CollateralResult] = {}
     pending: dict[str, tuple[Commit, DataFrame | None, DataFrame | None, Fingerprint, Observed | None]] = {}
-    prepare = lambda commit: _prepare(spark, settings, commit)  # noqa: E731
-    for commit, prepared in zip(commits, each_concurrently(prepare, commits, settings.run.parallel_tables),
-                                strict=True):
+    for commit in commits:
+        prepared = _prepare(spark, settings, commit)
         if isinstance(prepared, CollateralResult):
             results[commit.table] = prepared
         else:

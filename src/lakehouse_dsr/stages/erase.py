@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from ..config import Settings
 from ..datamap import TableMapping, column_ref, is_array
 from ..lake import iceberg, skipping
-from ..lake.batching import collect_union, each_concurrently
+from ..lake.batching import collect_union
 from . import collateral, matching
 from .collateral import CollateralResult
 from .matching import TableKeys
@@ -194,15 +194,14 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
                             .select(F.lit(table).alias("dsr_table"),
                                     matching.request_ids(keys[table]).alias("request_ids"), _FILE))
 
-    at_once = settings.run.parallel_tables
-    scans = dict(zip(tables, each_concurrently(scan, tables, at_once), strict=True))
+    scans = {table: scan(table) for table in tables}
     groups: dict[str, list] = {table: [] for table in tables}
     per_file = lambda union: union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count"))  # noqa: E731
-    for g in collect_union([part for _, part in scans.values() if part is not None], per_file, at_once):
+    for g in collect_union([part for _, part in scans.values() if part is not None], per_file,
+                           settings.run.parallel_tables):
         groups[g.dsr_table].append(g)
-    planned = each_concurrently(lambda t: _plan(spark, settings, t, keys[t], purging, scans[t][0], groups[t]),
-                                tables, at_once)
-    return dict(zip(tables, planned, strict=True))
+    return {table: _plan(spark, settings, table, keys[table], purging, scans[table][0], groups[table])
+            for table in tables}
 
 
 def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool,

@@ -25,7 +25,7 @@ from ..datamap import KeyGroup, column_ref
 from ..datamap.check import KeyTypes, check_against_catalog, schema_of
 from ..exceptions import LedgerError
 from ..lake import iceberg, plainfiles, skipping
-from ..lake.batching import collect_union, each_concurrently
+from ..lake.batching import collect_union
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
 from ..ledger.ledger import Ledger
@@ -92,7 +92,7 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
         values = key_values(rows, settings.datamap.mapping(table).groups)
         return values.select(F.lit(table).alias("dsr_table"), "dsr_group", "key_type", "dsr_value")
 
-    parts = [p for p in each_concurrently(part, tables, settings.run.parallel_tables) if p is not None]
+    parts = [p for p in map(part, tables) if p is not None]
     found: dict[str, dict[str, int]] = {table: {} for table in tables}
     per_table = lambda union: _found(  # noqa: E731
         union.groupBy("dsr_table", "dsr_group", "key_type", "dsr_value").count(), hashes, key.keys, ["dsr_table"])
