@@ -107,6 +107,9 @@ class EraseSettings(_Strict):
     retry_backoff_seconds: float = Field(default=1.0, ge=0)
     # Rows of a requested subject appended during the run are erased again, in at most this many rounds.
     max_rounds: int = Field(default=3, ge=1)
+    # A table whose files to read for the plan or the rewrite add up to at most this many bytes is
+    # read and rewritten inside the driver's JVM (lake/indriver.py), without a Spark query; 0: never.
+    in_driver_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
 
 
 class RunSettings(_Strict):

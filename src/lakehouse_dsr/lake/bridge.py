@@ -42,18 +42,24 @@ def _in_jvm(spark: SparkSession, name: str, make: Callable[[], Any]) -> Any:
     return found[1]
 
 
-def bridge(spark: SparkSession):
-    """The Bridge object in `spark`'s driver JVM (compiled on first use)."""
+def compiled(spark: SparkSession, name: str):
+    """An instance of class `name`, compiled from `<name>.java` beside this module into `spark`'s
+    driver JVM on first use."""
 
-    def compile_bridge():
+    def compile_class():
         jvm = spark._jvm
         compiler = jvm.org.codehaus.janino.SimpleCompiler()
         # Iceberg's classes come with the session's jars: the loader Spark uses for them.
         compiler.setParentClassLoader(jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader())
-        compiler.cook(resources.files(__package__).joinpath("Bridge.java").read_text())
-        return compiler.getClassLoader().loadClass("lakehouse_dsr.Bridge").newInstance()
+        compiler.cook(resources.files(__package__).joinpath(f"{name}.java").read_text())
+        return compiler.getClassLoader().loadClass(f"lakehouse_dsr.{name}").newInstance()
 
-    return _in_jvm(spark, "lakehouse_dsr.Bridge", compile_bridge)
+    return _in_jvm(spark, f"lakehouse_dsr.{name}", compile_class)
+
+
+def bridge(spark: SparkSession):
+    """The Bridge object in `spark`'s driver JVM (compiled on first use)."""
+    return compiled(spark, "Bridge")
 
 
 def tune_driver(spark: SparkSession) -> None:

@@ -174,20 +174,28 @@ def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_fil
          .option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
          .mode("append").save(f"{settings.catalog.name}.{table}"))
         new_files = coordinator.fetchNewFiles(jtable, set_id) or spark._jvm.java.util.ArrayList()
-        jtable.refresh()
-        operation = (jtable.newOverwrite().caseSensitive(False).validateFromSnapshot(read_snapshot_id)
-                     .conflictDetectionFilter(conflict_filter).validateNoConflictingData()
-                     .validateNoConflictingDeletes())
-        bridge(spark).replace(operation, old_files, new_files)
-        try:
-            operation.set("spark.app.id", spark.sparkContext.applicationId).commit()
-        except Exception as exc:
-            if any(name in str(exc) for name in _CONFLICTS):  # nothing committed: the new files belong to nobody
-                for location in call(spark, "locations", new_files):  # (an unknown commit state keeps them:
-                    jtable.io().deleteFile(location)  # the commit may have landed)
-            raise
+        replace_files(spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter)
     finally:
         coordinator.clearRewrite(jtable, set_id)
+
+
+def replace_files(spark: SparkSession, jtable, old_files: list, new_files, read_snapshot_id: int,
+                  conflict_filter) -> None:
+    """Commit `new_files` (Java DataFiles written, not yet committed) in place of `old_files` as one
+    `overwrite`, validated like a serializable copy-on-write operation (see overwrite_files). On a
+    conflict nothing is committed, the new files are deleted, and the error is raised for a retry."""
+    jtable.refresh()
+    operation = (jtable.newOverwrite().caseSensitive(False).validateFromSnapshot(read_snapshot_id)
+                 .conflictDetectionFilter(conflict_filter).validateNoConflictingData()
+                 .validateNoConflictingDeletes())
+    bridge(spark).replace(operation, old_files, new_files)
+    try:
+        operation.set("spark.app.id", spark.sparkContext.applicationId).commit()
+    except Exception as exc:
+        if any(name in str(exc) for name in _CONFLICTS):  # nothing committed: the new files belong to nobody
+            for location in call(spark, "locations", new_files):  # (an unknown commit state keeps them:
+                jtable.io().deleteFile(location)  # the commit may have landed)
+        raise
 
 
 @dataclass(frozen=True)

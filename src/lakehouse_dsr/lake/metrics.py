@@ -1,16 +1,21 @@
-"""What a stage of work cost: Spark's own per-stage I/O counters, summed over a span of work.
+"""What a stage of work cost: Spark's own per-stage I/O counters, summed over a span of work, plus
+what the driver read and wrote itself (lake/indriver.py).
 
 Reads the driver's status store (the data behind the Spark UI, kept even with the UI off), so
 the numbers are Spark's: rows and bytes read from files, written to files, and shuffled. The
 store keeps the last `spark.ui.retainedStages` stages (default 1000); a span that ran more
-reports `truncated`.
+reports `truncated`. Small tables read and rewritten in the driver count in the same rows and
+bytes (bytes read: the sizes of the files opened), and in `driver_files`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 
 from pyspark.sql import SparkSession
+
+from .bridge import compiled
 
 
 @dataclass
@@ -22,6 +27,7 @@ class IoCost:
     rows_written: int = 0
     bytes_written: int = 0
     shuffle_bytes: int = 0
+    driver_files: int = 0  # files the driver read itself, without a Spark job
     truncated: bool = False
 
     def add(self, other: IoCost) -> IoCost:
@@ -32,6 +38,12 @@ class IoCost:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Mark:
+    stage: int  # the newest stage so far (-1 before the first)
+    driver: tuple[int, ...]  # InDriver's counters then
+
+
 class StageMeter:
     """Marks a point in the application's stage sequence and sums the stages run after it.
 
@@ -39,6 +51,7 @@ class StageMeter:
     """
 
     def __init__(self, spark: SparkSession):
+        self._spark = spark
         self._sc = spark.sparkContext._jsc.sc()
 
     def _stages(self):
@@ -47,19 +60,27 @@ class StageMeter:
         defaults = [getattr(store, f"stageList$default${i}")() for i in range(2, 6)]
         return store.stageList(None, *defaults).iterator()  # newest stage first
 
-    def mark(self) -> int:
-        """The id of the newest stage so far (-1 before the first)."""
-        stages = self._stages()
-        return stages.next().stageId() if stages.hasNext() else -1
+    def _driver(self) -> tuple[int, ...]:
+        return tuple(json.loads(compiled(self._spark, "InDriver").io()))
 
-    def since(self, mark: int) -> IoCost:
-        """Summed I/O of every stage attempt newer than `mark` (skipped stages count nothing)."""
-        cost, oldest = IoCost(), None
+    def mark(self) -> Mark:
+        """This point: the newest stage so far, and the driver's own counters."""
+        stages = self._stages()
+        return Mark(stages.next().stageId() if stages.hasNext() else -1, self._driver())
+
+    def since(self, mark: Mark) -> IoCost:
+        """Summed I/O of every stage attempt newer than `mark` (skipped stages count nothing), and of
+        the driver's own reads and writes since."""
+        files, rows_read, bytes_read, rows_written, bytes_written = (
+            now - then for now, then in zip(self._driver(), mark.driver, strict=True))
+        cost = IoCost(rows_read=rows_read, bytes_read=bytes_read, rows_written=rows_written,
+                      bytes_written=bytes_written, driver_files=files)
+        oldest = None
         stages = self._stages()
         while stages.hasNext():
             stage = stages.next()
             oldest = stage.stageId()
-            if oldest <= mark:
+            if oldest <= mark.stage:
                 break
             if stage.status().toString() == "SKIPPED":
                 continue
@@ -67,5 +88,5 @@ class StageMeter:
                 1, stage.numTasks(), stage.inputRecords(), stage.inputBytes(), stage.outputRecords(),
                 stage.outputBytes(), stage.shuffleReadBytes(),
             ))
-        cost.truncated = oldest is not None and oldest > mark + 1
+        cost.truncated = oldest is not None and oldest > mark.stage + 1
         return cost

@@ -2,7 +2,7 @@
 metadata, and a read of exactly those files.
 
 A batch's key values become an Iceberg expression (`key IN (...)` per key column, ORed) built inside
-the JVM from a small Dataset of the values (`Encoders.STRING/LONG/INT`, `collectAsList`): no value
+the JVM from a small Dataset of the values (`collectAsList`): no value
 crosses Py4J as command text (Py4J logs its commands at DEBUG), none enters SQL text or a Spark plan.
 Iceberg plans the snapshot's files with it on the driver (no Spark job): manifests are skipped by
 their partition summaries, files by partition values (identity and `bucket(key)` transforms project
@@ -30,7 +30,7 @@ from pyspark.sql.types import DataType, IntegerType, LongType, StringType
 from ..config import Settings
 from ..datamap import KeyGroup, column_path
 from . import iceberg
-from .bridge import bridge, call, jclass
+from .bridge import bridge, call, compiled, jclass
 
 # Iceberg's metrics, manifest and row-group evaluators treat an IN of more than 200 values as
 # "may match" (IN_PREDICATE_LIMIT): larger sets are split into ORed chunks of sorted values.
@@ -40,28 +40,32 @@ _IN_LIMIT = 200
 MAX_VALUES = 100_000
 
 _SPLIT = 128 * 1024 * 1024  # Iceberg's default read.split.target-size
-_ENCODERS = {StringType: "STRING", LongType: "LONG", IntegerType: "INT"}
+_PRUNABLE = (StringType, LongType, IntegerType)  # key types an Iceberg IN predicate is built for
 
 
 @dataclass(frozen=True)
 class KeyValues:
-    """The batch's distinct values of one key column, held in the driver's JVM (a java.util.List,
-    sorted), never in Python."""
+    """The batch's distinct values of one key column, held in the driver's JVM, never in Python: a
+    sorted java.util.List, and a java.util.Map from each value to the sorted ids of the requests
+    naming it (for reads in the driver, lake/indriver.py)."""
 
     java_list: object
     size: int
+    lookup: object = None
 
 
-def key_values(values: DataFrame, key_type: DataType) -> KeyValues | None:
-    """`values` (one column `key_value` of `key_type`, distinct) as a JVM list; None when the type
-    cannot be pruned on or there are more than MAX_VALUES values. Cost: one small Spark job."""
-    if type(key_type) not in _ENCODERS:  # other types cannot become a pruning predicate
+def key_values(grouped: DataFrame, key_type: DataType) -> KeyValues | None:
+    """`grouped` (`key_value` of `key_type`, distinct, with `request_ids`) held in the JVM; None when
+    the type cannot be pruned on or there are more than MAX_VALUES values. Cost: one small Spark job."""
+    if type(key_type) not in _PRUNABLE:  # other types cannot become a pruning predicate
         return None
-    encoder = getattr(jclass(values.sparkSession, "org.apache.spark.sql.Encoders"), _ENCODERS[type(key_type)])()
-    ordered = values.select("key_value").where("key_value IS NOT NULL").orderBy("key_value").limit(MAX_VALUES + 1)
-    java_list = getattr(ordered._jdf, "as")(encoder).collectAsList()  # `as`: a Python keyword
-    size = java_list.size()
-    return KeyValues(java_list, size) if size <= MAX_VALUES else None
+    ordered = (grouped.select("key_value", "request_ids").where("key_value IS NOT NULL").orderBy("key_value")
+               .limit(MAX_VALUES + 1))
+    lookup = compiled(grouped.sparkSession, "InDriver").lookup(ordered._jdf.collectAsList())
+    size = lookup.size()
+    if size > MAX_VALUES:
+        return None
+    return KeyValues(compiled(grouped.sparkSession, "InDriver").values(lookup), size, lookup)
 
 
 def expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[KeyValues | None, ...]):
@@ -106,6 +110,7 @@ class Candidates:
     _tasks: object = field(default=None, repr=False)  # java.util.List<FileScanTask>
     _paths: list[str] = field(default_factory=list, repr=False)  # each task's data file, in order
     _sizes: list[int] = field(default_factory=list, repr=False)
+    jtable: object = field(default=None, repr=False)  # the Java Table the files were planned from
 
     @property
     def empty(self) -> bool:
@@ -121,7 +126,7 @@ class Candidates:
         chosen = bridge(spark).pick(self._tasks, json.dumps(kept)) if self._tasks is not None else None
         return Candidates(self.table, self.snapshot_id, len(kept), sum(self._sizes[i] for i in kept),
                           self.total_files, self.total_bytes, self.pruned, self.predicate, chosen,
-                          [self._paths[i] for i in kept], [self._sizes[i] for i in kept])
+                          [self._paths[i] for i in kept], [self._sizes[i] for i in kept], self.jtable)
 
     def data_files(self, spark: SparkSession):
         """The candidates' Java DataFile objects, as a Java list (for a commit that replaces them)."""
@@ -154,7 +159,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int |
     files = call(spark, "taskFiles", tasks)
     paths, sizes = [path for path, _ in files], [size for _, size in files]
     return Candidates(table, snapshot_id, len(paths), sum(sizes), int(summary.get("total-data-files", 0)),
-                      int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes)
+                      int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable)
 
 
 def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: set[str] | frozenset[str] | None = None,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..datamap import TableMapping, column_ref, is_array
-from ..lake import iceberg, skipping
+from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union
 from . import collateral, matching
 from .collateral import CollateralResult
@@ -184,8 +184,14 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
               purging: bool = False) -> dict[str, TablePlan]:
     """`plan` for several tables in a few Spark jobs over unions of their scans (lake/batching.py): on
     a wide lake of small tables, a job per table would cost more than the reading."""
+    in_driver: dict[str, list] = {}
+
     def scan(table: str) -> tuple[skipping.Candidates, DataFrame | None]:
         candidates = keys[table].current_candidates(spark, settings, table)
+        if _in_driver(spark, settings, candidates, keys[table]):
+            in_driver[table] = [Row(dsr_table=table, request_ids=ids, dsr_file=path, count=count)
+                                for path, ids, count in indriver.plan(spark, candidates, keys[table].key_columns())]
+            return candidates, None
         rows = skipping.read(spark, settings, candidates)
         if rows is None:
             return candidates, None
@@ -195,13 +201,18 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
                                     matching.request_ids(keys[table]).alias("request_ids"), _FILE))
 
     scans = {table: scan(table) for table in tables}
-    groups: dict[str, list] = {table: [] for table in tables}
+    groups: dict[str, list] = {table: in_driver.get(table, []) for table in tables}
     per_file = lambda union: union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count"))  # noqa: E731
     for g in collect_union([part for _, part in scans.values() if part is not None], per_file,
                            settings.run.parallel_tables):
         groups[g.dsr_table].append(g)
     return {table: _plan(spark, settings, table, keys[table], purging, scans[table][0], groups[table])
             for table in tables}
+
+
+def _in_driver(spark: SparkSession, settings: Settings, candidates: skipping.Candidates, keys: TableKeys) -> bool:
+    """Whether `candidates` are small and plain enough to read and rewrite in the driver (lake/indriver.py)."""
+    return indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None
 
 
 def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool,
@@ -287,6 +298,13 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     now = keys.current_candidates(spark, settings, table)
     matched, planned = set(table_plan.matched_files), set(table_plan.candidate_files)
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
+    action = settings.datamap.mapping(table).action
+    if _in_driver(spark, settings, chosen, keys):  # the check reads the replaced files itself
+        if not chosen.empty:
+            iceberg.replace_files(spark, chosen.jtable, chosen.data_files(spark),
+                                  indriver.rewrite(spark, chosen, keys.key_columns(), action == "delete"),
+                                  now.snapshot_id, now.predicate)
+        return None
     rows = skipping.read(spark, settings, chosen, file_per_task=True)  # each file's rows keep their order
     if rows is None:  # another writer removed them meanwhile: verification shows what is left
         return None
@@ -294,8 +312,7 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     if observe is not None:
         rows, observation = collateral.observe(rows, observe)
     iceberg.overwrite_files(spark, settings, table, chosen.data_files(spark),
-                            collateral.erased_rows(rows, keys, settings.datamap.mapping(table).action),
-                            now.snapshot_id, now.predicate)
+                            collateral.erased_rows(rows, keys, action), now.snapshot_id, now.predicate)
     return collateral.observed(observation, chosen.paths()) if observation else None
 
 

@@ -13,7 +13,7 @@ from pyspark.sql.types import DataType
 from ..config import Settings
 from ..datamap import KeyGroup, column_path, column_ref, is_array
 from ..datamap.check import KeyTypes
-from ..lake import iceberg, skipping
+from ..lake import iceberg, indriver, skipping
 
 
 def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) -> DataFrame:
@@ -83,6 +83,10 @@ class TableKeys:
         """`candidates` at the table's current snapshot (none for an empty table)."""
         snapshot = iceberg.current_snapshot(spark, settings, table)
         return self.candidates(spark, settings, table, snapshot.snapshot_id if snapshot else None)
+
+    def key_columns(self) -> list[indriver.KeyColumn]:
+        """The groups as the driver's reader takes them (lake/indriver.py)."""
+        return [indriver.KeyColumn(g.column, s.values, g.redact) for g, s in zip(self.groups, self.sets, strict=True)]
 
     def replace(self, index: int, keys: KeySet) -> TableKeys:
         return TableKeys(self.groups, tuple(keys if i == index else s for i, s in enumerate(self.sets)))

@@ -1,0 +1,292 @@
+// Small tables erased inside the driver's JVM, compiled there by Janino (indriver.py): the key
+// columns of a few small files are read, and the files holding requested rows rewritten, with
+// Iceberg's generic Parquet readers and writers. A Spark query costs a fixed ~0.2-0.5 s of planning
+// and scheduling on the driver whatever it reads; a small file costs milliseconds this way.
+// The batch's key values arrive as JVM objects (never as command text) and no value leaves the JVM:
+// answers name files, request ids and counts.
+// Janino compiles Java with generics erased: raw types and explicit casts throughout.
+package lakehouse_dsr;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeSet;
+import java.util.UUID;
+import java.util.concurrent.atomic.AtomicLongArray;
+import java.util.function.BiFunction;
+import java.util.function.Function;
+import org.apache.iceberg.DataFile;
+import org.apache.iceberg.FileFormat;
+import org.apache.iceberg.FileScanTask;
+import org.apache.iceberg.PartitionField;
+import org.apache.iceberg.PartitionSpec;
+import org.apache.iceberg.Schema;
+import org.apache.iceberg.StructLike;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.data.GenericAppenderFactory;
+import org.apache.iceberg.data.IdentityPartitionConverters;
+import org.apache.iceberg.data.Record;
+import org.apache.iceberg.data.parquet.GenericParquetReaders;
+import org.apache.iceberg.expressions.Expression;
+import org.apache.iceberg.io.CloseableIterable;
+import org.apache.iceberg.io.CloseableIterator;
+import org.apache.iceberg.io.DataWriter;
+import org.apache.iceberg.io.OutputFileFactory;
+import org.apache.iceberg.mapping.NameMappingParser;
+import org.apache.iceberg.parquet.Parquet;
+import org.apache.iceberg.shaded.org.apache.parquet.schema.MessageType;
+import org.apache.iceberg.types.Type;
+import org.apache.iceberg.types.Types;
+import org.apache.iceberg.util.PartitionUtil;
+import org.apache.spark.sql.Row;
+
+public class InDriver {
+  private final ObjectMapper json = new ObjectMapper();
+  // What this JVM's driver-side work read and wrote, since it started (the counterpart of Spark's
+  // task metrics): files opened, rows read, bytes of files read, rows written, bytes written.
+  private final AtomicLongArray io = new AtomicLongArray(5);
+
+  /** The counters above, as JSON [files, rows read, bytes read, rows written, bytes written]. */
+  public String io() throws Exception {
+    List out = new ArrayList();
+    for (int i = 0; i < io.length(); i++) {
+      out.add(Long.valueOf(io.get(i)));
+    }
+    return json.writeValueAsString(out);
+  }
+
+  /** Key value -> the sorted ids of the requests naming it, from rows (key_value, request_ids),
+   * in the rows' order (a LinkedHashMap: its keys double as the sorted value list). */
+  public Map lookup(List rows) {
+    Map out = new LinkedHashMap();
+    for (int i = 0; i < rows.size(); i++) {
+      Row row = (Row) rows.get(i);
+      if (row.isNullAt(0)) {
+        continue;
+      }
+      List ids = new ArrayList(row.getList(1));
+      Collections.sort(ids);
+      out.put(row.get(0), ids);
+    }
+    return out;
+  }
+
+  /** The keys of a lookup, in order, as a list. */
+  public List values(Map lookup) {
+    return new ArrayList(lookup.keySet());
+  }
+
+  public Keys keys() {
+    return new Keys();
+  }
+
+  /** A table's key groups: each a top-level column, its lookup, and the columns a hit nulls. */
+  public static class Keys {
+    final List columns = new ArrayList();
+    final List lookups = new ArrayList();
+    final List redacted = new ArrayList();
+
+    public Keys add(String column, Map lookup, List redact) {
+      columns.add(column);
+      lookups.add(lookup);
+      redacted.add(new ArrayList(redact));
+      return this;
+    }
+  }
+
+  /** Why these tasks cannot be read here (null: they can): a file with deletes, a file format
+   * other than Parquet, or a redacted column a partition is derived from. */
+  public String refusal(Table table, List tasks, Keys keys) {
+    for (int i = 0; i < tasks.size(); i++) {
+      FileScanTask task = (FileScanTask) tasks.get(i);
+      if (!task.deletes().isEmpty()) {
+        return "a file has deletes";
+      }
+      if (task.file().format() != FileFormat.PARQUET) {
+        return "a file is not Parquet";
+      }
+      PartitionSpec spec = (PartitionSpec) table.specs().get(Integer.valueOf(task.file().specId()));
+      for (Iterator it = spec.fields().iterator(); it.hasNext(); ) {
+        String source = table.schema().findColumnName(((PartitionField) it.next()).sourceId());
+        for (int g = 0; g < keys.redacted.size(); g++) {
+          for (Iterator r = ((List) keys.redacted.get(g)).iterator(); r.hasNext(); ) {
+            if (((String) r.next()).equalsIgnoreCase(source)) {
+              return "a partition is derived from a redacted column";
+            }
+          }
+        }
+      }
+    }
+    return null;
+  }
+
+  private static int position(Schema schema, String column) {
+    List fields = schema.columns();
+    for (int i = 0; i < fields.size(); i++) {
+      if (((Types.NestedField) fields.get(i)).name().equalsIgnoreCase(column)) {
+        return i;
+      }
+    }
+    throw new IllegalArgumentException("no column " + column);
+  }
+
+  private CloseableIterable read(Table table, FileScanTask task, final Schema projection, Expression filter) {
+    io.incrementAndGet(0);
+    io.addAndGet(2, task.file().fileSizeInBytes());
+    final Map constants = PartitionUtil.constantsMap(task, new BiFunction() {
+      public Object apply(Object type, Object value) {
+        return IdentityPartitionConverters.convertConstant((Type) type, value);
+      }
+    });
+    Parquet.ReadBuilder builder = Parquet.read(table.io().newInputFile(task.file().location()))
+        .project(projection)
+        .createReaderFunc(new Function() {
+          public Object apply(Object fileSchema) {
+            return GenericParquetReaders.buildReader(projection, (MessageType) fileSchema, constants);
+          }
+        });
+    String mapping = (String) table.properties().get("schema.name-mapping.default");
+    if (mapping != null) {
+      builder = builder.withNameMapping(NameMappingParser.fromJson(mapping));
+    }
+    if (filter != null) {  // skips row groups only: every row of the others is returned
+      builder = builder.filter(filter);
+    }
+    return builder.build();
+  }
+
+  /** The sorted distinct ids of the requests naming `record` through any key group (null: none),
+   * and in `hits` which groups named it. */
+  private static TreeSet requests(Record record, int[] positions, Keys keys, boolean[] hits) {
+    TreeSet ids = null;
+    for (int g = 0; g < positions.length; g++) {
+      Object value = record.get(positions[g]);
+      List named = value == null ? null : (List) ((Map) keys.lookups.get(g)).get(value);
+      hits[g] = named != null;
+      if (named != null) {
+        if (ids == null) {
+          ids = new TreeSet();
+        }
+        ids.addAll(named);
+      }
+    }
+    return ids;
+  }
+
+  /** The plan of the files of `tasks`: per file and combination of requests naming a row (none:
+   * rows nobody asked about), the row count, as JSON [[file, [ids] or null, count], ...]. Reads the
+   * key columns only, skipping row groups `filter` rules out. */
+  public String plan(Table table, List tasks, Keys keys, Expression filter) throws Exception {
+    Schema projection = table.schema().caseInsensitiveSelect(keys.columns);
+    int[] positions = new int[keys.columns.size()];
+    for (int g = 0; g < positions.length; g++) {
+      positions[g] = position(projection, (String) keys.columns.get(g));
+    }
+    boolean[] hits = new boolean[positions.length];
+    List out = new ArrayList();
+    for (int i = 0; i < tasks.size(); i++) {
+      FileScanTask task = (FileScanTask) tasks.get(i);
+      Map counts = new LinkedHashMap();
+      CloseableIterable rows = read(table, task, projection, filter);
+      try {
+        for (CloseableIterator it = rows.iterator(); it.hasNext(); ) {
+          TreeSet ids = requests((Record) it.next(), positions, keys, hits);
+          io.incrementAndGet(1);
+          List group = ids == null ? null : new ArrayList(ids);
+          Long n = (Long) counts.get(group);
+          counts.put(group, Long.valueOf(n == null ? 1L : n.longValue() + 1L));
+        }
+      } finally {
+        rows.close();
+      }
+      for (Iterator it = counts.keySet().iterator(); it.hasNext(); ) {
+        Object group = it.next();
+        List entry = new ArrayList();
+        entry.add(task.file().location());
+        entry.add(group);
+        entry.add(counts.get(group));
+        out.add(entry);
+      }
+    }
+    return json.writeValueAsString(out);
+  }
+
+  /** The files of `tasks` rewritten as the erasure leaves their rows, one new file per old file
+   * (none where no row is left), rows in the old file's order: a row a key group names is dropped
+   * (`delete`) or has that group's columns set to NULL. Written like the table's own writers
+   * (its properties: compression, metrics, bloom filters; its location provider), not committed:
+   * the caller commits them or deletes them. Returns the new DataFiles. */
+  public List rewrite(Table table, List tasks, Keys keys, boolean delete) throws Exception {
+    Schema schema = table.schema();
+    int[] positions = new int[keys.columns.size()];
+    List nulled = new ArrayList();  // per group: positions to set NULL on a hit
+    for (int g = 0; g < positions.length; g++) {
+      positions[g] = position(schema, (String) keys.columns.get(g));
+      List columns = (List) keys.redacted.get(g);
+      int[] at = new int[columns.size()];
+      for (int c = 0; c < at.length; c++) {
+        at[c] = position(schema, (String) columns.get(c));
+      }
+      nulled.add(at);
+    }
+    boolean[] hits = new boolean[positions.length];
+    String operation = "dsr-" + UUID.randomUUID();
+    List written = new ArrayList();
+    try {
+      for (int i = 0; i < tasks.size(); i++) {
+        FileScanTask task = (FileScanTask) tasks.get(i);
+        DataFile file = (DataFile) task.file();
+        PartitionSpec spec = (PartitionSpec) table.specs().get(Integer.valueOf(file.specId()));
+        GenericAppenderFactory factory = new GenericAppenderFactory(table, schema, spec, table.properties(),
+                                                                    null, null, null);
+        OutputFileFactory names = OutputFileFactory.builderFor(table, i, 0L).format(FileFormat.PARQUET)
+            .operationId(operation).build();
+        DataWriter writer = null;
+        CloseableIterable rows = read(table, task, schema, null);
+        try {
+          for (CloseableIterator it = rows.iterator(); it.hasNext(); ) {
+            Record record = (Record) it.next();
+            io.incrementAndGet(1);
+            if (requests(record, positions, keys, hits) != null) {
+              if (delete) {
+                continue;
+              }
+              for (int g = 0; g < hits.length; g++) {
+                if (hits[g]) {
+                  int[] at = (int[]) nulled.get(g);
+                  for (int c = 0; c < at.length; c++) {
+                    record.set(at[c], null);
+                  }
+                }
+              }
+            }
+            if (writer == null) {
+              writer = factory.newDataWriter(names.newOutputFile(spec, file.partition()), FileFormat.PARQUET,
+                                             file.partition());
+            }
+            writer.write(record);
+            io.incrementAndGet(3);
+          }
+        } finally {
+          rows.close();
+          if (writer != null) {
+            writer.close();
+            written.add(writer.toDataFile());
+            io.addAndGet(4, writer.length());
+          }
+        }
+      }
+    } catch (Exception e) {
+      for (int i = 0; i < written.size(); i++) {  // nobody will commit them
+        table.io().deleteFile(((DataFile) written.get(i)).location());
+      }
+      throw e;
+    }
+    return written;
+  }
+}

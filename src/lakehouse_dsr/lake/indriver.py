@@ -1,0 +1,76 @@
+"""Small tables planned and rewritten inside the driver's JVM, without a Spark query.
+
+On a wide lake most mapped tables are small, and a Spark query over a small table costs its fixed
+overhead (analysis, planning, scheduling, a result stage: 0.2-0.5 s of driver CPU here) whatever it
+reads. `InDriver.java` (compiled in the driver by Janino, like Bridge.java) reads the few files
+holding a batch's keys with Iceberg's generic Parquet reader and writes their replacements with the
+table's own writer settings, in milliseconds per file. It takes what Spark's read would take: the
+candidate files, the key columns and the batch's values as JVM objects (lake/skipping.py's
+KeyValues), so no identifier crosses Py4J or enters a plan.
+
+Only what it can do exactly as Spark would is done here: whole Parquet files without delete files,
+flat top-level key and redacted columns of a type data skipping knows (string, int, bigint), no
+partition derived from a redacted column, and at most `erase.in_driver_max_bytes` of files. Anything
+else goes to Spark; `refusal` says why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from .bridge import compiled
+from .skipping import Candidates, KeyValues
+
+
+@dataclass(frozen=True)
+class KeyColumn:
+    """A top-level key column, the batch's values for it, and the columns a row it names loses."""
+
+    column: str
+    values: KeyValues | None
+    redact: tuple[str, ...] = ()
+
+
+def _flat(column: str) -> bool:
+    return "." not in column and not column.endswith("[]")
+
+
+def _keys(spark: SparkSession, keys: list[KeyColumn]):
+    java_keys = compiled(spark, "InDriver").keys()
+    for key in keys:
+        java_keys.add(key.column, key.values.lookup, list(key.redact))
+    return java_keys
+
+
+def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], max_bytes: int) -> str | None:
+    """Why `candidates` cannot be read and rewritten in the driver (None: they can). Metadata only."""
+    if candidates.bytes > max_bytes:
+        return f"{candidates.bytes} bytes of files, more than {max_bytes}"
+    if any(not _flat(k.column) or not all(_flat(c) for c in k.redact) for k in keys):
+        return "a nested or array column"
+    if any(k.values is None or k.values.lookup is None for k in keys):
+        return "a key type or key set data skipping cannot take"
+    if candidates.empty:
+        return None
+    return compiled(spark, "InDriver").refusal(candidates.jtable, candidates._tasks, _keys(spark, keys))
+
+
+def plan(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn]) -> list[tuple[str, list[str] | None, int]]:
+    """Per candidate file and combination of requests naming a row (None: rows nobody asked about),
+    the row count. Reads the key columns of the candidate files, skipping row groups the keys
+    cannot be in (statistics, dictionaries, bloom filters), like the Spark scan it replaces."""
+    if candidates.empty:
+        return []
+    answer = compiled(spark, "InDriver").plan(candidates.jtable, candidates._tasks, _keys(spark, keys),
+                                              candidates.predicate)
+    return [(path, ids, count) for path, ids, count in json.loads(answer)]
+
+
+def rewrite(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], delete: bool):
+    """The candidate files rewritten as the erasure leaves them (a named row dropped if `delete`, else
+    its key group's columns NULL), one new file per old file in the old order, written but not
+    committed; returns the new Java DataFiles. Cost: one read and one write of those files."""
+    return compiled(spark, "InDriver").rewrite(candidates.jtable, candidates._tasks, _keys(spark, keys), delete)

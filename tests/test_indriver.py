@@ -1,0 +1,126 @@
+"""Small tables erased inside the driver's JVM (lake/indriver.py): the same table as Spark's rewrite
+leaves, no Spark job, the table's writer settings kept; what it cannot do exactly goes to Spark.
+
+Tables are read back with pyiceberg and pyarrow, not with the engine's own readers.
+"""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_settings
+from lakehouse_dsr.datamap.check import check_against_catalog
+from lakehouse_dsr.lake import indriver, skipping
+from lakehouse_dsr.lake.catalog import open_catalog
+from lakehouse_dsr.lake.metrics import StageMeter
+from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.stages import erase, matching
+
+TABLE = "shop.orders"
+ERASED = ["u03", "u07"]
+
+
+def lake(spark, tmp_path, name: str, action: str, in_driver_max_bytes: int | None = None, properties: str = ""):
+    """A table of 40 orders by 10 users over three files (partitioned by region), mapped with `action`."""
+    entry = {"key": "user_id", "action": action} | ({"redact": ["user_id", "note"]} if action == "redact" else {})
+    settings = make_settings(tmp_path / name, datamap={"subject": "user_id", "identifiers": {},
+                                                       "tables": {TABLE: entry}},
+                             erase={} if in_driver_max_bytes is None else {"in_driver_max_bytes": in_driver_max_bytes})
+    attach(spark, settings)
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.shop")
+    spark.sql(f"CREATE TABLE {settings.table(TABLE)} (order_id BIGINT, user_id STRING, region STRING, note STRING, "
+              f"amount INT) USING iceberg PARTITIONED BY (region) TBLPROPERTIES ('format-version'='2', "
+              f"'write.parquet.compression-codec'='gzip'{properties})")
+    spark.sql(f"INSERT INTO {settings.table(TABLE)} SELECT id, format_string('u%02d', id % 10), "
+              "IF(id % 3 = 0, 'eu', IF(id % 3 = 1, 'us', 'apac')), concat('note ', id), CAST(id * 7 AS INT) "
+              "FROM range(40)")
+    return settings
+
+
+def table_keys(spark, settings, subjects: list[str]) -> matching.TableKeys:
+    keys = spark.createDataFrame([(f"r{i}", "user_id", s) for i, s in enumerate(subjects)],
+                                 "request_id string, key_type string, key_value string")
+    types = check_against_catalog(spark, settings.datamap, settings.table)
+    return matching.key_sets(settings, keys, types, [TABLE])[TABLE]
+
+
+def rows(settings) -> list[dict]:
+    """The table's rows in file and position order, read with pyiceberg."""
+    return open_catalog(settings).load_table(TABLE).scan().to_arrow().sort_by("order_id").to_pylist()
+
+
+def file_order(settings) -> dict[str, list[int]]:
+    """{region: order ids in file order} of the live files (one per region), read with pyarrow."""
+    out = {}
+    for f in open_catalog(settings).load_table(TABLE).inspect.files().to_pylist():
+        assert f["partition"]["region"] not in out
+        ids = pq.read_table(f["file_path"].removeprefix("file:"), columns=["order_id"]).column("order_id")
+        out[f["partition"]["region"]] = ids.to_pylist()
+    return out
+
+
+def erase_all(spark, settings, keys: matching.TableKeys) -> erase.TableErasure:
+    plan = erase.plan(spark, settings, TABLE, keys, purging=True)  # purging: rewrite the files
+    result = erase.apply(spark, settings, plan, keys)
+    skipping.release()
+    return result
+
+
+@pytest.mark.parametrize("action", ["delete", "redact"])
+def test_a_small_table_is_erased_in_the_driver_exactly_as_spark_erases_it(spark, tmp_path, action):
+    in_driver, in_spark = lake(spark, tmp_path, "driver", action), lake(spark, tmp_path, "spark", action, 0)
+    before, order = rows(in_driver), file_order(in_driver)
+    keys = table_keys(spark, in_driver, ERASED)  # the batch's key set: a small Spark job of its own
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    result = erase_all(spark, in_driver, keys)
+    cost = meter.since(mark)
+    assert cost.stages == 0 and cost.driver_files == 6  # three files planned and rewritten, no Spark job
+    assert erase_all(spark, in_spark, table_keys(spark, in_spark, ERASED)).plan.rows_matched == \
+        result.plan.rows_matched == 8
+    assert result.plan.strategy == "rewrite_files" and result.snapshot_id is not None
+    after = rows(in_driver)
+    assert after == rows(in_spark)  # what Spark's rewrite leaves, row for row
+    if action == "delete":
+        assert after == [r for r in before if r["user_id"] not in ERASED]
+    else:
+        assert after == [r | {"user_id": None, "note": None} if r["user_id"] in ERASED else r for r in before]
+    # One new file per old file, in its partition, rows in the old file's order, with the table's codec.
+    kept = {r["order_id"] for r in after}
+    assert file_order(in_driver) == {region: [i for i in ids if i in kept] for region, ids in order.items()}
+    for f in open_catalog(in_driver).load_table(TABLE).inspect.files().to_pylist():
+        parquet = pq.ParquetFile(f["file_path"].removeprefix("file:"))
+        assert parquet.metadata.row_group(0).column(0).compression == "GZIP"
+
+
+def test_what_the_driver_cannot_do_exactly_goes_to_spark(spark, tmp_path):
+    settings = lake(spark, tmp_path, "mor", "delete", properties=", 'write.delete.mode'='merge-on-read'")
+    keys = table_keys(spark, settings, ERASED)
+    candidates = keys.current_candidates(spark, settings, TABLE)
+    assert indriver.refusal(spark, candidates, keys.key_columns(), 8 << 20) is None
+    assert "bytes of files" in indriver.refusal(spark, candidates, keys.key_columns(), 100)
+    nested = [indriver.KeyColumn("profile.user_id", keys.sets[0].values)]
+    assert "nested" in indriver.refusal(spark, candidates, nested, 8 << 20)
+    # another writer's delete file: the driver does not apply deletes, so Spark reads that table
+    spark.sql(f"DELETE FROM {settings.table(TABLE)} WHERE order_id = 1")
+    candidates = keys.current_candidates(spark, settings, TABLE)
+    assert indriver.refusal(spark, candidates, keys.key_columns(), 8 << 20) == "a file has deletes"
+    before = rows(settings)
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    result = erase_all(spark, settings, keys)
+    assert meter.since(mark).stages > 0 and result.plan.rows_matched == 8
+    assert rows(settings) == [r for r in before if r["user_id"] not in ERASED]
+
+
+def test_a_partition_derived_from_a_redacted_column_goes_to_spark(spark, tmp_path):
+    settings = lake(spark, tmp_path, "part", "redact")
+    spark.sql(f"ALTER TABLE {settings.table(TABLE)} ADD PARTITION FIELD bucket(4, note)")
+    spark.sql(f"INSERT INTO {settings.table(TABLE)} VALUES (100, 'u03', 'eu', 'late', 1)")
+    keys = table_keys(spark, settings, ERASED)
+    candidates = keys.current_candidates(spark, settings, TABLE)
+    assert "partition" in indriver.refusal(spark, candidates, keys.key_columns(), 8 << 20)
+    result = erase_all(spark, settings, keys)
+    assert result.plan.rows_matched == 9
+    assert not [r for r in rows(settings) if r["user_id"] in ERASED or r["note"] == "late"]
