@@ -9,7 +9,10 @@ package lakehouse_dsr;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.util.ArrayList;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
 import java.util.Collections;
+import java.util.HashSet;
 import java.util.HashMap;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
@@ -39,6 +42,8 @@ import org.apache.iceberg.io.DataWriter;
 import org.apache.iceberg.io.OutputFileFactory;
 import org.apache.iceberg.mapping.NameMappingParser;
 import org.apache.iceberg.parquet.Parquet;
+import org.apache.iceberg.relocated.com.google.common.hash.Hasher;
+import org.apache.iceberg.relocated.com.google.common.hash.Hashing;
 import org.apache.iceberg.shaded.org.apache.parquet.schema.MessageType;
 import org.apache.iceberg.types.Type;
 import org.apache.iceberg.types.Types;
@@ -216,15 +221,10 @@ public class InDriver {
     return json.writeValueAsString(out);
   }
 
-  /** The files of `tasks` rewritten as the erasure leaves their rows, one new file per old file
-   * (none where no row is left), rows in the old file's order: a row a key group names is dropped
-   * (`delete`) or has that group's columns set to NULL. Written like the table's own writers
-   * (its properties: compression, metrics, bloom filters; its location provider), not committed:
-   * the caller commits them or deletes them. Returns the new DataFiles. */
-  public List rewrite(Table table, List tasks, Keys keys, boolean delete) throws Exception {
-    Schema schema = table.schema();
-    int[] positions = new int[keys.columns.size()];
-    List nulled = new ArrayList();  // per group: positions to set NULL on a hit
+  /** Each key group's position in `schema` (into `positions`), and per group the positions of the
+   * columns a hit sets to NULL. */
+  private static List nulledPositions(Schema schema, Keys keys, int[] positions) {
+    List nulled = new ArrayList();
     for (int g = 0; g < positions.length; g++) {
       positions[g] = position(schema, (String) keys.columns.get(g));
       List columns = (List) keys.redacted.get(g);
@@ -234,6 +234,30 @@ public class InDriver {
       }
       nulled.add(at);
     }
+    return nulled;
+  }
+
+  /** A named row's columns as a redaction leaves them: each hit group's columns NULL. */
+  private static void erase(Record record, boolean[] hits, List nulled) {
+    for (int g = 0; g < hits.length; g++) {
+      if (hits[g]) {
+        int[] at = (int[]) nulled.get(g);
+        for (int c = 0; c < at.length; c++) {
+          record.set(at[c], null);
+        }
+      }
+    }
+  }
+
+  /** The files of `tasks` rewritten as the erasure leaves their rows, one new file per old file
+   * (none where no row is left), rows in the old file's order: a row a key group names is dropped
+   * (`delete`) or has that group's columns set to NULL. Written like the table's own writers
+   * (its properties: compression, metrics, bloom filters; its location provider), not committed:
+   * the caller commits them or deletes them. Returns the new DataFiles. */
+  public List rewrite(Table table, List tasks, Keys keys, boolean delete) throws Exception {
+    Schema schema = table.schema();
+    int[] positions = new int[keys.columns.size()];
+    List nulled = nulledPositions(schema, keys, positions);
     boolean[] hits = new boolean[positions.length];
     String operation = "dsr-" + UUID.randomUUID();
     List written = new ArrayList();
@@ -256,14 +280,7 @@ public class InDriver {
               if (delete) {
                 continue;
               }
-              for (int g = 0; g < hits.length; g++) {
-                if (hits[g]) {
-                  int[] at = (int[]) nulled.get(g);
-                  for (int c = 0; c < at.length; c++) {
-                    record.set(at[c], null);
-                  }
-                }
-              }
+              erase(record, hits, nulled);
             }
             if (writer == null) {
               writer = factory.newDataWriter(names.newOutputFile(spec, file.partition()), FileFormat.PARQUET,
@@ -288,5 +305,119 @@ public class InDriver {
       throw e;
     }
     return written;
+  }
+
+  /** The collateral check's fingerprints of the files at `locations` (a JSON array) as snapshot
+   * `snapshotId` holds them: [rows, wrapping sum of the first 64 bits of each row's hash, XOR of
+   * the second 64] of the rows no key names, and of the named rows as the erasure must leave them
+   * (nothing when `delete`, else each hit group's columns NULL). Every column of every row is
+   * hashed (murmur3_128 over each value with its type and a null flag). Null when one of the files
+   * has deletes or is not Parquet (the caller reads them with Spark), or is not in the snapshot. */
+  public String fingerprint(Table table, long snapshotId, String locations, Keys keys, boolean delete)
+      throws Exception {
+    HashSet wanted = new HashSet((List) json.readValue(locations, List.class));
+    List tasks = new ArrayList();
+    CloseableIterable planned = table.newScan().useSnapshot(snapshotId).planFiles();
+    try {
+      for (CloseableIterator it = planned.iterator(); it.hasNext(); ) {
+        FileScanTask task = (FileScanTask) it.next();
+        if (wanted.remove(task.file().location())) {
+          tasks.add(task);
+        }
+      }
+    } finally {
+      planned.close();
+    }
+    if (!wanted.isEmpty() || refusal(table, tasks, keys) != null) {
+      return null;
+    }
+    Schema schema = table.schema();
+    int[] positions = new int[keys.columns.size()];
+    List nulled = nulledPositions(schema, keys, positions);
+    boolean[] hits = new boolean[positions.length];
+    long[] others = new long[3];
+    long[] requested = new long[3];
+    for (int i = 0; i < tasks.size(); i++) {
+      CloseableIterable rows = read(table, (FileScanTask) tasks.get(i), schema, null);
+      try {
+        for (CloseableIterator it = rows.iterator(); it.hasNext(); ) {
+          Record record = (Record) it.next();
+          io.incrementAndGet(1);
+          if (requests(record, positions, keys, hits) == null) {
+            add(others, record);
+          } else if (!delete) {
+            erase(record, hits, nulled);
+            add(requested, record);
+          }
+        }
+      } finally {
+        rows.close();
+      }
+    }
+    List out = new ArrayList();
+    out.add(asList(others));
+    out.add(asList(requested));
+    return json.writeValueAsString(out);
+  }
+
+  private static List asList(long[] values) {
+    List out = new ArrayList();
+    for (int i = 0; i < values.length; i++) {
+      out.add(Long.valueOf(values[i]));
+    }
+    return out;
+  }
+
+  private static void add(long[] fingerprint, Record record) {
+    Hasher hasher = Hashing.murmur3_128().newHasher();
+    feed(hasher, record);
+    ByteBuffer hash = ByteBuffer.wrap(hasher.hash().asBytes());
+    fingerprint[0] += 1;
+    fingerprint[1] += hash.getLong(0);
+    fingerprint[2] ^= hash.getLong(8);
+  }
+
+  /** A value into the hash, tagged by kind, so that neither NULL nor a shifted value passes for another. */
+  private static void feed(Hasher hasher, Object value) {
+    if (value == null) {
+      hasher.putByte((byte) 0);
+    } else if (value instanceof StructLike) {
+      StructLike struct = (StructLike) value;
+      hasher.putByte((byte) 1);
+      hasher.putInt(struct.size());
+      for (int i = 0; i < struct.size(); i++) {
+        feed(hasher, struct.get(i, Object.class));
+      }
+    } else if (value instanceof List) {
+      List list = (List) value;
+      hasher.putByte((byte) 2);
+      hasher.putInt(list.size());
+      for (int i = 0; i < list.size(); i++) {
+        feed(hasher, list.get(i));
+      }
+    } else if (value instanceof Map) {
+      Map map = (Map) value;
+      hasher.putByte((byte) 3);
+      hasher.putInt(map.size());
+      long entries = 0L;  // order-free: a map's entries come in no fixed order
+      for (Iterator it = map.entrySet().iterator(); it.hasNext(); ) {
+        Map.Entry entry = (Map.Entry) it.next();
+        Hasher one = Hashing.murmur3_128().newHasher();
+        feed(one, entry.getKey());
+        feed(one, entry.getValue());
+        entries += one.hash().asLong();
+      }
+      hasher.putLong(entries);
+    } else if (value instanceof ByteBuffer) {
+      hasher.putByte((byte) 4);
+      hasher.putBytes((ByteBuffer) ((ByteBuffer) value).duplicate());
+    } else if (value instanceof byte[]) {
+      hasher.putByte((byte) 4);
+      hasher.putBytes((byte[]) value);
+    } else {
+      hasher.putByte((byte) 5);
+      hasher.putString(value.getClass().getName(), StandardCharsets.UTF_8);
+      hasher.putString(value.toString(), StandardCharsets.UTF_8);
+    }
   }
 }

@@ -4,9 +4,10 @@ On a wide lake most mapped tables are small, and a Spark query over a small tabl
 overhead (analysis, planning, scheduling, a result stage: 0.2-0.5 s of driver CPU here) whatever it
 reads. `InDriver.java` (compiled in the driver by Janino, like Bridge.java) reads the few files
 holding a batch's keys with Iceberg's generic Parquet reader and writes their replacements with the
-table's own writer settings, in milliseconds per file. It takes what Spark's read would take: the
-candidate files, the key columns and the batch's values as JVM objects (lake/skipping.py's
-KeyValues), so no identifier crosses Py4J or enters a plan.
+table's own writer settings, in milliseconds per file; the collateral check fingerprints the
+replaced and the new files the same way, each read back from storage as its snapshot holds it. It
+takes what Spark's read would take: the candidate files, the key columns and the batch's values as
+JVM objects (lake/skipping.py's KeyValues), so no identifier crosses Py4J or enters a plan.
 
 Only what it can do exactly as Spark would is done here: whole Parquet files without delete files,
 flat top-level key and redacted columns of a type data skipping knows (string, int, bigint), no
@@ -74,3 +75,15 @@ def rewrite(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], 
     its key group's columns NULL), one new file per old file in the old order, written but not
     committed; returns the new Java DataFiles. Cost: one read and one write of those files."""
     return compiled(spark, "InDriver").rewrite(candidates.jtable, candidates._tasks, _keys(spark, keys), delete)
+
+
+def fingerprint(spark: SparkSession, jtable, snapshot_id: int, locations: frozenset[str], keys: list[KeyColumn],
+                delete: bool) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    """The collateral check's fingerprints (rows, hash sum, hash XOR) of the files at `locations` as
+    snapshot `snapshot_id` holds them: of the rows no key names, and of the named rows as the erasure
+    leaves them (none when `delete`). None when a file has deletes or is not Parquet: Spark reads
+    those. Cost: one read of every column of those files, and the snapshot's manifests."""
+    answer = compiled(spark, "InDriver").fingerprint(jtable, snapshot_id, json.dumps(sorted(locations)),
+                                                     _keys(spark, keys), delete)
+    found = json.loads(answer)
+    return None if found is None else (tuple(found[0]), tuple(found[1]))

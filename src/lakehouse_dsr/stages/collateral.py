@@ -16,6 +16,10 @@ own key was requested), must be exactly the added files' rows not requested (fin
 writers' commits between the plan and the erase commit must be appends, else the check is
 inconclusive and nothing is purged; the commit's files are read as its parent snapshot held them,
 so rows appended meanwhile are accounted for wherever the erase met them.
+
+A small rewrite (lake/indriver.py) is fingerprinted in the driver instead, by the same rules with
+a hash of its own (murmur3_128 of every value): both sides are read back from storage, and the
+rows are marked by the check's keys, not the rewrite's.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ from pyspark.sql.types import MapType, StructField, StructType
 
 from ..config import Settings
 from ..datamap import column_ref
-from ..lake import iceberg, skipping
+from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union
 from . import matching
 from .matching import Redaction, TableKeys
 
 _HIT, _SIDE, _TABLE = "dsr_hit", "dsr_side", "dsr_table"
+_BITS_64 = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -221,11 +226,36 @@ def check_many(spark: SparkSession, settings: Settings, commits: list[Commit]) -
         expected_other, expected_redacted, found = sums[table]
         if seen is not None:
             expected_other, expected_redacted = seen.other, seen.redacted
-        expected = expected_other + expected_redacted + requested_kept
-        results[table] = CollateralResult(True) if found == expected else CollateralResult(
-            False, True, "rows not requested changed in the files the erase commit rewrote: expected "
-                         f"{expected.describe()}, found {found.describe()} at snapshot {commit.snapshot_id}")
+        results[table] = _verdict(commit, expected_other + expected_redacted + requested_kept, found)
     return results
+
+
+def _verdict(commit: Commit, expected: Fingerprint, found: Fingerprint) -> CollateralResult:
+    return CollateralResult(True) if found == expected else CollateralResult(
+        False, True, "rows not requested changed in the files the erase commit rewrote: expected "
+                     f"{expected.describe()}, found {found.describe()} at snapshot {commit.snapshot_id}")
+
+
+def _fingerprinted_in_driver(spark: SparkSession, settings: Settings, commit: Commit, changed: iceberg.CommitFiles,
+                             before: skipping.Candidates) -> CollateralResult | None:
+    """The check of a small rewrite, fingerprinted in the driver (lake/indriver.py): the replaced files
+    as the commit's parent held them, the added files as the commit holds them, each read back from
+    storage. None when Spark must read them (too large, deletes, nested columns)."""
+    keys = commit.keys.key_columns()
+    removed = before.subset(spark, set(changed.removed))
+    if changed.parent_id is None or indriver.refusal(spark, removed, keys, settings.erase.in_driver_max_bytes):
+        return None
+    delete = settings.datamap.mapping(commit.table).action == "delete"
+    old = indriver.fingerprint(spark, before.jtable, changed.parent_id, changed.removed, keys, delete)
+    new = indriver.fingerprint(spark, before.jtable, commit.snapshot_id, changed.added, keys, delete)
+    if old is None or new is None:
+        return None
+    return _verdict(commit, _wrapped(Fingerprint(*old[0]) + Fingerprint(*old[1])), _wrapped(Fingerprint(*new[0])))
+
+
+def _wrapped(f: Fingerprint) -> Fingerprint:
+    """`f` as the driver's 64-bit arithmetic keeps it (its sums wrap around)."""
+    return Fingerprint(f.rows, f.hash_sum & _BITS_64, f.hash_xor & _BITS_64)
 
 
 def _prepare(spark: SparkSession, settings: Settings, commit: Commit
@@ -255,6 +285,10 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit
         return CollateralResult(False, True, f"{others_before - others_after} rows not requested were deleted from "
                                 f"files the erase commit attached deletes to (snapshot {erase_snapshot})")
     seen = commit.seen if commit.seen is not None and commit.seen.files == changed.removed else None
+    if not kept and seen is None and changed.removed:
+        in_driver = _fingerprinted_in_driver(spark, settings, commit, changed, before)
+        if in_driver is not None:
+            return in_driver
     removed = skipping.read(spark, settings, before, set(changed.removed)) if seen is None else None
     added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(settings.table(table)).schema
                                             ) if changed.added else None  # new files: no deletes yet
