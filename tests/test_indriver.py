@@ -15,7 +15,8 @@ from lakehouse_dsr.lake import indriver, skipping
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.stages import collateral, erase, matching
+from lakehouse_dsr.ledger.keys import Keyring, key_id, keyed_hash
+from lakehouse_dsr.stages import collateral, erase, matching, verify
 
 TABLE = "shop.orders"
 ERASED = ["u03", "u07"]
@@ -154,3 +155,26 @@ def test_the_driver_check_passes_whatever_the_hashes_add_up_to(spark, tmp_path):
         verdict = collateral.check(spark, settings, TABLE, keys, plan.snapshot_before, result.snapshot_id)
         assert verdict.ok, (subject, verdict)
         skipping.release()
+
+
+def test_the_live_check_of_a_small_table_runs_in_the_driver_and_finds_what_spark_finds(spark, tmp_path):
+    """Hashes under two keys (a rotation): the old key's hash is matched only under the old key, and
+    a person found under both counts once."""
+    old, new = b"k" * 32, b"n" * 32
+    stored = [("r1", "user_id", keyed_hash(old, "u03"), key_id(old)), ("r1", "user_id", keyed_hash(new, "u03"), None),
+              ("r2", "user_id", keyed_hash(new, "u07"), key_id(new)),
+              ("r3", "user_id", keyed_hash(new, "u05"), key_id(old))]  # made by a key that is not `old`: no match
+    found = {}
+    for name, limit in (("driver", None), ("spark", 0)):
+        settings = lake(spark, tmp_path, f"live-{name}", "delete", limit)
+        hashes = spark.createDataFrame(stored, "request_id string, key_type string, key_hash string, key_id string")
+        keys = table_keys(spark, settings, ["u03", "u07", "u05"])
+        hash_keys = verify.keys_for(settings, hashes, Keyring(new, (old,)))
+        meter = StageMeter(spark)
+        mark = meter.mark()
+        found[name] = verify.live_found(spark, settings, [TABLE], hashes, hash_keys, {TABLE: keys})
+        cost = meter.since(mark)
+        # the driver reads the three files itself (Spark only collects the ledger's hashes, once per run)
+        assert cost.driver_files == (3 if name == "driver" else 0), cost
+        skipping.release()
+    assert found["driver"] == found["spark"] == {TABLE: {"r1": 4, "r2": 4}}

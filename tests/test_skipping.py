@@ -53,16 +53,22 @@ def live_files(settings) -> set[str]:
     return {f["file_path"] for f in open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()}
 
 
-@pytest.fixture
-def clustered(spark, tmp_path):
-    """The tiny demo lake with only the events table mapped, clustered by user_id into many small files."""
+def clustered_lake(spark, tmp_path, in_driver_max_bytes: int = 0):
+    """The tiny demo lake with only the events table mapped, clustered by user_id into many small
+    files; read by Spark, as a large table is, unless `in_driver_max_bytes` lets the driver read it."""
     settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0},
+                             erase={"in_driver_max_bytes": in_driver_max_bytes},
                              datamap={"subject": "user_id", "identifiers": {}, "tables": {EVENTS: {"key": "user_id"}}})
     attach(spark, settings)
     synth.generate(spark, settings, users=60, events=3000, seed=SEED, batches=1)
     layout.optimize(spark, settings, EVENTS, target_file_size_bytes=4 * 1024)
     assert len(live_files(settings)) >= 10
     return settings
+
+
+@pytest.fixture
+def clustered(spark, tmp_path):
+    return clustered_lake(spark, tmp_path)
 
 
 def table_keys(spark, settings, subjects: list[str]) -> matching.TableKeys:
@@ -88,6 +94,18 @@ def test_the_plan_reads_only_the_files_that_can_hold_the_keys(spark, clustered):
     assert plan.rows_scanned == sum(holding.values()) < total / 5
     # Spark's count: those files' rows, plus the broadcast key row read back from its checkpoint
     assert plan.rows_scanned <= cost.rows_read <= plan.rows_scanned + keys.size
+
+
+def test_the_driver_reads_only_the_files_that_can_hold_the_keys(spark, tmp_path):
+    settings = clustered_lake(spark, tmp_path, in_driver_max_bytes=8 << 20)
+    holding = files_holding(settings, [ERASED])
+    keys = table_keys(spark, settings, [ERASED])
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    plan = erase.plan(spark, settings, EVENTS, keys)
+    cost = meter.since(mark)
+    assert cost.stages == 0 and cost.driver_files == len(holding) < plan.skipping["total_files"]
+    assert set(plan.matched_files) == set(holding) and plan.rows_scanned == sum(holding.values()) == cost.rows_read
 
 
 def test_a_table_no_file_can_match_costs_no_spark_job(spark, clustered, tmp_path):

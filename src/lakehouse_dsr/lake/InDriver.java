@@ -9,6 +9,7 @@ package lakehouse_dsr;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.Collections;
@@ -23,6 +24,8 @@ import java.util.UUID;
 import java.util.concurrent.atomic.AtomicLongArray;
 import java.util.function.BiFunction;
 import java.util.function.Function;
+import javax.crypto.Mac;
+import javax.crypto.spec.SecretKeySpec;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.FileScanTask;
@@ -419,5 +422,94 @@ public class InDriver {
       hasher.putString(value.getClass().getName(), StandardCharsets.UTF_8);
       hasher.putString(value.toString(), StandardCharsets.UTF_8);
     }
+  }
+
+  /** The live check by keyed hash over the files of `tasks`: every key column's value (as text, as
+   * Spark casts it) is hashed with HMAC-SHA256 under each key of `keysJson` ({key id: hex key}) and
+   * looked up among `storedJson` ([[request id, identifier, hex hash, id of the key that made it or
+   * null], ...]) of the column's identifier. Answers {request id: rows}, a value found for one request
+   * under two keys counted once, as verify.find_hashed counts. Reads the key columns only, skipping
+   * row groups `filter` rules out. */
+  public String liveFound(Table table, List tasks, List columns, List identifiers, String storedJson,
+                          String keysJson, Expression filter) throws Exception {
+    Map stored = new HashMap();  // hash -> [[request id, identifier, key id], ...]
+    List rows = (List) json.readValue(storedJson, List.class);
+    for (int i = 0; i < rows.size(); i++) {
+      List row = (List) rows.get(i);
+      List entries = (List) stored.get(row.get(2));
+      if (entries == null) {
+        entries = new ArrayList();
+        stored.put(row.get(2), entries);
+      }
+      entries.add(row);
+    }
+    Map keys = (Map) json.readValue(keysJson, Map.class);
+    Schema projection = table.schema().caseInsensitiveSelect(columns);
+    int[] positions = new int[columns.size()];
+    List counts = new ArrayList();  // per key column: value text -> rows
+    for (int g = 0; g < positions.length; g++) {
+      positions[g] = position(projection, (String) columns.get(g));
+      counts.add(new HashMap());
+    }
+    for (int i = 0; i < tasks.size(); i++) {
+      CloseableIterable read = read(table, (FileScanTask) tasks.get(i), projection, filter);
+      try {
+        for (CloseableIterator it = read.iterator(); it.hasNext(); ) {
+          Record record = (Record) it.next();
+          io.incrementAndGet(1);
+          for (int g = 0; g < positions.length; g++) {
+            Object value = record.get(positions[g]);
+            if (value != null) {
+              Map perValue = (Map) counts.get(g);
+              Long n = (Long) perValue.get(value.toString());
+              perValue.put(value.toString(), Long.valueOf(n == null ? 1L : n.longValue() + 1L));
+            }
+          }
+        }
+      } finally {
+        read.close();
+      }
+    }
+    Map found = new HashMap();  // request id -> rows
+    HashSet counted = new HashSet();  // (request id, key column, value) counted once
+    for (Iterator k = keys.keySet().iterator(); k.hasNext(); ) {
+      String keyId = (String) k.next();
+      Mac mac = Mac.getInstance("HmacSHA256");
+      mac.init(new SecretKeySpec(hex((String) keys.get(keyId)), "HmacSHA256"));
+      for (int g = 0; g < positions.length; g++) {
+        Map perValue = (Map) counts.get(g);
+        for (Iterator v = perValue.keySet().iterator(); v.hasNext(); ) {
+          String value = (String) v.next();
+          List entries = (List) stored.get(hex(mac.doFinal(value.getBytes(StandardCharsets.UTF_8))));
+          for (int e = 0; entries != null && e < entries.size(); e++) {
+            List entry = (List) entries.get(e);
+            boolean sameKey = entry.get(3) == null || keyId.equals(entry.get(3));
+            if (sameKey && identifiers.get(g).equals(entry.get(1))
+                && counted.add(Arrays.asList(new Object[] {entry.get(0), Integer.valueOf(g), value}))) {
+              Long n = (Long) found.get(entry.get(0));
+              long add = ((Long) perValue.get(value)).longValue();
+              found.put(entry.get(0), Long.valueOf(n == null ? add : n.longValue() + add));
+            }
+          }
+        }
+      }
+    }
+    return json.writeValueAsString(found);
+  }
+
+  private static byte[] hex(String text) {
+    byte[] out = new byte[text.length() / 2];
+    for (int i = 0; i < out.length; i++) {
+      out[i] = (byte) Integer.parseInt(text.substring(2 * i, 2 * i + 2), 16);
+    }
+    return out;
+  }
+
+  private static String hex(byte[] bytes) {
+    StringBuilder out = new StringBuilder();
+    for (int i = 0; i < bytes.length; i++) {
+      out.append(Character.forDigit((bytes[i] >> 4) & 15, 16)).append(Character.forDigit(bytes[i] & 15, 16));
+    }
+    return out.toString();
   }
 }

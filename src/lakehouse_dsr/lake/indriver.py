@@ -5,7 +5,8 @@ overhead (analysis, planning, scheduling, a result stage: 0.2-0.5 s of driver CP
 reads. `InDriver.java` (compiled in the driver by Janino, like Bridge.java) reads the few files
 holding a batch's keys with Iceberg's generic Parquet reader and writes their replacements with the
 table's own writer settings, in milliseconds per file; the collateral check fingerprints the
-replaced and the new files the same way, each read back from storage as its snapshot holds it. It
+replaced and the new files the same way, each read back from storage as its snapshot holds it, and
+the live verification looks the key columns' keyed hashes up among the ledger's (HMAC-SHA256). It
 takes what Spark's read would take: the candidate files, the key columns and the batch's values as
 JVM objects (lake/skipping.py's KeyValues), so no identifier crosses Py4J or enters a plan.
 
@@ -87,3 +88,18 @@ def fingerprint(spark: SparkSession, jtable, snapshot_id: int, locations: frozen
                                                      _keys(spark, keys), delete)
     found = json.loads(answer)
     return None if found is None else (tuple(found[0]), tuple(found[1]))
+
+
+def live_found(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], identifiers: list[str],
+               stored: list[tuple[str, str, str, str | None]], hash_keys: dict[str, bytes]) -> dict[str, int]:
+    """{request id: rows} of the candidate files whose key value (as text) hashes, under one of
+    `hash_keys` ({key id: key}), to one of the `stored` hashes (request id, identifier, hex hash, id
+    of the key that made it) of that column's identifier: verify.find_hashed over the live files,
+    in the driver. Cost: one read of the key columns of the candidate files, an HMAC per distinct
+    value and key."""
+    if candidates.empty:
+        return {}
+    answer = compiled(spark, "InDriver").liveFound(
+        candidates.jtable, candidates._tasks, [k.column for k in keys], identifiers, json.dumps(stored),
+        json.dumps({key_id: key.hex() for key_id, key in hash_keys.items()}), candidates.predicate)
+    return {request_id: int(n) for request_id, n in json.loads(answer).items()}

@@ -24,7 +24,7 @@ from ..config import Settings
 from ..datamap import KeyGroup, column_ref
 from ..datamap.check import KeyTypes, check_against_catalog, schema_of
 from ..exceptions import LedgerError
-from ..lake import iceberg, plainfiles, skipping
+from ..lake import iceberg, indriver, plainfiles, skipping
 from ..lake.batching import collect_union
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
@@ -84,16 +84,31 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
     """{table: {request id: rows}}: the live check of many tables (verify_table's first scan) in one
     Spark job over the union of their key columns, instead of a job per table: on a wide lake of
     small tables each job's fixed cost is most of the work. `prune`: see verify_table; a table no
-    file of which can hold the keys adds nothing to the job."""
+    file of which can hold the keys adds nothing to the job, and a small one is checked in the
+    driver (lake/indriver.py: the same keyed hashes, no Spark job)."""
+    found: dict[str, dict[str, int]] = {table: {} for table in tables}
+    stored: list | None = None
+
     def part(table: str) -> DataFrame | None:
-        rows = _live_rows(spark, settings, table, (prune or {}).get(table))
+        nonlocal stored
+        keys = (prune or {}).get(table)
+        if keys is not None:
+            candidates = keys.current_candidates(spark, settings, table)
+            if indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None:
+                if stored is None:  # hashes, not identifiers: read into the driver once
+                    made_by = F.col("key_id") if "key_id" in hashes.columns else F.lit(None).cast("string")
+                    stored = [tuple(r) for r in hashes.select("request_id", "key_type", "key_hash", made_by)
+                              .collect()]
+                found[table] = indriver.live_found(spark, candidates, keys.key_columns(),
+                                                   [g.identifier for g in keys.groups], stored, key.keys)
+                return None
+        rows = _live_rows(spark, settings, table, keys)
         if rows is None:
             return None
         values = key_values(rows, settings.datamap.mapping(table).groups)
         return values.select(F.lit(table).alias("dsr_table"), "dsr_group", "key_type", "dsr_value")
 
     parts = [p for p in map(part, tables) if p is not None]
-    found: dict[str, dict[str, int]] = {table: {} for table in tables}
     per_table = lambda union: _found(  # noqa: E731
         union.groupBy("dsr_table", "dsr_group", "key_type", "dsr_value").count(), hashes, key.keys, ["dsr_table"])
     for r in collect_union(parts, per_table, settings.run.parallel_tables):
