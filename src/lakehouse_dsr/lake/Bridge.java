@@ -335,4 +335,16 @@ public class Bridge {
       ReflectionUtil.setClassLoadingStrategy(new RememberingClassLoading(ReflectionUtil.getClassLoadingStrategy()));
     }
   }
+
+  /** A clustering function for RewriteManifests.clusterBy that puts every data file in one group
+   *  (Iceberg still starts a new manifest at its target size). */
+  public static class OneGroup implements java.util.function.Function {
+    public Object apply(Object dataFile) {
+      return Integer.valueOf(0);
+    }
+  }
+
+  public java.util.function.Function oneGroup() {
+    return new OneGroup();
+  }
 }

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
@@ -300,22 +299,10 @@ def rewrite_manifests(spark: SparkSession, settings: Settings, table: str) -> in
     io = jtable.io()
     if current.deleteManifests(io).isEmpty():
         before = current.dataManifests(io).size()
-        ensure_callback_server_started(spark.sparkContext._gateway)  # Iceberg calls _OneGroup back
-        jtable.rewriteManifests().clusterBy(_OneGroup()).commit()
+        jtable.rewriteManifests().clusterBy(bridge(spark).oneGroup()).commit()
         return before
     result = _actions(spark).rewriteManifests(jtable).execute()
     return sum(1 for _ in result.rewrittenManifests())
-
-
-class _OneGroup:
-    """A java.util.function.Function for RewriteManifests.clusterBy: every data file in one group
-    (Iceberg still starts a new manifest at its target size). Called back from the JVM over Py4J."""
-
-    def apply(self, _data_file) -> int:
-        return 0
-
-    class Java:
-        implements = ["java.util.function.Function"]
 
 
 @dataclass(frozen=True)
