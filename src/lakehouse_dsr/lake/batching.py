@@ -1,4 +1,4 @@
-"""Many tables' small reads in a few Spark jobs.
+"""Many tables' small reads in a few Spark jobs, and per-table driver work side by side.
 
 A job per table costs its fixed overhead (planning, scheduling, a result stage) per table; one job
 over the union of every table's scan costs quadratically instead: each task deserializes the job's
@@ -11,10 +11,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import reduce
+from typing import TypeVar
 
 from pyspark.sql import DataFrame, Row
 
 UNION_WIDTH = 10  # scans per job
+T, R = TypeVar("T"), TypeVar("R")
+
+
+def map_in_threads(work: Callable[[T], R], items: list[T], threads: int) -> list[R]:
+    """[work(item) for item in items], `threads` at a time: for work that waits on the JVM (Iceberg
+    metadata, the driver's own reads), which Python's lock does not serialize."""
+    if threads <= 1 or len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="dsr-each") as pool:
+        return list(pool.map(work, items))
 
 
 def collect_union(parts: list[DataFrame], finish: Callable[[DataFrame], DataFrame], jobs_at_once: int) -> list[Row]:

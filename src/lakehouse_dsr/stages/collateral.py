@@ -34,7 +34,7 @@ from pyspark.sql.types import MapType, StructField, StructType
 from ..config import Settings
 from ..datamap import column_ref
 from ..lake import iceberg, indriver, skipping
-from ..lake.batching import collect_union
+from ..lake.batching import collect_union, map_in_threads
 from . import matching
 from .matching import Redaction, TableKeys
 
@@ -214,8 +214,9 @@ def check_many(spark: SparkSession, settings: Settings, commits: list[Commit]) -
     table would cost more than the reading."""
     results: dict[str, CollateralResult] = {}
     pending: dict[str, tuple[Commit, DataFrame | None, DataFrame | None, Fingerprint, Observed | None]] = {}
-    for commit in commits:
-        prepared = _prepare(spark, settings, commit)
+    prepared_all = map_in_threads(lambda commit: _prepare(spark, settings, commit), commits,
+                                  settings.run.parallel_tables)
+    for commit, prepared in zip(commits, prepared_all, strict=True):
         if isinstance(prepared, CollateralResult):
             results[commit.table] = prepared
         else:

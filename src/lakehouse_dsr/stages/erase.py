@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from ..config import Settings
 from ..datamap import TableMapping, column_ref, is_array
 from ..lake import iceberg, indriver, skipping
-from ..lake.batching import collect_union
+from ..lake.batching import collect_union, map_in_threads
 from . import collateral, matching
 from .collateral import CollateralResult
 from .matching import TableKeys
@@ -200,7 +200,7 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
                             .select(F.lit(table).alias("dsr_table"),
                                     matching.request_ids(keys[table]).alias("request_ids"), _FILE))
 
-    scans = {table: scan(table) for table in tables}
+    scans = dict(zip(tables, map_in_threads(scan, tables, settings.run.parallel_tables), strict=True))
     groups: dict[str, list] = {table: in_driver.get(table, []) for table in tables}
     per_file = lambda union: union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count"))  # noqa: E731
     for g in collect_union([part for _, part in scans.values() if part is not None], per_file,
