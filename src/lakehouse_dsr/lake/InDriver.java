@@ -424,26 +424,42 @@ public class InDriver {
     }
   }
 
-  /** The live check by keyed hash over the files of `tasks`: every key column's value (as text, as
-   * Spark casts it) is hashed with HMAC-SHA256 under each key of `keysJson` ({key id: hex key}) and
-   * looked up among `storedJson` ([[request id, identifier, hex hash, id of the key that made it or
-   * null], ...]) of the column's identifier. Answers {request id: rows}, a value found for one request
-   * under two keys counted once, as verify.find_hashed counts. Reads the key columns only, skipping
-   * row groups `filter` rules out. */
-  public String liveFound(Table table, List tasks, List columns, List identifiers, String storedJson,
-                          String keysJson, Expression filter) throws Exception {
-    Map stored = new HashMap();  // hash -> [[request id, identifier, key id], ...]
+  /** The ledger's hashes and the keys that made them, for liveFound: `storedJson` is [[request id,
+   * identifier, hex hash, id of the key that made it or null], ...]; `keyRows` are Spark rows
+   * (key id, hex key), so no key crosses Py4J as command text. */
+  public HashLookup hashLookup(String storedJson, List keyRows) throws Exception {
+    HashLookup lookup = new HashLookup();
     List rows = (List) json.readValue(storedJson, List.class);
     for (int i = 0; i < rows.size(); i++) {
       List row = (List) rows.get(i);
-      List entries = (List) stored.get(row.get(2));
+      List entries = (List) lookup.stored.get(row.get(2));
       if (entries == null) {
         entries = new ArrayList();
-        stored.put(row.get(2), entries);
+        lookup.stored.put(row.get(2), entries);
       }
       entries.add(row);
     }
-    Map keys = (Map) json.readValue(keysJson, Map.class);
+    for (int i = 0; i < keyRows.size(); i++) {
+      Row row = (Row) keyRows.get(i);
+      lookup.keys.put(row.getString(0), hex(row.getString(1)));
+    }
+    return lookup;
+  }
+
+  public static class HashLookup {
+    final Map stored = new HashMap();  // hex hash -> [[request id, identifier, hex hash, key id], ...]
+    final Map keys = new LinkedHashMap();  // key id -> key bytes
+  }
+
+  /** The live check by keyed hash over the files of `tasks`: every key column's value (as text, as
+   * Spark casts it) is hashed with HMAC-SHA256 under each key of `lookup` and looked up among its
+   * stored hashes of the column's identifier (a hash whose key id is known is matched under that key
+   * only). Answers {request id: rows}, a value found for one request under two keys counted once, as
+   * verify.find_hashed counts. Reads the key columns only, skipping row groups `filter` rules out. */
+  public String liveFound(Table table, List tasks, List columns, List identifiers, HashLookup lookup,
+                          Expression filter) throws Exception {
+    Map stored = lookup.stored;
+    Map keys = lookup.keys;
     Schema projection = table.schema().caseInsensitiveSelect(columns);
     int[] positions = new int[columns.size()];
     List counts = new ArrayList();  // per key column: value text -> rows
@@ -475,7 +491,7 @@ public class InDriver {
     for (Iterator k = keys.keySet().iterator(); k.hasNext(); ) {
       String keyId = (String) k.next();
       Mac mac = Mac.getInstance("HmacSHA256");
-      mac.init(new SecretKeySpec(hex((String) keys.get(keyId)), "HmacSHA256"));
+      mac.init(new SecretKeySpec((byte[]) keys.get(keyId), "HmacSHA256"));
       for (int g = 0; g < positions.length; g++) {
         Map perValue = (Map) counts.get(g);
         for (Iterator v = perValue.keySet().iterator(); v.hasNext(); ) {

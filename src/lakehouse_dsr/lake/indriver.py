@@ -90,16 +90,23 @@ def fingerprint(spark: SparkSession, jtable, snapshot_id: int, locations: frozen
     return None if found is None else (tuple(found[0]), tuple(found[1]))
 
 
+def hash_lookup(spark: SparkSession, stored: list[tuple[str, str, str, str | None]], hash_keys: dict[str, bytes]):
+    """The ledger's hashes (request id, identifier, hex hash, id of the key that made it) and the
+    keys in use ({key id: key}) in the driver's JVM, for `live_found`. The keys travel as a small
+    DataFrame, as lake/hmac.py's pads do, never as Py4J command text. Cost: one tiny Spark job."""
+    rows = spark.createDataFrame([(key_id, key.hex()) for key_id, key in hash_keys.items()],
+                                 "key_id string, key string")._jdf.collectAsList()
+    return compiled(spark, "InDriver").hashLookup(json.dumps(stored), rows)
+
+
 def live_found(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], identifiers: list[str],
-               stored: list[tuple[str, str, str, str | None]], hash_keys: dict[str, bytes]) -> dict[str, int]:
-    """{request id: rows} of the candidate files whose key value (as text) hashes, under one of
-    `hash_keys` ({key id: key}), to one of the `stored` hashes (request id, identifier, hex hash, id
-    of the key that made it) of that column's identifier: verify.find_hashed over the live files,
-    in the driver. Cost: one read of the key columns of the candidate files, an HMAC per distinct
-    value and key."""
+               lookup) -> dict[str, int]:
+    """{request id: rows} of the candidate files whose key value (as text) hashes, under one of the
+    keys of `lookup` (hash_lookup), to one of its hashes of that column's identifier:
+    verify.find_hashed over the live files, in the driver. Cost: one read of the key columns of the
+    candidate files, an HMAC per distinct value and key."""
     if candidates.empty:
         return {}
-    answer = compiled(spark, "InDriver").liveFound(
-        candidates.jtable, candidates._tasks, [k.column for k in keys], identifiers, json.dumps(stored),
-        json.dumps({key_id: key.hex() for key_id, key in hash_keys.items()}), candidates.predicate)
+    answer = compiled(spark, "InDriver").liveFound(candidates.jtable, candidates._tasks, [k.column for k in keys],
+                                                   identifiers, lookup, candidates.predicate)
     return {request_id: int(n) for request_id, n in json.loads(answer).items()}

@@ -47,9 +47,10 @@ class KeySet:
 
 
 def key_set(keys: DataFrame, identifier: str, key_type: DataType) -> KeySet:
-    """The KeySet of `identifier` at `key_type`. Cost: two or three small jobs over the batch's keys."""
+    """The KeySet of `identifier` at `key_type`. Cost: one small job over the batch's keys (its result
+    kept as it is computed: the checkpoint is lazy, filled by that job)."""
     grouped = keys_for_identifier(keys, identifier, key_type).groupBy("key_value").agg(
-        F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=True)
+        F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=False)
     values = skipping.key_values(grouped, key_type)
     return KeySet(grouped, values.size if values else grouped.count(), values)
 

@@ -13,6 +13,7 @@ retired ones), and each stored hash is compared with the candidates of its own k
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -25,7 +26,7 @@ from ..datamap import KeyGroup, column_ref
 from ..datamap.check import KeyTypes, check_against_catalog, schema_of
 from ..exceptions import LedgerError
 from ..lake import iceberg, indriver, plainfiles, skipping
-from ..lake.batching import collect_union
+from ..lake.batching import collect_union, map_in_threads
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
 from ..ledger.ledger import Ledger
@@ -87,20 +88,24 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
     file of which can hold the keys adds nothing to the job, and a small one is checked in the
     driver (lake/indriver.py: the same keyed hashes, no Spark job)."""
     found: dict[str, dict[str, int]] = {table: {} for table in tables}
-    stored: list | None = None
+    lookups: list = []  # the hashes and keys in the driver's JVM, made once for the tables that need them
+    lock = threading.Lock()
+
+    def lookup():
+        with lock:
+            if not lookups:  # hashes, not identifiers: read into the driver
+                made_by = F.col("key_id") if "key_id" in hashes.columns else F.lit(None).cast("string")
+                stored = [tuple(r) for r in hashes.select("request_id", "key_type", "key_hash", made_by).collect()]
+                lookups.append(indriver.hash_lookup(spark, stored, key.keys))
+            return lookups[0]
 
     def part(table: str) -> DataFrame | None:
-        nonlocal stored
         keys = (prune or {}).get(table)
         if keys is not None:
             candidates = keys.current_candidates(spark, settings, table)
             if indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None:
-                if stored is None:  # hashes, not identifiers: read into the driver once
-                    made_by = F.col("key_id") if "key_id" in hashes.columns else F.lit(None).cast("string")
-                    stored = [tuple(r) for r in hashes.select("request_id", "key_type", "key_hash", made_by)
-                              .collect()]
                 found[table] = indriver.live_found(spark, candidates, keys.key_columns(),
-                                                   [g.identifier for g in keys.groups], stored, key.keys)
+                                                   [g.identifier for g in keys.groups], lookup())
                 return None
         rows = _live_rows(spark, settings, table, keys)
         if rows is None:
@@ -108,7 +113,7 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
         values = key_values(rows, settings.datamap.mapping(table).groups)
         return values.select(F.lit(table).alias("dsr_table"), "dsr_group", "key_type", "dsr_value")
 
-    parts = [p for p in map(part, tables) if p is not None]
+    parts = [p for p in map_in_threads(part, tables, settings.run.parallel_tables) if p is not None]
     per_table = lambda union: _found(  # noqa: E731
         union.groupBy("dsr_table", "dsr_group", "key_type", "dsr_value").count(), hashes, key.keys, ["dsr_table"])
     for r in collect_union(parts, per_table, settings.run.parallel_tables):
