@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
+from py4j.protocol import Py4JJavaError
 
 from conftest import make_settings
 from lakehouse_dsr.datamap.check import check_against_catalog
@@ -178,3 +179,19 @@ def test_the_live_check_of_a_small_table_runs_in_the_driver_and_finds_what_spark
         assert cost.driver_files == (3 if name == "driver" else 0), cost
         skipping.release()
     assert found["driver"] == found["spark"] == {TABLE: {"r1": 4, "r2": 4}}
+
+
+def test_when_the_driver_fails_spark_does_the_work(spark, tmp_path, monkeypatch):
+    settings = lake(spark, tmp_path, "fails", "delete")
+    before = rows(settings)
+
+    def fail(*_args):
+        raise Py4JJavaError("boom", spark._jvm.java.lang.UnsupportedOperationException("a type it cannot read"))
+
+    monkeypatch.setattr(indriver, "rewrite", fail)
+    keys = table_keys(spark, settings, ERASED)
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    result = erase_all(spark, settings, keys)
+    assert meter.since(mark).stages > 0 and result.snapshot_id is not None  # Spark's rewrite
+    assert rows(settings) == [r for r in before if r["user_id"] not in ERASED]

@@ -19,12 +19,20 @@ else goes to Spark; `refusal` says why.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
+from ..exceptions import first_line
 from .bridge import compiled
 from .skipping import Candidates, KeyValues
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,17 @@ def _keys(spark: SparkSession, keys: list[KeyColumn]):
     for key in keys:
         java_keys.add(key.column, key.values.lookup, list(key.redact))
     return java_keys
+
+
+def attempt(what: str, work: Callable[[], T]) -> T | None:
+    """`work()`, or None when the driver's JVM fails at it (a type its generic reader does not know,
+    say): the caller then has Spark do it. Nothing is left behind: a failed rewrite deletes what it
+    wrote."""
+    try:
+        return work()
+    except Py4JJavaError as exc:
+        log.warning("%s in the driver failed, Spark does it: %s", what, first_line(exc.java_exception))
+        return None
 
 
 def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], max_bytes: int) -> str | None:

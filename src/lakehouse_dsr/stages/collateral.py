@@ -247,8 +247,10 @@ def _fingerprinted_in_driver(spark: SparkSession, settings: Settings, commit: Co
     if changed.parent_id is None or indriver.refusal(spark, removed, keys, settings.erase.in_driver_max_bytes):
         return None
     delete = settings.datamap.mapping(commit.table).action == "delete"
-    old = indriver.fingerprint(spark, before.jtable, changed.parent_id, changed.removed, keys, delete)
-    new = indriver.fingerprint(spark, before.jtable, commit.snapshot_id, changed.added, keys, delete)
+    old = indriver.attempt(f"{commit.table}: the collateral check", lambda: indriver.fingerprint(
+        spark, before.jtable, changed.parent_id, changed.removed, keys, delete))
+    new = old and indriver.attempt(f"{commit.table}: the collateral check", lambda: indriver.fingerprint(
+        spark, before.jtable, commit.snapshot_id, changed.added, keys, delete))
     if old is None or new is None:
         return None
     return _verdict(commit, _wrapped(Fingerprint(*old[0]) + Fingerprint(*old[1])), _wrapped(Fingerprint(*new[0])))

@@ -189,9 +189,12 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
     def scan(table: str) -> tuple[skipping.Candidates, DataFrame | None]:
         candidates = keys[table].current_candidates(spark, settings, table)
         if _in_driver(spark, settings, candidates, keys[table]):
-            in_driver[table] = [Row(dsr_table=table, request_ids=ids, dsr_file=path, count=count)
-                                for path, ids, count in indriver.plan(spark, candidates, keys[table].key_columns())]
-            return candidates, None
+            found = indriver.attempt(f"{table}: the plan",
+                                     lambda: indriver.plan(spark, candidates, keys[table].key_columns()))
+            if found is not None:
+                in_driver[table] = [Row(dsr_table=table, request_ids=ids, dsr_file=path, count=count)
+                                    for path, ids, count in found]
+                return candidates, None
         rows = skipping.read(spark, settings, candidates)
         if rows is None:
             return candidates, None
@@ -299,12 +302,13 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     matched, planned = set(table_plan.matched_files), set(table_plan.candidate_files)
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
     action = settings.datamap.mapping(table).action
-    if _in_driver(spark, settings, chosen, keys):  # the check reads the replaced files itself
-        if not chosen.empty:
-            iceberg.replace_files(spark, chosen.jtable, chosen.data_files(spark),
-                                  indriver.rewrite(spark, chosen, keys.key_columns(), action == "delete"),
-                                  now.snapshot_id, now.predicate)
-        return None
+    if not chosen.empty and _in_driver(spark, settings, chosen, keys):  # the check reads the old files itself
+        new_files = indriver.attempt(f"{table}: the rewrite",
+                                     lambda: indriver.rewrite(spark, chosen, keys.key_columns(), action == "delete"))
+        if new_files is not None:
+            iceberg.replace_files(spark, chosen.jtable, chosen.data_files(spark), new_files, now.snapshot_id,
+                                  now.predicate)
+            return None
     rows = skipping.read(spark, settings, chosen, file_per_task=True)  # each file's rows keep their order
     if rows is None:  # another writer removed them meanwhile: verification shows what is left
         return None

@@ -104,9 +104,11 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
         if keys is not None:
             candidates = keys.current_candidates(spark, settings, table)
             if indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None:
-                found[table] = indriver.live_found(spark, candidates, keys.key_columns(),
-                                                   [g.identifier for g in keys.groups], lookup())
-                return None
+                live = indriver.attempt(f"{table}: the live check", lambda: indriver.live_found(
+                    spark, candidates, keys.key_columns(), [g.identifier for g in keys.groups], lookup()))
+                if live is not None:
+                    found[table] = live
+                    return None
         rows = _live_rows(spark, settings, table, keys)
         if rows is None:
             return None
