@@ -27,8 +27,12 @@ def test_bench_writes_results_and_charts(spark, tmp_path):
     assert "purge" not in batched["seconds"] and b["events_purge_s"] > 0
     assert a["cost"]["export"]["bytes_read"] > 0 and b["cost"]["erase"]["bytes_written"] > 0
     assert len(b["rounds"]) == 2
-    plain = out["plain_rewrite"]
-    assert plain["full_cycle_s"] > 0 and plain["data_files_rewritten"] >= b["data_files_rewritten"] >= 1
+    plain = out["plain_rewrite"]  # the physical limit: key scan, export read, rewrite of every file
+    assert set(plain["seconds"]) == {"key_scan", "export_read", "plain_rewrite"}
+    assert plain["cost"]["key_scan"]["rows_read"] == plain["cost"]["export_read"]["rows_read"] == 3000
+    assert plain["full_cycle_s"] == out["physical_limit_s"] > 0
+    assert plain["data_files_rewritten"] >= b["data_files_rewritten"] >= 1
+    assert out["ratios"]["events_vs_physical_limit"] == round(b["full_cycle_s"] / plain["full_cycle_s"], 2)
     assert b["full_cycle_s"] == round(statistics.median(r["full_cycle_s"] for r in b["rounds"]), 3)
     assert set(out["targets_met"]) == {"full_cycle", "full_cycle_batched", "export_vs_unsorted", "logical_erase_s",
-                                       "verify_s", "purge_vs_plain_rewrite"}
+                                       "verify_s", "purge_vs_plain_rewrite", "events_vs_physical_limit"}
