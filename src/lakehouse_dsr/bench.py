@@ -75,7 +75,10 @@ def _side(settings: Settings, side: str, tables: list[str] | None) -> Settings:
     s.demo_namespace, s.ledger_namespace = ns, f"{ns}_ledger"
     raw = s.datamap.model_dump()
     rename = lambda name: f"{ns}.{name.split('.', 1)[1]}"  # noqa: E731
-    raw["tables"] = {rename(t): m for t, m in raw["tables"].items() if tables is None or t in tables}
+    # The notebook's workload: the bronze tables (the demo's derived layers and vault copy are not in it).
+    raw["derived"], raw["shares"] = {}, {}
+    raw["tables"] = {rename(t): m for t, m in raw["tables"].items()
+                     if (tables is None or t in tables) and m["action"] != "shred"}
     raw["identifiers"] = {k: {**v, "table": rename(v["table"])} for k, v in raw["identifiers"].items()
                           if tables is None or v["table"] in tables}
     s.datamap = DataMap.model_validate(raw)
