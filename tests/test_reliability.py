@@ -53,10 +53,13 @@ def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
     monkeypatch.setattr(erase, "apply", apply)
 
 
-@pytest.mark.parametrize("mode", ["content", pytest.param("count", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(("mode", "in_driver_max_bytes"), [
+    ("content", 8 << 20),  # the tiny tables are rewritten and checked in the driver
+    ("content", 0),  # Spark's rewrite and check, as for large tables
+    pytest.param("count", 8 << 20, marks=pytest.mark.slow)])
 def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(spark, new_lakehouse, monkeypatch,
-                                                                              mode):
-    settings = new_lakehouse(erase={"collateral_check": mode})
+                                                                              mode, in_driver_max_bytes):
+    settings = new_lakehouse(erase={"collateral_check": mode, "in_driver_max_bytes": in_driver_max_bytes})
     ledger = Ledger(settings)
     ledger.submit([RequestInput(s, "erase") for s in ERASED])
     bystander_rows = events_of(spark, settings, [BYSTANDER])

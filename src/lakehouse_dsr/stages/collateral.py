@@ -89,20 +89,25 @@ def row_hashes(schema: StructType, prefix: str, redactions: dict[str, list[Redac
         if iceberg.type_holds(f.dataType, MapType):  # Spark cannot hash maps
             col = F.to_json(F.struct(col))
         inputs += [col, col.isNull()]
-    return [F.xxhash64(*inputs).cast("decimal(20,0)").alias(f"{prefix}h1"), F.hash(*inputs).alias(f"{prefix}h2")]
+    return [F.xxhash64(*inputs).alias(f"{prefix}h1"), F.hash(*inputs).alias(f"{prefix}h2")]
 
 
 def aggregates(prefix: str, where: Column, source: str | None = None) -> list[Column]:
     """Fingerprint aggregates (`<prefix>rows`, `<prefix>sum`, `<prefix>xor`) over the rows where `where`
     holds, of the hashes `row_hashes` made with prefix `source` (default: `prefix`)."""
     source = source or prefix
+    h1 = F.col(f"{source}h1")
+    # The exact sum of 64-bit hashes, as two sums of longs that cannot overflow below 2^31 rows: of
+    # the high 32 bits (signed) and of the low 32 (unsigned). A decimal sum boxed every row.
     return [F.sum(F.when(where, 1).otherwise(0)).alias(f"{prefix}rows"),
-            F.sum(F.when(where, F.col(f"{source}h1"))).alias(f"{prefix}sum"),
+            F.sum(F.when(where, F.shiftright(h1, 32))).alias(f"{prefix}sum_hi"),
+            F.sum(F.when(where, h1.bitwiseAND(0xFFFFFFFF))).alias(f"{prefix}sum_lo"),
             F.bit_xor(F.when(where, F.col(f"{source}h2"))).alias(f"{prefix}xor")]
 
 
 def pick(row, prefix: str) -> Fingerprint:
-    return Fingerprint(int(row[f"{prefix}rows"] or 0), int(row[f"{prefix}sum"] or 0), int(row[f"{prefix}xor"] or 0))
+    hash_sum = (int(row[f"{prefix}sum_hi"] or 0) << 32) + int(row[f"{prefix}sum_lo"] or 0)
+    return Fingerprint(int(row[f"{prefix}rows"] or 0), hash_sum, int(row[f"{prefix}xor"] or 0))
 
 
 def split(rows: DataFrame | None, table_keys: TableKeys, after: DataFrame | None = None
@@ -130,7 +135,7 @@ def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, Table
                 F.lit(name).alias(_TABLE), F.lit(side).alias(_SIDE), matching.any_hit(table_keys).alias(_HIT),
                 *row_hashes(frame.schema, "o_"),
                 *(redacted(frame.schema, "r_", redactions) if redacted else
-                  [F.lit(None).cast("decimal(20,0)").alias("r_h1"), F.lit(None).cast("int").alias("r_h2")])))
+                  [F.lit(None).cast("bigint").alias("r_h1"), F.lit(None).cast("int").alias("r_h2")])))
     out = {name: (Fingerprint(), Fingerprint(), Fingerprint()) for name in parts}
     if not frames:
         return out
