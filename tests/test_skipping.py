@@ -29,7 +29,7 @@ from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
-from lakehouse_dsr.stages import erase, matching, verify
+from lakehouse_dsr.stages import collateral, erase, matching, verify
 from lakehouse_dsr.stages.access import export
 from test_reliability import wrap_apply
 
@@ -160,6 +160,45 @@ def test_a_run_reads_the_files_holding_the_requested_people_and_leaves_the_other
     assert replaced == erased_holding  # only the files holding the erased person were rewritten
     assert spark.table(clustered.table(EVENTS)).where(F.col("user_id") == ERASED).count() == 0
     assert spark.table(clustered.table(EVENTS)).count() == bystanders
+
+
+def one_file_lake(spark, tmp_path):
+    """The events table alone, in one data file holding everyone (unclustered: every erasure
+    rewrites it), read and rewritten by Spark as a large table is."""
+    settings = make_settings(tmp_path, erase={"in_driver_max_bytes": 0},
+                             datamap={"subject": "user_id", "identifiers": {}, "tables": {EVENTS: {"key": "user_id"}}})
+    attach(spark, settings)
+    synth.generate(spark, settings, users=40, events=800, seed=SEED, batches=1)
+    assert len(live_files(settings)) == 1
+    return settings
+
+
+@pytest.mark.parametrize("rewrite_forgets", [False, True])
+def test_verification_skips_the_files_the_content_check_read_clean_and_reads_the_others(
+        spark, tmp_path, monkeypatch, rewrite_forgets):
+    """The content check reads the erase commit's new files whole, marking rows by the batch's keys:
+    where it found none of them, the live verification does not read those files again. A rewrite
+    that left the requested rows in (simulated) passes the fingerprint of the others, but its file
+    is not clean: verification reads it and fails the request."""
+    settings = one_file_lake(spark, tmp_path)
+    rows = spark.table(settings.table(EVENTS)).count()
+    if rewrite_forgets:
+        monkeypatch.setattr(collateral, "erased_rows", lambda content, keys, action: content)
+    Ledger(settings).submit([RequestInput(ERASED, "erase")])
+    report = run(spark, settings)
+    events = report.tables[EVENTS]
+    assert events["erase"]["strategy"] == "rewrite_files" and events["erase"]["collateral"]["ok"]
+    left = pq.read_table([p.removeprefix("file:") for p in live_files(settings)][0], columns=["user_id"])
+    if rewrite_forgets:
+        assert pc.sum(pc.equal(left.column("user_id"), ERASED)).as_py() > 0
+        assert events["erase"]["collateral"]["clean_files"] == 0
+        assert events["verification"]["live"] > 0 and {r.status for r in report.requests} == {"failed"}
+        assert report.cost["verify"]["rows_read"] >= rows  # the new file, read again by the verification
+    else:
+        assert pc.sum(pc.equal(left.column("user_id"), ERASED)).as_py() == 0
+        assert events["erase"]["collateral"]["clean_files"] == 1
+        assert events["verification"]["passed"] and {r.status for r in report.requests} == {"completed"}
+        assert report.cost["verify"]["rows_read"] < 10  # the stored hashes only: no row of the table
 
 
 def test_a_concurrent_change_to_another_persons_row_in_a_touched_file_is_caught(spark, new_lakehouse, monkeypatch):

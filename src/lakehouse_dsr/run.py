@@ -286,6 +286,8 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
     hash_keys = verify.keys_for(settings, hashes, ledger.keyring)  # once, for every table
     # Plaintext keys exist for this run's batch only: requests erased earlier are proven unpruned.
     prune = key_sets if len(proven) == len(request_ids) else {}
+    # Files the content check read whole, by the same keys, and found clean: the live scan skips them.
+    clean = {t: e.collateral.clean_files for t, e in erasures.items() if e.collateral and t in prune}
     keyed = [t for t in tables if t in settings.datamap.keyed]
     live: dict[str, dict[str, int]] = {}
 
@@ -296,7 +298,8 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
         def check(physical: bool, found: dict[str, int] | None = None) -> verify.TableVerification:
             if table in settings.datamap.aggregates:
                 return propagate.verify_aggregate(spark, settings, table, e, proven, physical)
-            return _verify(spark, settings, hash_keys, table, hashes, key_types, physical, prune.get(table), found)
+            return _verify(spark, settings, hash_keys, table, hashes, key_types, physical, prune.get(table), found,
+                           clean.get(table))
         checked = check(purge_now, live.get(table))
         if checked.live and e is not None and e.plan.strategy == "subtract_groups":
             propagate.catch_up(spark, settings, table, e)
@@ -318,7 +321,7 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
 
     with _timed(report, "verify", spark):
         if len(keyed) > 1:  # every keyed table's live check in one Spark job
-            live.update(verify.live_found(spark, settings, keyed, hashes, hash_keys, prune))
+            live.update(verify.live_found(spark, settings, keyed, hashes, hash_keys, prune, clean))
         verifications = _each_table(settings, progress, "verify" if purge_now else "verify live data (purge not run)",
                                     [*tables, *settings.datamap.files,
                                      *(settings.datamap.shredded if shredded is not None else [])], timed)
@@ -563,10 +566,11 @@ def _purge(spark: SparkSession, settings: Settings, table: str) -> purge.TablePu
     return result
 
 
-def _verify(spark, settings, keys, table, hashes, key_types, physical=True, prune=None, live=None
+def _verify(spark, settings, keys, table, hashes, key_types, physical=True, prune=None, live=None, clean=None
             ) -> verify.TableVerification:
     return verify.verify_tables(spark, settings, hashes, keys, key_types, [table], physical,
-                                {table: prune} if prune else None, {table: live} if live is not None else None)[0]
+                                {table: prune} if prune else None, {table: live} if live is not None else None,
+                                {table: clean} if clean else None)[0]
 
 
 def _check_collateral(erasure: erase.TableErasure, verification: verify.TableVerification) -> None:

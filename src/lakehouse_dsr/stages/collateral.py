@@ -110,10 +110,20 @@ def pick(row, prefix: str) -> Fingerprint:
     return Fingerprint(int(row[f"{prefix}rows"] or 0), hash_sum, int(row[f"{prefix}xor"] or 0))
 
 
-def split(rows: DataFrame | None, table_keys: TableKeys, after: DataFrame | None = None
-          ) -> tuple[Fingerprint, Fingerprint, Fingerprint]:
-    """(rows not requested, requested rows as the erasure must leave them) of `rows`, and the rows
-    not requested of `after`: one job over both.
+@dataclass(frozen=True)
+class Split:
+    """Fingerprints of a check's two sides: the rows before (`other`: not requested; `redacted`: the
+    requested rows as the erasure must leave them) and the rows after that no request names (`found`),
+    with how many rows after a request still names (`requested_after`)."""
+
+    other: Fingerprint = Fingerprint()
+    redacted: Fingerprint = Fingerprint()
+    found: Fingerprint = Fingerprint()
+    requested_after: int = 0
+
+
+def split(rows: DataFrame | None, table_keys: TableKeys, after: DataFrame | None = None) -> Split:
+    """The Split of `rows` (before) and `after`: one job over both.
 
     Requested rows become nothing (a deleting table) or themselves with each hit key group's
     redacted columns set to NULL (a redacting table).
@@ -122,7 +132,7 @@ def split(rows: DataFrame | None, table_keys: TableKeys, after: DataFrame | None
 
 
 def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, TableKeys]], jobs_at_once: int
-                ) -> dict[str, tuple[Fingerprint, Fingerprint, Fingerprint]]:
+                ) -> dict[str, Split]:
     """`split` of several tables' (rows, after, keys) in a few Spark jobs over unions of their hashes."""
     frames = []
     for name, (rows, after, table_keys) in parts.items():
@@ -136,17 +146,19 @@ def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, Table
                 *row_hashes(frame.schema, "o_"),
                 *(redacted(frame.schema, "r_", redactions) if redacted else
                   [F.lit(None).cast("bigint").alias("r_h1"), F.lit(None).cast("int").alias("r_h2")])))
-    out = {name: (Fingerprint(), Fingerprint(), Fingerprint()) for name in parts}
+    out = {name: Split() for name in parts}
     if not frames:
         return out
     before, requested = F.col(_SIDE) == 0, F.col(_HIT)
     per_table = lambda hashed: hashed.groupBy(_TABLE).agg(  # noqa: E731
         *aggregates("o_", before & ~requested), *aggregates("r_", before & requested),
-        *aggregates("a_", ~before & ~requested, source="o_"))
+        *aggregates("a_", ~before & ~requested, source="o_"),
+        F.sum(F.when(~before & requested, 1).otherwise(0)).alias("requested_after"))
     for totals in collect_union(frames, per_table, jobs_at_once):
         name = totals[_TABLE]
         redacting = bool(matching.redactions(parts[name][2]))
-        out[name] = pick(totals, "o_"), pick(totals, "r_") if redacting else Fingerprint(), pick(totals, "a_")
+        out[name] = Split(pick(totals, "o_"), pick(totals, "r_") if redacting else Fingerprint(), pick(totals, "a_"),
+                          int(totals["requested_after"] or 0))
     return out
 
 
@@ -185,6 +197,13 @@ class CollateralResult:
     ok: bool
     conclusive: bool = True
     detail: str | None = None
+    # The commit's added files, read whole by the check, in which no requested key was found: the
+    # live verification need not read them again (run.py passes them on as `proven`).
+    clean_files: frozenset[str] = frozenset()
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "conclusive": self.conclusive, "detail": self.detail,
+                "clean_files": len(self.clean_files)}
 
 
 @dataclass(frozen=True)
@@ -218,21 +237,24 @@ def check_many(spark: SparkSession, settings: Settings, commits: list[Commit]) -
     fingerprinted in a few Spark jobs (lake/batching.py): on a wide lake of small tables, a job per
     table would cost more than the reading."""
     results: dict[str, CollateralResult] = {}
-    pending: dict[str, tuple[Commit, DataFrame | None, DataFrame | None, Fingerprint, Observed | None]] = {}
+    pending: dict[str, tuple[Commit, _Reads]] = {}
     prepared_all = map_in_threads(lambda commit: _prepare(spark, settings, commit), commits,
                                   settings.run.parallel_tables)
     for commit, prepared in zip(commits, prepared_all, strict=True):
         if isinstance(prepared, CollateralResult):
             results[commit.table] = prepared
         else:
-            pending[commit.table] = (commit, *prepared)
-    sums = _split_many({table: (removed, added, commit.keys)
-                        for table, (commit, removed, added, *_) in pending.items()}, settings.run.parallel_tables)
-    for table, (commit, _, _, requested_kept, seen) in pending.items():
-        expected_other, expected_redacted, found = sums[table]
-        if seen is not None:
-            expected_other, expected_redacted = seen.other, seen.redacted
-        results[table] = _verdict(commit, expected_other + expected_redacted + requested_kept, found)
+            pending[commit.table] = (commit, prepared)
+    sums = _split_many({table: (reads.removed, reads.added, commit.keys) for table, (commit, reads) in pending.items()},
+                       settings.run.parallel_tables)
+    for table, (commit, reads) in pending.items():
+        sides = sums[table]
+        expected = (sides.other + sides.redacted if reads.seen is None
+                    else reads.seen.other + reads.seen.redacted) + reads.requested_kept
+        result = _verdict(commit, expected, sides.found)
+        if result.ok and not sides.requested_after:
+            result.clean_files = reads.added_files
+        results[table] = result
     return results
 
 
@@ -266,12 +288,22 @@ def _wrapped(f: Fingerprint) -> Fingerprint:
     return Fingerprint(f.rows, f.hash_sum & _BITS_64, f.hash_xor & _BITS_64)
 
 
-def _prepare(spark: SparkSession, settings: Settings, commit: Commit
-             ) -> CollateralResult | tuple[DataFrame | None, DataFrame | None, Fingerprint, Observed | None]:
+@dataclass(frozen=True)
+class _Reads:
+    """What a commit's check reads: the rewritten files' rows (None when the rewrite observed exactly
+    those: `seen` stands for them), the added files' rows, and the requested rows of files that got
+    deletes as the erasure must leave them (known before any read)."""
+
+    removed: DataFrame | None
+    added: DataFrame | None
+    added_files: frozenset[str]
+    requested_kept: Fingerprint
+    seen: Observed | None
+
+
+def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> CollateralResult | _Reads:
     """A commit's check up to its fingerprints: a result already (other writers' commits in between,
-    files beyond the keys' reach, rows gone from files that got deletes), or (the rewritten files'
-    rows unless the rewrite observed exactly those, the added files' rows, the requested rows of
-    files that got deletes as redacted, the observation that stands for the rewritten files)."""
+    files beyond the keys' reach, rows gone from files that got deletes), or what is left to read."""
     table, table_keys, erase_snapshot = commit.table, commit.keys, commit.snapshot_id
     between = iceberg.commits_between(spark, settings, table, commit.snapshot_before, erase_snapshot)
     if between is None or any(c.operation not in ("append", "replace") for c in between):
@@ -300,7 +332,7 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit
     removed = skipping.read(spark, settings, before, set(changed.removed)) if seen is None else None
     added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(settings.table(table)).schema
                                             ) if changed.added else None  # new files: no deletes yet
-    return removed, added, requested_kept, seen
+    return _Reads(removed, added, changed.added, requested_kept, seen)
 
 
 def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candidates, kept: frozenset[str],
@@ -312,8 +344,8 @@ def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candi
         return 0, Fingerprint()
     if not redacting:
         return _count_others(rows, table_keys), Fingerprint()
-    other, redacted, _ = split(rows, table_keys)
-    return other.rows, redacted
+    sides = split(rows, table_keys)
+    return sides.other.rows, sides.redacted
 
 
 def _count_others(rows: DataFrame | None, table_keys: TableKeys) -> int:

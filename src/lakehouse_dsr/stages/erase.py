@@ -119,7 +119,7 @@ class TableErasure:
     def as_dict(self) -> dict:
         frames = ("plan", "groups", "observed")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in frames}
-        d["collateral"] = asdict(self.collateral) if self.collateral else None
+        d["collateral"] = self.collateral.as_dict() if self.collateral else None
         plan = {k: v for k, v in asdict(self.plan).items()
                 if k not in ("matches_by_request", "candidate_files", "matched_files")}
         return {**plan, **d, "rows_changed": self.rows_changed}

@@ -84,12 +84,13 @@ def _found(grouped: DataFrame, hashes: DataFrame, key: bytes | Keyring | dict[st
 
 
 def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashes: DataFrame, key: HashKeys,
-               prune: dict[str, TableKeys] | None = None) -> dict[str, dict[str, int]]:
+               prune: dict[str, TableKeys] | None = None, proven: dict[str, frozenset[str]] | None = None
+               ) -> dict[str, dict[str, int]]:
     """{table: {request id: rows}}: the live check of many tables (verify_table's first scan) in one
     Spark job over the union of their key columns, instead of a job per table: on a wide lake of
-    small tables each job's fixed cost is most of the work. `prune`: see verify_table; a table no
-    file of which can hold the keys adds nothing to the job, and a small one is checked in the
-    driver (lake/indriver.py: the same keyed hashes, no Spark job)."""
+    small tables each job's fixed cost is most of the work. `prune`, `proven`: see verify_table; a
+    table no file of which can hold the keys adds nothing to the job, and a small one is checked in
+    the driver (lake/indriver.py: the same keyed hashes, no Spark job)."""
     found: dict[str, dict[str, int]] = {table: {} for table in tables}
     lookups: list = []  # the hashes and keys in the driver's JVM, made once for the tables that need them
     lock = threading.Lock()
@@ -105,14 +106,14 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
     def part(table: str) -> DataFrame | None:
         keys = (prune or {}).get(table)
         if keys is not None:
-            candidates = keys.current_candidates(spark, settings, table)
+            candidates = _unproven(spark, keys.current_candidates(spark, settings, table), (proven or {}).get(table))
             if indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None:
                 live = indriver.attempt(f"{table}: the live check", lambda: indriver.live_found(
                     spark, candidates, keys.key_columns(), [g.identifier for g in keys.groups], lookup()))
                 if live is not None:
                     found[table] = live
                     return None
-        rows = _live_rows(spark, settings, table, keys)
+        rows = _live_rows(spark, settings, table, keys, (proven or {}).get(table))
         if rows is None:
             return None
         values = key_values(rows, settings.datamap.mapping(table).groups)
@@ -126,11 +127,22 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
     return found
 
 
-def _live_rows(spark: SparkSession, settings: Settings, table: str, prune: TableKeys | None) -> DataFrame | None:
-    """The current snapshot's rows (only the files that may hold `prune`'s keys; None when none can)."""
+def _live_rows(spark: SparkSession, settings: Settings, table: str, prune: TableKeys | None,
+               proven: frozenset[str] | None = None) -> DataFrame | None:
+    """The current snapshot's rows (only the files that may hold `prune`'s keys and are not `proven`;
+    None when no file is left)."""
     if prune is None:
         return spark.table(settings.table(table))
-    return skipping.read(spark, settings, prune.current_candidates(spark, settings, table))
+    return skipping.read(spark, settings, _unproven(spark, prune.current_candidates(spark, settings, table), proven))
+
+
+def _unproven(spark: SparkSession, candidates: skipping.Candidates, proven: frozenset[str] | None
+              ) -> skipping.Candidates:
+    """`candidates` without the files proven free of the keys already (`proven`): a data file never
+    changes, and deletes attached to it since can only remove rows."""
+    if not proven:
+        return candidates
+    return candidates.subset(spark, set(candidates.paths()) - proven)
 
 
 @dataclass(frozen=True)
@@ -210,7 +222,7 @@ class TableVerification:
 def verify_table(
     spark: SparkSession, settings: Settings, table: str, groups: list[KeyGroup], types: dict[str, DataType],
     hashes: DataFrame, key: bytes | Keyring | HashKeys, physical: bool = True,
-    prune: TableKeys | None = None, live: dict[str, int] | None = None,
+    prune: TableKeys | None = None, live: dict[str, int] | None = None, proven: frozenset[str] | None = None,
 ) -> TableVerification:
     """Run the live, history, storage and ref checks over every key column of one table.
 
@@ -221,8 +233,10 @@ def verify_table(
     A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
     it fails with that reason. `prune`: the plaintext keys these hashes were made from (a run knows
     them; `dsr verify` does not): the live scan then reads only the files that may hold them
-    (lake/skipping.py), and none, with no Spark job, when metadata rules every file out. `live`:
-    the live check's findings, made already for many tables at once (`live_found`).
+    (lake/skipping.py), and none, with no Spark job, when metadata rules every file out. `proven`
+    (with `prune` only): files this run's collateral check read whole and found none of those keys
+    in (collateral.CollateralResult.clean_files), which the live scan skips. `live`: the live
+    check's findings, made already for many tables at once (`live_found`).
 
     Cost: one scan of the key columns in the current snapshot (its candidate files with `prune`),
     one over the files of all retained snapshots, one over all Parquet files under the location
@@ -235,7 +249,7 @@ def verify_table(
     """
     result, key = _started(settings, table, hashes, key, physical=physical)
     if live is None:
-        current = _live_rows(spark, settings, table, prune)
+        current = _live_rows(spark, settings, table, prune, proven)
         live = find_hashed(spark, key_values(current, groups), hashes, key) if current is not None else {}
     result.live = _record(result, live, "rows in the current snapshot")
     if not physical:
@@ -293,20 +307,23 @@ def verify_tables(
     spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring | HashKeys,
     key_types: KeyTypes, tables: list[str] | None = None, physical: bool = True,
     prune: dict[str, TableKeys] | None = None, live: dict[str, dict[str, int]] | None = None,
+    proven: dict[str, frozenset[str]] | None = None,
 ) -> list[TableVerification]:
     """Verify tables holding subject keys, file datasets and shares (default: all; aggregates hold no
     keys and are proven in the run that recomputes them, stages/propagate.py) against (request_id,
-    key_type, key_hash) rows (`prune`: each table's plaintext keys, see verify_table). The live
-    checks of the tables run as one Spark job (`live_found`) unless `live` brings their findings."""
+    key_type, key_hash) rows (`prune`, `proven`: each table's plaintext keys and files proven free of
+    them, see verify_table). The live checks of the tables run as one Spark job (`live_found`)
+    unless `live` brings their findings."""
     key = keys_for(settings, hashes, key)  # once for all tables
     tables = tables or [*settings.datamap.keyed_order(), *settings.datamap.files,
                         *(s for s in settings.datamap.shares if s in key_types)]  # created shares
     keyed = [t for t in tables if t not in settings.datamap.files]
     if live is None and len(keyed) > 1:
-        live = live_found(spark, settings, keyed, hashes, key, prune)
+        live = live_found(spark, settings, keyed, hashes, key, prune, proven)
     return [verify_dataset(spark, settings, table, hashes, key) if table in settings.datamap.files
             else verify_table(spark, settings, table, settings.datamap.mapping(table).groups, key_types[table], hashes,
-                              key, physical, (prune or {}).get(table), (live or {}).get(table))
+                              key, physical, (prune or {}).get(table), (live or {}).get(table),
+                              (proven or {}).get(table))
             for table in tables]
 
 
