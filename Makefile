@@ -61,7 +61,8 @@ bench: $(STAMP)
 	$(PY) bench/intake.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) lakehouse spark-warehouse exports .pytest_cache

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
-from lakehouse_dsr.datamap.check import check_against_catalog
+from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import layout
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.stages import access

@@ -32,12 +32,12 @@ from pyspark.sql import functions as F
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
-from lakehouse_dsr.datamap.check import check_against_catalog
 from lakehouse_dsr.datamap.model import DAILY_BY_TYPE
 from lakehouse_dsr.ingest.stream import ingest
+from lakehouse_dsr.inventory.check import check_against_catalog
+from lakehouse_dsr.keys import key_id, keyed_hash
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import build_session
-from lakehouse_dsr.ledger.keys import key_id, keyed_hash
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run

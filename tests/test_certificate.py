@@ -20,8 +20,8 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.evidence.certificate import build_certificate, certificate_html, check_certificate, sign
 from lakehouse_dsr.exceptions import DsrError, LedgerError
+from lakehouse_dsr.keys import Keyring, keyed_hash, rotate_key
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.keys import Keyring, keyed_hash, rotate_key
 from lakehouse_dsr.ledger.ledger import Ledger, RunRecord
 from lakehouse_dsr.ledger.requests import RequestInput, utc_now
 
@@ -171,7 +171,7 @@ def test_signature_detects_any_change(lake):
 def test_certificates_survive_key_rotation(lake):
     settings = lake["settings"]
     before = build_certificate(Ledger(settings), lake["access"])
-    rotation = rotate_key(settings)
+    rotation = rotate_key(settings.key_file())
     after = Ledger(settings)  # a new process's view: the new key active, the old one retired
     old = check_certificate(before, after)
     assert old.intact and old.key_id == rotation.old_id and "(now retired)" in old.reason

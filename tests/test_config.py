@@ -4,8 +4,8 @@ import pytest
 
 from lakehouse_dsr.config import load_settings, settings_from_dict
 from lakehouse_dsr.datamap import DataMap, demo_datamap
-from lakehouse_dsr.datamap.check import check_against_catalog
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
+from lakehouse_dsr.inventory.check import check_against_catalog
 
 
 def test_default_is_the_embedded_lakehouse(tmp_path, monkeypatch):

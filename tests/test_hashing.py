@@ -7,8 +7,7 @@ from typer.testing import CliRunner
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import ConfigError
-from lakehouse_dsr.lake.hmac import join_on_key, with_keyed_hash, with_keyring_hashes
-from lakehouse_dsr.ledger.keys import (
+from lakehouse_dsr.keys import (
     Keyring,
     key_id,
     keyed_hash,
@@ -17,6 +16,7 @@ from lakehouse_dsr.ledger.keys import (
     retired_file,
     rotate_key,
 )
+from lakehouse_dsr.lake.hmac import join_on_key, with_keyed_hash, with_keyring_hashes
 
 VALUES = ["alice", "x' OR '1'='1", "%", "\u00e9l\u00e8ve \U0001f600", "a\x00b", " ", "k" * 10_000]
 
@@ -60,11 +60,11 @@ def test_rotation_retires_the_old_key_owner_only(tmp_path, monkeypatch):
     monkeypatch.delenv("DSR_SECRET_KEY", raising=False)
     settings = _key_settings(tmp_path)
     with pytest.raises(ConfigError, match="nothing to rotate"):
-        rotate_key(settings)
+        rotate_key(settings.key_file())
     first = load_key(settings.key_file())
-    one = rotate_key(settings)
+    one = rotate_key(settings.key_file())
     second = load_key(settings.key_file())
-    two = rotate_key(settings)
+    two = rotate_key(settings.key_file())
     third = load_key(settings.key_file())
     retired = retired_file(settings.key_file())
     assert len({first, second, third}) == 3 and len(third) == 32
@@ -85,10 +85,10 @@ def test_rotation_interrupted_after_retiring_does_not_retire_twice(tmp_path, mon
     fd = os.open(retired, os.O_WRONLY | os.O_CREAT, 0o600)  # the old key is in the keyring, the key file unchanged
     os.write(fd, key.hex().encode())  # no trailing newline (edited by hand)
     os.close(fd)
-    rotate_key(settings)
+    rotate_key(settings.key_file())
     assert retired.read_text() == key.hex() and load_key(settings.key_file()) != key  # not retired twice
     second = load_key(settings.key_file())
-    rotate_key(settings)
+    rotate_key(settings.key_file())
     assert retired.read_text() == f"{key.hex()}\n{second.hex()}\n"
 
 
@@ -105,13 +105,13 @@ def test_keyring_file_must_be_owner_only_and_hex(tmp_path, monkeypatch):
     assert load_retired(settings.key_file()) == (b"\x00\xff",)
     retired.write_text("00ff\n\nnot hex\n")
     with pytest.raises(ConfigError, match="line 3 is not a hex key"):
-        rotate_key(settings)
+        rotate_key(settings.key_file())
 
 
 def test_rotation_refuses_a_key_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("DSR_SECRET_KEY", "from-env")
     with pytest.raises(ConfigError, match="DSR_SECRET_KEY"):
-        rotate_key(_key_settings(tmp_path))
+        rotate_key(_key_settings(tmp_path).key_file())
 
 
 def test_rotate_key_command(tmp_path, monkeypatch):
@@ -145,7 +145,7 @@ def test_first_use_from_many_threads_makes_one_key(tmp_path):
     """Processes or threads starting together on a fresh install all get the one key that was written."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lakehouse_dsr.ledger.keys import load_key
+    from lakehouse_dsr.keys import load_key
 
     path = tmp_path / "dsr-secret.key"
     with ThreadPoolExecutor(16) as pool:

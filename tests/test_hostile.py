@@ -28,8 +28,8 @@ from lakehouse_dsr.cli import entry
 from lakehouse_dsr.config import Settings, load_settings, settings_from_dict
 from lakehouse_dsr.datamap import DataMap
 from lakehouse_dsr.exceptions import CatalogUnavailableError, ConfigError, DataMapError, RequestInputError
+from lakehouse_dsr.keys import KEY_ENV
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.keys import KEY_ENV
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, read_requests_csv
 from lakehouse_dsr.run import run

@@ -11,12 +11,12 @@ import pytest
 from py4j.protocol import Py4JJavaError
 
 from conftest import make_settings
-from lakehouse_dsr.datamap.check import check_against_catalog
+from lakehouse_dsr.inventory.check import check_against_catalog
+from lakehouse_dsr.keys import Keyring, key_id, keyed_hash
 from lakehouse_dsr.lake import indriver, skipping
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.keys import Keyring, key_id, keyed_hash
 from lakehouse_dsr.stages import collateral, erase, matching, verify
 
 TABLE = "shop.orders"

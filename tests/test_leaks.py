@@ -28,8 +28,8 @@ from pyspark.sql.types import StringType
 
 from conftest import HOSTILE, SEED, USER_KEY, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import suppress, synth
+from lakehouse_dsr.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run
@@ -332,7 +332,7 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
     done_before = lake["submitted"][0]  # completed under the first key, like every erase request of the run
     old_key = load_key(settings.key_file())
 
-    rotation = rotate_key(settings)
+    rotation = rotate_key(settings.key_file())
     assert rotation.old_id == key_id(old_key) and rotation.new_id == key_id(load_key(settings.key_file()))
     assert rotation.new_id != rotation.old_id and rotation.retired == 1
     assert retired_file(settings.key_file()).read_text() == old_key.hex() + "\n"

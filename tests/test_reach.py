@@ -21,9 +21,9 @@ from conftest import make_settings, write_config
 from lakehouse_dsr import suppress_for
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.datamap import DataMap
-from lakehouse_dsr.datamap.check import check_against_catalog
-from lakehouse_dsr.datamap.discover import discover
 from lakehouse_dsr.exceptions import DataMapError
+from lakehouse_dsr.inventory.check import check_against_catalog
+from lakehouse_dsr.inventory.discover import discover
 from lakehouse_dsr.lake import plainfiles
 from lakehouse_dsr.lake.plainfiles import adopt
 from lakehouse_dsr.lake.spark import attach

@@ -21,9 +21,9 @@ from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, DataMapError, RequestInputError
+from lakehouse_dsr.keys import KEY_ENV, rotate_key
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.keys import KEY_ENV, rotate_key
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput, add_business_days, due_date, read_requests_csv
 from lakehouse_dsr.run import run
@@ -92,7 +92,7 @@ def lake(spark, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as env:  # consent hashed under the old key must keep matching
         env.delenv(KEY_ENV, raising=False)
-        out["rotation"] = rotate_key(settings)
+        out["rotation"] = rotate_key(settings.key_file())
         late = spark.createDataFrame([(f"late-{i}", s) for i, s in enumerate([a, a, b])],
                                      "event_id string, user_id string")
         late.selectExpr("event_id", "user_id", "'login' event_type", "timestamp'2024-07-01' event_timestamp",

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from conftest import SEED, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
-from lakehouse_dsr.datamap.check import check_against_catalog
+from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import iceberg, layout, skipping
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.lake.metrics import StageMeter

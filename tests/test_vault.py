@@ -15,12 +15,12 @@ from pyspark.sql import functions as F
 
 from conftest import SEED, datamap_dict, dsr_run, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
-from lakehouse_dsr.datamap.check import check_against_catalog
 from lakehouse_dsr.datamap.model import DataMap, demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
+from lakehouse_dsr.inventory.check import check_against_catalog
+from lakehouse_dsr.keys import keyed_hash, load_key
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.keys import keyed_hash, load_key
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.run import run

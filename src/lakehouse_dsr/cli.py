@@ -21,7 +21,7 @@ from rich.table import Table
 
 from .config import EXPORT_FORMATS, Settings, load_settings
 from .exceptions import DsrError, LedgerBusyError
-from .ledger.keys import rotate_key
+from .keys import rotate_key
 from .ledger.ledger import Ledger
 from .ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, parse_received, read_requests_csv
 
@@ -270,7 +270,7 @@ def warm_up() -> None:
 @app.command("rotate-key")
 def rotate_key_cmd() -> None:
     """Replace the HMAC key; the old one is retired to the keyring file, so completed requests stay verifiable."""
-    r = rotate_key(_settings())
+    r = rotate_key(_settings().key_file())
     console.print(f"key {r.new_id} is now active; key {r.old_id} retired to {escape(str(r.retired_file))} "
                   f"({r.retired} retired key(s), keep the file as safe as the key)")
 
@@ -451,7 +451,7 @@ def discover(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """List columns that probably hold personal data and are not in the data map, with the evidence."""
-    from .datamap.discover import discover as find
+    from .inventory.discover import discover as find
 
     findings = find(_spark(), _settings(), namespace, sample)
     if as_json:

@@ -30,14 +30,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 from . import faults
 from .config import Settings
-from .datamap.check import KeyTypes, check_against_catalog
 from .evidence.report import RequestResult, RunReport
 from .exceptions import CommitConflictError, first_line
+from .inventory.check import KeyTypes, check_against_catalog
+from .keys import key_id
 from .lake import iceberg, skipping
 from .lake.hmac import with_keyed_hash
 from .lake.metrics import IoCost, StageMeter
 from .ledger.journal import Step
-from .ledger.keys import key_id
 from .ledger.lease import Lease
 from .ledger.ledger import OPEN_STATUSES, Ledger, Outcome
 from .ledger.requests import utc_now

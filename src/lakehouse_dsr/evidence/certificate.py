@@ -8,7 +8,7 @@ keyed hash: its fields are picked one by one from the evidence, never copied who
 
 Signature: HMAC-SHA256 over the canonical JSON (sorted keys, fixed separators, ASCII) of everything
 but the `signature` field, under a key derived for this purpose from the engine's secret key
-(ledger/keys.py). The signature names the secret key's id, so certificates signed before a
+(keys.py). The signature names the secret key's id, so certificates signed before a
 `dsr rotate-key` still check against the retired key, and a document signed by any other key fails.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from pyiceberg.expressions import EqualTo
 
 from ..exceptions import DsrError, LedgerError
-from ..ledger.keys import KEY_ENV, Keyring, derive_key
+from ..keys import KEY_ENV, Keyring, derive_key
 from ..ledger.ledger import Ledger
 from ..ledger.requests import REQUEST_ID, utc_now
 from .html import Markup, badge, code, esc, fact_list, human_bytes, page, table

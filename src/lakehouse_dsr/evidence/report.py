@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ..keys import write_private
 from ..lake.metrics import IoCost
-from ..ledger.keys import write_private
 from ..ledger.ledger import RunRecord
 from .html import run_report_page
 

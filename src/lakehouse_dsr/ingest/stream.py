@@ -26,8 +26,8 @@ from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..datamap import column_ref, is_array
-from ..datamap.check import field_at
 from ..exceptions import DataMapError, DsrError
+from ..inventory.check import field_at
 from ..lake.hmac import keyed_hash, pads
 from ..lake.spark import uncached_catalog
 from ..ledger.ledger import Ledger

@@ -27,8 +27,8 @@ from pyspark.sql.types import ArrayType
 from ..config import Settings, load_settings
 from ..datamap import column_ref
 from ..exceptions import DataMapError
+from ..keys import keys_in_use
 from ..lake.hmac import join_on_key, with_keyring_hashes
-from ..ledger.keys import keys_in_use
 from ..ledger.ledger import Ledger
 from ..stages.collateral import erased_value
 from ..stages.matching import KeySet, TableKeys, any_hit, mark, redactions

@@ -1,4 +1,4 @@
-"""HMAC-SHA256 as a Spark expression: the same keyed hash ledger/keys.py computes in Python, over
+"""HMAC-SHA256 as a Spark expression: the same keyed hash keys.py computes in Python, over
 table values, so stored hashes can be matched without any plaintext identifier."""
 
 from __future__ import annotations

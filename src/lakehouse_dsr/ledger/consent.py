@@ -14,7 +14,7 @@ from datetime import datetime
 
 from pyiceberg.expressions import EqualTo
 
-from .keys import keyed_hash
+from ..keys import keyed_hash
 from .ledger import Ledger
 from .requests import utc_now
 

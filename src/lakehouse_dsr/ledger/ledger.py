@@ -23,8 +23,8 @@ from pyiceberg.expressions import EqualTo, GreaterThan, In, NotNull
 
 from ..config import Settings
 from ..exceptions import ConfigError, LedgerError
+from ..keys import Keyring, keyed_hash, load_key, load_retired
 from .journal import Journal, Step
-from .keys import Keyring, keyed_hash, load_key, load_retired
 from .lease import current_holder
 from .requests import RequestInput, due_date, utc_now
 from .store import Store, arrow_rows

@@ -29,7 +29,7 @@ from datetime import date, datetime
 
 from ..config import Settings
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
-from ..ledger.keys import derive_key, keyed_hash
+from ..keys import derive_key, keyed_hash
 from ..ledger.ledger import OPEN_STATUSES, Ledger, RequestStatus, new_request_id
 from ..ledger.requests import RequestInput, due_date, utc_now
 from .ingester import Ingester, ingest

@@ -27,7 +27,8 @@ from pyspark.sql import functions as F
 
 from .. import faults
 from ..config import EXPORT_FORMATS, Settings
-from ..datamap.check import KeyTypes, check_against_catalog
+from ..inventory.check import KeyTypes, check_against_catalog
+from ..keys import private_dir, write_private
 from ..lake import iceberg, plainfiles, skipping
 from ..vault import vault
 from ..vault.pseudonymize import PROPERTY
@@ -55,15 +56,6 @@ class ExportResult:
     directory: str
     manifest: str
     packages: list[Package] = field(default_factory=list)
-
-
-def private_dir(path: Path) -> Path:
-    """Create `path` and every missing parent owner-only (mkdir's parents ignore the mode)."""
-    for folder in reversed([p for p in (path, *path.parents) if not p.exists()]):
-        folder.mkdir(mode=0o700)
-        folder.chmod(0o700)
-    path.chmod(0o700)
-    return path
 
 
 def export(
@@ -222,7 +214,8 @@ class _PackageWriter:
                 data, name = self._json(header, by_table), f"{p.request_id}.json"
             else:
                 data, name = self._zip(header, by_table), f"{p.request_id}.{self.fmt}.zip"
-            _write_private(os.path.join(self.out, name), data)
+            # Not synced (1 ms a package): written before the run records anything, checked right after.
+            write_private(Path(self.out) / name, data, sync=False)
             if self.kill_pid:
                 faults.kill(self.kill_pid)
             yield (p.request_id, name, hashlib.sha256(data).hexdigest(), len(data),
@@ -280,15 +273,6 @@ def _arrow_type(spark_type: str) -> pa.DataType | None:
             "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}.get(spark_type, pa.string())
 
 
-def _write_private(path: str, data: bytes) -> None:
-    """Write atomically (temp + rename) with mode 0600, so a crash never leaves half a package."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 def _write_manifest(settings: Settings, result: ExportResult, fmt: str, generated_at: str, tables: list[str]) -> None:
     manifest = {
         "generated_at": generated_at,
@@ -296,7 +280,7 @@ def _write_manifest(settings: Settings, result: ExportResult, fmt: str, generate
         "requests": [p.__dict__ for p in result.packages],
         "tables": {t: settings.datamap.mapping(t).disclosure() for t in tables},
     }
-    _write_private(result.manifest, json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
+    write_private(Path(result.manifest), json.dumps(manifest, indent=2, ensure_ascii=False))
 
 
 def checked_packages(result: ExportResult) -> dict[str, bool]:

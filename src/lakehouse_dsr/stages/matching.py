@@ -12,7 +12,7 @@ from pyspark.sql.types import DataType
 
 from ..config import Settings
 from ..datamap import KeyGroup, column_path, column_ref, is_array
-from ..datamap.check import KeyTypes
+from ..inventory.check import KeyTypes
 from ..lake import iceberg, indriver, skipping
 
 

@@ -37,10 +37,10 @@ from ..config import Settings
 from ..datamap import shares as share_sql
 from ..datamap.lineage import Query
 from ..exceptions import first_line
+from ..keys import keyed_hash
 from ..lake import iceberg
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger import consent
-from ..ledger.keys import keyed_hash
 from ..ledger.ledger import Ledger, Outcome
 from ..progress import Progress
 from . import purge, verify

@@ -23,12 +23,12 @@ from pyspark.sql.types import DataType
 
 from ..config import Settings
 from ..datamap import KeyGroup, column_ref
-from ..datamap.check import KeyTypes, check_against_catalog, schema_of
 from ..exceptions import LedgerError
+from ..inventory.check import KeyTypes, check_against_catalog, schema_of
+from ..keys import Keyring, as_keyring, key_id, keys_in_use
 from ..lake import iceberg, indriver, plainfiles, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hmac import join_on_key, with_keyring_hashes
-from ..ledger.keys import Keyring, as_keyring, key_id, keys_in_use
 from ..ledger.ledger import Ledger
 from .matching import TableKeys
 
@@ -227,7 +227,7 @@ def verify_table(
     """Run the live, history, storage and ref checks over every key column of one table.
 
     `groups`: the key columns and the identifier each holds; `types`: their Spark types
-    (datamap.check). `physical=False` runs the live check only: one scan of the key columns in the
+    (inventory.check). `physical=False` runs the live check only: one scan of the key columns in the
     current snapshot. `key`: the keyring, or the active key (the retired ones are then read from
     the keyring file), or the keys `keys_for` resolved already for a set of hashes including these.
     A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..exceptions import ConfigError
-from ..ledger.keys import Keyring, key_id, load_retired, read_private, retired_file, write_private
+from ..keys import Keyring, key_id, load_retired, read_private, retired_file, write_private
 
 VAULT_KEY_ENV = "DSR_VAULT_KEY"
 KEY_BYTES = 32  # AES-256

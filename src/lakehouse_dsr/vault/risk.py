@@ -18,8 +18,8 @@ from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..datamap import column_ref
-from ..datamap.check import field_at
 from ..exceptions import DataMapError, DsrError
+from ..inventory.check import field_at
 
 # more quasi-identifiers: single columns and pairs only (each subset: one more roll-up of the classes)
 ALL_SUBSETS_UP_TO = 4

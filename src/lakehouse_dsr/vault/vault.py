@@ -2,7 +2,7 @@
 
 One Iceberg table, `<ledger namespace>.vault`, one row per (identifier type, subject):
 
-- `key_hash`, `key_id`: the identifier's keyed hash (ledger/keys.py) and the HMAC key that made it:
+- `key_hash`, `key_id`: the identifier's keyed hash (keys.py) and the HMAC key that made it:
   how a subject's entry is found. The plaintext identifier is stored nowhere in the clear.
 - `pseudonym`: `psn:` + a random UUID drawn on the executors (java.util.UUID.randomUUID, a
   SecureRandom): the join key fact tables carry. Random, not derived: nobody holding every key of
@@ -28,9 +28,9 @@ from pyspark.sql import functions as F
 from ..config import Settings
 from ..datamap.model import PSEUDONYM_PREFIX
 from ..exceptions import ConfigError
+from ..keys import Keyring, as_keyring, load_key
 from ..lake import iceberg
 from ..lake.hmac import join_on_key, with_keyed_hash, with_keyring_hashes
-from ..ledger.keys import Keyring, as_keyring, load_key
 from .keys import MasterKeys, drop_retired, load_master_keys, new_master_key
 
 _COLUMNS = ("identifier string, key_hash string, key_id string, pseudonym string, wrapped_key binary, "

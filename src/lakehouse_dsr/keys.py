@@ -1,4 +1,6 @@
-"""Keyed hashes (HMAC-SHA256) of identifiers: what the ledger keeps once a request is complete.
+"""Secrets and private files: the HMAC key and its keyring, keyed hashes (HMAC-SHA256) of
+identifiers (what the ledger keeps once a request is complete), keys derived from it, and the
+owner-only file and folder helpers every package writes keys, evidence and packages with.
 
 The same HMAC is computed in Python (here, for submitted identifiers) and as a Spark expression
 (lake/hmac.py, for table values), so completed requests can be re-verified without any plaintext
@@ -18,12 +20,8 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..exceptions import ConfigError
-
-if TYPE_CHECKING:
-    from ..config import Settings
+from .exceptions import ConfigError
 
 KEY_ENV = "DSR_SECRET_KEY"
 RETIRED_SUFFIX = ".retired"
@@ -127,14 +125,13 @@ class Rotation:
     retired: int  # keys in the keyring file now
 
 
-def rotate_key(settings: Settings) -> Rotation:
-    """Retire the active key file's key (appended to `<key file>.retired`, 0600) and write a new one.
+def rotate_key(key_file: Path) -> Rotation:
+    """Retire the key in `key_file` (Settings.key_file()) (appended to `<key file>.retired`, 0600) and write a new one.
 
     Only files change, in a crash-safe order: the old key is written (and synced) to the keyring
     before the new key replaces it atomically, so no moment exists where a key is lost. Hashes made
     before stay checkable under their retired key; new hashes use the new key.
     """
-    key_file = settings.key_file()
     retired = retired_file(key_file)
     if os.environ.get(KEY_ENV):
         raise ConfigError(
@@ -161,21 +158,34 @@ def rotate_key(settings: Settings) -> Rotation:
     return Rotation(key_id(old), key_id(new), retired, len(kept))
 
 
-def write_private(path: Path, text: str) -> None:
-    """Replace `path` atomically with `text`, mode 0600, synced to disk."""
+def write_private(path: Path, data: str | bytes, sync: bool = True) -> None:
+    """Replace `path` atomically with `data` (text as UTF-8), mode 0600 from its creation: a crash never
+    leaves half a file. `sync`: the file and its folder are synced to disk before this returns (about
+    1 ms a file here)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    os.fchmod(fd, 0o600)  # an older temp file keeps its mode through O_CREAT
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    if sync:
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` and every missing parent owner-only (mkdir's parents ignore the mode)."""
+    for folder in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        folder.mkdir(mode=0o700)
+        folder.chmod(0o700)
+    path.chmod(0o700)
+    return path
 
 
 def derive_key(key: bytes, purpose: str) -> bytes:

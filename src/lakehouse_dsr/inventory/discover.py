@@ -37,9 +37,9 @@ from pyspark.sql.types import (
 )
 
 from ..config import Settings
+from ..datamap.model import column_ref
 from ..lake import plainfiles
 from ..lake.catalog import open_catalog
-from .model import column_ref
 
 _PERSON = {"user", "customer", "cust", "account", "member", "person", "client", "subscriber", "patient",
            "employee", "buyer", "seller", "sender", "recipient", "owner", "contact", "visitor", "subject"}

@@ -9,11 +9,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
 
+from ..datamap import lineage
+from ..datamap.model import PSEUDONYM_PATTERN, DataMap, column_path, is_array
+from ..datamap.shares import check_shares
 from ..exceptions import DataMapError, first_line
 from ..lake.plainfiles import check_dataset
-from . import lineage
-from .model import PSEUDONYM_PATTERN, DataMap, column_path, is_array
-from .shares import check_shares
 
 T = TypeVar("T")
 KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
