@@ -41,8 +41,7 @@ def lake(spark, tmp_path_factory):
 
 
 def _submit_and_run(spark, lake, fmt: str):
-    settings = lake["settings"].model_copy(deep=True)
-    settings.export.format = fmt
+    settings = lake["settings"].replace(export={"format": fmt})
     ledger = Ledger(settings)
     created = ledger.submit([RequestInput(s, "access", "gdpr") for s in lake["subjects"]]).created
     report = run(spark, settings)

@@ -58,7 +58,8 @@ WRITER = textwrap.dedent('''
 
 def test_appends_during_a_run_are_kept_late_rows_erased_and_readers_consistent(spark, disk_lakehouse, tmp_path):
     settings, config = disk_lakehouse
-    settings.purge.orphan_min_age_minutes = 60  # a writer is committing: never treat its new files as orphans
+    settings = settings.replace(purge={"orphan_min_age_minutes": 60})  # a writer is committing: never treat its
+    # new files as orphans
     subject_of = dict(zip(Ledger(settings).submit([RequestInput(s, "erase") for s in ERASED]).created, ERASED,
                           strict=True))
     events = spark.table(settings.table("demo.events"))

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from lakehouse_dsr.config import load_settings, settings_from_dict
 from lakehouse_dsr.datamap import DataMap, demo_datamap
@@ -129,3 +130,18 @@ def test_example_config_in_readme_folder_is_valid():
     example = Path(__file__).parent.parent / "examples" / "dsr.yaml"
     settings = load_settings(example)
     assert settings.datamap.tables["demo.orders"].action == "redact"
+
+
+def test_settings_are_frozen_and_changed_by_copy(tmp_path):
+    """Stages and threads share one Settings: after validation it cannot change in place; `replace`
+    makes a changed copy (one field of a section, or a whole value) and leaves the original alone."""
+    settings = settings_from_dict({"export": {"directory": "out", "format": "json"}}, base=tmp_path)
+    with pytest.raises(ValidationError, match="frozen"):
+        settings.export.format = "csv"
+    with pytest.raises(ValidationError, match="frozen"):
+        settings.ledger_namespace = "other"
+    changed = settings.replace(export={"format": "csv"}, ledger_namespace="other")
+    assert (changed.export.format, changed.export.directory, changed.ledger_namespace) == (
+        "csv", (tmp_path / "out").resolve(), "other")
+    assert (settings.export.format, settings.ledger_namespace) == ("json", "dsr")
+    assert changed.catalog is settings.catalog  # untouched sections are shared, not copied

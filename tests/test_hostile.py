@@ -374,7 +374,7 @@ def test_hostile_identifiers_are_stored_as_given_and_never_become_sql(spark, lak
     assert len(submitted.created) == len(ids) and submitted.duplicates == 0
     assert sorted(r["subject_id"] for r in ledger.requests()) == sorted(ids)
 
-    settings.erase.collateral_check = "count"  # the content check adds scans, not SQL text
+    settings = settings.replace(erase={"collateral_check": "count"})  # the content check adds scans, not SQL text
     # Format v3 keeps Spark's MERGE for the events (rewrite_files serves v1/v2 and writes no SQL), and
     # its deletion vectors send the purge through the rewrite_data_files procedure: both get SQL text.
     spark.sql(f"ALTER TABLE {settings.table('demo.events')} SET TBLPROPERTIES ('format-version'='3')")

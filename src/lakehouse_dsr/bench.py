@@ -50,10 +50,9 @@ def events_only_settings(work: Path, name: str, **sections) -> Settings:
         "secret_key_file": str(work / "dsr-secret.key"),
         **sections,
     })
-    settings.datamap.tables = {"demo.events": settings.datamap.tables["demo.events"]}
-    settings.datamap.derived = {}
-    settings.datamap.identifiers = {}
-    return settings
+    raw = settings.datamap.model_dump()
+    raw.update(tables={"demo.events": raw["tables"]["demo.events"]}, derived={}, shares={}, identifiers={})
+    return settings.replace(datamap=DataMap.model_validate(raw))
 
 
 def dsr_process(config: Path, *args: str) -> float:
@@ -71,9 +70,7 @@ def dsr_process(config: Path, *args: str) -> float:
 def _side(settings: Settings, side: str, tables: list[str] | None) -> Settings:
     """Settings whose demo namespace, data map and ledger live in the side's own namespaces."""
     ns = f"bench_{side}"
-    s = settings.model_copy(deep=True)
-    s.demo_namespace, s.ledger_namespace = ns, f"{ns}_ledger"
-    raw = s.datamap.model_dump()
+    raw = settings.datamap.model_dump()
     rename = lambda name: f"{ns}.{name.split('.', 1)[1]}"  # noqa: E731
     # The notebook's workload: the bronze tables (the demo's derived layers and vault copy are not in it).
     raw["derived"], raw["shares"] = {}, {}
@@ -81,8 +78,7 @@ def _side(settings: Settings, side: str, tables: list[str] | None) -> Settings:
                      if (tables is None or t in tables) and m["action"] != "shred"}
     raw["identifiers"] = {k: {**v, "table": rename(v["table"])} for k, v in raw["identifiers"].items()
                           if tables is None or v["table"] in tables}
-    s.datamap = DataMap.model_validate(raw)
-    return s
+    return settings.replace(demo_namespace=ns, ledger_namespace=f"{ns}_ledger", datamap=DataMap.model_validate(raw))
 
 
 def _measured(spark: SparkSession, cost: dict, stage: str, fn) -> tuple[float, object]:
@@ -169,7 +165,7 @@ def side_plain(spark: SparkSession, settings: Settings, deletes: list[str], expo
 
 def side_b(spark: SparkSession, settings: Settings, deletes: list[str], exports: list[str], work: Path) -> dict:
     """`dsr run` on the same requests, verification included."""
-    settings.export.directory = work / "b-exports"
+    settings = settings.replace(export={"directory": work / "b-exports"})
     Ledger(settings).submit([RequestInput(u, "erase") for u in deletes]
                                    + [RequestInput(u, "access") for u in exports])
     start = time.perf_counter()
@@ -222,7 +218,7 @@ def run_bench(
              "b_batched": _side(settings, "b_batched", ["demo.events"]), "b_all": _side(settings, "b_all", None),
              "plain": _side(settings, "plain", ["demo.events"])}
     runners = {"a": side_a, "plain": side_plain}
-    sides["b_batched"].purge.policy = "batched"
+    sides["b_batched"] = sides["b_batched"].replace(purge={"policy": "batched"})
     rounds: dict[str, list[dict]] = {name: [] for name in sides}
     for round_ in range(repeats):
         for name, side_settings in sides.items():

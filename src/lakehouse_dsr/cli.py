@@ -152,9 +152,9 @@ def run_cmd(
     if export_format is not None:
         if export_format not in EXPORT_FORMATS:
             raise DsrError(f"unknown export format {export_format!r} (expected one of {', '.join(EXPORT_FORMATS)})")
-        settings.export.format = export_format
+        settings = settings.replace(export={"format": export_format})
     if export_dir is not None:
-        settings.export.directory = export_dir.resolve()
+        settings = settings.replace(export={"directory": export_dir.resolve()})
     with Bars() as bars:
         result = run_batch(lambda: _spark(by_lake_size=True), settings, bars)  # Spark starts only if there is work
     if report:

@@ -23,7 +23,8 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Frozen: settings are read by many stages and threads; a change is a new object (Settings.replace).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _as_str_map(value: Any) -> dict[str, str]:
@@ -186,23 +187,31 @@ class Settings(_Strict):
     def intake_queue_file(self) -> Path:
         return self.intake.queue_file or self.key_file().parent / "dsr-intake.db"
 
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes`; a section given as a dict changes only the fields it names
+        (`settings.replace(export={"format": "csv"})`). Values are taken as given, not validated
+        again: for code that holds typed values, not for user input (settings_from_dict)."""
+        updates = {}
+        for name, value in changes.items():
+            current = getattr(self, name)
+            updates[name] = current.model_copy(update=value) if isinstance(value, dict) and isinstance(
+                current, BaseModel) else value
+        return self.model_copy(update=updates)
+
 
 def _absolutize(settings: Settings, base: Path) -> Settings:
     """Hadoop catalogs need an absolute URI; relative paths are read from the config's folder."""
-    props = settings.catalog.properties
+    props = dict(settings.catalog.properties)
     wh = settings.catalog.local_warehouse()
     if wh and not props["warehouse"].startswith("file:"):
         props["warehouse"] = (base / wh).resolve().as_uri()
     sqlite = props.get("uri", "")
     if sqlite.startswith("jdbc:sqlite:") and not sqlite[len("jdbc:sqlite:"):].startswith(("/", "file:")):
         props["uri"] = f"jdbc:sqlite:{(base / sqlite[len('jdbc:sqlite:'):]).resolve()}"  # both planes: one file
-    if settings.secret_key_file and not settings.secret_key_file.is_absolute():
-        settings.secret_key_file = (base / settings.secret_key_file).resolve()
-    if settings.intake.queue_file and not settings.intake.queue_file.is_absolute():
-        settings.intake.queue_file = (base / settings.intake.queue_file).resolve()
-    if not settings.export.directory.is_absolute():
-        settings.export.directory = (base / settings.export.directory).resolve()
-    return settings
+    absolute = lambda path: path if path is None or path.is_absolute() else (base / path).resolve()  # noqa: E731
+    return settings.replace(catalog={"properties": props}, secret_key_file=absolute(settings.secret_key_file),
+                            intake={"queue_file": absolute(settings.intake.queue_file)},
+                            export={"directory": absolute(settings.export.directory)})
 
 
 def load_settings(path: str | Path | None = None) -> Settings:
