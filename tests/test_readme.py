@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from pyspark.sql import functions as F
 
 from conftest import SEED, make_settings, write_config
@@ -29,7 +30,20 @@ def test_the_readme_library_example_runs_as_written(spark, tmp_path, monkeypatch
     subject = synth.user_id(SEED, 3)
     scope = {"spark": spark, "subject_id": subject}
     exec(compile(library_example(), "README.md", "exec"), scope)
-    report, proof = scope["report"], scope["verify_completed"](spark, scope["settings"])
+    report, proof = scope["report"], scope["dsr"].verify_completed(spark, scope["settings"])
     assert [r.status for r in report.requests] == ["completed"]
     assert proof == {report.requests[0].request_id: []}
     assert spark.table(settings.table("demo.events")).where(F.col("user_id") == subject).count() == 0
+
+
+def test_the_public_api_resolves_and_is_documented():
+    import lakehouse_dsr
+
+    assert {"run", "Ledger", "RequestInput", "load_settings", "attach", "verify_completed", "suppress",
+            "pseudonymize"} <= set(lakehouse_dsr.__all__)
+    for name in lakehouse_dsr.__all__:
+        value = getattr(lakehouse_dsr, name)
+        assert value.__doc__ and value.__doc__.strip(), f"lakehouse_dsr.{name} has no docstring"
+        assert name in dir(lakehouse_dsr)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        lakehouse_dsr.nothing  # noqa: B018

@@ -1,20 +1,42 @@
-"""lakehouse-dsr: data subject requests (erasure, access) over an Apache Iceberg lakehouse."""
+"""lakehouse-dsr: data subject requests (erasure, access) over an Apache Iceberg lakehouse.
 
-__all__ = ["erased", "pseudonymize", "reidentify", "suppress", "suppress_for", "suppress_stream"]
+The public API, for a notebook or a Spark job (every `dsr` command is one of these calls):
+
+- settings: `load_settings`, `settings_from_dict`, `Settings`
+- the ledger of requests (no SparkSession needed): `Ledger`, `RequestInput`
+- a run, on your SparkSession: `attach` (registers the catalog), `run` (returns a `RunReport`)
+- proof: `verify_completed`
+- keeping erased people out of new data: `erased`, `suppress`, `suppress_for`, `suppress_stream`
+- pseudonymization: `pseudonymize`, `reidentify`
+- errors: `DsrError` and its subclasses in `lakehouse_dsr.exceptions`
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> the module defining it, imported on first use: the control plane (dsr status, submit) never
+# imports PySpark.
+_EXPORTS = {
+    "load_settings": ".config", "settings_from_dict": ".config", "Settings": ".config",
+    "Ledger": ".ledger.ledger", "RequestInput": ".ledger.requests",
+    "attach": ".lake.spark", "run": ".run", "RunReport": ".evidence.report",
+    "verify_completed": ".stages.verify",
+    "erased": ".ingest.suppress", "suppress": ".ingest.suppress", "suppress_for": ".ingest.suppress",
+    "suppress_stream": ".ingest.stream",
+    "pseudonymize": ".vault.pseudonymize", "reidentify": ".vault.pseudonymize",
+    "DsrError": ".exceptions",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    # Lazily: `suppress` needs PySpark, which the control plane (dsr status, submit) never imports.
-    if name in ("erased", "suppress", "suppress_for"):
-        from .ingest import suppress
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lakehouse_dsr' has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)
 
-        return getattr(suppress, name)
-    if name in ("pseudonymize", "reidentify"):
-        from .vault import pseudonymize
 
-        return getattr(pseudonymize, name)
-    if name == "suppress_stream":
-        from .ingest import stream
-
-        return stream.suppress_stream
-    raise AttributeError(f"module 'lakehouse_dsr' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

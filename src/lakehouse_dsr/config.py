@@ -151,6 +151,9 @@ class IntakeSettings(_Strict):
 
 
 class Settings(_Strict):
+    """Everything `dsr.yaml` says, validated and frozen (load_settings, settings_from_dict; a variant
+    is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake."""
+
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     datamap: DataMap = Field(default_factory=demo_datamap)
@@ -258,6 +261,8 @@ def expand_env(raw: Any, source: str = "config") -> Any:
 
 
 def settings_from_dict(raw: Any, base: Path | None = None, source: str = "config") -> Settings:
+    """Settings from a mapping shaped like `dsr.yaml` (relative paths read from `base`, default the
+    working directory); ConfigError naming every offending field, with `source` as the file's name."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     try:
