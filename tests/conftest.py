@@ -1,49 +1,15 @@
-"""Shared fixtures: one SparkSession for the whole suite; each lakehouse gets its own catalog + warehouse."""
+"""Shared fixtures: one SparkSession for the whole suite; each lakehouse gets its own catalog + warehouse.
+Helpers that tests import are in helpers.py."""
 
 from __future__ import annotations
 
-import itertools
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import yaml
 from pyspark.sql import SparkSession
 
+from helpers import SEED, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
-from lakehouse_dsr.config import Settings, settings_from_dict
-from lakehouse_dsr.datamap import KeyGroup, demo_datamap
+from lakehouse_dsr.config import Settings
 from lakehouse_dsr.lake.spark import attach, build_session
-
-SEED = 7
-HOSTILE = ["x' OR '1'='1", "%", "' ; DROP TABLE demo.events; --", "Jos\u00e9 \u4e2d\u6587 \U0001f600", "k" * 10_000,
-           "_", "a\\'b"]
-NEAR_MISS = ["x", "%%", "Jos\u00e9", "k" * 9_999, "ab"]  # similar to hostile ids; must survive
-_names = itertools.count()
-USER_KEY = [KeyGroup("user_id", "user_id")]  # the demo tables' one key column
-
-
-def make_settings(root: Path, **overrides) -> Settings:
-    raw = {
-        "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}},
-        "catalog": {"name": f"cat{next(_names)}", "properties": {"type": "hadoop", "warehouse": str(root / "wh")}},
-        "secret_key_file": str(root / "dsr-secret.key"),
-        # the demo's bronze tables only: the silver and gold layers cost every run; test_propagate adds them
-        "datamap": datamap_dict(demo_datamap(derived=False)),  # no vault copy either
-        **overrides,
-    }
-    return settings_from_dict(raw, base=root)
-
-
-def write_config(settings: Settings, path: Path, **overrides) -> Path:
-    """`settings` (with top-level `overrides`) as a dsr.yaml at `path`, for the CLI."""
-    raw = settings.model_dump(mode="json", exclude_none=True)
-    raw.update(overrides)
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -66,48 +32,6 @@ def new_lakehouse(spark, tmp_path_factory):
     return make
 
 
-def snapshot_ids(spark: SparkSession, settings: Settings, tables: list[str]) -> dict[str, list[int]]:
-    """Every snapshot id of each table that exists: unchanged ids prove nothing was written."""
-    out = {}
-    for table in tables:
-        try:
-            spark.catalog.refreshTable(settings.table(table))  # the ledger is written by pyiceberg, not this session
-            rows = spark.sql(f"SELECT snapshot_id FROM {settings.table(table)}.snapshots").collect()
-            out[table] = sorted(r.snapshot_id for r in rows)
-        except Exception:
-            out[table] = None
-    return out
-
-
-def ledger_table(spark: SparkSession, settings: Settings, table: str):
-    """A ledger table as committed now: the control plane writes it through pyiceberg, so Spark's
-    cached copy is refreshed first."""
-    spark.catalog.refreshTable(settings.table(table))
-    return spark.table(settings.table(table))
-
-
-def add_subjects(spark, settings, ids: list[str], tag: str) -> None:
-    """Give each id a user (email <tag><i>@example.net), 3 events, an order and a newsletter row."""
-    rows = [(sid, f"{tag}{i}@example.net") for i, sid in enumerate(ids)]
-    people = spark.createDataFrame(rows, "user_id string, email string")
-    people.selectExpr("user_id", "timestamp'2024-01-01' created_at", "'Hostile Name' name", "email") \
-        .writeTo(settings.table("demo.users")).append()
-    people.crossJoin(spark.range(3)).selectExpr(
-        "uuid() event_id", "user_id", "'login' event_type", "timestamp'2024-05-01' event_timestamp",
-        "cast(null as string) page_url", "cast(null as string) product_id", "'Logged in' event_details",
-    ).writeTo(settings.table("demo.events")).append()
-    people.selectExpr("uuid() order_id", "user_id", "cast(9.99 as decimal(10,2)) amount",
-                      "'Hostile Name' customer_name",
-                      "'1 Main Street' shipping_address", "timestamp'2024-06-01' ordered_at") \
-        .writeTo(settings.table("demo.orders")).append()
-    people.selectExpr("email", "timestamp'2024-02-01' subscribed_at", "'weekly' list_name", "'account' source") \
-        .writeTo(settings.table("demo.newsletter")).append()
-
-
-def datamap_dict(datamap) -> dict:
-    return datamap.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
 @pytest.fixture
 def disk_lakehouse(spark, tmp_path):
     """A tiny lakehouse that other processes (dsr run, writers) share: returns (settings, dsr.yaml path).
@@ -115,42 +39,3 @@ def disk_lakehouse(spark, tmp_path):
     Orphans are removed at once (a killed run leaves some; the tests say when another writer runs).
     """
     return make_disk_lakehouse(spark, tmp_path)
-
-
-def make_disk_lakehouse(spark, tmp_path: Path, derived: bool = False) -> tuple[Settings, Path]:
-    """`disk_lakehouse`; `derived`: with the demo's silver and gold layers in the data map and the lake."""
-    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0},
-                             **({"datamap": datamap_dict(demo_datamap(vault=False))} if derived else {}))
-    props = settings.catalog.properties
-    props["cache-enabled"] = "false"  # other processes commit: never serve a cached table state
-    attach(spark, settings)
-    synth.generate(spark, settings, users=40, events=600, seed=SEED, batches=2)
-    config = {
-        "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}},
-        "catalog": {"name": settings.catalog.name, "properties": dict(props)},
-        "secret_key_file": str(settings.key_file()),
-        "purge": {"orphan_min_age_minutes": 0},
-        "export": {"directory": str(settings.export.directory)},
-        "datamap": datamap_dict(settings.datamap),
-    }
-    path = tmp_path / "dsr.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return settings, path
-
-
-def dsr_run(config: Path, fail_at: str | None = None, kill_after: float | None = None) -> int:
-    """`dsr run` in its own process; killed with SIGKILL after `kill_after` seconds if still running."""
-    env = {k: v for k, v in os.environ.items() if k != "DSR_FAIL_AT"}
-    if fail_at:
-        env["DSR_FAIL_AT"] = fail_at
-    dsr = str(Path(sys.executable).parent / "dsr")
-    proc = subprocess.Popen([dsr, "-c", str(config), "run"], env=env, cwd=config.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        out, _ = proc.communicate(timeout=kill_after)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate()
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise AssertionError(f"dsr run exited {proc.returncode}:\n{out.decode(errors='replace')[-3000:]}")
-    return proc.returncode

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 from aiosmtpd.controller import Controller
 
-from conftest import make_settings, write_config
+from helpers import make_settings, write_config
 
 OPERATOR_TOKEN = "operator-token-for-tests-0123456789"
 

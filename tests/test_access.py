@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
 
-from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings
+from helpers import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger

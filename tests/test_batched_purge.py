@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
-from conftest import SEED
+from helpers import SEED
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
 from lakehouse_dsr.ledger.ledger import Ledger

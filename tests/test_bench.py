@@ -3,7 +3,7 @@
 import json
 import statistics
 
-from conftest import make_settings
+from helpers import make_settings
 from lakehouse_dsr.bench import run_bench
 from lakehouse_dsr.lake.spark import attach
 

@@ -19,7 +19,7 @@ EVENTS = "demo.events"
 
 @pytest.fixture(scope="module")
 def lake(spark, tmp_path_factory):
-    from conftest import SEED, make_settings
+    from helpers import SEED, make_settings
     from lakehouse_dsr import synth
     from lakehouse_dsr.lake.spark import attach
 

@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
 
-from conftest import SEED, make_settings, write_config
+from helpers import SEED, make_settings, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.evidence.certificate import build_certificate, certificate_html, check_certificate, sign

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SEED, snapshot_ids, write_config
+from helpers import SEED, snapshot_ids, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.exceptions import DsrError, LedgerError

@@ -17,7 +17,7 @@ import time
 import pytest
 from pyspark.sql import functions as F
 
-from conftest import SEED
+from helpers import SEED
 from lakehouse_dsr import synth
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput

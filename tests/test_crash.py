@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
-from conftest import SEED, dsr_run, snapshot_ids
+from helpers import SEED, dsr_run, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.ledger.ledger import Ledger

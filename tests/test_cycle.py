@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
 
-from conftest import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings, snapshot_ids
+from helpers import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger

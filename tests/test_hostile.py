@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from conftest import HOSTILE, SEED, add_subjects, make_settings, snapshot_ids, write_config
+from helpers import HOSTILE, SEED, add_subjects, make_settings, snapshot_ids, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import entry
 from lakehouse_dsr.config import Settings, load_settings, settings_from_dict

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from conftest import make_settings
+from helpers import make_settings
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import Keyring, key_id, keyed_hash
 from lakehouse_dsr.lake import indriver, skipping

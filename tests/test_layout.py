@@ -7,7 +7,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import SEED
+from helpers import SEED
 from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.lake import layout

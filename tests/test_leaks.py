@@ -26,7 +26,7 @@ from pyiceberg.avro.file import AvroFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyspark.sql.types import StringType
 
-from conftest import HOSTILE, SEED, USER_KEY, add_subjects, ledger_table, make_settings
+from helpers import HOSTILE, SEED, USER_KEY, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
 from lakehouse_dsr.lake.spark import attach

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import SEED, make_settings
+from helpers import SEED, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import LedgerBusyError
 from lakehouse_dsr.ledger.lease import Holder, Lease, current_holder

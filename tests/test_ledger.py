@@ -2,7 +2,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from conftest import make_settings, snapshot_ids
+from helpers import make_settings, snapshot_ids
 from lakehouse_dsr.exceptions import LedgerError, RequestInputError
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger import ledger as ledger_module

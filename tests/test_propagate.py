@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
-from conftest import SEED, datamap_dict, dsr_run, make_disk_lakehouse, make_settings, snapshot_ids
+from helpers import SEED, datamap_dict, dsr_run, make_disk_lakehouse, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup, demo_datamap, lineage
 from lakehouse_dsr.datamap.model import DEMO_DERIVED, DataMap, DerivedMapping

@@ -7,7 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
-from conftest import SEED, ledger_table
+from helpers import SEED, ledger_table
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
 from lakehouse_dsr.lake import iceberg

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from pyiceberg.table import StaticTable
 from typer.testing import CliRunner
 
-from conftest import make_settings, write_config
+from helpers import make_settings, write_config
 from lakehouse_dsr import suppress_for
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.datamap import DataMap

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from conftest import SEED, make_settings, write_config
+from helpers import SEED, make_settings, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.lake.spark import attach
 

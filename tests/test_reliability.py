@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from conftest import SEED, make_settings, snapshot_ids
+from helpers import SEED, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerError
 from lakehouse_dsr.lake import iceberg

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_settings, write_config
+from helpers import make_settings, write_config
 from lakehouse_dsr.exceptions import DataMapError, DsrError
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.vault.risk import assess, plot

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import HOSTILE
+from helpers import HOSTILE
 from intake_server import OPERATOR_TOKEN, Mailbox, Served, free_port, intake_config, served
 from lakehouse_dsr.config import load_settings
 from lakehouse_dsr.ledger.ledger import Ledger

@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
 
-from conftest import SEED, datamap_dict, make_settings, snapshot_ids, write_config
+from helpers import SEED, datamap_dict, make_settings, snapshot_ids, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import settings_from_dict

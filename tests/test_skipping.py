@@ -19,7 +19,7 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from conftest import SEED, make_disk_lakehouse, make_settings
+from helpers import SEED, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import iceberg, layout, skipping

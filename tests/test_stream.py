@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from conftest import write_config
+from helpers import write_config
 from lakehouse_dsr import erased, suppress_stream
 from lakehouse_dsr.exceptions import DataMapError, DsrError
 from lakehouse_dsr.ingest.stream import ingest, suppressed_counts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from conftest import HOSTILE, SEED, add_subjects
+from helpers import HOSTILE, SEED, add_subjects
 from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -15,7 +15,7 @@ from lakehouse_dsr.run import run
 
 @pytest.fixture(scope="module")
 def erased(spark, tmp_path_factory):
-    from conftest import make_settings
+    from helpers import make_settings
     from lakehouse_dsr.lake.spark import attach
 
     settings = make_settings(tmp_path_factory.mktemp("suppress"))

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from conftest import SEED, datamap_dict, dsr_run, make_disk_lakehouse, make_settings
+from helpers import SEED, datamap_dict, dsr_run, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap.model import DataMap, demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
