@@ -50,7 +50,9 @@ def files_holding(settings, subjects: list[str]) -> dict[str, int]:
 
 
 def live_files(settings) -> set[str]:
-    return {f["file_path"] for f in open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()}
+    """The events table's live data files (not delete files), read with pyiceberg."""
+    return {f["file_path"] for f in open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()
+            if f["content"] == 0}
 
 
 def clustered_lake(spark, tmp_path, in_driver_max_bytes: int = 0):
@@ -199,6 +201,31 @@ def test_verification_skips_the_files_the_content_check_read_clean_and_reads_the
         assert events["erase"]["collateral"]["clean_files"] == 1
         assert events["verification"]["passed"] and {r.status for r in report.requests} == {"completed"}
         assert report.cost["verify"]["rows_read"] < 10  # the stored hashes only: no row of the table
+
+
+def test_merge_on_read_files_the_check_read_clean_are_not_read_again_while_history_runs_through_it(
+        spark, tmp_path):
+    """Batched purge on a merge-on-read table: the erase commit attaches deletes to the file; the
+    content check reads it with them (key columns) and finds no requested row, so the live check
+    does not read it again. After a rollback past the erase commit the same file holds the person
+    again, and the proof no longer applies."""
+    settings = one_file_lake(spark, tmp_path).replace(purge={"policy": "batched"})
+    spark.sql(f"ALTER TABLE {settings.table(EVENTS)} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', "
+              "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read')")
+    (file,) = live_files(settings)
+    Ledger(settings).submit([RequestInput(ERASED, "erase")])
+    report = run(spark, settings)
+    events = report.tables[EVENTS]
+    assert events["erase"]["delete_files_added"] == 1 and events["erase"]["data_files_rewritten"] == 0
+    assert live_files(settings) == {file} and events["erase"]["collateral"]["clean_files"] == 1
+    assert events["verification"]["passed"] and events["verification"]["live"] == 0
+    assert report.cost["verify"]["rows_read"] < 10  # the stored hashes only: the file was not read again
+    erased_at = events["erase"]["snapshot_id"]
+    assert iceberg.descends_from(spark, settings, EVENTS, erased_at)
+    spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot("
+              f"'{iceberg.procedure_table(settings, EVENTS)}', {events['erase']['snapshot_before']})")
+    assert not iceberg.descends_from(spark, settings, EVENTS, erased_at)
+    assert spark.table(settings.table(EVENTS)).where(F.col("user_id") == ERASED).count() > 0
 
 
 def test_a_concurrent_change_to_another_persons_row_in_a_touched_file_is_caught(spark, new_lakehouse, monkeypatch):

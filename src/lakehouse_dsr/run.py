@@ -286,8 +286,12 @@ def _run_erasure(spark: SparkSession, settings: Settings, ledger: Ledger, key_ty
     hash_keys = verify.keys_for(settings, hashes, ledger.keyring)  # once, for every table
     # Plaintext keys exist for this run's batch only: requests erased earlier are proven unpruned.
     prune = key_sets if len(proven) == len(request_ids) else {}
-    # Files the content check read whole, by the same keys, and found clean: the live scan skips them.
-    clean = {t: e.collateral.clean_files for t, e in erasures.items() if e.collateral and t in prune}
+    # Files the collateral check read whole, by the same keys, and found clean: the live scan skips
+    # them while the table's history still runs through the erase commit (a rollback could bring
+    # back rows that deletes had hidden).
+    clean = {t: e.collateral.clean_files for t, e in erasures.items()
+             if e.collateral and e.collateral.clean_files and t in prune
+             and iceberg.descends_from(spark, settings, t, e.snapshot_id)}
     keyed = [t for t in tables if t in settings.datamap.keyed]
     live: dict[str, dict[str, int]] = {}
 

@@ -508,6 +508,13 @@ def commits_since(spark: SparkSession, settings: Settings, table: str, after_id:
     return [Commit(s.snapshot_id, s.operation, s.summary) for s in reversed(chain)]
 
 
+def descends_from(spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> bool:
+    """Whether the table's current snapshot is `snapshot_id` or a later commit on its line (not a
+    rollback, a replaced table or a line whose history expired in between). Metadata only."""
+    current = current_snapshot(spark, settings, table)
+    return current is not None and commits_since(spark, settings, table, snapshot_id, current.snapshot_id) is not None
+
+
 def _snapshots_by_id(spark: SparkSession, jtable) -> dict[int, Snapshot]:
     """Every snapshot in the table's metadata, read in one round trip."""
     return {s["id"]: Snapshot.from_bridge(s) for s in call(spark, "snapshots", jtable)}

@@ -197,8 +197,9 @@ class CollateralResult:
     ok: bool
     conclusive: bool = True
     detail: str | None = None
-    # The commit's added files, read whole by the check, in which no requested key was found: the
-    # live verification need not read them again (run.py passes them on as `proven`).
+    # Files the check read whole at the erase commit (its added files; files it attached deletes to,
+    # with those deletes) and found no requested row in: while the table's current snapshot descends
+    # from the commit, the live verification need not read them again (run.py passes them on).
     clean_files: frozenset[str] = frozenset()
 
     def as_dict(self) -> dict:
@@ -252,8 +253,8 @@ def check_many(spark: SparkSession, settings: Settings, commits: list[Commit]) -
         expected = (sides.other + sides.redacted if reads.seen is None
                     else reads.seen.other + reads.seen.redacted) + reads.requested_kept
         result = _verdict(commit, expected, sides.found)
-        if result.ok and not sides.requested_after:
-            result.clean_files = reads.added_files
+        if result.ok:
+            result.clean_files = reads.kept_clean | (reads.added_files if not sides.requested_after else frozenset())
         results[table] = result
     return results
 
@@ -299,6 +300,7 @@ class _Reads:
     added_files: frozenset[str]
     requested_kept: Fingerprint
     seen: Observed | None
+    kept_clean: frozenset[str] = frozenset()  # files that got deletes and hold no requested row after them
 
 
 def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> CollateralResult | _Reads:
@@ -320,7 +322,7 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> Collate
     redacting = settings.datamap.mapping(table).action == "redact"
     others_before, requested_kept = _kept_before(spark, settings, before, kept, table_keys, redacting)
     after = table_keys.candidates(spark, settings, table, erase_snapshot)
-    others_after = _count_others(skipping.read(spark, settings, after, kept), table_keys)
+    others_after, requested_after = _count_split(skipping.read(spark, settings, after, kept), table_keys)
     if others_before != others_after:
         return CollateralResult(False, True, f"{others_before - others_after} rows not requested were deleted from "
                                 f"files the erase commit attached deletes to (snapshot {erase_snapshot})")
@@ -332,7 +334,7 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> Collate
     removed = skipping.read(spark, settings, before, set(changed.removed)) if seen is None else None
     added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(settings.table(table)).schema
                                             ) if changed.added else None  # new files: no deletes yet
-    return _Reads(removed, added, changed.added, requested_kept, seen)
+    return _Reads(removed, added, changed.added, requested_kept, seen, kept if not requested_after else frozenset())
 
 
 def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candidates, kept: frozenset[str],
@@ -350,9 +352,17 @@ def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candi
 
 def _count_others(rows: DataFrame | None, table_keys: TableKeys) -> int:
     """Rows of `rows` no requested key names: reads the key columns only."""
+    return _count_split(rows, table_keys)[0]
+
+
+def _count_split(rows: DataFrame | None, table_keys: TableKeys) -> tuple[int, int]:
+    """(rows no requested key names, rows one does) of `rows`: one job over the key columns."""
     if rows is None:
-        return 0
-    return matching.mark(rows, table_keys).where(~matching.any_hit(table_keys)).count()
+        return 0, 0
+    hit = matching.any_hit(table_keys)
+    totals = matching.mark(rows, table_keys).agg(F.sum(F.when(hit, 0).otherwise(1)).alias("other"),
+                                                 F.sum(F.when(hit, 1).otherwise(0)).alias("requested")).first()
+    return int(totals["other"] or 0), int(totals["requested"] or 0)
 
 
 def check_counts(spark: SparkSession, settings: Settings, table: str, snapshot_before: int | None,
