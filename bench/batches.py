@@ -25,7 +25,7 @@ from lakehouse_dsr.bench import events_only_settings
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 
 DAY0 = date(2026, 1, 5)
 

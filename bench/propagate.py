@@ -40,7 +40,7 @@ from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages import matching, propagate
 
 

@@ -33,7 +33,7 @@ from lakehouse_dsr.datamap.model import demo_datamap
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.vault.pseudonymize import pseudonymize_table
 
 COPY = "demo_vault.events"

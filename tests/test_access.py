@@ -21,7 +21,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages.access import EMPTY_NOTE
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]

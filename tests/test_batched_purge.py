@@ -15,7 +15,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput, due_date
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages.purge import purge_deadline, purge_due
 
 DAY0 = date(2026, 3, 2)

@@ -21,7 +21,7 @@ from helpers import SEED
 from lakehouse_dsr import synth
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 
 pytestmark = pytest.mark.slow
 ERASED = [synth.user_id(SEED, 1), synth.user_id(SEED, 2)]

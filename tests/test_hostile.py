@@ -32,7 +32,7 @@ from lakehouse_dsr.keys import KEY_ENV
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, read_requests_csv
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 
 DSR = Path(sys.executable).parent / "dsr"
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders",

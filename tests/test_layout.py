@@ -13,7 +13,7 @@ from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.lake import layout
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 
 
 def _files(spark, settings, table) -> list[tuple[str, str, str]]:

@@ -32,7 +32,7 @@ from lakehouse_dsr.keys import KEY_ENV, key_id, load_key, retired_file, rotate_k
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages.verify import stored_hashes, verify_completed, verify_table
 
 pytestmark = pytest.mark.slow  # a full cycle with DEBUG logging captured: make test-slow

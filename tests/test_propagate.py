@@ -22,7 +22,7 @@ from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages.verify import stored_hashes, verify_table
 
 TYPE_TOTALS = {"from": ["demo_silver.user_daily"], "group_by": ["event_type"],

@@ -14,7 +14,7 @@ from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages import erase, purge
 
 

@@ -29,7 +29,7 @@ from lakehouse_dsr.lake.plainfiles import adopt
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages.access import MATCHED_KEYS
 
 CUSTOMERS = 12

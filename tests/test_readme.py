@@ -4,6 +4,7 @@ verified erasure (the example once imported modules that did not exist)."""
 from __future__ import annotations
 
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -38,11 +39,13 @@ def test_the_readme_library_example_runs_as_written(spark, tmp_path, monkeypatch
 
 def test_the_public_api_resolves_and_is_documented():
     import lakehouse_dsr
+    import lakehouse_dsr.runner  # noqa: F401  (a submodule imported first must not shadow an export)
 
     assert {"run", "Ledger", "RequestInput", "load_settings", "attach", "verify_completed", "suppress",
             "pseudonymize"} <= set(lakehouse_dsr.__all__)
     for name in lakehouse_dsr.__all__:
         value = getattr(lakehouse_dsr, name)
+        assert not isinstance(value, types.ModuleType), f"lakehouse_dsr.{name} is a submodule's name"
         assert value.__doc__ and value.__doc__.strip(), f"lakehouse_dsr.{name} has no docstring"
         assert name in dir(lakehouse_dsr)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):

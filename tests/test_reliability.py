@@ -15,7 +15,7 @@ from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerErr
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages import erase
 from lakehouse_dsr.stages.matching import KeySet
 from lakehouse_dsr.stages.verify import verify_completed

@@ -26,7 +26,7 @@ from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput, add_business_days, due_date, read_requests_csv
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages import share
 from lakehouse_dsr.stages.verify import verify_completed
 

@@ -28,7 +28,7 @@ from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages import collateral, erase, matching, verify
 from lakehouse_dsr.stages.access import export
 from test_reliability import wrap_apply

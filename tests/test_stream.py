@@ -20,7 +20,7 @@ from lakehouse_dsr.ingest.stream import ingest, suppressed_counts
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 
 GONE, STAYS = "stream-subject-gone", "stream-subject-stays"
 

@@ -10,7 +10,7 @@ from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.run import run
+from lakehouse_dsr.runner import run
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import importlib
 
 # name -> the module defining it, imported on first use: the control plane (dsr status, submit) never
-# imports PySpark.
+# imports PySpark. No export shares a submodule's name: importing that submodule would replace it.
 _EXPORTS = {
     "load_settings": ".config", "settings_from_dict": ".config", "Settings": ".config",
     "Ledger": ".ledger.ledger", "RequestInput": ".ledger.requests",
-    "attach": ".lake.spark", "run": ".run", "RunReport": ".evidence.report",
+    "attach": ".lake.spark", "run": ".runner", "RunReport": ".evidence.report",
     "verify_completed": ".stages.verify",
     "erased": ".ingest.suppress", "suppress": ".ingest.suppress", "suppress_for": ".ingest.suppress",
     "suppress_stream": ".ingest.stream",

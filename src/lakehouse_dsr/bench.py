@@ -37,7 +37,7 @@ from .lake.metrics import StageMeter
 from .ledger.ledger import Ledger
 from .ledger.requests import RequestInput
 from .progress import Progress, Silent
-from .run import run
+from .runner import run
 
 SEED = 1
 

@@ -146,7 +146,7 @@ def run_cmd(
     export_dir: Annotated[Path | None, typer.Option(help="where access packages go (default ./exports)")] = None,
 ) -> None:
     """Fulfil every open access request (one package each), then erase, purge and verify every erase request."""
-    from .run import run as run_batch
+    from .runner import run as run_batch
 
     settings = _settings()
     if export_format is not None:

@@ -21,7 +21,7 @@ from .lake import jvm
 from .lake.spark import build_session
 from .ledger.ledger import Ledger
 from .ledger.requests import RequestInput
-from .run import run
+from .runner import run
 
 
 @dataclass

@@ -3,7 +3,7 @@ proven, signed so that any change to the document is detected.
 
 Built on the control plane: one read of the requests table, pruned to the files that may hold the
 request (no Spark, about a second). The figures come from the evidence the run recorded when it
-completed the request (run.py `_outcomes`). A certificate holds no subject identifier, not even its
+completed the request (runner.py `_outcomes`). A certificate holds no subject identifier, not even its
 keyed hash: its fields are picked one by one from the evidence, never copied wholesale.
 
 Signature: HMAC-SHA256 over the canonical JSON (sorted keys, fixed separators, ASCII) of everything

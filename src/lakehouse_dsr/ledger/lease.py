@@ -6,7 +6,7 @@ read), so two processes, on one host or on many, can never both hold it. A holde
 every quarter of `run.lease_seconds` from a background thread; a holder that died (`kill -9`,
 lost host) stops renewing and its lease lapses after `run.lease_seconds`, or at once when it ran
 on this host and its process is gone. A lease that lapsed without being returned names a run
-that was interrupted: the next holder finishes its work (see run.py).
+that was interrupted: the next holder finishes its work (see runner.py).
 """
 
 from __future__ import annotations
