@@ -345,14 +345,9 @@ def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candi
     if rows is None:
         return 0, Fingerprint()
     if not redacting:
-        return _count_others(rows, table_keys), Fingerprint()
+        return _count_split(rows, table_keys)[0], Fingerprint()
     sides = split(rows, table_keys)
     return sides.other.rows, sides.redacted
-
-
-def _count_others(rows: DataFrame | None, table_keys: TableKeys) -> int:
-    """Rows of `rows` no requested key names: reads the key columns only."""
-    return _count_split(rows, table_keys)[0]
 
 
 def _count_split(rows: DataFrame | None, table_keys: TableKeys) -> tuple[int, int]:

@@ -105,15 +105,17 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
 
     def part(table: str) -> DataFrame | None:
         keys = (prune or {}).get(table)
-        if keys is not None:
-            candidates = _unproven(spark, keys.current_candidates(spark, settings, table), (proven or {}).get(table))
+        if keys is None:
+            rows = spark.table(settings.table(table))
+        else:
+            candidates = _live_candidates(spark, settings, table, keys, (proven or {}).get(table))
             if indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None:
                 live = indriver.attempt(f"{table}: the live check", lambda: indriver.live_found(
                     spark, candidates, keys.key_columns(), [g.identifier for g in keys.groups], lookup()))
                 if live is not None:
                     found[table] = live
                     return None
-        rows = _live_rows(spark, settings, table, keys, (proven or {}).get(table))
+            rows = skipping.read(spark, settings, candidates)  # the files planned above, not planned again
         if rows is None:
             return None
         values = key_values(rows, settings.datamap.mapping(table).groups)
@@ -133,16 +135,16 @@ def _live_rows(spark: SparkSession, settings: Settings, table: str, prune: Table
     None when no file is left)."""
     if prune is None:
         return spark.table(settings.table(table))
-    return skipping.read(spark, settings, _unproven(spark, prune.current_candidates(spark, settings, table), proven))
+    return skipping.read(spark, settings, _live_candidates(spark, settings, table, prune, proven))
 
 
-def _unproven(spark: SparkSession, candidates: skipping.Candidates, proven: frozenset[str] | None
-              ) -> skipping.Candidates:
-    """`candidates` without the files proven free of the keys already (`proven`): a data file never
-    changes, and deletes attached to it since can only remove rows."""
-    if not proven:
-        return candidates
-    return candidates.subset(spark, set(candidates.paths()) - proven)
+def _live_candidates(spark: SparkSession, settings: Settings, table: str, prune: TableKeys,
+                     proven: frozenset[str] | None) -> skipping.Candidates:
+    """The current snapshot's files that may hold `prune`'s keys (metadata only), without those
+    proven free of them already (`proven`): a data file never changes, and deletes attached to it
+    since can only remove rows."""
+    candidates = prune.current_candidates(spark, settings, table)
+    return candidates.subset(spark, set(candidates.paths()) - proven) if proven else candidates
 
 
 @dataclass(frozen=True)
