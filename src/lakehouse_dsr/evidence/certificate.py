@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from pyiceberg.expressions import EqualTo
-
 from ..exceptions import DsrError, LedgerError
 from ..keys import KEY_ENV, Keyring, derive_key
 from ..ledger.ledger import Ledger
 from ..ledger.requests import REQUEST_ID, utc_now
+from ..ledger.store import EqualTo
 from .html import Markup, badge, code, esc, fact_list, human_bytes, page, table
 
 FORMAT = "lakehouse-dsr certificate 1"
@@ -158,7 +157,7 @@ def check_certificate(doc: object, ledger: Ledger) -> CertificateCheck:
     or a retired one. Not intact: any field changed, added or removed, the signature removed or
     changed, or a signature by a key this engine does not hold. Cost: reads the key files only."""
     signature = doc.get("signature") if isinstance(doc, dict) else None
-    if not isinstance(signature, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or not isinstance(signature, dict) or doc.get("format") != FORMAT:
         return CertificateCheck(False, "not a lakehouse-dsr certificate (no signature or no certificate format)")
     key_id, value = signature.get("key_id"), signature.get("value")
     if signature.get("algorithm") != ALGORITHM or not isinstance(key_id, str) or not isinstance(value, str):

@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from pyiceberg.expressions import EqualTo
-
 from ..keys import keyed_hash
 from .ledger import Ledger
 from .requests import utc_now
+from .store import EqualTo
 
 
 @dataclass(frozen=True)

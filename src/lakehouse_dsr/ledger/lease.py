@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from ..exceptions import LedgerBusyError
 from .store import Store
@@ -113,7 +114,8 @@ class Lease:
     def working_on(self, request_ids: list[str]) -> None:
         """Record which requests this run works on (`dsr status` shows them in progress); those of
         interrupted runs stay listed."""
-        self._write(requests=tuple(sorted({*self.holder.requests, *request_ids})))
+        holder = cast(Holder, self.holder)  # after acquire()
+        self._write(requests=tuple(sorted({*holder.requests, *request_ids})))
 
     def renew(self) -> None:
         self._write()

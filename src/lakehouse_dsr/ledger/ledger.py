@@ -17,9 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Literal
-
-from pyiceberg.expressions import EqualTo, GreaterThan, In, NotNull
+from typing import Any, Literal
 
 from ..config import Settings
 from ..exceptions import ConfigError, LedgerError
@@ -27,7 +25,7 @@ from ..keys import Keyring, keyed_hash, load_key, load_retired
 from .journal import Journal, Step
 from .lease import current_holder
 from .requests import RequestInput, due_date, utc_now
-from .store import Store, arrow_rows
+from .store import EqualTo, GreaterThan, In, NotNull, Store, arrow_rows
 
 ACTIONABLE_STATUSES = ("received", "in_progress", "failed")  # picked up by the next run
 OPEN_STATUSES = (*ACTIONABLE_STATUSES, "erased")  # erased: waiting for the physical purge
@@ -111,7 +109,8 @@ class Ledger:
             seen = {(r["subject_hash"], r["request_type"]) for r in rows}
             stored = {r["request_id"] for r in loaded.scan(row_filter=In("request_id", given), selected_fields=(
                 "request_id",)).to_arrow().to_pylist()} if snapshot and given else set()
-            fresh, ids = [], set(given)
+            fresh: list[dict[str, Any]] = []
+            ids = set(given)
             for r in inputs:
                 hashes = [keyed_hash(k, r.subject_id) for k in keys.values()]
                 if r.request_id in stored if r.request_id else any((h, r.request_type) in seen for h in hashes):
@@ -280,7 +279,8 @@ class Ledger:
     def purge_owed(self, steps: list[Step]) -> bool:
         """A request completed after the ledger's last purge (per the journal `steps`): its plaintext
         is still in old files. Cost: one read pruned to files of requests completed since."""
-        last = max((s.at for s in steps if s.step == "purged" and s.table == self.requests_table), default=None)
+        last = max((s.at for s in steps if s.step == "purged" and s.table == self.requests_table and s.at),
+                   default=None)  # recorded steps all have their time
         since = GreaterThan("completed_at", last.isoformat()) if last else NotNull("completed_at")
         return bool(self.store.rows("requests", since, ("request_id",)))
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 import random
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
+from pyiceberg import expressions
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
@@ -29,9 +31,24 @@ from ..config import Settings
 from ..exceptions import CatalogUnavailableError, LedgerError, first_line
 from ..lake.catalog import open_catalog
 
+# pyiceberg's predicates take (column, value) or (column, values) through their own __init__ and
+# __new__; mypy types them from their pydantic fields instead (keyword-only `term: UnboundTerm`,
+# `value: Literal`) and rejects every call pyiceberg documents. These are the same classes, typed
+# as pyiceberg accepts them.
+In = cast(Callable[[str, Iterable[Any]], BooleanExpression], expressions.In)
+EqualTo = cast(Callable[[str, Any], BooleanExpression], expressions.EqualTo)
+GreaterThan = cast(Callable[[str, Any], BooleanExpression], expressions.GreaterThan)
+NotNull = cast(Callable[[str], BooleanExpression], expressions.NotNull)
+
+
+def _schema(columns: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    """`pa.schema` of (name, type) pairs (typed: the pyarrow stubs infer a list of mixed types as object)."""
+    return pa.schema(columns)
+
+
 _TS = pa.timestamp("us", tz="UTC")
 SCHEMAS: dict[str, pa.Schema] = {
-    "requests": pa.schema([
+    "requests": _schema([
         ("request_id", pa.string()), ("request_type", pa.string()), ("regulation", pa.string()),
         ("subject_id", pa.string()), ("subject_hash", pa.string()), ("status", pa.string()),
         ("status_reason", pa.string()), ("received_at", _TS), ("due_date", pa.date32()), ("extended", pa.bool_()),
@@ -39,23 +56,23 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("evidence", pa.string()), ("purge_by", pa.date32()),
     ]),
     # key_id: the key that made key_hash (keys.key_id); NULL: the key in use before key rotation existed.
-    "request_keys": pa.schema([("request_id", pa.string()), ("key_type", pa.string()), ("key_hash", pa.string()),
+    "request_keys": _schema([("request_id", pa.string()), ("key_type", pa.string()), ("key_hash", pa.string()),
                                ("key_id", pa.string())]),
-    "audit": pa.schema([("event_id", pa.string()), ("request_id", pa.string()), ("run_id", pa.string()),
+    "audit": _schema([("event_id", pa.string()), ("request_id", pa.string()), ("run_id", pa.string()),
                         ("at", _TS), ("event", pa.string()), ("detail", pa.string())]),
-    "steps": pa.schema([("step_id", pa.string()), ("run_id", pa.string()), ("table_name", pa.string()),
+    "steps": _schema([("step_id", pa.string()), ("run_id", pa.string()), ("table_name", pa.string()),
                         ("step", pa.string()), ("snapshot_id", pa.int64()), ("at", _TS), ("detail", pa.string())]),
     # One row while a run holds the ledger (see lease.py); `requests`: a JSON list of the ids it works on,
     # `interrupted`: of the runs it took over from.
-    "lease": pa.schema([("run_id", pa.string()), ("host", pa.string()), ("pid", pa.int64()), ("started_at", _TS),
+    "lease": _schema([("run_id", pa.string()), ("host", pa.string()), ("pid", pa.int64()), ("started_at", _TS),
                         ("heartbeat_at", _TS), ("expires_at", _TS), ("requests", pa.string()),
                        ("interrupted", pa.string())]),
     # One row per `dsr run` that did work (Ledger.record_run); `seconds` and `tables` are JSON.
-    "runs": pa.schema([("run_id", pa.string()), ("started_at", _TS), ("finished_at", _TS), ("seconds", pa.string()),
+    "runs": _schema([("run_id", pa.string()), ("started_at", _TS), ("finished_at", _TS), ("seconds", pa.string()),
                        ("tables", pa.string()), ("requests_completed", pa.int64()), ("requests_failed", pa.int64()),
                        ("requests_erased", pa.int64())]),
     # Each subject's last opt-out/opt-in (ledger/consent.py), by keyed hash and the key that made it.
-    "consent": pa.schema([("subject_hash", pa.string()), ("key_id", pa.string()), ("opted_out", pa.bool_()),
+    "consent": _schema([("subject_hash", pa.string()), ("key_id", pa.string()), ("opted_out", pa.bool_()),
                           ("request_id", pa.string()), ("updated_at", _TS)]),
 }
 # No column bounds for subject_id, so no manifest ever carries an identifier; old metadata files go.
