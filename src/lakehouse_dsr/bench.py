@@ -23,8 +23,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar, cast
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -40,6 +42,7 @@ from .progress import Progress, Silent
 from .runner import run
 
 SEED = 1
+T = TypeVar("T")
 
 
 def events_only_settings(work: Path, name: str, **sections) -> Settings:
@@ -81,7 +84,7 @@ def _side(settings: Settings, side: str, tables: list[str] | None) -> Settings:
     return settings.replace(demo_namespace=ns, ledger_namespace=f"{ns}_ledger", datamap=DataMap.model_validate(raw))
 
 
-def _measured(spark: SparkSession, cost: dict, stage: str, fn) -> tuple[float, object]:
+def _measured(spark: SparkSession, cost: dict, stage: str, fn: Callable[[], T]) -> tuple[float, T]:
     """Run fn; returns (seconds, value) and records the stage's Spark I/O in `cost`."""
     meter = StageMeter(spark)
     mark = meter.mark()
@@ -111,7 +114,8 @@ def side_a(spark: SparkSession, settings: Settings, deletes: list[str], exports:
     stages["erase"], _ = timed("erase", lambda: spark.sql(
         f"DELETE FROM {events} AS t WHERE EXISTS (SELECT user_id FROM {requests} "
         "WHERE request_type = 'delete' AND t.user_id = user_id)"))
-    summary = iceberg.current_snapshot(spark, settings, f"{ns}.events").summary
+    # the DELETE above committed a snapshot
+    summary = cast(iceberg.Snapshot, iceberg.current_snapshot(spark, settings, f"{ns}.events")).summary
     cutoff = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     stages["expire"], _ = timed("expire", lambda: spark.sql(
         f"CALL `{settings.catalog.name}`.system.expire_snapshots('{events_arg}', TIMESTAMP '{cutoff}', 1)").collect())

@@ -74,7 +74,7 @@ def _end_jvm(spark) -> None:
     gateway = SparkContext._gateway
     spark.stop()
     process = getattr(gateway, "proc", None)
-    if process is None:
+    if gateway is None or process is None:
         raise EnvironmentSetupError("dsr warm-up needs a local Spark driver it started itself")
     gateway.shutdown()
     process.stdin.close()

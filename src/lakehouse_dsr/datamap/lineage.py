@@ -25,6 +25,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -65,9 +66,10 @@ def parse(spark: SparkSession, name: str, mapping: DerivedMapping | ShareMapping
     """The aggregate's SQL (or a share's: `section` names it in errors) parsed; DataMapError when it does
     not parse, reads a table the data map does not list, or reads one its `from:` does not name (the
     erase order follows `from:`)."""
+    sql = cast(str, mapping.sql)  # an aggregate's or a share's: given (the model checked it)
     parser = spark._jsparkSession.sessionState().sqlParser()
     try:
-        plan = parser.parsePlan(mapping.sql)
+        plan = parser.parsePlan(sql)
     except Exception as exc:  # ParseException
         raise DataMapError(f"{section} {name}: the sql does not parse: {first_line(exc)}") from None
     nodes = list(_nodes(plan))
@@ -91,7 +93,7 @@ def parse(spark: SparkSession, name: str, mapping: DerivedMapping | ShareMapping
         spans.append((origin.startIndex().get(), origin.stopIndex().get(), table))
     if not spans:
         raise DataMapError(f"{section} {name}: the sql reads no table")
-    return Query(name, mapping.sql, tuple(sorted(set(spans))))
+    return Query(name, sql, tuple(sorted(set(spans))))
 
 
 def bound(spark: SparkSession, query: Query, frames: Callable[[str], DataFrame]) -> DataFrame:
@@ -113,7 +115,8 @@ def bound(spark: SparkSession, query: Query, frames: Callable[[str], DataFrame])
 def _resolved(spark: SparkSession, plan) -> DataFrame:
     """A DataFrame of an analyzed plan: writers re-analyze a DataFrame's plan, which must then no
     longer name the (dropped) views."""
-    return DataFrame(spark._jvm.org.apache.spark.sql.Dataset.ofRows(spark._jsparkSession, plan), spark)
+    jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
+    return DataFrame(jvm.org.apache.spark.sql.Dataset.ofRows(spark._jsparkSession, plan), spark)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from typing import TypeVar
 from pyspark.sql import DataFrame, Row
 
 UNION_WIDTH = 10  # scans per job
-T, R = TypeVar("T"), TypeVar("R")
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def map_in_threads(work: Callable[[T], R], items: list[T], threads: int) -> list[R]:

@@ -47,7 +47,7 @@ def compiled(spark: SparkSession, name: str):
     driver JVM on first use."""
 
     def compile_class():
-        jvm = spark._jvm
+        jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
         compiler = jvm.org.codehaus.janino.SimpleCompiler()
         # Iceberg's classes come with the session's jars: the loader Spark uses for them.
         compiler.setParentClassLoader(jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader())

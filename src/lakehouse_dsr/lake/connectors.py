@@ -15,6 +15,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import IO, cast
 
 from ..exceptions import EnvironmentSetupError
 
@@ -78,7 +79,8 @@ def s3a_jars(cache_dir: Path | None = None, fetch: bool = True) -> list[Path]:
                 if name not in S3A_JARS or "/deps/jars/" not in member.name:
                     continue
                 staged = Path(tmp) / name
-                with sdist.extractfile(member) as src, staged.open("wb") as dst:
+                # a jar under deps/jars/ is a regular file: extractfile returns None for directories and links
+                with cast(IO[bytes], sdist.extractfile(member)) as src, staged.open("wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
                 if _sha256(staged) != S3A_JARS[name]:
                     raise EnvironmentSetupError(f"{name} from {SAGEMAKER_PYSPARK} does not match its pinned checksum")

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast, overload
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
@@ -19,6 +20,8 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 from ..config import Settings
 from ..exceptions import CommitConflictError
 from .bridge import bridge, call, jclass
+
+T = TypeVar("T")
 
 # Iceberg's own retries cover plain appends; these mean a concurrent commit invalidated the whole operation.
 _CONFLICTS = ("org.apache.iceberg.exceptions.ValidationException",
@@ -35,6 +38,14 @@ class Snapshot:
     summary: dict[str, str]
     parent_id: int | None = None
     operation: str | None = None
+
+    @overload
+    @classmethod
+    def from_bridge(cls, answer: dict) -> Snapshot: ...
+
+    @overload
+    @classmethod
+    def from_bridge(cls, answer: dict | None) -> Snapshot | None: ...
 
     @classmethod
     def from_bridge(cls, answer: dict | None) -> Snapshot | None:
@@ -75,6 +86,11 @@ def _actions(spark: SparkSession):
 def snapshot_of(spark: SparkSession, jsnapshot) -> Snapshot | None:
     """A Java Snapshot (or None) as a Snapshot, read in one round trip."""
     return Snapshot.from_bridge(call(spark, "snapshot", jsnapshot))
+
+
+def snapshot_at(spark: SparkSession, jtable, snapshot_id: int) -> Snapshot:
+    """Snapshot `snapshot_id` of a Java table that has it (an id read from the table's metadata)."""
+    return cast(Snapshot, snapshot_of(spark, jtable.snapshot(snapshot_id)))
 
 
 def current_snapshot(spark: SparkSession, settings: Settings, table: str) -> Snapshot | None:
@@ -119,7 +135,7 @@ def live_rows(spark: SparkSession, settings: Settings, table: str, snapshot_id: 
     applied."""
     if snapshot_id is None:
         return 0
-    s = snapshot_of(spark, java_table(spark, settings, table).snapshot(snapshot_id)).counts()
+    s = snapshot_at(spark, java_table(spark, settings, table), snapshot_id).counts()
     if "total-records" in s and "total-position-deletes" in s and not s.get("total-equality-deletes"):
         return s["total-records"] - s["total-position-deletes"]
     return read_at(spark, settings, table, snapshot_id).count()
@@ -138,12 +154,12 @@ def rows_after_commit(spark: SparkSession, settings: Settings, table: str, snaps
     if snapshot_id is None:
         return read_at(spark, settings, table, None).count()
     jtable = java_table(spark, settings, table)
-    snap = snapshot_of(spark, jtable.snapshot(snapshot_id))
+    snap = snapshot_at(spark, jtable, snapshot_id)
     s = snap.counts()
     if (not s.get("added-data-files") and not s.get("deleted-data-files") and not s.get("added-equality-deletes")
             and "added-position-deletes" in s):
         return rows_before - s["added-position-deletes"] + s.get("removed-position-deletes", 0)
-    parent = snapshot_of(spark, jtable.snapshot(snap.parent_id)).counts() if snap.parent_id is not None else {}
+    parent = snapshot_at(spark, jtable, snap.parent_id).counts() if snap.parent_id is not None else {}
     if "total-records" in s and s.get("total-delete-files") == 0 and parent.get("total-delete-files") == 0:
         return rows_before - (parent["total-records"] - s["total-records"])
     return read_at(spark, settings, table, snap.snapshot_id).count()
@@ -172,7 +188,8 @@ def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_fil
         (rows.write.format("iceberg").option("rewritten-file-scan-task-set-id", set_id)
          .option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
          .mode("append").save(f"{settings.catalog.name}.{table}"))
-        new_files = coordinator.fetchNewFiles(jtable, set_id) or spark._jvm.java.util.ArrayList()
+        jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
+        new_files = coordinator.fetchNewFiles(jtable, set_id) or jvm.java.util.ArrayList()
         replace_files(spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter)
     finally:
         coordinator.clearRewrite(jtable, set_id)
@@ -548,7 +565,7 @@ def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_
     return None
 
 
-def with_conflict_retries(settings: Settings, what: str, operation: Callable[[], object]) -> tuple[object, int]:
+def with_conflict_retries(settings: Settings, what: str, operation: Callable[[], T]) -> tuple[T, int]:
     """Run `operation`, again after a commit conflict with another writer (exponential backoff with
     jitter, at most `erase.commit_retries` more times); returns (its result, attempts made).
 

@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
@@ -51,7 +51,8 @@ def _flat(column: str) -> bool:
 def _keys(spark: SparkSession, keys: list[KeyColumn]):
     java_keys = compiled(spark, "InDriver").keys()
     for key in keys:
-        java_keys.add(key.column, key.values.lookup, list(key.redact))
+        values = cast(KeyValues, key.values)  # `refusal` turned away keys without values
+        java_keys.add(key.column, values.lookup, list(key.redact))
     return java_keys
 
 

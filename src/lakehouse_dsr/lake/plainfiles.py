@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any, cast
 
 from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 
 from ..config import Settings
 from ..datamap import FileMapping
-from ..datamap.model import FILE_FORMATS, check_table_name
+from ..datamap.model import FILE_FORMATS, FileFormat, check_table_name
 from ..exceptions import DataMapError, first_line
 from .iceberg import procedure_table
 
@@ -26,7 +27,7 @@ _TEMP_PREFIX = ".dsr-tmp-"  # hidden: Spark's readers skip names starting with "
 
 
 def _fs(spark: SparkSession, path: str):
-    jvm = spark.sparkContext._jvm
+    jvm: Any = spark.sparkContext._jvm  # py4j's view of the driver JVM: untyped, set on every started session
     hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
     return hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hadoop_path
 
@@ -92,7 +93,8 @@ def replace(spark: SparkSession, old: str, rows: DataFrame, mapping: FileMapping
     extension = "." + mapping.format
     if not name.endswith(extension):  # the reader picks decompression by extension: the new file is plain
         name += extension
-    new_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(parent, name)
+    jvm: Any = spark.sparkContext._jvm
+    new_path = jvm.org.apache.hadoop.fs.Path(parent, name)
     if len(parts) != 1 or not fs.rename(parts[0], new_path):
         fs.delete(temp_path, True)
         raise OSError(f"could not publish the rewrite of {old}")
@@ -104,6 +106,7 @@ def replace(spark: SparkSession, old: str, rows: DataFrame, mapping: FileMapping
 def recover(spark: SparkSession, path: str) -> int:
     """Finish replacements a crash interrupted under `path`; returns how many old files it removed."""
     fs, root = _fs(spark, path)
+    jvm: Any = spark.sparkContext._jvm
     removed = 0
     for file in _listed(fs, root):
         if any(p.startswith(_TEMP_PREFIX) for p in _relative_parts(root, file)):
@@ -113,7 +116,7 @@ def recover(spark: SparkSession, path: str) -> int:
         if not match:
             continue
         for old_name in (match.group(1), match.group(1).rsplit(".", 1)[0]):
-            old = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(file.getParent(), old_name)
+            old = jvm.org.apache.hadoop.fs.Path(file.getParent(), old_name)
             if old_name != file.getName() and fs.exists(old):
                 fs.delete(old, False)
                 removed += 1
@@ -149,7 +152,7 @@ def adopt(spark: SparkSession, settings: Settings, path: str, table: str, fmt: s
     name = settings.table(table)
     if spark.catalog.tableExists(name):
         raise DataMapError(f"table {table} exists already; adopt into a new table")
-    mapping = FileMapping(path=path, format=fmt, key="unused")
+    mapping = FileMapping(path=path, format=cast(FileFormat, fmt), key="unused")  # a format, checked above
     frame = check_dataset(spark, path, mapping)  # named by its path in errors
     fs, root = _fs(spark, path)
     files = _visible(fs, root)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -49,9 +50,9 @@ class KeyValues:
     sorted java.util.List, and a java.util.Map from each value to the sorted ids of the requests
     naming it (for reads in the driver, lake/indriver.py)."""
 
-    java_list: object
+    java_list: Any  # py4j JVM objects
     size: int
-    lookup: object = None
+    lookup: Any = None
 
 
 def key_values(grouped: DataFrame, key_type: DataType) -> KeyValues | None:
@@ -148,7 +149,7 @@ def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int |
     if snapshot_id is None:
         return Candidates(table, None, predicate=predicate)
     jtable = iceberg.java_table(spark, settings, table)
-    summary = iceberg.snapshot_of(spark, jtable.snapshot(snapshot_id)).summary
+    summary = iceberg.snapshot_at(spark, jtable, snapshot_id).summary
     scan = jtable.newScan().useSnapshot(snapshot_id).caseSensitive(False)  # as Spark resolves data-map names
     pruned = not predicate.equals(jclass(spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue())
     if pruned:

@@ -12,6 +12,7 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
@@ -114,7 +115,7 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
     if launched_by_spark_submit():
         conf = launcher_wins(conf, {key for key, _ in SparkConf().getAll()})  # the JVM's, as spark-submit set them
         master = None
-    elif master.startswith("local"):
+    elif settings.spark.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network lookups for a local session
     # Executors run Python for access exports. PySpark takes the interpreter from this variable only
     # (not spark.pyspark.python); the driver's own interpreter has every package we need.
@@ -145,7 +146,7 @@ def attach(spark: SparkSession, settings: Settings) -> None:
     for key, value in spark_catalog_properties(settings).items():
         spark.conf.set(f"{prefix}.{key}", value)
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    if not spark.sparkContext.master.startswith("local"):
+    if not cast(str, spark.sparkContext.master).startswith("local"):  # a running context has its master
         spark.sparkContext.addPyFile(str(_package_zip()))
 
 
@@ -164,7 +165,7 @@ def uncached_catalog(spark: SparkSession, settings: Settings) -> str:
 def _require_iceberg(spark: SparkSession) -> None:
     """A session without the Iceberg runtime fails late and cryptically; say what to pass instead."""
     try:
-        jvm = spark.sparkContext._jvm
+        jvm: Any = spark.sparkContext._jvm  # py4j's view of the driver JVM: untyped
         jvm.java.lang.Class.forName("org.apache.iceberg.spark.SparkCatalog", True,
                                     jvm.java.lang.Thread.currentThread().getContextClassLoader())
     except Exception:
