@@ -10,12 +10,12 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichBars
 from rich.table import Table
 
@@ -41,7 +41,7 @@ class Bars:
         self._bars = RichBars(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]:<20}"), BarColumn(),
                               MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                               console=console, transient=False)
-        self._task = None
+        self._task = cast(TaskID, None)  # stage() comes first
         self._pending = False
 
     def __enter__(self) -> Bars:
@@ -548,7 +548,7 @@ def entry() -> None:
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except typer.TyperException as exc:  # Click's own: unknown command or option, bad value: usage, exit 2
-        exc.show()
+        exc.show()  # type: ignore[attr-defined]  # each is typer's vendored ClickException, which has show()
         sys.exit(exc.exit_code)
     except LedgerBusyError as exc:  # another run holds the ledger: a distinct code, so schedulers can retry
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -128,11 +128,15 @@ class TableMapping(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> TableMapping:
+        return self._checked()
+
+    def _checked(self) -> TableMapping:
+        """The rules of a keyed mapping (DerivedMapping's own validator applies them to keyed derived tables)."""
         if (self.key is None) == (self.keys is None):
             raise ValueError("give either 'key' (one subject column) or 'keys' (several), not "
                              + ("both" if self.key else "neither"))
         if self.action == "shred":
-            if self.keys is not None or is_array(self.key) or "." in self.key or self.redact:
+            if self.keys is not None or self.key is None or is_array(self.key) or "." in self.key or self.redact:
                 raise ValueError("action: shred needs one top-level 'key' column holding vault pseudonyms "
                                  "(no keys:, [] or struct path, no redact)")
             if self.min_k is not None and not self.quasi_identifiers:
@@ -177,14 +181,15 @@ class TableMapping(BaseModel):
         """Every subject column with its identifier and redact group; one for the `key:` form.
         (Identifiers are filled in by DataMap, which knows the subject.)"""
         if self.keys is None:
-            return [KeyGroup(self.key, self.identifier or "", tuple(self.redact))]
+            # `key:` is given when `keys:` is not (validated; aggregates, which have neither, have no groups)
+            return [KeyGroup(cast(str, self.key), self.identifier or "", tuple(self.redact))]
         return [KeyGroup(column, spec.identifier or self.identifier or "", tuple(spec.redact))
                 for column, spec in self.keys.items()]
 
     @property
     def simple(self) -> bool:
         """One flat key column: the MERGE on key equality serves it."""
-        return self.keys is None and not is_array(self.key)
+        return self.keys is None and not is_array(cast(str, self.key))
 
     @property
     def redacted_columns(self) -> frozenset[str]:
@@ -234,7 +239,7 @@ class DerivedMapping(TableMapping):
         if self.sql is None:
             if self.group_by or self.refresh:
                 raise ValueError("'group_by' and 'refresh' belong to an aggregate, which needs 'sql'")
-            TableMapping._consistent(self)
+            self._checked()
             if self.kind == "scd2" and self.action != "delete":
                 raise ValueError("kind: scd2 keeps every version of a subject: erasure deletes them all "
                                  "(action: delete)")
@@ -364,6 +369,14 @@ class DataMap(BaseModel):
             if name in section:
                 return section[name]
         raise KeyError(name)
+
+    def table_mapping(self, name: str) -> TableMapping:
+        """The mapping of a table, a derived table or a file dataset: what an erasure changes by key
+        (`mapping` without the shares, which a run rewrites whole)."""
+        mapping = self.mapping(name)
+        if isinstance(mapping, ShareMapping):
+            raise KeyError(name)
+        return mapping
 
     @property
     def keyed_derived(self) -> dict[str, DerivedMapping]:

@@ -42,9 +42,9 @@ def suppression_list(spark: SparkSession, settings: Settings, ledger: Ledger, id
     for table in ("requests", "request_keys"):
         ledger.store.load(table)  # created when missing: a stream may start before the first request
     catalog = uncached_catalog(spark, settings)
-    table = lambda name: spark.table(".".join(f"`{p}`" for p in [catalog, *name.split(".")]))  # noqa: E731
-    erasures = table(ledger.requests_table).where(F.col("request_type") == "erase").select("request_id")
-    return (table(ledger.keys_table).where(F.col("key_type") == identifier)
+    uncached = lambda name: spark.table(".".join(f"`{p}`" for p in [catalog, *name.split(".")]))  # noqa: E731
+    erasures = uncached(ledger.requests_table).where(F.col("request_type") == "erase").select("request_id")
+    return (uncached(ledger.keys_table).where(F.col("key_type") == identifier)
             .join(F.broadcast(erasures), "request_id", "left_semi").select("key_hash", "key_id"))
 
 

@@ -84,13 +84,13 @@ def _erased_values(df: DataFrame, values: Column, ledger: Ledger, identifier: st
     suppression list holds for `identifier`, as text. Checkpointed: small, computed once, and no longer
     sharing lineage with `df` for the join that follows."""
     is_array = isinstance(df.select(values).schema[0].dataType, ArrayType)
-    values = df.select((F.explode(values) if is_array else values).alias("dsr_value")) \
+    texts = df.select((F.explode(values) if is_array else values).alias("dsr_value")) \
         .select(F.col("dsr_value").cast("string").alias("dsr_value"))
     hashes = ledger.suppression_hashes(identifier)
     listed = df.sparkSession.createDataFrame([(h["key_hash"], h["key_id"]) for h in hashes],
                                              "key_hash string, key_id string")
     keys = keys_in_use(ledger.keyring, {h["key_id"] for h in hashes})
-    hashed = with_keyring_hashes(df.sparkSession, values.where("dsr_value IS NOT NULL").distinct(), "dsr_value", keys)
+    hashed = with_keyring_hashes(df.sparkSession, texts.where("dsr_value IS NOT NULL").distinct(), "dsr_value", keys)
     return join_on_key(hashed, listed, "left_semi").select("dsr_value").distinct().localCheckpoint()
 
 
@@ -105,7 +105,7 @@ def suppress_for(df: DataFrame, table: str, settings: Settings | None = None) ->
     if table not in settings.datamap.keyed and table not in settings.datamap.files:
         raise DataMapError(f"{table} is neither a table nor a files dataset of the data map "
                            "(an aggregate holds no keys)")
-    mapping = settings.datamap.mapping(table)
+    mapping = settings.datamap.table_mapping(table)
     ledger = Ledger(settings)
     sets = []
     for group in mapping.groups:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
 
 from ..datamap import lineage
-from ..datamap.model import PSEUDONYM_PATTERN, DataMap, column_path, is_array
+from ..datamap.model import PSEUDONYM_PATTERN, DataMap, DerivedMapping, column_path, is_array
 from ..datamap.shares import check_shares
 from ..exceptions import DataMapError, first_line
 from ..lake.plainfiles import check_dataset
@@ -23,7 +23,8 @@ def field_at(schema: StructType, column: str) -> StructField:
     """The field a column name or struct path (`context.user.email`) names (`[]` ignored); ValueError
     saying where the path leaves the schema ("has no column 'x' (has: ...)", "column 'a.b': a is a
     string, ...")."""
-    path, fields, parent = column_path(column), schema, ""
+    fields: DataType = schema
+    path, parent = column_path(column), ""
     for part in path.split("."):
         where = f"column {path!r}: {parent}" if parent else ""
         if not isinstance(fields, StructType):
@@ -70,8 +71,10 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
         needed.setdefault(link.table, []).extend([link.subject_column, link.column])
     for table, columns in needed.items():
         kind = "files" if table in datamap.files else "table"
-        schema = _read(problems, table, lambda t=table, k=kind: check_dataset(spark, t, datamap.files[t]).schema
-                       if k == "files" else spark.table(qualify(t)).schema)
+        def read_schema(t: str = table, k: str = kind) -> StructType:
+            return check_dataset(spark, t, datamap.files[t]).schema if k == "files" else spark.table(qualify(t)).schema
+
+        schema = _read(problems, table, read_schema)
         if schema is None:
             continue
         schemas[table] = schema
@@ -138,9 +141,12 @@ def _shred_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[st
     sample of its first rows: a plaintext identifier there would survive the shred), its encrypted
     columns are binary, its quasi-identifiers exist. Reads at most SAMPLE_ROWS key values; only
     the count of non-pseudonyms reaches the driver."""
-    problems = []
+    problems: list[str] = []
     for name, mapping in datamap.shredded.items():
-        df = _read(problems, name, lambda n=name: spark.table(qualify(n)))
+        def read_table(n: str = name) -> DataFrame:
+            return spark.table(qualify(n))
+
+        df = _read(problems, name, read_table)
         if df is None:
             continue
         fields = {f.name: f.dataType for f in df.schema.fields}
@@ -169,12 +175,14 @@ def _shred_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[st
 def _aggregate_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[str]:
     """Each aggregate's sql parses, reads only tables of the data map named in its `from:`, returns its
     `group_by` columns and exactly the table's columns. Analysis only: nothing is read."""
-    problems = []
+    problems: list[str] = []
     known = {*datamap.tables, *datamap.derived}
     catalog = qualify("a.b").split(".")[0].strip("`")
     for name, mapping in datamap.aggregates.items():
-        read = _read(problems, name, lambda n=name, m=mapping: (lineage.parse(spark, n, m, known, catalog),
-                                                                spark.table(qualify(n)).columns))
+        def parse(n: str = name, m: DerivedMapping = mapping) -> tuple[lineage.Query, list[str]]:
+            return lineage.parse(spark, n, m, known, catalog), spark.table(qualify(n)).columns
+
+        read = _read(problems, name, parse)
         if read is None:
             continue
         query, columns = read

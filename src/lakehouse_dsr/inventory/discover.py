@@ -22,8 +22,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import date
+from typing import cast
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -177,7 +178,7 @@ def _sample_stats(sample: DataFrame, columns: list[_Column], today: date) -> dic
         for j, (pattern, predicate) in enumerate(_patterns(c.data_type, today).items()):
             aggs.append(_counts(value, is_array, predicate).alias(f"p{i}_{j}"))
             names.append((i, j, pattern))
-    row = sample.agg(*aggs).first().asDict()
+    row = cast(Row, sample.agg(*aggs).first()).asDict()  # an aggregate over the whole sample: one row
     stats = {c.column: {"values": int(row[f"n{i}"] or 0)} for i, c in enumerate(columns)}
     for i, j, pattern in names:
         stats[columns[i].column][pattern] = int(row[f"p{i}_{j}"] or 0)
@@ -282,7 +283,7 @@ def discover(spark: SparkSession, settings: Settings, namespaces: list[str] | No
         stacks.append(_stacked(rows, table, found))
     _overlap(spark, settings, columns, stacks)
     found = [c for c in columns.values() if c.evidence and not _covered(settings, c)]
-    keys = {}  # unmapped table -> its likeliest key: the first column holding an identifier
+    keys: dict[str, _Column] = {}  # unmapped table -> its likeliest key: the first column holding an identifier
     for c in found:
         if c.names_person and settings.datamap.keyed.get(c.table) is None and c.table not in settings.datamap.files:
             keys.setdefault(c.table, c)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 
 # Pages load only what the service itself serves; nothing may frame them or guess content types.
 SECURITY_HEADERS = [
@@ -92,7 +93,7 @@ class Guard:
             await _answer(send, 413, f"the request body is larger than {self.max_body} bytes")
 
 
-async def _answer(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def _answer(send, status: int, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers,

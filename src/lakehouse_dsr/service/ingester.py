@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sqlite3
 import threading
 from datetime import datetime
+from multiprocessing.process import BaseProcess
 
 from .. import faults
 from ..config import Settings
@@ -43,8 +45,12 @@ def ingest(queue: IntakeQueue, ledger: Ledger) -> int:
                                     datetime.fromisoformat(r["received_at"]), r["request_id"]) for r in rows])
         faults.failpoint("after_intake_ledger_commit")
         done = [(utc_now().isoformat(), r["request_id"]) for r in rows]
-        queue.call(lambda c, done=done: c.executemany(
-            "UPDATE intake SET ingested_at = ?, subject_id = NULL, email = NULL WHERE request_id = ?", done))
+
+        def mark_ingested(c: sqlite3.Connection, done: list[tuple[str, str]] = done) -> sqlite3.Cursor:
+            return c.executemany(
+                "UPDATE intake SET ingested_at = ?, subject_id = NULL, email = NULL WHERE request_id = ?", done)
+
+        queue.call(mark_ingested)
         moved += len(rows)
 
 
@@ -55,7 +61,7 @@ class Ingester:
         self.settings = settings
         self._context = multiprocessing.get_context("spawn")  # the server has threads: never fork it
         self._wake, self._stop = self._context.Event(), self._context.Event()
-        self._process: multiprocessing.Process | None = None
+        self._process: BaseProcess | None = None
         self._watch = threading.Thread(target=self._keep_alive, name="intake-ingester-watch", daemon=True)
 
     def start(self) -> None:

@@ -46,7 +46,8 @@ class _Op:
     __slots__ = ("fn", "future")
 
     def __init__(self, fn: Callable[[sqlite3.Connection], Any]):
-        self.fn, self.future = fn, Future()
+        self.fn = fn
+        self.future: Future[Any] = Future()
 
 
 class IntakeQueue:

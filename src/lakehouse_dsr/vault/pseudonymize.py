@@ -11,6 +11,7 @@ their rows unlinkable, whatever the size of the tables holding them.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -91,7 +92,7 @@ def _pseudonymized(df: DataFrame, settings: Settings, key: str, identifier: str,
     return joined.select(*out), created, encrypted
 
 
-def reidentify(df: DataFrame, settings: Settings, key: str = "user_id", decrypt: list[str] | dict[str, str] = (),
+def reidentify(df: DataFrame, settings: Settings, key: str = "user_id", decrypt: Sequence[str] | dict[str, str] = (),
                unlinkable: str = "error") -> DataFrame:
     """The reverse of `pseudonymize`: `key` back to the identifier, `decrypt` columns to plaintext
     (a list: as strings; a dict: {column: "string" | "binary"}).
@@ -146,7 +147,7 @@ class Pseudonymized:
 
     def datamap_entry(self) -> dict:
         """What to put under `tables:` in the data map for the new table."""
-        entry = {"key": self.key, "identifier": self.identifier, "action": "shred"}
+        entry: dict[str, str | list[str]] = {"key": self.key, "identifier": self.identifier, "action": "shred"}
         if self.encrypted:
             entry["encrypted"] = list(self.encrypted)
         return {self.target: entry}

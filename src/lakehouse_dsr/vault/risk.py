@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
+from typing import cast
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
@@ -112,11 +113,11 @@ def assess(spark: SparkSession, settings: Settings, table: str, quasi: list[str]
     classes = named.groupBy(*keys).agg(
         F.count(F.lit(1)).alias("n"),
         *([F.countDistinct("dsr_s").alias("l")] if sensitive else [])).localCheckpoint(eager=True)
-    summary = classes.agg(
+    summary = _one(classes.agg(
         F.count(F.lit(1)).alias("classes"), F.sum("n").alias("rows"), F.min("n").alias("smallest"),
         F.sum(F.when(F.col("n") < k, F.col("n")).otherwise(0)).alias("below"),
         *([F.min("l").alias("l"), F.sum(F.when(F.col("l") <= 1, F.col("n")).otherwise(0)).alias("single")]
-          if sensitive else [])).first()
+          if sensitive else [])))
     rows = int(summary["rows"] or 0)
     report = RiskReport(table, quasi, k, rows, int(summary["classes"]), int(summary["smallest"] or 0),
                         int(summary["below"] or 0), _share(summary["below"], rows))
@@ -127,13 +128,18 @@ def assess(spark: SparkSession, settings: Settings, table: str, quasi: list[str]
     if subject:  # one pass: every row with its class's size
         sized = classes.select(*[F.col(c).alias(f"{c}_c") for c in keys], "n")
         on = [named[c].eqNullSafe(sized[f"{c}_c"]) for c in keys]
-        counts = named.join(F.broadcast(sized) if report.classes < 1_000_000 else sized, on).agg(
+        counts = _one(named.join(F.broadcast(sized) if report.classes < 1_000_000 else sized, on).agg(
             F.countDistinct("dsr_subject").alias("all"),
-            F.countDistinct(F.when(F.col("n") < k, F.col("dsr_subject"))).alias("below")).first()
+            F.countDistinct(F.when(F.col("n") < k, F.col("dsr_subject"))).alias("below")))
         report.subject_column, report.subjects, report.subjects_below_k = subject, int(counts.all), int(counts.below)
         report.share_subjects_below_k = _share(report.subjects_below_k, report.subjects)
     report.riskiest = _riskiest(classes, quasi, keys, k, rows)
     return report
+
+
+def _one(aggregate: DataFrame) -> Row:
+    """The row of an aggregate without groups (there is always one)."""
+    return cast(Row, aggregate.first())
 
 
 def _share(part, whole: int) -> float:
@@ -152,8 +158,8 @@ def _riskiest(classes: DataFrame, quasi: list[str], keys: list[str], k: int, row
             if size == len(keys):
                 continue  # the whole set is the report itself
             counts = classes.groupBy(*[keys[i] for i in subset]).agg(F.sum("n").alias("count"))
-            r = counts.agg(F.min("count").alias("smallest"),
-                           F.sum(F.when(F.col("count") < k, F.col("count")).otherwise(0)).alias("below")).first()
+            r = _one(counts.agg(F.min("count").alias("smallest"),
+                                F.sum(F.when(F.col("count") < k, F.col("count")).otherwise(0)).alias("below")))
             found.append(Combination([quasi[i] for i in subset], int(r.smallest or 0), int(r.below or 0),
                                      _share(r.below, rows)))
     return sorted(found, key=lambda c: (-c.rows_below_k, c.smallest_class, c.columns))[:top]
