@@ -15,10 +15,12 @@ import io
 import json
 import os
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -129,6 +131,7 @@ def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: Ta
     """(request_id, table_name, row): each row once per request it names, through any key column;
     with several key columns the row's JSON also says which matched (`dsr_matched_keys`). Reads
     only the files of a table that may hold the batch's keys (lake/skipping.py); none when no file can."""
+    source: DataFrame | None
     if table in settings.datamap.files:
         source = _source(spark, settings, table)
     else:
@@ -150,7 +153,7 @@ def _vault_links(spark: SparkSession, settings: Settings, table: str, keys: Data
                  ) -> DataFrame:
     """(request_id, value, pseudonym, data_key) for the batch's identifiers of the type `table` holds
     that have a vault entry. Cost: one HMAC per identifier and key, a join with the vault."""
-    identifier = settings.datamap.shredded[table].identifier
+    identifier = cast(str, settings.datamap.shredded[table].identifier)  # filled in by the DataMap
     values = keys.where(F.col("key_type") == identifier).select("request_id", F.col("key_value").alias("value"))
     found = vault.links(spark, settings, values.select("value").distinct(), identifier, vault_keys)
     return values.join(found, "value").localCheckpoint()  # read twice: for the rows and for the notes
@@ -159,13 +162,13 @@ def _vault_links(spark: SparkSession, settings: Settings, table: str, keys: Data
 def _shredded_rows(spark: SparkSession, settings: Settings, table: str, links: DataFrame) -> DataFrame:
     """(request_id, table_name, row) of a shred table: the subject's rows found by pseudonym (broadcast
     join with the batch's links), the key back to the identifier and encrypted columns decrypted."""
-    mapping = settings.datamap.shredded[table]
+    key = cast(str, settings.datamap.shredded[table].key)  # a shred table has one `key:` column
     source = spark.table(settings.table(table))
     types = _decrypted_types(spark, settings, table)
-    joined = source.join(F.broadcast(links), source[mapping.key] == links["pseudonym"])
+    joined = source.join(F.broadcast(links), source[key] == links["pseudonym"])
     values = []
     for column in source.columns:
-        if column == mapping.key:
+        if column == key:
             values.append(F.col("value").alias(column))
         elif column in types:
             plain = vault.gcm_decrypt(source[column], F.col("data_key"), F.col("pseudonym"))
@@ -193,7 +196,7 @@ class _PackageWriter:
     """Runs on executors: turns each request's grouped rows into its package file."""
 
     def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, generated_at: str,
-                 kill_pid: int | None = None, shredded: list[str] = ()):
+                 kill_pid: int | None = None, shredded: Sequence[str] = ()):
         self.out, self.fmt, self.tables, self.columns, self.generated_at = out, fmt, tables, columns, generated_at
         self.kill_pid, self.shredded = kill_pid, list(shredded)
 
@@ -268,9 +271,11 @@ def _arrow_type(spark_type: str) -> pa.DataType | None:
     if spark_type.startswith("decimal("):
         precision, scale = spark_type[8:-1].split(",")
         return pa.decimal128(int(precision), int(scale))
-    return {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "smallint": pa.int16(),
-            "double": pa.float64(), "float": pa.float32(), "boolean": pa.bool_(), "date": pa.date32(),
-            "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}.get(spark_type, pa.string())
+    types: dict[str, pa.DataType] = {
+        "string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "smallint": pa.int16(),
+        "double": pa.float64(), "float": pa.float32(), "boolean": pa.bool_(), "date": pa.date32(),
+        "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}
+    return types.get(spark_type, pa.string())
 
 
 def _write_manifest(settings: Settings, result: ExportResult, fmt: str, generated_at: str, tables: list[str]) -> None:
@@ -278,7 +283,7 @@ def _write_manifest(settings: Settings, result: ExportResult, fmt: str, generate
         "generated_at": generated_at,
         "format": fmt,
         "requests": [p.__dict__ for p in result.packages],
-        "tables": {t: settings.datamap.mapping(t).disclosure() for t in tables},
+        "tables": {t: settings.datamap.table_mapping(t).disclosure() for t in tables},
     }
     write_private(Path(result.manifest), json.dumps(manifest, indent=2, ensure_ascii=False))
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import cast
 
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StructField, StructType
 
@@ -280,11 +281,12 @@ def _fingerprinted_in_driver(spark: SparkSession, settings: Settings, commit: Co
     storage. None when Spark must read them (too large, deletes, nested columns)."""
     keys = commit.keys.key_columns()
     removed = before.subset(spark, set(changed.removed))
-    if changed.parent_id is None or indriver.refusal(spark, removed, keys, settings.erase.in_driver_max_bytes):
+    parent_id = changed.parent_id
+    if parent_id is None or indriver.refusal(spark, removed, keys, settings.erase.in_driver_max_bytes):
         return None
-    delete = settings.datamap.mapping(commit.table).action == "delete"
+    delete = settings.datamap.table_mapping(commit.table).action == "delete"
     old = indriver.attempt(f"{commit.table}: the collateral check", lambda: indriver.fingerprint(
-        spark, before.jtable, changed.parent_id, changed.removed, keys, delete))
+        spark, before.jtable, parent_id, changed.removed, keys, delete))
     new = old and indriver.attempt(f"{commit.table}: the collateral check", lambda: indriver.fingerprint(
         spark, before.jtable, commit.snapshot_id, changed.added, keys, delete))
     if old is None or new is None:
@@ -327,7 +329,7 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> Collate
         return CollateralResult(False, True, f"the erase commit changed {len(beyond)} file(s) that hold no requested "
                                 f"key (snapshot {erase_snapshot})")
     kept = changed.deleted_from - changed.removed  # still live, with new deletes
-    redacting = settings.datamap.mapping(table).action == "redact"
+    redacting = settings.datamap.table_mapping(table).action == "redact"
     others_before, requested_kept = _kept_before(spark, settings, before, kept, table_keys, redacting)
     after = table_keys.candidates(spark, settings, table, erase_snapshot)
     others_after, requested_after = _count_split(skipping.read(spark, settings, after, kept), table_keys)
@@ -363,8 +365,9 @@ def _count_split(rows: DataFrame | None, table_keys: TableKeys) -> tuple[int, in
     if rows is None:
         return 0, 0
     hit = matching.any_hit(table_keys)
-    totals = matching.mark(rows, table_keys).agg(F.sum(F.when(hit, 0).otherwise(1)).alias("other"),
-                                                 F.sum(F.when(hit, 1).otherwise(0)).alias("requested")).first()
+    totals = cast(Row, matching.mark(rows, table_keys).agg(  # an aggregate without groups: one row
+        F.sum(F.when(hit, 0).otherwise(1)).alias("other"),
+        F.sum(F.when(hit, 1).otherwise(0)).alias("requested")).first())
     return int(totals["other"] or 0), int(totals["requested"] or 0)
 
 

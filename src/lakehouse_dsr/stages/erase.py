@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass, field, fields
+from typing import cast
 
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -17,8 +18,9 @@ from ..config import Settings
 from ..datamap import TableMapping, column_ref, is_array
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
+from ..lake.skipping import Candidates
 from . import collateral, matching
-from .collateral import CollateralResult
+from .collateral import CollateralResult, Observed
 from .matching import TableKeys
 
 _FILE = "dsr_file"
@@ -45,7 +47,7 @@ class TablePlan:
     @classmethod
     def from_groups(cls, table: str, mapping: TableMapping, groups: list, strategy: str, write_mode: str,
                     snapshot_before: int | None, rows_before: int | None = None,
-                    candidates: skipping.Candidates | None = None) -> TablePlan:
+                    candidates: Candidates | None = None) -> TablePlan:
         """The plan from a scan's groups (rows with `request_ids`, NULL for rows nobody asked about,
         and `count`, per file with `dsr_file`): a row named by several requests counts once in the
         totals, once per request in `matches_by_request`. `rows_before`: the table's rows when the
@@ -84,7 +86,7 @@ class TableErasure:
     attempts: int = 1  # statements run: more than one when concurrent commits conflicted
     rounds: int = 1  # erase rounds: more than one when late rows of requested subjects arrived
     collateral: CollateralResult | None = None
-    observed: collateral.Observed | None = None  # the rewritten files' fingerprints, read by the rewrite
+    observed: Observed | None = None  # the rewritten files' fingerprints, read by the rewrite
     groups: DataFrame | None = None  # an aggregate recomputed by groups: the groups replaced
 
     @property
@@ -223,7 +225,7 @@ def _in_driver(spark: SparkSession, settings: Settings, candidates: skipping.Can
 def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool,
           candidates: skipping.Candidates, groups: list) -> TablePlan:
     snapshot_id = candidates.snapshot_id
-    mapping = settings.datamap.mapping(table)
+    mapping = settings.datamap.table_mapping(table)
     modes = write_modes(spark, settings, table)
     rewrite = iceberg.format_version(spark, settings, table) <= 2
     strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes, mapping.simple,
@@ -245,8 +247,8 @@ def _statement(spark: SparkSession, settings: Settings, table_plan: TablePlan, k
     """The plan's one SQL statement; identifiers stay in temporary views (`views` collects their names)."""
     if table_plan.strategy == "merge_key_tuples":
         return _merge_key_tuples(spark, settings, table_plan, keys, views)
-    mapping = settings.datamap.mapping(table_plan.table)
-    target, key = settings.table(table_plan.table), f"t.{column_ref(mapping.key)}"  # one flat key column
+    mapping = settings.datamap.table_mapping(table_plan.table)
+    target, key = settings.table(table_plan.table), f"t.{column_ref(cast(str, mapping.key))}"  # one flat key column
     views.append(_view(keys.sets[0].hits))
     nulls = ", ".join(f"t.{column_ref(c)} = NULL" for c in sorted(mapping.redacted_columns))
     exists = f"EXISTS (SELECT 1 FROM {views[0]} s WHERE s.key_value = {key})"
@@ -265,10 +267,10 @@ def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: Table
     snapshot), each with which of its keys were requested: every target row matches at most one
     tuple (null-safe equality), so each group's columns are nulled exactly where its own key named
     an erased subject, an array key loses only the erased elements, or the row is deleted."""
-    mapping = settings.datamap.mapping(table_plan.table)
+    mapping = settings.datamap.table_mapping(table_plan.table)
     width = range(len(keys.groups))
     candidates = keys.candidates(spark, settings, table_plan.table, table_plan.snapshot_before)
-    rows = skipping.read(spark, settings, candidates).select(  # not empty: the plan found matches there
+    rows = cast(DataFrame, skipping.read(spark, settings, candidates)).select(  # not empty: the plan found matches
         *[F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)])
     marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in width])
     source = marked.where(matching.any_hit(keys)).select(
@@ -303,25 +305,27 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     now = keys.current_candidates(spark, settings, table)
     matched, planned = set(table_plan.matched_files), set(table_plan.candidate_files)
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
-    action = settings.datamap.mapping(table).action
+    action = settings.datamap.table_mapping(table).action
     if chosen.empty:  # another writer removed them meanwhile: verification shows what is left
         return None
+    read_snapshot_id = cast(int, now.snapshot_id)  # files to rewrite: the table has a snapshot
     if _in_driver(spark, settings, chosen, keys):  # the check reads the old files itself
         new_files = indriver.attempt(f"{table}: the rewrite",
                                      lambda: indriver.rewrite(spark, chosen, keys.key_columns(), action == "delete"))
         if new_files is not None:
-            iceberg.replace_files(spark, chosen.jtable, chosen.data_files(spark), new_files, now.snapshot_id,
+            iceberg.replace_files(spark, chosen.jtable, chosen.data_files(spark), new_files, read_snapshot_id,
                                   now.predicate)
             return None
     # A sorted table's files are rewritten one per task, each in its order (bounds stay narrow for
     # data skipping); other tables' files are packed into the read's splits, as compaction would:
     # at 10M unsorted events, 40 files in 4 tasks took 12.2 s against 15.7 s in 40.
-    rows = skipping.read(spark, settings, chosen, file_per_task=iceberg.sorted_by_order(chosen.jtable))
+    rows = cast(DataFrame, skipping.read(spark, settings, chosen,  # `chosen` is not empty
+                                         file_per_task=iceberg.sorted_by_order(chosen.jtable)))
     observation = None
     if observe is not None:
         rows, observation = collateral.observe(rows, observe)
     iceberg.overwrite_files(spark, settings, table, chosen.data_files(spark),
-                            collateral.erased_rows(rows, keys, action), now.snapshot_id, now.predicate)
+                            collateral.erased_rows(rows, keys, action), read_snapshot_id, now.predicate)
     return collateral.observed(observation, chosen.paths()) if observation else None
 
 

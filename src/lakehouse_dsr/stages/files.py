@@ -39,7 +39,8 @@ def erase_dataset(spark: SparkSession, settings: Settings, name: str, keys: Tabl
     rows = plainfiles.read_dataset(spark, mapping).withColumn(_FILE, F.input_file_name())
     groups = (matching.mark(rows, keys).select(matching.request_ids(keys).alias("request_ids"), _FILE)
               .groupBy("request_ids", _FILE).count().collect())
-    rows_in, hits_in = Counter(), Counter()  # per file: rows, rows naming a requested subject
+    rows_in: Counter[str] = Counter()  # per file: rows
+    hits_in: Counter[str] = Counter()  # per file: rows naming a requested subject
     for g in groups:
         rows_in[g[_FILE]] += g["count"]
         hits_in[g[_FILE]] += g["count"] if g.request_ids else 0

@@ -186,5 +186,7 @@ def redactions(table_keys: TableKeys) -> dict[str, list[Redaction]]:
                     return F.when(hit(i), F.filter(value, lambda x: F.col(_lookup(i))[x].isNull())).otherwise(value)
                 out.setdefault(column_path(column), []).append(drop_erased)
             else:
-                out.setdefault(column, []).append(lambda value, i=index: F.when(hit(i), F.lit(None)).otherwise(value))
+                def to_null(value: Column, i: int = index) -> Column:
+                    return F.when(hit(i), F.lit(None)).otherwise(value)
+                out.setdefault(column, []).append(to_null)
     return out

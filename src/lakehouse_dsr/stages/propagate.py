@@ -22,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import reduce
+from typing import cast
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -51,12 +52,13 @@ class Upstream:
 def erased_rows(spark: SparkSession, settings: Settings, table: str, change: Upstream) -> DataFrame:
     """The rows an erasure changed, as they were and (redaction) as they became. Cost: one scan of
     the pre-erase snapshot (the columns the aggregate uses) with a broadcast join per key column."""
+    keys = cast(TableKeys, change.keys)  # a source erased by key (a recomputed one is never traced)
     rows = iceberg.read_at(spark, settings, table, change.snapshot_before)
-    marked = matching.mark(rows, change.keys).where(matching.any_hit(change.keys))
+    marked = matching.mark(rows, keys).where(matching.any_hit(keys))
     before = marked.select(*[F.col(f"`{c}`") for c in rows.columns])
     if change.action == "delete":
         return before
-    after = marked.select(*[erased_value(f, matching.redactions(change.keys)).alias(f.name)
+    after = marked.select(*[erased_value(f, matching.redactions(keys)).alias(f.name)
                             for f in rows.schema.fields])
     return before.unionByName(after)
 
@@ -92,11 +94,12 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
         reason = lineage.shape(current, mapping.group_by).reason if mapping.refresh == "groups" else "refresh: full"
     if reason is None and any(c is None for c in changes.values()):
         reason = "a source is an aggregate that was recomputed"
+    erased = cast(dict[str, Upstream], changes)  # read by groups only when `reason` is None: then no None here
     if reason is None and any(isinstance(f.dataType, MapType) for f in target.schema.fields):
         reason = "a map column cannot be compared row by row"
     subtract = None
     if reason is None and len(changes) == 1:
-        (source, change), = changes.items()
+        (source, change), = erased.items()
         if change.action == "delete":
             subtract = lineage.subtraction(current, mapping.group_by, _erased_by(settings, source))
     strategy = "full_refresh" if reason else "subtract_groups" if subtract else "affected_groups"
@@ -107,13 +110,13 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
     result = TableErasure(plan)
     try:
         if subtract:
-            result.groups = _subtract(spark, settings, table, query, target, mapping.group_by, subtract, changes)
+            result.groups = _subtract(spark, settings, table, query, target, mapping.group_by, subtract, erased)
             plan.rows_matched = result.groups.count()
         elif reason:
             iceberg.with_conflict_retries(settings, f"table {table}: the recomputation", lambda: _recomputed(
                 spark, settings, query, target).writeTo(settings.table(table)).overwrite(F.lit(True)))
         else:
-            result.groups = _affected_groups(spark, settings, query, mapping.group_by, changes)
+            result.groups = _affected_groups(spark, settings, query, mapping.group_by, erased)
             plan.rows_matched = result.groups.count()
             if plan.rows_matched:
                 _replace_groups(spark, settings, table, query, target, mapping.group_by, result.groups)
@@ -128,8 +131,8 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
 
 def _erased_by(settings: Settings, source: str) -> str | None:
     """The column a delete erases every row of an erased value by: a source's one flat key column."""
-    mapping = settings.datamap.mapping(source)
-    return mapping.key if mapping.simple and mapping.action == "delete" and "." not in mapping.key else None
+    mapping = settings.datamap.table_mapping(source)
+    return mapping.key if mapping.simple and mapping.action == "delete" and "." not in cast(str, mapping.key) else None
 
 
 def _subtract(spark: SparkSession, settings: Settings, table: str, query: lineage.Query, target: DataFrame,
@@ -183,13 +186,16 @@ def _recomputed(spark: SparkSession, settings: Settings, query: lineage.Query, t
 
 
 def _affected_groups(spark: SparkSession, settings: Settings, query: lineage.Query, group_by: list[str],
-                     changes: dict[str, Upstream | None]) -> DataFrame:
+                     changes: dict[str, Upstream]) -> DataFrame:
     """The groups the erased rows fed (kept: small, and read by the commit and the verification)."""
     empty = lambda t: spark.table(settings.table(t)).limit(0)  # noqa: E731
     found = None
     for source, change in changes.items():
         erased = erased_rows(spark, settings, source, change)
-        df = lineage.bound(spark, query, lambda t, s=source, e=erased: e if t == s else empty(t))
+        def frames(t: str, s: str = source, e: DataFrame = erased) -> DataFrame:
+            return e if t == s else empty(t)
+
+        df = lineage.bound(spark, query, frames)
         groups = lineage.groups_of(spark, df, group_by)
         found = groups if found is None else found.unionByName(groups)
     if found is None:
@@ -219,7 +225,8 @@ def catch_up(spark: SparkSession, settings: Settings, table: str, erasure: Table
     sources, in one more commit."""
     mapping = settings.datamap.aggregates[table]
     target = spark.table(settings.table(table))
-    _replace_groups(spark, settings, table, _query(spark, settings, table), target, mapping.group_by, erasure.groups)
+    groups = cast(DataFrame, erasure.groups)  # a subtraction keeps the groups it changed
+    _replace_groups(spark, settings, table, _query(spark, settings, table), target, mapping.group_by, groups)
     erasure.plan.strategy = "affected_groups"
     erasure.plan.reason = "subtracted, then recomputed: the table was behind its sources"
     committed = iceberg.own_commit_since(spark, settings, table, erasure.snapshot_id)

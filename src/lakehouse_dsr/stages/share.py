@@ -29,6 +29,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -241,7 +242,7 @@ def _take_out(spark: SparkSession, settings: Settings, name: str, subjects: _Sub
             f"DELETE FROM {settings.table(name)} WHERE `{key}` IN (SELECT dsr_value FROM {view})"))
     finally:
         spark.catalog.dropTempView(view)
-    summary = iceberg.current_snapshot(spark, settings, name).summary
+    summary = cast(iceberg.Snapshot, iceberg.current_snapshot(spark, settings, name)).summary  # our DELETE's
     # copy-on-write: the files holding the rows went (deleted-records), rewritten without them (added-records)
     result.rows_removed = int(summary.get("deleted-records", 0)) - int(summary.get("added-records", 0))
     result.data_files_rewritten = int(summary.get("deleted-data-files", 0))
@@ -270,7 +271,9 @@ def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, 
     parts = []
     previous = _previous_source(spark, settings, name)
     if previous != at:
-        appended = share_sql.over(spark, shared, iceberg.read_appends(spark, settings, share.source, previous, at))
+        # incremental: both snapshots are known (_full_refresh_reason), or both None and equal
+        appended = share_sql.over(spark, shared, iceberg.read_appends(spark, settings, share.source,
+                                                                      cast(int, previous), cast(int, at)))
         leaving = subjects.leaving if subjects.any_excluded or subjects.any_returning else None
         parts.append(_without(spark, appended, share.key, leaving, subjects))
     if back is not None and result.added:  # the returning subjects' rows, whole
@@ -287,7 +290,7 @@ def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, 
 
 
 def _count_added(spark: SparkSession, settings: Settings, name: str, result: ShareRefresh) -> None:
-    summary = iceberg.current_snapshot(spark, settings, name).summary
+    summary = cast(iceberg.Snapshot, iceberg.current_snapshot(spark, settings, name)).summary  # we just wrote
     result.rows_added = int(summary.get("added-records", 0))
     result.data_files_added = int(summary.get("added-data-files", 0))
 

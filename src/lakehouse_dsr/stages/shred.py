@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -21,7 +22,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from .. import faults
 from ..config import Settings
-from ..datamap.model import PSEUDONYM_PREFIX, column_ref
+from ..datamap.model import PSEUDONYM_PREFIX, TableMapping, column_ref
 from ..exceptions import first_line
 from ..lake import iceberg
 from ..lake.hmac import with_keyring_hashes
@@ -56,7 +57,7 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
     """
     start = time.perf_counter()
     mappings = settings.datamap.shredded
-    types = sorted({m.identifier for m in mappings.values()})
+    types = sorted({_shred_key(m)[1] for m in mappings.values()})
     probes = with_keyring_hashes(spark, keys.where(F.col("key_type").isin(*types)), "key_value",
                                  vault_keys.ring.keys())
     entries = _captured(spark, settings, probes)
@@ -83,17 +84,23 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
         result.snapshot_id = commit.snapshot_id if commit else None
     seconds = round(time.perf_counter() - start, 3)
     for name, mapping in mappings.items():
+        key, identifier = _shred_key(mapping)
         current = iceberg.current_snapshot(spark, settings, name)
-        matches = {rid: n for (rid, ident), n in per_request.items() if ident == mapping.identifier}
-        plan = TablePlan(name, mapping.key, mapping.identifier, "shred", "vault", "none", 0, sum(matches.values()),
+        matches = {rid: n for (rid, ident), n in per_request.items() if ident == identifier}
+        plan = TablePlan(name, key, identifier, "shred", "vault", "none", 0, sum(matches.values()),
                          matches, current.snapshot_id if current else None,
-                         reason=f"{found.get(mapping.identifier, 0)} vault entries deleted; the table is not rewritten")
+                         reason=f"{found.get(identifier, 0)} vault entries deleted; the table is not rewritten")
         erasure = TableErasure(plan, seconds=seconds)
         if commit is not None:
             erasure.data_files_rewritten = int(commit.summary.get("deleted-data-files", 0))
             erasure.bytes_rewritten = int(commit.summary.get("removed-files-size", 0))
         result.erasures[name] = erasure
     return result
+
+
+def _shred_key(mapping: TableMapping) -> tuple[str, str]:
+    """A shred table's key column and the identifier it holds (both given once the data map is validated)."""
+    return cast(str, mapping.key), cast(str, mapping.identifier)
 
 
 def purge_vault(spark: SparkSession, settings: Settings, result: Shred) -> None:
@@ -149,25 +156,26 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
     no read of the table's rows unless a file lacks key bounds (and, with min_k, one aggregation).
     """
     mapping = settings.datamap.shredded[table]
+    key, identifier = _shred_key(mapping)
     check = TableVerification(table, physical=True)
-    probes = result.probes.where(F.col("key_type") == mapping.identifier)
-    entries = result.entries.where(F.col("identifier") == mapping.identifier)
+    probes = result.probes.where(F.col("key_type") == identifier)
+    entries = result.entries.where(F.col("identifier") == identifier)
     _prove_vault(spark, settings, table, check, probes, entries)
-    unproven = _files_without_pseudonym_bounds(spark, settings, table, mapping.key)
+    unproven = _files_without_pseudonym_bounds(spark, settings, table, key)
     if unproven:
-        stored = iceberg.read_columns_from_files(spark, unproven, _schema([mapping.key]))
-        plain = stored.join(F.broadcast(probes.select("request_id", F.col("key_value").alias(mapping.key))),
-                            mapping.key).groupBy("request_id").count().collect()
+        stored = iceberg.read_columns_from_files(spark, unproven, _schema([key]))
+        plain = stored.join(F.broadcast(probes.select("request_id", F.col("key_value").alias(key))),
+                            key).groupBy("request_id").count().collect()
         for r in plain:
             check.fail(r.request_id, f"{table}: {r['count']} stored rows hold the subject's identifier in plaintext")
     erasure = result.erasures.get(table)
     current = iceberg.current_snapshot(spark, settings, table)
     check.details = {
         "method": "crypto-shred: vault entry deleted and purged",
-        "vault_entries_deleted": result.deleted.get(mapping.identifier, 0),
+        "vault_entries_deleted": result.deleted.get(identifier, 0),
         "pseudonyms_checked": erasure.plan.rows_matched if erasure else 0,
         "files_read_for_plaintext": len(unproven),
-        "table_snapshot_unchanged": bool(erasure) and erasure.plan.snapshot_before == (
+        "table_snapshot_unchanged": erasure is not None and erasure.plan.snapshot_before == (
             current.snapshot_id if current else None),
         "rows_kept": int(current.summary.get("total-records", 0)) if current else 0,
     }
@@ -185,7 +193,7 @@ def _prove_vault(spark: SparkSession, settings: Settings, table: str, check: Tab
     check.one_scan = ({iceberg.same_file(p) for p in paths} == same
                       and {iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} == same)
     schema = _schema(_FOUND)
-    sources = {"live": vault.rows(spark, settings).select(*_FOUND)}
+    sources: dict[str, DataFrame | None] = {"live": vault.rows(spark, settings).select(*_FOUND)}
     if not check.one_scan:
         sources["history"] = iceberg.read_columns_from_files(spark, paths, schema) if paths else None
         sources["storage"] = iceberg.read_columns_from_files(spark, location, schema, recursive=True)
@@ -235,8 +243,10 @@ def _vault_hits(rows: DataFrame, probes: DataFrame, entries: DataFrame) -> dict[
 def _check_k(spark: SparkSession, settings: Settings, table: str, check: TableVerification,
              request_ids: list[str]) -> None:
     mapping = settings.datamap.shredded[table]
+    k: int | None
+    reason: str | None
     try:
-        report = assess(spark, settings, table, mapping.quasi_identifiers, k=mapping.min_k)
+        report = assess(spark, settings, table, mapping.quasi_identifiers, k=cast(int, mapping.min_k))  # has min_k
     except Exception as exc:
         reason = f"{table}: k-anonymity cannot be measured ({first_line(exc)})"
         k = None

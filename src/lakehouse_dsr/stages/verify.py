@@ -54,21 +54,21 @@ def key_values(rows: DataFrame, groups: list[KeyGroup], key_columns: list[Column
     return rows.select(F.explode(F.concat(*parts)).alias("dsr_kv"), *(carry or [])).select("dsr_kv.*", *(carry or []))
 
 
-def find_hashed(spark: SparkSession, values: DataFrame, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes]
+def find_hashed(spark: SparkSession, values: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes]
                 ) -> dict[str, int]:
     """Rows of `values` (`key_values`) whose value hashes to one of `hashes` (request_id, key_type,
     key_hash[, key_id]) of the same identifier, per request.
 
-    `key`: one key, a Keyring or {key_id: key}; each stored hash is compared with the value's hash
-    under the key that made it (hashing.join_on_key). One scan; hashing cost is per distinct value
-    and key, not per row. A value found twice for one request in one key column (its hashes were
-    recorded before and after a rotation) counts once.
+    `key`: one key or {key_id: key} (`keys_for` resolves a Keyring); each stored hash is compared
+    with the value's hash under the key that made it (hashing.join_on_key). One scan; hashing cost
+    is per distinct value and key, not per row. A value found twice for one request in one key
+    column (its hashes were recorded before and after a rotation) counts once.
     """
     grouped = values.groupBy("dsr_group", "key_type", "dsr_value").count()
     return {r.request_id: int(r.n) for r in _found(grouped, hashes, key, []).collect()}
 
 
-def _found(grouped: DataFrame, hashes: DataFrame, key: bytes | Keyring | dict[str, bytes], by: list[str]) -> DataFrame:
+def _found(grouped: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes], by: list[str]) -> DataFrame:
     """Rows (`by` columns..., request_id, n) of grouped values found among the stored hashes."""
     keys = {key_id(key): key} if isinstance(key, bytes) else key
     hashed = with_keyring_hashes(grouped.sparkSession, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value",
@@ -105,6 +105,7 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
 
     def part(table: str) -> DataFrame | None:
         keys = (prune or {}).get(table)
+        rows: DataFrame | None
         if keys is None:
             rows = spark.table(settings.table(table))
         else:
@@ -249,36 +250,36 @@ def verify_table(
     rows by input file was measured slower (10M events: 12.0 s against 6.8 s), as every file holds
     most subjects and grouping by (value, file) keeps millions of groups.
     """
-    result, key = _started(settings, table, hashes, key, physical=physical)
+    result, keys = _started(settings, table, hashes, key, physical=physical)
     if live is None:
         current = _live_rows(spark, settings, table, prune, proven)
-        live = find_hashed(spark, key_values(current, groups), hashes, key) if current is not None else {}
+        live = find_hashed(spark, key_values(current, groups), hashes, keys) if current is not None else {}
     result.live = _record(result, live, "rows in the current snapshot")
     if not physical:
         return result
 
     paths, current_paths = iceberg.retained_files(spark, settings, table)
     location = iceberg.table_location(spark, settings, table)
-    current = {iceberg.same_file(p) for p in current_paths}
+    current_files = {iceberg.same_file(p) for p in current_paths}
     result.one_scan = (
         not iceberg.summary_count(spark, settings, table, "total-delete-files")
-        and {iceberg.same_file(p) for p in paths} == current
-        and {iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} == current
+        and {iceberg.same_file(p) for p in paths} == current_files
+        and {iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} == current_files
     )
     if result.one_scan:
         history = storage = live
     else:
         schema = schema_of(types)
         history = find_hashed(spark, key_values(iceberg.read_columns_from_files(spark, paths, schema), groups),
-                              hashes, key) if paths else {}
+                              hashes, keys) if paths else {}
         stored = iceberg.read_columns_from_files(spark, location, schema, recursive=True)
-        storage = find_hashed(spark, key_values(stored, groups), hashes, key)
+        storage = find_hashed(spark, key_values(stored, groups), hashes, keys)
     result.history = _record(result, history, "rows in files retained by snapshots (time travel)")
     result.storage = _record(result, storage, "rows in files on storage (incl. unreferenced/orphan files)")
 
     for ref in iceberg.refs(spark, settings, table):
         pinned = iceberg.read_at(spark, settings, table, ref.snapshot_id)
-        found = find_hashed(spark, key_values(pinned, groups), hashes, key)
+        found = find_hashed(spark, key_values(pinned, groups), hashes, keys)
         label = f"{ref.kind.lower()} {ref.name}"
         result.refs[label] = _record(
             result, found, f"{label} pins snapshot {ref.snapshot_id} holding the subject's rows; "
@@ -334,8 +335,8 @@ def verify_dataset(spark: SparkSession, settings: Settings, name: str, hashes: D
     """A `files:` dataset's live data, history and storage are the same files: one read of every
     file's key columns proves all three."""
     mapping = settings.datamap.files[name]
-    result, key = _started(settings, name, hashes, key, physical=True, one_scan=True)
-    found = find_hashed(spark, key_values(plainfiles.read_dataset(spark, mapping), mapping.groups), hashes, key)
+    result, keys = _started(settings, name, hashes, key, physical=True, one_scan=True)
+    found = find_hashed(spark, key_values(plainfiles.read_dataset(spark, mapping), mapping.groups), hashes, keys)
     result.live = result.history = result.storage = _record(result, found, f"rows in files under {mapping.path}")
     return result
 
