@@ -63,6 +63,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) lakehouse spark-warehouse exports .pytest_cache
