@@ -60,6 +60,10 @@ def due_date(received: date, regulation: str, extended: bool = False, request_ty
 
 @dataclass(frozen=True)
 class RequestInput:
+    """One request to record (`Ledger.submit`): the subject's id, the type (erase, access, opt_out,
+    opt_in), the regulation (gdpr, ccpa) and when it was received (default: now); `request_id` only
+    for a request the intake service already acknowledged under that id."""
+
     subject_id: str
     request_type: str
     regulation: str = "gdpr"
