@@ -2,7 +2,8 @@
 on a free port with a real SMTP server. A person files requests through the form, follows them on the
 status page and confirms a mailed code there; an operator opens the dashboard. Each step checks what
 a person sees (text, elements, classes and colours) and takes a screenshot into the test's tmp dir;
-with DSR_SCREENSHOTS=DIR set, the form, status page and dashboard also go to DIR (the README's).
+with DSR_SCREENSHOTS=DIR set, the form, status page and dashboard also go to DIR (the docs' pictures:
+`DSR_SCREENSHOTS=docs/screenshots`, shown by mkdocs/docs/service/pages.md).
 
 Run: `.venv/bin/python -m pytest -q tests/integration/test_pages.py` (`make integration-deps` installs
 chromium and chromium-driver)."""
@@ -133,8 +134,8 @@ def visible_text(driver: WebDriver, element_id: str, timeout: float = 15) -> str
 
 
 def shoot(driver: WebDriver, tmp_path: Path, name: str, width: int = 900, readme: bool = False) -> Path:
-    """A screenshot of the whole page (`width` CSS pixels wide) into the test's tmp dir; the README's
-    (`readme`) also into $DSR_SCREENSHOTS when that is set. Also checks the console stayed clean."""
+    """A screenshot of the whole page (`width` CSS pixels wide) into the test's tmp dir; the ones
+    the docs show (`readme`) also into $DSR_SCREENSHOTS when that is set. Also checks the console stayed clean."""
     assert_clean_console(driver)
     metrics = {"width": width, "height": 600, "deviceScaleFactor": 1, "mobile": False}
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
