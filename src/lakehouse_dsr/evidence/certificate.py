@@ -3,8 +3,8 @@ proven, signed so that any change to the document is detected.
 
 Built on the control plane: one read of the requests table, pruned to the files that may hold the
 request (no Spark, about a second). The figures come from the evidence the run recorded when it
-completed the request (runner.py `_outcomes`). A certificate holds no subject identifier, not even its
-keyed hash: its fields are picked one by one from the evidence, never copied wholesale.
+completed the request (runner/rules.py `erasure_outcomes`). A certificate holds no subject
+identifier, not even its keyed hash: its fields are picked one by one from the evidence, never copied wholesale.
 
 Signature: HMAC-SHA256 over the canonical JSON (sorted keys, fixed separators, ASCII) of everything
 but the `signature` field, under a key derived for this purpose from the engine's secret key

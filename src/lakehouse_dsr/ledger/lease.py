@@ -6,7 +6,7 @@ read), so two processes, on one host or on many, can never both hold it. A holde
 every quarter of `run.lease_seconds` from a background thread; a holder that died (`kill -9`,
 lost host) stops renewing and its lease lapses after `run.lease_seconds`, or at once when it ran
 on this host and its process is gone. A lease that lapsed without being returned names a run
-that was interrupted: the next holder finishes its work (see runner.py).
+that was interrupted: the next holder finishes its work (see runner/).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import cast
@@ -110,6 +112,16 @@ class Lease:
                 self._start_heartbeat()
                 return mine
             # another process committed between our read and our commit: look again
+
+    @contextmanager
+    def held(self, wait: bool, notify: Callable[[Holder], None] | None = None) -> Iterator[Holder]:
+        """`acquire` for the block, `release` after it, whatever happens in it (a lease a crash could
+        not return lapses after `run.lease_seconds`)."""
+        holder = self.acquire(wait, notify=notify)
+        try:
+            yield holder
+        finally:
+            self.release()
 
     def working_on(self, request_ids: list[str]) -> None:
         """Record which requests this run works on (`dsr status` shows them in progress); those of

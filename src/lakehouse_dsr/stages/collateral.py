@@ -208,7 +208,7 @@ class CollateralResult:
     detail: str | None = None
     # Files the check read whole at the erase commit (its added files; files it attached deletes to,
     # with those deletes) and found no requested row in: while the table's current snapshot descends
-    # from the commit, the live verification need not read them again (runner.py passes them on).
+    # from the commit, the live verification need not read them again (runner/proof.py passes them on).
     clean_files: frozenset[str] = frozenset()
 
     def as_dict(self) -> dict:

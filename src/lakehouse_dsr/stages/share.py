@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import cast
 
@@ -357,6 +357,19 @@ def _reasons(result: ShareRefresh, request_id: str) -> list[str]:
     return result.verification.failing.get(request_id, []) if result.verification else []
 
 
+def _with_shares(outcome: Outcome, results: dict[str, ShareRefresh]) -> Outcome:
+    """An erase request's outcome with its share evidence added: failed when a share still holds its
+    subject (a new Outcome: the erase stage's is left as it was)."""
+    reasons = [r for result in results.values() for r in _reasons(result, outcome.request_id)]
+    tables = {**outcome.evidence.get("tables", {}),
+              **{n: _entry(r, outcome.request_id, "delete") for n, r in results.items()}}
+    evidence = {**outcome.evidence, "tables": tables}
+    if not reasons:
+        return replace(outcome, evidence=evidence)
+    return replace(outcome, status="failed", purge_by=None, evidence=evidence,
+                   reason="; ".join([*([outcome.reason] if outcome.reason else []), *reasons]))
+
+
 def _outcomes(requests: dict[str, dict], overridden: dict[str, str], outcomes: list[Outcome], erasing: set[str],
               results: dict[str, ShareRefresh], run_id: str) -> list[Outcome]:
     """`outcomes` with each erase request's share evidence (failed when a share still holds its
@@ -364,15 +377,7 @@ def _outcomes(requests: dict[str, dict], overridden: dict[str, str], outcomes: l
     without its subject, an opt_in when every share was refreshed; a request a newer one of the same
     subject overrode in this batch completes saying so."""
     verified_at = datetime.now(UTC).isoformat()
-    for o in outcomes:
-        if o.request_id not in erasing:
-            continue
-        reasons = [r for result in results.values() for r in _reasons(result, o.request_id)]
-        o.evidence.setdefault("tables", {}).update({n: _entry(r, o.request_id, "delete") for n, r in results.items()})
-        if reasons:
-            o.status, o.purge_by = "failed", None
-            o.reason = "; ".join([*([o.reason] if o.reason else []), *reasons])
-    done = list(outcomes)
+    done = [_with_shares(o, results) if o.request_id in erasing else o for o in outcomes]
     for rid, r in sorted(requests.items()):
         evidence: dict = {"run_id": run_id, "verified_at": verified_at}
         if rid in overridden:

@@ -1,0 +1,87 @@
+"""What the stages of one run share, and how their time and I/O are counted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ..config import Settings
+from ..evidence.report import RunReport
+from ..inventory.check import KeyTypes
+from ..lake.metrics import IoCost, StageMeter
+from ..ledger.ledger import Ledger
+from ..progress import Progress
+from ..vault import vault
+
+T = TypeVar("T")
+
+
+@contextmanager
+def timed(report: RunReport, stage: str, spark: SparkSession | None = None) -> Iterator[None]:
+    """Add the block's seconds, and with Spark its I/O (rows, bytes read/written, shuffled), to the stage's totals."""
+    meter = StageMeter(spark) if spark is not None else None
+    mark = meter.mark() if meter else None
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.seconds[stage] = round(report.seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
+        if meter:
+            report.cost[stage] = IoCost(**report.cost.get(stage, {})).add(meter.since(mark)).as_dict()
+
+
+def each_table(settings: Settings, progress: Progress, stage: str, tables: list[str], work: Callable[[str], T]
+               ) -> dict[str, T]:
+    """`work(table)` for every table, `run.parallel_tables` at a time on threads sharing the session:
+    tables are independent, so their small Spark jobs, commits and procedure calls overlap instead of
+    queueing (Spark schedules concurrent jobs side by side). Results in the order of `tables`."""
+    if not tables:
+        return {}
+    progress.stage(stage, len(tables))
+    done: dict[str, T] = {}
+    with ThreadPoolExecutor(min(settings.run.parallel_tables, len(tables)), thread_name_prefix="dsr-table") as pool:
+        futures = {pool.submit(work, table): table for table in tables}
+        for future in as_completed(futures):
+            progress.step(futures[future])
+            done[futures[future]] = future.result()
+    progress.done()
+    return {table: done[table] for table in tables}
+
+
+@dataclass(frozen=True)
+class Context:
+    """One run's session, settings, ledger, the catalog's key types (checked before anything
+    changed), the vault's keys when a table is pseudonymized, the report whose meters count each
+    stage, and the progress display."""
+
+    spark: SparkSession
+    settings: Settings
+    ledger: Ledger
+    key_types: KeyTypes
+    report: RunReport
+    progress: Progress
+    vault_keys: vault.Keys | None
+
+    @property
+    def run_id(self) -> str:
+        return self.report.run_id
+
+    def timed(self, stage: str) -> AbstractContextManager[None]:
+        """`timed` for this run's report, with Spark's I/O."""
+        return timed(self.report, stage, self.spark)
+
+    def each_table(self, stage: str, tables: list[str], work: Callable[[str], T]) -> dict[str, T]:
+        return each_table(self.settings, self.progress, stage, tables, work)
+
+    def batch(self, rows: dict[str, dict]) -> DataFrame:
+        """(request_id, subject_id, regulation) of a batch as a small DataFrame: identifiers travel as
+        data, never as SQL text."""
+        return self.spark.createDataFrame(
+            [(rid, r["subject_id"], r["regulation"]) for rid, r in sorted(rows.items())],
+            "request_id string, subject_id string, regulation string")

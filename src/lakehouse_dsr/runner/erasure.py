@@ -1,0 +1,341 @@
+"""A run's erase requests as one batch: resolve -> erase -> propagate -> purge -> prove.
+
+`ErasureBatch` holds what those stages share; each stage returns its results and the outcome
+rules (rules.py) turn them into per-request outcomes. Under `purge.policy: batched` a run whose
+requests are not yet near their deadline proves live data only and leaves them `erased`; the run
+that reaches the earliest purge deadline purges once for every waiting request and proves them
+all (live, history, storage).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+
+from pyspark.sql import DataFrame
+
+from .. import faults
+from ..datamap import DataMap
+from ..exceptions import CommitConflictError, first_line
+from ..keys import key_id
+from ..lake import iceberg
+from ..lake.hmac import with_keyed_hash
+from ..ledger.journal import Step
+from ..ledger.ledger import Outcome
+from ..stages import collateral, erase, files, identity, matching, propagate, purge, shred, verify
+from ..vault import vault
+from . import rules
+from .context import Context
+from .proof import Prover
+from .work import Work
+
+
+@dataclass
+class Erased:
+    """What the erase stages did: each table's erasure (rounds folded in), the vault's shred, and
+    the batch's keys per table (for proofs and propagation)."""
+
+    erasures: dict[str, erase.TableErasure] = field(default_factory=dict)
+    shredded: shred.Shred | None = None
+    key_sets: dict[str, matching.TableKeys] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ErasureResult:
+    outcomes: list[Outcome] = field(default_factory=list)
+    tables: dict[str, dict] = field(default_factory=dict)  # the report's per-table evidence
+    collateral_failures: dict[str, str] = field(default_factory=dict)
+    purged: bool = False
+    waiting: dict[str, date] = field(default_factory=dict)  # requests left waiting for a purge -> due by
+
+
+class ErasureBatch:
+    """The run's erase requests (and, when a purge is due, every request waiting for one)."""
+
+    def __init__(self, ctx: Context, work: Work):
+        self.ctx, self.work = ctx, work
+        self.spark, self.settings, self.ledger = ctx.spark, ctx.settings, ctx.ledger
+        self.request_ids = sorted(work.erase)
+        self._hashes: DataFrame | None = None
+        self._hash_keys: verify.HashKeys | None = None
+
+    def run(self) -> ErasureResult:
+        """Erase, purge when due, prove, and decide each request's outcome. A collateral failure stops
+        the run before the purge (the pre-erase snapshots stay for a rollback) and holds the table."""
+        work = self.work
+        if not self.request_ids and not work.purge_now:
+            return ErasureResult(waiting=work.waiting)
+        erased = self.erase()
+        # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
+        resumed = {s.table: s for s in work.steps if s.run_id in work.interrupted and s.step == "erased"}
+        faults.failpoint("after_erase")
+        damaged = self._hold_damaged(erased.erasures)
+        stop_reason = ("run stopped before the purge: collateral check failed in " + ", ".join(sorted(damaged))
+                       if damaged else None)
+        purge_now = work.purge_now and not damaged
+        proven = self.request_ids + (sorted(work.waiting) if purge_now else [])
+        prior = self.ledger.evidence(sorted(work.waiting)) if purge_now and work.waiting else {}
+        purges = self._purge(erased, prior, resumed) if purge_now else {}
+        erasures, purges = self._with_shred(erased, purges)
+        prover = Prover(self.ctx, erasures, erased.shredded, self.request_ids, proven, purge_now,
+                        verify.stored_hashes(self.spark, self.ledger, proven), self._purge_table,
+                        erased.key_sets if len(proven) == len(self.request_ids) else {})
+        verifications, repurged = prover.prove_all()
+        purges = {**purges, **repurged}
+        tables = {table: self._evidence(table, erasures, purges, v) for table, v in verifications.items()}
+        outcomes = rules.erasure_outcomes(
+            proven, erasures, purges, verifications, self.ctx.run_id, datetime.now(UTC).isoformat(), prior, resumed,
+            {} if purge_now or stop_reason else work.deadlines, stop_reason)
+        waiting = {**({} if purge_now else work.waiting),
+                   **{o.request_id: o.purge_by for o in outcomes if o.status == "erased" and o.purge_by}}
+        return ErasureResult(outcomes, tables, damaged, purge_now, waiting)
+
+    def _evidence(self, table: str, erasures: dict[str, erase.TableErasure], purges: dict[str, purge.TablePurge],
+                  v: verify.TableVerification) -> dict:
+        return {**({"aggregate": True} if table in self.settings.datamap.aggregates else {}),
+                "erase": erasures[table].as_dict() if table in erasures else {},
+                "purge": purges[table].as_dict() if table in purges else {},
+                "verification": v.as_dict()}
+
+    def _hold_damaged(self, erasures: dict[str, erase.TableErasure]) -> dict[str, str]:
+        """Tables whose erase commit changed rows nobody asked about -> why; a conclusive finding puts
+        the table on hold in the journal (nothing is erased or purged there until `dsr release`)."""
+        damaged = {t: e.collateral for t, e in erasures.items() if e.collateral and not e.collateral.ok}
+        if damaged:
+            self.ledger.journal.record([Step(self.ctx.run_id, t, "held", erasures[t].plan.snapshot_before,
+                                             {"reason": c.detail}) for t, c in damaged.items() if c.conclusive])
+        return {t: c.detail or "" for t, c in damaged.items()}
+
+    # -- erase -------------------------------------------------------------------------------------
+
+    def erase(self) -> Erased:
+        """Resolve the batch's identifiers, record their hashes, and erase them from every mapped table
+        and file dataset, then shred the vault and propagate to the derived tables. Each wave's
+        commits go to the step journal before the next wave starts, so a run killed in between leaves
+        a record of what its successor must finish."""
+        if not self.request_ids:
+            return Erased()
+        keys = self._resolve()
+        self._hashes = verify.stored_hashes(self.spark, self.ledger, self.request_ids)
+        erased = self._erase_sources(keys)
+        erased.shredded = self._shred(keys, erased.erasures)
+        if self.settings.datamap.derived:
+            faults.failpoint("before_propagate")
+            self._propagate(erased)
+        return erased
+
+    def _resolve(self) -> DataFrame:
+        """The batch's identifiers (linked ones included), with their keyed hashes stored in the ledger
+        before anything is erased (linked identifiers are read from tables the erasure empties).
+        Hashed in Spark: only hashes reach the driver."""
+        ctx = self.ctx
+        with ctx.timed("resolve"):
+            ctx.progress.stage("resolve identifiers", 1)
+            ctx.progress.step(f"{len(self.request_ids)} subjects")
+            keys = identity.resolve(self.spark, self.settings,
+                                    ctx.batch({rid: self.work.erase[rid] for rid in self.request_ids}))
+            hashed = with_keyed_hash(self.spark, keys, "key_value", self.ledger.key).select(
+                "request_id", "key_type", "key_hash")
+            made_by = key_id(self.ledger.key)
+            self.ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in hashed.collect()])
+            ctx.progress.done()
+        return keys
+
+    def _erase_sources(self, keys: DataFrame) -> Erased:
+        """Erase the mapped tables wave by wave (tables identifiers are resolved through go last, so a
+        resumed run can still resolve from them; a wave's tables side by side), then the file
+        datasets, then late rows other writers appended meanwhile."""
+        datamap, ctx = self.settings.datamap, self.ctx
+        erased = Erased()
+        with ctx.timed("erase"):
+            erased.key_sets = matching.key_sets(self.settings, keys, ctx.key_types, [*datamap.keyed, *datamap.files])
+            waves = datamap.erase_waves()
+            for wave in waves[:len(waves) - len(datamap.derived_levels())]:
+                erased.erasures.update(self._erase_tables("erase", wave, erased.key_sets))
+            if datamap.files:
+                erased.erasures.update(ctx.each_table("erase files", list(datamap.files), lambda d: files.erase_dataset(
+                    self.spark, self.settings, d, erased.key_sets[d])))
+            self._late_rounds(erased, list(datamap.keyed))
+        return erased
+
+    def _shred(self, keys: DataFrame, erasures: dict[str, erase.TableErasure]) -> shred.Shred | None:
+        """Shred the subjects' vault entries (`action: shred` tables), journal them with the erase
+        commits, and purge the vault's history (whatever the purge policy)."""
+        shredded = None
+        if self.settings.datamap.shredded:
+            faults.failpoint("before_shred")
+            with self.ctx.timed("shred"):
+                self.ctx.progress.stage("shred", 1)
+                self.ctx.progress.step("vault entries")
+                shredded = shred.shred(self.spark, self.settings, keys, self.ctx.vault_keys)
+        self._journal(erasures, shredded=shredded and (vault.table_name(self.settings), shredded))
+        if shredded is not None:
+            with self.ctx.timed("shred"):
+                shred.purge_vault(self.spark, self.settings, shredded)
+                self.ctx.progress.done()
+        return shredded
+
+    def _propagate(self, erased: Erased) -> None:
+        """Bring the derived tables in line level by level (a level reads only tables erased before
+        it): keyed ones erased by key, aggregates recomputed from what changed (stages/propagate.py)."""
+        datamap = self.settings.datamap
+        stale = stale_aggregates(self.settings.datamap, self.work.steps)
+        with self.ctx.timed("propagate"):
+            for level in datamap.derived_levels():
+                keyed = [t for t in level if t in datamap.keyed]
+                if keyed:
+                    erased.erasures.update(self._erase_tables("propagate", keyed, erased.key_sets))
+
+                def derive(table: str) -> erase.TableErasure | None:
+                    changes = self._changes(table, erased)
+                    if not changes and table not in stale:
+                        return None  # nothing it reads changed
+                    return propagate.refresh(self.spark, self.settings, table, changes, table in stale)
+                done = self.ctx.each_table("propagate", [t for t in level if t not in datamap.keyed], derive)
+                erased.erasures.update({t: e for t, e in done.items() if e is not None})
+                self._late_rounds(erased, keyed)
+                faults.failpoint("during_propagate")
+                self._journal({t: erased.erasures[t] for t in level if t in erased.erasures},
+                              propagated=[t for t in level if t in datamap.aggregates])
+
+    def _changes(self, table: str, erased: Erased) -> dict[str, propagate.Upstream | None]:
+        """The sources of an aggregate this run changed: erased by key (traceable rows) or, for an
+        aggregate source, recomputed (None)."""
+        datamap = self.settings.datamap
+        changes: dict[str, propagate.Upstream | None] = {}
+        for source in datamap.aggregates[table].sources:
+            e = erased.erasures.get(source)
+            if e is None or e.snapshot_id is None:
+                continue
+            keyed = source in datamap.keyed
+            changes[source] = propagate.Upstream(e.plan.snapshot_before, erased.key_sets[source],
+                                                 datamap.mapping(source).action) if keyed else None
+        return changes
+
+    def _erase_tables(self, stage: str, tables: list[str], key_sets: dict[str, matching.TableKeys]
+                      ) -> dict[str, erase.TableErasure]:
+        """Erase `tables`: planned in one Spark job (erase.plan_many), committed side by side, and their
+        commits checked for collateral damage together (the content check's fingerprints in one job).
+        Each table's `seconds` is its commit and count check; the shared plan and check are the stage's."""
+        spark, settings = self.spark, self.settings
+        plans = erase.plan_many(spark, settings, tables, key_sets, self.work.purge_now)
+        content = settings.erase.collateral_check == "content"
+
+        def commit(table: str) -> erase.TableErasure:
+            start, keys = time.perf_counter(), key_sets[table]
+            try:
+                erasure = erase.apply(spark, settings, plans[table], keys, observe=keys if content else None)
+            except Exception as exc:  # recorded; verification then shows what is left
+                erasure = erase.TableErasure(plans[table], error=first_line(exc, with_type=True))
+            if erasure.snapshot_id is not None and not content:
+                erasure.collateral = collateral.check_counts(spark, settings, table, erasure.plan.snapshot_before,
+                                                             erasure.snapshot_id, erasure.plan.expected_rows_after,
+                                                             erasure.rows_after)
+            erasure.seconds = round(time.perf_counter() - start, 3)
+            return erasure
+
+        erasures = self.ctx.each_table(stage, tables, commit)
+        if content:
+            committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed)
+                         for t, e in erasures.items() if e.snapshot_id is not None]
+            for table, result in collateral.check_many(spark, settings, committed).items():
+                erasures[table].collateral = result
+        return erasures
+
+    def _late_rounds(self, erased: Erased, tables: list[str]) -> None:
+        """At most `erase.max_rounds - 1` more rounds for rows of the batch's subjects that other
+        writers appended after our commits: only tables that took commits since are checked (one
+        live-data job for all of them), and each round folds into the table's erasure."""
+        for _ in range(self.settings.erase.max_rounds - 1):
+            moved = [t for t in tables if t in erased.erasures and not erased.erasures[t].error
+                     and self._changed_since(t, erased.erasures[t])]
+            if not moved:
+                return
+            hashes, hash_keys = self._stored_hashes()
+            found = verify.live_found(self.spark, self.settings, moved, hashes, hash_keys, erased.key_sets)
+            late = [t for t in moved if found[t]]
+            if not late:
+                return
+            for table, later in self._erase_tables("erase late rows", late, erased.key_sets).items():
+                erased.erasures[table].absorb(later)
+
+    def _stored_hashes(self) -> tuple[DataFrame, verify.HashKeys]:
+        """The batch's keyed hashes (read once the identifiers were resolved) and the keys that made
+        them (looked up when first needed)."""
+        assert self._hashes is not None, "the batch's identifiers are resolved first"
+        if self._hash_keys is None:
+            self._hash_keys = verify.keys_for(self.settings, self._hashes, self.ledger.keyring)
+        return self._hashes, self._hash_keys
+
+    def _changed_since(self, table: str, erasure: erase.TableErasure) -> bool:
+        current = iceberg.current_snapshot(self.spark, self.settings, table)
+        ours = erasure.snapshot_id if erasure.snapshot_id is not None else erasure.plan.snapshot_before
+        return current is not None and current.snapshot_id != ours
+
+    def _journal(self, erasures: dict[str, erase.TableErasure], propagated: list[str] = (),
+                 shredded: tuple[str, shred.Shred] | None = None) -> None:
+        """One journal commit: each commit of `erasures` (step `erased`), the aggregates brought in
+        line with their sources (step `propagated`, committed or not), and the vault's shred commit."""
+        run_id = self.ctx.run_id
+        self.ledger.journal.record([*(Step(run_id, t, "erased", e.snapshot_id,
+                                           {"rows": e.plan.matches_by_request, "rounds": e.rounds})
+                                      for t, e in erasures.items() if e.snapshot_id is not None),
+                                    *(Step(run_id, t, "propagated") for t in propagated),
+                                    *([Step(run_id, shredded[0], "shredded", shredded[1].snapshot_id,
+                                            {"tables": sorted(shredded[1].erasures),
+                                             "snapshot_before": shredded[1].snapshot_before})] if shredded else [])])
+
+    # -- purge -------------------------------------------------------------------------------------
+
+    def _purge(self, erased: Erased, prior: dict[str, dict], resumed: dict[str, Step]) -> dict[str, purge.TablePurge]:
+        """Purge every table erased by this run, by an interrupted one, or by the earlier runs whose
+        requests wait for this purge; journaled (step `purged`)."""
+        with self.ctx.timed("purge"):
+            erased_earlier = {t for e in prior.values() for t, d in e.get("tables", {}).items() if d.get("snapshot_id")}
+            to_purge = [t for t in self.settings.datamap.erase_order() if t in erased_earlier or t in resumed
+                        or (t in erased.erasures and erased.erasures[t].snapshot_id is not None)]
+            purges = self.ctx.each_table("purge", to_purge, self._purge_table)
+        self.ledger.journal.record([Step(self.ctx.run_id, t, "purged", None, {"bytes_rewritten": p.bytes_rewritten})
+                                    for t, p in purges.items() if not p.error])
+        faults.failpoint("after_purge")
+        return purges
+
+    def _purge_table(self, table: str) -> purge.TablePurge:
+        """Purge one table; a purge step that another writer's commit invalidated is run again (every
+        step is safe to repeat). When the retries run out, verification reports what is left."""
+        start = time.perf_counter()
+        try:
+            result = iceberg.with_conflict_retries(self.settings, f"table {table}: the purge",
+                                                   lambda: purge.purge_table(self.spark, self.settings, table))[0]
+        except CommitConflictError as exc:
+            result = purge.TablePurge(table, error=str(exc))
+        result.seconds = round(time.perf_counter() - start, 3)
+        return result
+
+    def _with_shred(self, erased: Erased, purges: dict[str, purge.TablePurge]
+                    ) -> tuple[dict[str, erase.TableErasure], dict[str, purge.TablePurge]]:
+        """The erasures and purges with the shredded tables': the vault was purged in the shred step,
+        whatever the policy."""
+        if erased.shredded is None:
+            return erased.erasures, purges
+        p = erased.shredded.purge
+        vault_purge = {t: purge.TablePurge(vault.table_name(self.settings), snapshots_expired=p.snapshots_expired,
+                                           files_deleted=p.files_deleted, orphans_removed=p.orphans_removed,
+                                           seconds=p.seconds) for t in erased.shredded.erasures}
+        return {**erased.erasures, **erased.shredded.erasures}, {**purges, **vault_purge}
+
+
+def stale_aggregates(datamap: DataMap, steps: list[Step]) -> set[str]:
+    """Aggregates a source of which was erased after their last propagation (a run killed or failed in
+    between): the erased rows can no longer be read from the journal, so they are recomputed whole."""
+    last: dict[tuple[str, str], datetime] = {}
+    for s in steps:
+        if s.step in ("erased", "propagated") and s.at is not None:
+            last[(s.table, s.step)] = s.at
+    stale = set()
+    for name, mapping in datamap.aggregates.items():
+        done = last.get((name, "propagated"))
+        if any((src, "erased") in last and (done is None or last[(src, "erased")] > done) for src in mapping.sources):
+            stale.add(name)
+    return stale

@@ -1,0 +1,152 @@
+"""`run`: every open request in one batch per type, under the ledger's lease."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Callable
+from contextlib import ExitStack
+from datetime import date, datetime
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from .. import faults
+from ..config import Settings
+from ..evidence.report import RequestResult, RunReport
+from ..inventory.check import check_against_catalog
+from ..lake import skipping
+from ..ledger.journal import Step
+from ..ledger.lease import Holder, Lease
+from ..ledger.ledger import Ledger, Outcome
+from ..ledger.requests import utc_now
+from ..progress import Progress, Silent
+from ..stages import share
+from ..vault import vault
+from . import rules
+from .context import Context, timed
+from .erasure import ErasureBatch
+from .exports import export_requests
+from .work import Work, read_work
+
+
+def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, progress: Progress | None = None,
+        today: date | None = None) -> RunReport:
+    """Process every open request (access, erase, opt_out, opt_in) and refresh the data map's shares;
+    returns the run report (no identifiers).
+
+    `spark`: a session, or a function making one: called only when there is work for Spark, so a
+    run with nothing to do costs two small pyiceberg reads, writes nothing and starts no JVM (with
+    shares declared there is always something to do: their refresh).
+    `today` (default: the current UTC date) is the day purge deadlines are compared with.
+    A run with work takes the ledger's lease (ledger/lease.py) and reads the ledger again under it:
+    another live holder makes this one wait or raise LedgerBusyError, per `run.concurrent`.
+    """
+    progress = progress or Silent()
+    faults.armed()  # a misspelt failpoint fails before anything changes
+    started = utc_now()
+    today = today or started.date()
+    report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
+    ledger = Ledger(settings)
+    with timed(report, "ledger"):
+        work = _noted(report, read_work(ledger, settings, today))
+    if not work.needs_lease:
+        report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
+        return report
+    lease = Lease(ledger.store, report.run_id, settings.run.lease_seconds)
+    waited: list[str] = []
+
+    def waiting(other: Holder) -> None:  # a stage of its own, so the bar says why nothing moves
+        waited.append(other.run_id)
+        progress.stage("wait for the ledger", 1)
+        progress.step(f"run {other.run_id} holds it")
+
+    with ExitStack() as held:
+        with timed(report, "ledger"):
+            holder = held.enter_context(lease.held(settings.run.concurrent == "wait", notify=waiting))
+        held.callback(skipping.release)
+        if waited:
+            progress.done()
+        with timed(report, "ledger"):
+            work = _noted(report, read_work(ledger, settings, today, holder.interrupted))  # as it is now we hold it
+            if work.ids:
+                lease.working_on(work.ids)
+        if not work.ids and not work.purge_now and not work.shares:
+            report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
+            if work.ledger_purge:
+                _purge_ledger(ledger, report)
+            return report
+        for run_id in ledger.unrecorded_runs(work.interrupted):
+            # packages a killed run wrote but never checked or recorded: personal data nobody owns
+            shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
+        outcomes = _process(_context(spark() if callable(spark) else spark, settings, ledger, report, progress),
+                            work)
+        _finish(ledger, lease, report, work, outcomes, started)
+    return report
+
+
+def _noted(report: RunReport, work: Work) -> Work:
+    """`work`, with the tables on hold and the request types not processed noted in the report."""
+    report.held, report.not_processed = dict(work.held), dict(work.not_processed)
+    return work
+
+
+def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: RunReport, progress: Progress
+             ) -> Context:
+    """The run's Context: the catalog's key types are checked, and a wrong or missing vault master key
+    fails, before anything changes."""
+    faults.failpoint("after_start")
+    with timed(report, "ledger", spark):
+        key_types = check_against_catalog(spark, settings.datamap, settings.table)
+        vault_keys = vault.open_keys(spark, settings) if settings.datamap.shredded else None
+    return Context(spark, settings, ledger, key_types, report, progress, vault_keys)
+
+
+def _process(ctx: Context, work: Work) -> list[Outcome]:
+    """Access requests first (a person asking for a copy and erasure gets the copy), then erase
+    requests unless a table is on hold (`dsr release` lifts it), then consent requests and the
+    data map's shares: each share refreshed without opted-out or erased subjects (stages/share.py)."""
+    report = ctx.report
+    exported = export_requests(ctx, work.access)
+    if exported.summary is not None:
+        report.export = exported.summary
+    outcomes = list(exported.outcomes)
+    if not report.held:
+        erased = ErasureBatch(ctx, work).run()
+        outcomes += erased.outcomes
+        report.tables.update(erased.tables)
+        report.collateral_failures = dict(erased.collateral_failures)
+        report.purge_schedule = rules.schedule(ctx.settings.purge.policy, erased.purged, erased.waiting)
+    if work.shares or work.consent:
+        with ctx.timed("shares"):
+            outcomes, shared = share.process(ctx.spark, ctx.settings, ctx.ledger, work.consent, outcomes,
+                                             {*work.erase, *work.waiting}, set(report.held), ctx.progress,
+                                             report.run_id)
+        report.shares = {name: s.as_dict() for name, s in shared.items()}
+    faults.failpoint("after_verify")
+    return outcomes
+
+
+def _finish(ledger: Ledger, lease: Lease, report: RunReport, work: Work, outcomes: list[Outcome],
+            started: datetime) -> None:
+    """One ledger commit for every outcome (only while the lease is still ours: a run that lost it
+    must not record anything, its successor acts), the ledger's own purge when owed, and the run's
+    record for the dashboard."""
+    with timed(report, "ledger"):
+        lease.check()
+        ledger.finish(outcomes, report.run_id, started)
+        faults.failpoint("after_finish")
+        # Completion drops plaintext ids from the current snapshot only; history keeps them until the
+        # ledger is purged too (under the batched policy, with the tables). Owed also when a run was
+        # killed between recording outcomes and this purge.
+        if any(o.status == "completed" for o in outcomes) or work.ledger_purge:
+            if ledger.settings.purge.policy == "immediate" or report.purge_schedule.get("purged"):
+                _purge_ledger(ledger, report)
+    report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
+    ledger.record_run(report.record(utc_now()))  # the dashboard's run history: one append
+
+
+def _purge_ledger(ledger: Ledger, report: RunReport) -> None:
+    """Purge the ledger's own history (old snapshots hold plaintext subject ids) and prove it."""
+    report.ledger_purge = ledger.purge_history()
+    ledger.journal.record([Step(report.run_id, ledger.requests_table, "purged")])

@@ -1,0 +1,142 @@
+"""The outcome rules: what completes a request, what keeps it open, and what the evidence says.
+
+Pure functions of the stages' results (no Spark, no ledger): tested on their own in
+tests/test_rules.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import date
+from pathlib import Path
+
+from ..datamap import DataMap
+from ..ledger.journal import Step
+from ..ledger.ledger import Outcome
+from ..stages import access, erase, purge, verify
+
+
+def schedule(policy: str, purged: bool, waiting: dict[str, date]) -> dict:
+    """The report's purge schedule: the policy, whether this run purged, and the requests still
+    waiting for a purge with the earliest day one is due."""
+    return {"policy": policy, "purged": purged, "waiting": len(waiting),
+            "next_purge_by": min(waiting.values()).isoformat() if waiting else None}
+
+
+def with_collateral(erasure: erase.TableErasure | None, checked: verify.TableVerification
+                    ) -> verify.TableVerification:
+    """`checked` failing the collateral check when the table's erasure failed or damaged other rows
+    (a new result: the verification's own is left as it was)."""
+    if erasure is None:
+        return checked
+    if erasure.error:
+        return replace(checked, collateral_ok=False, collateral_detail=f"erasure failed: {erasure.error}")
+    if erasure.collateral and not erasure.collateral.ok:
+        return replace(checked, collateral_ok=False, collateral_detail=erasure.collateral.detail)
+    return checked
+
+
+def proof_method(datamap: DataMap, table: str, v: verify.TableVerification) -> str:
+    """How `table` was proven, in words for certificates (shredded tables name their own method)."""
+    if table in datamap.aggregates:
+        return "groups recomputed from the erased sources and compared row for row" + (
+            "; no file of an older snapshot and no unreferenced file left" if v.physical else "")
+    if table in datamap.files:
+        where = "every file of the dataset (its live data, history and storage at once)"
+    elif v.physical:
+        where = ("the live snapshot, the files of every retained snapshot, every file on storage (unreferenced ones "
+                 "included), branches and tags")
+        if v.one_scan:
+            where += "; history and storage held only the live files, so one scan covered all three"
+    else:
+        where = "the live snapshot"
+    return f"keyed hash (HMAC-SHA256) of every key value, compared with the request's stored hashes, in {where}"
+
+
+def table_entry(request_id: str, e: erase.TableErasure | None, p: purge.TablePurge | None,
+                v: verify.TableVerification, resumed: Step | None, earlier: dict) -> dict:
+    """One table's part of a request's evidence: what was done to the subject's rows there (by this
+    run, by an interrupted run it finished, or by the earlier run that erased them), what the purge
+    removed, and how the verification proved it."""
+    if e is None:
+        entry = dict(earlier)
+    elif not e.plan.matches_by_request.get(request_id) and resumed and resumed.detail["rows"].get(request_id):
+        entry = {"action": e.plan.action, "rows": resumed.detail["rows"][request_id],
+                 "snapshot_id": resumed.snapshot_id, "erased_in_run": resumed.run_id}
+    else:
+        entry = {"action": e.plan.action, "rows": e.plan.matches_by_request.get(request_id, 0),
+                 "snapshot_id": e.snapshot_id, "rounds": e.rounds}
+    if e is not None and e.plan.action == "recompute":
+        entry["strategy"] = e.plan.strategy
+    rewritten = (e.data_files_rewritten, e.bytes_rewritten) if e is not None else (
+        entry.get("data_files_rewritten", 0), entry.get("bytes_rewritten", 0))  # an earlier run's erase
+    entry.update(purge.evidence(p, *rewritten), **v.evidence(request_id))
+    return entry
+
+
+def request_reasons(request_id: str, table: str, e: erase.TableErasure | None, v: verify.TableVerification
+                    ) -> list[str]:
+    """Why `table` keeps the request open: its verification found the subject, or its erase commit
+    failed or changed other rows while erasing this subject (or erased nothing: an error)."""
+    reasons = list(v.failing.get(request_id, []))
+    if e and not v.collateral_ok and (request_id in e.plan.matches_by_request or e.error):
+        reasons.append(f"{table}: collateral check failed ({v.collateral_detail})")
+    return reasons
+
+
+def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
+                     purges: dict[str, purge.TablePurge], verifications: dict[str, verify.TableVerification],
+                     run_id: str, verified_at: str, prior: dict[str, dict], resumed: dict[str, Step],
+                     deadlines: dict[str, date], stop_reason: str | None) -> list[Outcome]:
+    """Per request: failed (with every reason), erased (live data proven, purge due by its deadline:
+    requests in `deadlines`), or completed (proven). Requests erased in an earlier run keep that
+    run's erase evidence (`prior`), and so do requests an interrupted run erased (`resumed`, from
+    the step journal). `stop_reason`: why the run stopped before the purge (fails every request)."""
+    outcomes = []
+    for request_id in request_ids:
+        earlier = prior.get(request_id, {})
+        reasons: list[str] = []
+        tables = {}
+        for table, v in verifications.items():
+            e = erasures.get(table)
+            reasons += request_reasons(request_id, table, e, v)
+            tables[table] = table_entry(request_id, e, purges.get(table), v, resumed.get(table),
+                                        earlier.get("tables", {}).get(table, {}))
+        if stop_reason:
+            reasons.append(stop_reason)
+        evidence = {"run_id": run_id, "verified_at": verified_at, "tables": tables}
+        if earlier:
+            evidence["erased_in_run"] = earlier.get("run_id")
+        if reasons:
+            outcomes.append(Outcome(request_id, "failed", "; ".join(reasons), evidence))
+        elif request_id in deadlines:
+            by = deadlines[request_id]
+            outcomes.append(Outcome(request_id, "erased", f"logically erased; physical purge due by {by}",
+                                    evidence, purge_by=by))
+        else:
+            outcomes.append(Outcome(request_id, "completed", None, evidence))
+    return outcomes
+
+
+def access_outcomes(request_ids: list[str], result: access.ExportResult, checked: dict[str, bool], run_id: str
+                    ) -> list[Outcome]:
+    """Per access request: completed when its package is on disk with the checksum the manifest
+    records, else failed (kept open for the next run)."""
+    packages = {p.request_id: p for p in result.packages}
+    outcomes = []
+    for rid in request_ids:
+        p = packages.get(rid)
+        evidence = {"run_id": run_id, "file": str(Path(result.directory) / p.file), "sha256": p.sha256,
+                    "bytes": p.bytes, "rows": p.rows, "manifest": result.manifest} if p else {"run_id": run_id}
+        ok = checked.get(rid, False)
+        outcomes.append(Outcome(rid, "completed" if ok else "failed",
+                                None if ok else "export package missing or its checksum does not match the manifest",
+                                evidence))
+    return outcomes
+
+
+def export_summary(result: access.ExportResult, fmt: str, tables: list[str]) -> dict:
+    """The report's export section: where the packages are, how many, and rows per table."""
+    return {"directory": result.directory, "manifest": result.manifest, "format": fmt,
+            "packages": len(result.packages),
+            "rows": {t: sum(p.rows.get(t, 0) for p in result.packages) for t in tables}}

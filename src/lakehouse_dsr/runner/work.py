@@ -1,0 +1,62 @@
+"""What the ledger holds for a run: one read of the open requests and one of the step journal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+
+from ..config import Settings
+from ..ledger.journal import Step
+from ..ledger.ledger import OPEN_STATUSES, Ledger
+from ..stages import purge
+
+
+@dataclass(frozen=True)
+class Work:
+    """The open requests by type, the journal, and what they make due."""
+
+    access: dict[str, dict]  # request id -> ledger row (subject id included: stays in this process and Spark)
+    erase: dict[str, dict]  # empty while a table is on hold
+    waiting: dict[str, date]  # logically erased, purge due by
+    steps: list[Step]
+    interrupted: list[str]  # runs that lapsed without returning the lease: their work is ours now
+    deadlines: dict[str, date]  # purge deadline of each erase request, waiting or new
+    purge_now: bool
+    ledger_purge: bool  # the ledger's own history still holds plaintext of completed requests
+    consent: dict[str, dict]  # opt_out and opt_in requests (stages/share.py)
+    shares: bool  # the data map declares shares: every run refreshes them
+    held: dict[str, str]  # tables on hold (`dsr release` lifts it) -> why
+    not_processed: dict[str, int]  # request types this version records but does not process -> how many
+
+    @property
+    def ids(self) -> list[str]:
+        return [*self.access, *self.erase, *self.consent]
+
+    @property
+    def needs_lease(self) -> bool:
+        return bool(self.ids or self.purge_now or self.ledger_purge or self.shares)
+
+
+def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tuple[str, ...] = ()) -> Work:
+    """The run's Work: one read of the open requests and one of the journal. A table on hold stops
+    every erasure and purge (its erase requests wait). Cost: two small ledger reads."""
+    rows = ledger.requests(OPEN_STATUSES)
+    steps = ledger.journal.steps()
+    held = {t: s.detail.get("reason", "") for t, s in ledger.journal.holds(steps).items()}
+    not_processed: dict[str, int] = {}
+    by_type: dict[str, dict[str, dict]] = {"access": {}, "erase": {}, "opt_out": {}, "opt_in": {}}
+    waiting: dict[str, date] = {}
+    for r in rows:
+        if r["status"] == "erased":
+            waiting[r["request_id"]] = r["purge_by"]
+        elif r["request_type"] in by_type:
+            by_type[r["request_type"]][r["request_id"]] = r
+        else:
+            not_processed[r["request_type"]] = not_processed.get(r["request_type"], 0) + 1
+    erase = {} if held else by_type["erase"]
+    deadlines = {**waiting, **{rid: purge.purge_deadline(today, r["due_date"], settings.purge)
+                               for rid, r in erase.items()}}
+    return Work(by_type["access"], erase, waiting, steps, list(interrupted), deadlines,
+                not held and purge.purge_due(deadlines.values(), today),
+                settings.purge.policy == "immediate" and ledger.purge_owed(steps),
+                {**by_type["opt_out"], **by_type["opt_in"]}, bool(settings.datamap.shares), held, not_processed)

@@ -1,0 +1,123 @@
+"""The outcome rules on their own (runner/rules.py): what completes a request, what keeps it open,
+and what its evidence says, from the stages' results alone. No Spark session is started."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from lakehouse_dsr.datamap import DataMap
+from lakehouse_dsr.ledger.journal import Step
+from lakehouse_dsr.runner import rules
+from lakehouse_dsr.stages.access import ExportResult, Package
+from lakehouse_dsr.stages.collateral import CollateralResult
+from lakehouse_dsr.stages.erase import TableErasure, TablePlan
+from lakehouse_dsr.stages.purge import TablePurge
+from lakehouse_dsr.stages.verify import TableVerification
+
+RUN, AT = "run-1", "2026-11-24T00:00:00+00:00"
+
+
+def erasure(matches: dict[str, int], snapshot_id: int | None = 7, **changes) -> TableErasure:
+    plan = TablePlan("demo.events", "user_id", "user_id", "delete", "rewrite_files", "copy-on-write",
+                     rows_before=100, rows_matched=sum(matches.values()), matches_by_request=matches,
+                     snapshot_before=6)
+    return TableErasure(plan, snapshot_id=snapshot_id, rows_after=100 - sum(matches.values()),
+                        data_files_rewritten=2, bytes_rewritten=2048, **changes)
+
+
+def outcomes(request_ids, erasures, verifications, purges=None, deadlines=None, stop=None, prior=None, resumed=None):
+    return {o.request_id: o for o in rules.erasure_outcomes(
+        request_ids, erasures, purges or {}, verifications, RUN, AT, prior or {}, resumed or {}, deadlines or {}, stop)}
+
+
+def test_a_request_completes_only_when_every_table_proves_it():
+    erasures = {"demo.events": erasure({"r1": 3, "r2": 1})}
+    clean = TableVerification("demo.events")
+    failing = TableVerification("demo.events", live=1, failing={"r2": ["demo.events: 1 row left"]})
+    done = outcomes(["r1", "r2"], erasures, {"demo.events": clean}, {"demo.events": TablePurge("demo.events")})
+    assert {r: o.status for r, o in done.items()} == {"r1": "completed", "r2": "completed"}
+    entry = done["r1"].evidence["tables"]["demo.events"]
+    assert (entry["action"], entry["rows"], entry["snapshot_id"], entry["purged"]) == ("delete", 3, 7, True)
+    assert entry["data_files_rewritten"] == 2 and entry["bytes_rewritten"] == 2048
+    assert done["r1"].evidence["run_id"] == RUN and done["r1"].evidence["verified_at"] == AT
+
+    kept = outcomes(["r1", "r2"], erasures, {"demo.events": failing})
+    assert kept["r1"].status == "completed"  # another subject's leftover row does not fail this one
+    assert (kept["r2"].status, kept["r2"].reason) == ("failed", "demo.events: 1 row left")
+
+
+def test_collateral_damage_fails_the_requests_the_commit_erased_and_a_stop_fails_all():
+    damaged = erasure({"r1": 3}, collateral=CollateralResult(False, True, "2 rows not requested changed"))
+    checked = rules.with_collateral(damaged, TableVerification("demo.events"))
+    assert (checked.collateral_ok, checked.collateral_detail) == (False, "2 rows not requested changed")
+    done = outcomes(["r1", "r2"], {"demo.events": damaged}, {"demo.events": checked})
+    assert done["r1"].status == "failed"
+    assert "collateral check failed (2 rows not requested changed)" in done["r1"].reason
+    assert done["r2"].status == "completed"  # the commit erased nothing of r2's
+
+    stopped = outcomes(["r2"], {"demo.events": damaged}, {"demo.events": checked}, stop="run stopped before the purge")
+    assert (stopped["r2"].status, stopped["r2"].reason) == ("failed", "run stopped before the purge")
+
+
+def test_a_failed_erasure_fails_every_request_of_the_table_and_the_verification_is_left_as_it_was():
+    broken = erasure({}, snapshot_id=None, error="CommitConflictError: gave up")
+    verification = TableVerification("demo.events")
+    checked = rules.with_collateral(broken, verification)
+    assert checked is not verification and verification.collateral_ok  # a new result
+    assert checked.collateral_detail == "erasure failed: CommitConflictError: gave up"
+    assert outcomes(["r1"], {"demo.events": broken}, {"demo.events": checked})["r1"].status == "failed"
+    assert rules.with_collateral(None, verification) is verification
+
+
+def test_a_request_with_a_deadline_is_erased_not_completed_until_its_purge():
+    done = outcomes(["r1"], {"demo.events": erasure({"r1": 1})}, {"demo.events": TableVerification(
+        "demo.events", physical=False)}, deadlines={"r1": date(2026, 12, 1)})
+    assert (done["r1"].status, done["r1"].purge_by) == ("erased", date(2026, 12, 1))
+    assert done["r1"].reason == "logically erased; physical purge due by 2026-12-01"
+    assert set(done["r1"].evidence["tables"]["demo.events"]["checks"]) == {"live", "collateral"}  # no history yet
+
+
+def test_earlier_and_interrupted_runs_keep_their_own_erase_evidence():
+    earlier = {"r0": {"run_id": "run-0", "tables": {"demo.events": {"action": "delete", "rows": 4, "snapshot_id": 3,
+                                                                    "data_files_rewritten": 1, "bytes_rewritten": 10}}}}
+    proven = outcomes(["r0"], {}, {"demo.events": TableVerification("demo.events")},
+                      {"demo.events": TablePurge("demo.events", bytes_rewritten=5)}, prior=earlier)
+    entry = proven["r0"].evidence["tables"]["demo.events"]
+    assert proven["r0"].evidence["erased_in_run"] == "run-0"
+    assert (entry["rows"], entry["snapshot_id"], entry["bytes_rewritten"]) == (4, 3, 15)  # erase's and purge's
+
+    resumed = {"demo.events": Step("run-k", "demo.events", "erased", 5, {"rows": {"r1": 2}})}
+    again = outcomes(["r1"], {"demo.events": erasure({})}, {"demo.events": TableVerification("demo.events")},
+                     resumed=resumed)
+    entry = again["r1"].evidence["tables"]["demo.events"]
+    assert (entry["rows"], entry["snapshot_id"], entry["erased_in_run"]) == (2, 5, "run-k")
+
+
+@pytest.mark.parametrize(("physical", "one_scan", "words"), [
+    (True, False, "every file on storage"), (True, True, "one scan covered all three"),
+    (False, False, "in the live snapshot")])
+def test_the_proof_method_says_where_the_subject_was_looked_for(physical, one_scan, words):
+    datamap = DataMap.model_validate({"tables": {"demo.events": {"key": "user_id", "identifier": "user_id"}}})
+    method = rules.proof_method(datamap, "demo.events", TableVerification("demo.events", physical=physical,
+                                                                            one_scan=one_scan))
+    assert method.startswith("keyed hash (HMAC-SHA256)") and words in method
+
+
+def test_the_purge_schedule_names_the_earliest_deadline():
+    assert rules.schedule("batched", False, {"a": date(2026, 12, 9), "b": date(2026, 12, 2)}) == {
+        "policy": "batched", "purged": False, "waiting": 2, "next_purge_by": "2026-12-02"}
+    assert rules.schedule("immediate", True, {})["next_purge_by"] is None
+
+
+def test_access_requests_complete_only_with_a_package_whose_checksum_holds():
+    result = ExportResult("/exports/run-1", "/exports/run-1/manifest.json",
+                          [Package("a1", "a1.json", "f" * 64, 10, {"demo.events": 2}),
+                           Package("a2", "a2.json", "e" * 64, 10, {})])
+    done = {o.request_id: o for o in rules.access_outcomes(["a1", "a2", "a3"], result, {"a1": True, "a2": False}, RUN)}
+    assert done["a1"].status == "completed" and done["a1"].evidence["file"] == "/exports/run-1/a1.json"
+    assert done["a2"].status == "failed" and "checksum" in done["a2"].reason
+    assert done["a3"].status == "failed" and done["a3"].evidence == {"run_id": RUN}
+    assert rules.export_summary(result, "json", ["demo.events", "demo.users"])["rows"] == {
+        "demo.events": 2, "demo.users": 0}
