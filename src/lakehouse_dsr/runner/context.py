@@ -32,7 +32,7 @@ def timed(report: RunReport, stage: str, spark: SparkSession | None = None) -> I
         yield
     finally:
         report.seconds[stage] = round(report.seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
-        if meter:
+        if meter and mark is not None:
             report.cost[stage] = IoCost(**report.cost.get(stage, {})).add(meter.since(mark)).as_dict()
 
 

@@ -10,6 +10,7 @@ all (live, history, storage).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 
@@ -66,7 +67,7 @@ class ErasureBatch:
         work = self.work
         if not self.request_ids and not work.purge_now:
             return ErasureResult(waiting=work.waiting)
-        erased = self.erase()
+        erased = self.erase_subjects()
         # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
         resumed = {s.table: s for s in work.steps if s.run_id in work.interrupted and s.step == "erased"}
         faults.failpoint("after_erase")
@@ -109,7 +110,7 @@ class ErasureBatch:
 
     # -- erase -------------------------------------------------------------------------------------
 
-    def erase(self) -> Erased:
+    def erase_subjects(self) -> Erased:
         """Resolve the batch's identifiers, record their hashes, and erase them from every mapped table
         and file dataset, then shred the vault and propagate to the derived tables. Each wave's
         commits go to the step journal before the next wave starts, so a run killed in between leaves
@@ -168,8 +169,9 @@ class ErasureBatch:
             with self.ctx.timed("shred"):
                 self.ctx.progress.stage("shred", 1)
                 self.ctx.progress.step("vault entries")
+                assert self.ctx.vault_keys is not None, "the run opens the vault's keys when a table is shredded"
                 shredded = shred.shred(self.spark, self.settings, keys, self.ctx.vault_keys)
-        self._journal(erasures, shredded=shredded and (vault.table_name(self.settings), shredded))
+        self._journal(erasures, shredded=(vault.table_name(self.settings), shredded) if shredded else None)
         if shredded is not None:
             with self.ctx.timed("shred"):
                 shred.purge_vault(self.spark, self.settings, shredded)
@@ -210,7 +212,7 @@ class ErasureBatch:
                 continue
             keyed = source in datamap.keyed
             changes[source] = propagate.Upstream(e.plan.snapshot_before, erased.key_sets[source],
-                                                 datamap.mapping(source).action) if keyed else None
+                                                 datamap.keyed[source].action) if keyed else None
         return changes
 
     def _erase_tables(self, stage: str, tables: list[str], key_sets: dict[str, matching.TableKeys]
@@ -273,7 +275,7 @@ class ErasureBatch:
         ours = erasure.snapshot_id if erasure.snapshot_id is not None else erasure.plan.snapshot_before
         return current is not None and current.snapshot_id != ours
 
-    def _journal(self, erasures: dict[str, erase.TableErasure], propagated: list[str] = (),
+    def _journal(self, erasures: dict[str, erase.TableErasure], propagated: Sequence[str] = (),
                  shredded: tuple[str, shred.Shred] | None = None) -> None:
         """One journal commit: each commit of `erasures` (step `erased`), the aggregates brought in
         line with their sources (step `propagated`, committed or not), and the vault's shred commit."""
@@ -322,7 +324,7 @@ class ErasureBatch:
         p = erased.shredded.purge
         vault_purge = {t: purge.TablePurge(vault.table_name(self.settings), snapshots_expired=p.snapshots_expired,
                                            files_deleted=p.files_deleted, orphans_removed=p.orphans_removed,
-                                           seconds=p.seconds) for t in erased.shredded.erasures}
+                                           seconds=p.seconds) for t in erased.shredded.erasures} if p else {}
         return {**erased.erasures, **erased.shredded.erasures}, {**purges, **vault_purge}
 
 

@@ -31,7 +31,7 @@ class Prover:
         self.physical, self.hashes, self.purge_table, self.prune = physical, hashes, purge_table, prune
         self.hash_keys = verify.keys_for(self.settings, hashes, ctx.ledger.keyring)  # once, for every table
         self.clean = {t: e.collateral.clean_files for t, e in erasures.items()
-                      if e.collateral and e.collateral.clean_files and t in prune
+                      if e.collateral and e.collateral.clean_files and t in prune and e.snapshot_id is not None
                       and iceberg.descends_from(self.spark, self.settings, t, e.snapshot_id)}
         self.live: dict[str, dict[str, int]] = {}
         self.repurged: dict[str, purge.TablePurge] = {}
@@ -64,6 +64,7 @@ class Prover:
         caught up and checked again; a table whose live data is clean but whose history or storage
         still holds them (left over from an interrupted run) is purged now and checked again."""
         if table in self.settings.datamap.shredded:
+            assert self.shredded is not None, "shredded tables are proven after a shred"
             return shred.verify(self.spark, self.settings, table, self.shredded, self.request_ids)
         e = self.erasures.get(table)
         checked = self.check(table, self.physical, self.live.get(table))

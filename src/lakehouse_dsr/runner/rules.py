@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from ..datamap import DataMap
 from ..ledger.journal import Step
@@ -104,7 +105,7 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
                                         earlier.get("tables", {}).get(table, {}))
         if stop_reason:
             reasons.append(stop_reason)
-        evidence = {"run_id": run_id, "verified_at": verified_at, "tables": tables}
+        evidence: dict[str, Any] = {"run_id": run_id, "verified_at": verified_at, "tables": tables}
         if earlier:
             evidence["erased_in_run"] = earlier.get("run_id")
         if reasons:
