@@ -323,3 +323,53 @@ def test_the_service_serves_certificates_runs_and_totals_to_operators_only(lake)
         assert operator.get("/api/v1/operator/tables").json()["tables"] == ledger.table_totals()
         for text in (downloaded.text, page.text, operator.get("/api/v1/operator/requests").text):
             _no_identifier(lake, text)
+
+
+def test_the_certificate_model_and_the_service_schemas_describe_real_certificates_runs_and_totals(lake):
+    """The published Certificate model (and the OpenAPI document of the operator endpoints) describe what
+    a real run's certificates, run history and table totals are, field for field: checked with an
+    independent validator (jsonschema), and documents that drift fail."""
+    from jsonschema import Draft202012Validator, ValidationError
+
+    from intake_server import OPERATOR_TOKEN
+    from lakehouse_dsr.evidence.certificate import Certificate
+    from lakehouse_dsr.service.app import create_app
+    from lakehouse_dsr.service.intake import Intake
+    from openapi_check import CheckedClient, OpenAPI
+
+    published = Draft202012Validator(Certificate.model_json_schema())
+    for cert in lake["certificates"].values():
+        published.validate(cert)
+        assert Certificate.model_validate(cert).model_dump(mode="json", exclude_unset=True) == cert
+    access = lake["certificates"][lake["access"]]
+    assert "package" in access and not any("package" in c for c in lake["certificates"].values() if c is not access)
+    drifted = copy.deepcopy(lake["certificates"][lake["missed"]])
+    for change in (lambda d: d.update(note="approved"), lambda d: d["tables"]["demo.events"].update(rows="5"),
+                   lambda d: d["request"].pop("deadline_met"), lambda d: d["signature"].update(algorithm="none")):
+        doc = copy.deepcopy(drifted)
+        change(doc)
+        with pytest.raises(ValidationError):
+            published.validate(doc)
+
+    intake = Intake(lake["settings"])
+    try:
+        app = create_app(lake["settings"], intake, OPERATOR_TOKEN)
+        openapi = OpenAPI(app.app.openapi())
+        operator = CheckedClient(app, openapi, {"Authorization": f"Bearer {OPERATOR_TOKEN}"})
+        ledger = Ledger(lake["settings"])
+        for request_id in lake["certificates"]:  # each answer checked against the OpenAPI document
+            document = operator.get(f"/api/v1/operator/requests/{request_id}/certificate").json()
+            assert check_certificate(document, ledger).intact
+            page = operator.get(f"/api/v1/operator/requests/{request_id}/certificate", params={"format": "html"})
+            assert page.headers["content-type"].startswith("text/html")
+        runs, totals = operator.get("/api/v1/operator/runs").json(), operator.get("/api/v1/operator/tables").json()
+        assert runs["runs"] and totals["tables"]
+        # what the ledger holds, in its order of fields: the models changed nothing
+        assert [list(r.items()) for r in runs["runs"]] == [list(r.items()) for r in ledger.runs(10)]
+        assert totals["tables"] == ledger.table_totals()
+        assert {(path, status) for path, _, status in operator.seen} == {
+            ("/api/v1/operator/requests/{request_id}/certificate", 200), ("/api/v1/operator/runs", 200),
+            ("/api/v1/operator/tables", 200)}
+        operator.close()
+    finally:
+        intake.close()

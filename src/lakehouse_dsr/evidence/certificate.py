@@ -22,11 +22,15 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from ..exceptions import DsrError, LedgerError
 from ..keys import KEY_ENV, Keyring, derive_key
 from ..ledger.ledger import Ledger
-from ..ledger.requests import REQUEST_ID, utc_now
+from ..ledger.requests import REQUEST_ID, Regulation, RequestType, utc_now
 from ..ledger.store import EqualTo
 from .html import Markup, badge, code, esc, fact_list, human_bytes, page, table
 
@@ -43,6 +47,123 @@ _ACTIONS = {"delete": "rows deleted", "redact": "personal columns set to NULL, r
             "recompute": "recomputed without the erased rows", "export": "rows exported",
             "exclude": "rows taken out of the share", "include": "rows shared again"}
 
+
+# -- the document's shape ---------------------------------------------------------------------------
+# What build_certificate makes, as models (their JSON Schema is published, and the operator
+# certificate endpoint declares it). They describe the document; they never make it: the signed
+# dict is written and served as built, so the models cannot change a byte of it or its signature.
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """For a field left out of the document when it does not apply (never `null`): no `default` shown."""
+    schema.pop("default", None)
+
+
+_Timestamp = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$",
+                                  json_schema_extra={"format": "date-time"})]
+_Day = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$", json_schema_extra={"format": "date"})]
+_Count = Annotated[int, Field(ge=0)]
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CertifiedRequest(_Part):
+    """The request and its deadline."""
+
+    request_id: str = Field(pattern=r"^req-[0-9a-f]{21}$", description="the request's id in the ledger")
+    type: RequestType = Field(description="what was asked: erase, access, opt_out or opt_in")
+    regulation: Regulation
+    received: _Timestamp = Field(description="when the request was received (UTC)")
+    due: _Day = Field(description="the day it was due, the one allowed extension included")
+    extended: bool = Field(description="the deadline was extended (once, as the regulation allows)")
+    completed: _Timestamp = Field(description="when it was completed (UTC)")
+    deadline_met: bool = Field(description="completed on or before the day it was due")
+    days_before_due: int = Field(description="days between completion and the due day (negative: days late)")
+
+
+class CertificateRuns(_Part):
+    """The runs that did the work."""
+
+    completed_in: str = Field(description="the run that completed and proved the request")
+    erased_in: str | SkipJsonSchema[None] = Field(
+        None, json_schema_extra=_no_default,
+        description="the earlier run that erased the subject, when the physical purge was batched into a later run "
+                    "(absent otherwise)")
+
+
+class TableErasure(_Part):
+    """What was done in one table for an erase, opt-out or opt-in request, and how it was proven."""
+
+    action: str = Field(description="delete, redact, shred or recompute; exclude or include for shares; 'erased in "
+                                    "an earlier run' when the evidence names none")
+    rows: _Count = Field(description="the subject's rows deleted, redacted or taken out of the share")
+    snapshots_expired: _Count = Field(description="snapshots expired by the purge")
+    files_rewritten: _Count = Field(description="data files rewritten by the batch's erase commit in this table")
+    bytes_rewritten: _Count = Field(description="bytes rewritten by that commit")
+    files_deleted: _Count = Field(description="files deleted from storage by the purge")
+    orphans_removed: _Count = Field(description="unreferenced files removed from storage")
+    checks: list[Literal["live", "history", "storage"]] = Field(
+        description="where the verification looked for the subject: the live snapshot, every retained snapshot, "
+                    "every file on storage")
+    collateral_check: bool | None = Field(
+        description="the erase commit changed no row nobody asked about (null: not checked)")
+    storage_scan: str = Field(description="the storage scan's verdict, in words ('clean: ...', 'failed', 'not "
+                                          "scanned (live data only)', 'not applicable (opt-in)')")
+    method: str = Field(description="how the table was proven, in words")
+    verified: bool = Field(description="no check found the subject")
+
+
+class TableExport(_Part):
+    """What an access request exported from one table."""
+
+    action: Literal["export"]
+    rows: _Count = Field(description="the subject's rows exported")
+
+
+class CertificateTotals(_Part):
+    tables: _Count = Field(description="tables listed under `tables`")
+    rows: _Count = Field(description="the sum of their rows")
+
+
+class AccessPackage(_Part):
+    """An access request's package: its checksum, as the run's manifest holds it."""
+
+    sha256: str = Field(description="the package file's SHA-256 (hex)")
+    bytes: _Count = Field(description="the package file's size")
+    verification: str = Field(description="how the checksum was checked, in words")
+
+
+class CertificateSignature(_Part):
+    """HMAC-SHA256 over the canonical JSON (sorted keys, separators `,` and `:`, ASCII) of every field but
+    `signature`, under a key derived from the engine's secret key."""
+
+    algorithm: Literal["HMAC-SHA256"]
+    key_id: str = Field(pattern=r"^[0-9a-f]{8}$", description="the engine key that signed (first 8 hex digits of "
+                                                              "its SHA-256); retired keys still check")
+    value: str = Field(pattern=r"^[0-9a-f]{64}$", description="the HMAC, hex")
+
+
+class Certificate(_Part):
+    """A signed certificate of a completed request: what was done in each table and how it was proven
+    (erasure, opt-out, opt-in), or what was exported (access). It holds no subject identifier.
+
+    Any change to a field (added, removed or altered) breaks the signature: `dsr certificate --check FILE`
+    says whether a file is intact."""
+
+    format: Literal["lakehouse-dsr certificate 1"] = Field(description="the document's format and version")
+    issued_at: _Timestamp = Field(description="when this copy was issued (UTC)")
+    request: CertifiedRequest
+    runs: CertificateRuns
+    tables: dict[str, TableErasure | TableExport] = Field(
+        description="per table (by name): erase, opt-out and opt-in requests list what was done and proven "
+                    "(TableErasure), access requests what was exported (TableExport)")
+    totals: CertificateTotals
+    package: AccessPackage | SkipJsonSchema[None] = Field(
+        None, json_schema_extra=_no_default,
+        description="an access request's package (absent for other requests, and for an access request whose "
+                    "run recorded no package checksum)")
+    signature: CertificateSignature
 
 def build_certificate(ledger: Ledger, request_id: str, now: datetime | None = None) -> dict:
     """The signed certificate of a completed request (a JSON-ready dict).

@@ -4,6 +4,9 @@ People file requests and follow them (`/api/v1/requests`, the pages `/` and `/st
 holding `$DSR_API_TOKEN`, list and extend requests, read runs and download certificates
 (`/api/v1/operator/...`, the page `/dashboard`). No answer ever holds a subject identifier: error
 messages name the field, never its value, and no stack trace leaves the process.
+
+Every endpoint declares what it answers (service/models.py, and the certificate's own model), its
+refusals included, so the OpenAPI document (`/api/v1/openapi.json`) describes every answer.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import re
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from importlib import resources
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,10 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import Settings
-from ..evidence.certificate import build_certificate, certificate_html
+from ..evidence.certificate import Certificate, build_certificate, certificate_html
 from ..exceptions import DsrError, LedgerError, first_line
 from ..ledger.ledger import RequestStatus
 from ..ledger.requests import REQUEST_ID
+from . import models
 from .guard import Guard
 from .intake import Filing, Intake, IntakeError
 
@@ -66,6 +70,31 @@ def _request_id(request_id: str) -> str:
 
 RequestId = Annotated[str, Depends(_request_id)]
 
+# When an endpoint refuses (the OpenAPI responses' descriptions)
+_BODY_TOO_LARGE = "the request body is larger than `intake.max_body_bytes`"
+_NO_REQUEST = "no such request (or not a request id)"
+_SCHEMA = "a parameter or the body does not match the schema (`InvalidInput`: each field named, never its value)"
+
+
+def _refusals(specific: dict[int, str], operator: bool = False, engine: bool = True) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of an API endpoint: its own refusals (status: when), and those every API
+    endpoint shares (a parameter that does not match the schema, the rate limit, an internal error), an
+    operator endpoint's 401, and the 503 of an endpoint that reads the ledger. Every refusal is
+    `Refusal`; a 422 may also be `InvalidInput` (FastAPI's own 422 schema is not what this service sends)."""
+    found = {422: _SCHEMA, **specific}
+    if operator:
+        found[401] = "no valid operator bearer token, or operator access is off"
+    if engine:
+        found[503] = "the ledger cannot be read or written now (its catalog is unreachable, say): nothing was changed"
+    found[429] = "too many requests from this address"
+    found[500] = "internal error; nothing was acknowledged (the error is logged by type only)"
+    headers = {401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+               429: {"Retry-After": {"description": "seconds until a request is let through again",
+                                     "schema": {"type": "integer"}}}}
+    return {code: {"model": models.InvalidInput | models.Refusal if code == 422 else models.Refusal,
+                   "description": why, **({"headers": headers[code]} if code in headers else {})}
+            for code, why in sorted(found.items())}
+
 
 def create_app(settings: Settings, intake: Intake | None = None, operator_token: str | None = None) -> Guard:
     """The service as an ASGI application. `intake` defaults to one on `settings`' ledger and queue,
@@ -97,66 +126,99 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
     Operator = Depends(operator)
 
     # -- the person's side --------------------------------------------------------------------------
-    @app.post("/api/v1/requests", status_code=202)
+    # A gpc_opt_out_request_id of None is left out of the answer (response_model_exclude_none).
+    @app.post("/api/v1/requests", status_code=202, response_model_exclude_none=True, responses=_refusals({
+        409: "this Idempotency-Key was used for a different request (`field`: Idempotency-Key)",
+        413: _BODY_TOO_LARGE,
+        422: f"{_SCHEMA}; or a `Refusal` naming `field` (subject_id, email, Idempotency-Key)"}, engine=False))
     async def file_request(body: FilingBody, idempotency_key: Annotated[str | None, Header()] = None,
-                           sec_gpc: Annotated[str | None, Header()] = None) -> dict:
+                           sec_gpc: Annotated[str | None, Header()] = None) -> models.Acknowledgement:
+        """File a request. The answer (202) comes once it is on disk; its status token is the only way to
+        follow it. The same Idempotency-Key again answers the first filing (`replayed`)."""
         filing = Filing(body.type, body.subject_id, body.regulation, body.email)
         ack = await asyncio.wrap_future(intake.file(filing, idempotency_key, gpc=(sec_gpc or "").strip() == "1"))
-        return {k: v for k, v in asdict(ack).items() if v is not None}
+        return models.Acknowledgement.model_validate(asdict(ack))
 
-    @app.get("/api/v1/requests/{request_id}")
+    @app.get("/api/v1/requests/{request_id}", responses=_refusals({
+        403: "the status token does not match this request", 404: _NO_REQUEST}))
     def request_status(request_id: RequestId, status_token: str | None = None,
-                       x_status_token: Annotated[str | None, Header()] = None) -> dict:
+                       x_status_token: Annotated[str | None, Header()] = None) -> models.RequestStatus:
+        """A request's status, for the holder of its status token."""
         return _public(intake.status(request_id, x_status_token or status_token))
 
-    @app.post("/api/v1/requests/{request_id}/verify")
-    def verify(request_id: RequestId, body: CodeBody) -> dict:
+    @app.post("/api/v1/requests/{request_id}/verify", responses=_refusals({
+        400: "wrong code (`detail` says how many tries are left)", 404: _NO_REQUEST,
+        409: "the identity is already verified (a code works once), or no code has been sent yet",
+        410: "the code has expired: ask for a new one", 413: _BODY_TOO_LARGE,
+        422: f"{_SCHEMA}; or a `Refusal`: the code is six digits", 423: "locked after too many wrong codes"}))
+    def verify(request_id: RequestId, body: CodeBody) -> models.RequestStatus:
+        """Check the code mailed for a request: right, and the request is received."""
         return _public(intake.verify(request_id, body.code))
 
-    @app.post("/api/v1/requests/{request_id}/code", status_code=202)
+    @app.post("/api/v1/requests/{request_id}/code", status_code=202, responses=_refusals({
+        403: "the status token does not match this request", 404: _NO_REQUEST,
+        409: "this request is not waiting for a verification code"}))
     def resend_code(request_id: RequestId, status_token: str | None = None,
-                    x_status_token: Annotated[str | None, Header()] = None) -> dict:
+                    x_status_token: Annotated[str | None, Header()] = None) -> models.RequestStatus:
+        """Mail a new code (the old one stops working)."""
         return _public(intake.resend_code(request_id, x_status_token or status_token))
 
     # -- the operator's side ------------------------------------------------------------------------
-    @app.get("/api/v1/operator/requests", dependencies=[Operator])
+    @app.get("/api/v1/operator/requests", dependencies=[Operator], responses=_refusals({}, operator=True))
     def list_requests(status: str | None = Query(None, max_length=40), type: str | None = Query(None, max_length=40),
-                      regulation: str | None = Query(None, max_length=40)) -> dict:
+                      regulation: str | None = Query(None, max_length=40)) -> models.RequestList:
+        """Every request, queued or in the ledger (`status=open`: any not completed)."""
         found = intake.requests(status, type, regulation)
-        return {"count": len(found), "requests": [asdict(r) for r in found]}
+        return models.RequestList(count=len(found),
+                                  requests=[models.OperatorRequest.model_validate(asdict(r)) for r in found])
 
-    @app.post("/api/v1/operator/requests/{request_id}/extend", dependencies=[Operator])
-    def extend(request_id: RequestId, body: ExtendBody) -> dict:
-        return asdict(intake.ledger.extend(request_id, body.reason))
+    @app.post("/api/v1/operator/requests/{request_id}/extend", dependencies=[Operator], responses=_refusals({
+        404: _NO_REQUEST, 409: "already extended (the law allows one), completed, or no reason given",
+        413: _BODY_TOO_LARGE}, operator=True))
+    def extend(request_id: RequestId, body: ExtendBody) -> models.OperatorRequest:
+        """Apply the regulation's one allowed extension; the reason is told to the person."""
+        return models.OperatorRequest.model_validate(asdict(intake.ledger.extend(request_id, body.reason)))
 
-    @app.get("/api/v1/operator/requests/{request_id}/certificate", dependencies=[Operator])
+    @app.get("/api/v1/operator/requests/{request_id}/certificate", dependencies=[Operator],
+             response_model=Certificate, response_class=JSONResponse, responses={
+                 200: {"description": "the signed certificate as a JSON download (Content-Disposition: attachment),"
+                                      " or with `format=html` as a page for people",
+                       "content": {"text/html": {"schema": {"type": "string"}}},
+                       "headers": {"Content-Disposition": {
+                           "description": 'JSON only: attachment; filename="certificate-<request id>.json"',
+                           "schema": {"type": "string"}}}},
+                 **_refusals({404: _NO_REQUEST, 409: "the request is not completed yet"}, operator=True)})
     def certificate(request_id: RequestId, format: Literal["json", "html"] = "json") -> Response:
+        """A completed request's signed certificate, exactly as signed (`dsr certificate --check` checks it)."""
         document = build_certificate(intake.ledger, request_id)
         if format == "html":
             return HTMLResponse(certificate_html(document))
         return JSONResponse(document, headers={
             "content-disposition": f'attachment; filename="certificate-{request_id}.json"'})
 
-    @app.get("/api/v1/operator/runs", dependencies=[Operator])
-    def runs(limit: int = Query(10, ge=1, le=200)) -> dict:
-        return {"runs": intake.ledger.runs(limit)}
+    @app.get("/api/v1/operator/runs", dependencies=[Operator], responses=_refusals({}, operator=True))
+    def runs(limit: int = Query(10, ge=1, le=200)) -> models.RunList:
+        """The last runs that did work, newest first."""
+        return models.RunList.model_validate({"runs": intake.ledger.runs(limit)})
 
-    @app.get("/api/v1/operator/tables", dependencies=[Operator])
-    def tables() -> dict:
-        return {"tables": intake.ledger.table_totals()}
+    @app.get("/api/v1/operator/tables", dependencies=[Operator], responses=_refusals({}, operator=True))
+    def tables() -> models.TableTotals:
+        """Per table, what every recorded run did there."""
+        return models.TableTotals.model_validate({"tables": intake.ledger.table_totals()})
 
-    @app.post("/api/v1/operator/ingest", dependencies=[Operator])
-    def ingest_now() -> dict:
+    @app.post("/api/v1/operator/ingest", dependencies=[Operator], responses=_refusals({}, operator=True))
+    def ingest_now() -> models.Ingested:
         """Move acknowledged requests into the ledger now instead of at the next tick."""
-        return {"moved": intake.ingest()}
+        return models.Ingested(moved=intake.ingest())
 
     @app.get("/healthz")
-    def health() -> dict:
-        return {"ok": True}
+    def health() -> models.Health:
+        """The process answers."""
+        return models.Health(ok=True)
 
     # -- pages --------------------------------------------------------------------------------------
     for path, page in (("/", "index.html"), ("/status", "status.html"), ("/dashboard", "dashboard.html")):
-        app.add_api_route(path, _page(page), methods=["GET"], include_in_schema=False)
+        app.add_api_route(path, _page(page), methods=["GET"], include_in_schema=False, response_class=HTMLResponse)
     app.mount("/static", StaticFiles(directory=str(PAGES / "static")), name="static")
     return Guard(app, settings.intake.max_body_bytes, settings.intake.rate_limit_per_minute)
 
@@ -170,12 +232,13 @@ def _page(name: str):
     return page
 
 
-def _public(status: RequestStatus) -> dict:
+def _public(status: RequestStatus) -> models.RequestStatus:
     """What a person sees of their request: never the subject id (RequestStatus holds none)."""
-    return {"request_id": status.request_id, "type": status.request_type, "regulation": status.regulation,
-            "status": status.status, "reason": status.status_reason, "received": status.received,
-            "due_date": status.due_date, "days_left": status.days_left, "extended": status.extended,
-            "completed": status.completed}
+    return models.RequestStatus.model_validate({
+        "request_id": status.request_id, "type": status.request_type, "regulation": status.regulation,
+        "status": status.status, "reason": status.status_reason, "received": status.received,
+        "due_date": status.due_date, "days_left": status.days_left, "extended": status.extended,
+        "completed": status.completed})
 
 
 def _errors(app: FastAPI) -> None:
