@@ -118,6 +118,6 @@ def test_access_requests_complete_only_with_a_package_whose_checksum_holds():
     done = {o.request_id: o for o in rules.access_outcomes(["a1", "a2", "a3"], result, {"a1": True, "a2": False}, RUN)}
     assert done["a1"].status == "completed" and done["a1"].evidence["file"] == "/exports/run-1/a1.json"
     assert done["a2"].status == "failed" and "checksum" in done["a2"].reason
-    assert done["a3"].status == "failed" and done["a3"].evidence == {"run_id": RUN}
+    assert done["a3"].status == "failed" and done["a3"].evidence == {"version": 1, "run_id": RUN}
     assert rules.export_summary(result, "json", ["demo.events", "demo.users"])["rows"] == {
         "demo.events": 2, "demo.users": 0}

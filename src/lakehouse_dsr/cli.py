@@ -296,6 +296,15 @@ def jars() -> None:
 
 
 @app.command()
+def schema(out: Annotated[Path, typer.Option(help="folder to write them into")] = Path("schemas")) -> None:
+    """Write the JSON Schemas of dsr.yaml, the run report, request evidence and the certificate."""
+    from .evidence.schemas import write_schemas
+
+    for path in write_schemas(out):
+        console.print(str(path))
+
+
+@app.command()
 def release(table: str, reason: Annotated[str, typer.Option(help="what was checked or rolled back")]) -> None:
     """Lift the hold a collateral-check failure put on a table, so runs erase and purge there again."""
     step = _ledger().journal.release(table, reason)

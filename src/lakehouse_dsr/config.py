@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
 from .datamap import DataMap, demo_datamap
 from .exceptions import ConfigError
@@ -35,23 +35,25 @@ def _as_str_map(value: Any) -> dict[str, str]:
     return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
 
 
+# Spark and catalog properties: YAML numbers and flags are accepted and kept as the strings Spark and
+# the catalogs read (`true`, not `True`); the published schema says so.
+StrMap = Annotated[dict[str, str], BeforeValidator(_as_str_map), WithJsonSchema(
+    {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}})]
+
+
 class SparkSettings(_Strict):
     master: str = "local[*]"
     app_name: str = "lakehouse-dsr"
-    conf: dict[str, str] = Field(default_factory=dict)
-
-    _coerce_conf = field_validator("conf", mode="before")(_as_str_map)
+    conf: StrMap = Field(default_factory=dict)
 
 
 class CatalogSettings(_Strict):
     name: str = "lakehouse"
-    properties: dict[str, str] = Field(default_factory=lambda: {"type": "hadoop", "warehouse": "lakehouse"})
+    properties: StrMap = Field(default_factory=lambda: {"type": "hadoop", "warehouse": "lakehouse"})
 
     # Extra pyiceberg properties for the control plane (dsr submit/status/extend, the ledger), which
     # reads and writes the ledger without a JVM; normally derived from `properties` (see lake/catalog.py).
-    pyiceberg: dict[str, str] = Field(default_factory=dict)
-
-    _coerce_props = field_validator("properties", "pyiceberg", mode="before")(_as_str_map)
+    pyiceberg: StrMap = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod

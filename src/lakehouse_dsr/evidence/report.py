@@ -14,6 +14,7 @@ from ..keys import write_private
 from ..lake.metrics import IoCost
 from ..ledger.ledger import RunRecord
 from .html import run_report_page
+from .models import VERSION, RunReportDocument
 
 
 @dataclass
@@ -60,13 +61,17 @@ class RunReport:
     def awaiting_purge(self) -> list[RequestResult]:
         return [r for r in self.requests if r.status == "erased"]
 
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["summary"] = {"requests": len(self.requests), "completed": len(self.completed), "failed": len(self.failed),
+    def document(self) -> RunReportDocument:
+        """The report as its published, versioned model (evidence/models.py): fails if the report
+        drifted from its schema."""
+        return RunReportDocument.model_validate({
+            "version": VERSION, **asdict(self), "per_table": self.per_table,
+            "summary": {"requests": len(self.requests), "completed": len(self.completed), "failed": len(self.failed),
                         "awaiting_purge": len(self.awaiting_purge),
-                        "seconds_total": round(sum(self.seconds.values()), 3)}
-        d["per_table"] = self.per_table
-        return d
+                        "seconds_total": round(sum(self.seconds.values()), 3)}})
+
+    def as_dict(self) -> dict:
+        return self.document().model_dump(exclude_unset=True)
 
     @property
     def per_table(self) -> dict[str, dict]:

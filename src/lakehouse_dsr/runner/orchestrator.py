@@ -82,6 +82,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         outcomes = _process(_context(spark() if callable(spark) else spark, settings, ledger, report, progress),
                             work)
         _finish(ledger, lease, report, work, outcomes, started)
+    report.document()  # checked against its published schema before anyone reads it
     return report
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..datamap import DataMap
+from ..evidence.models import VERSION, AccessEvidence, ErasureEvidence, TableProof
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
 from ..stages import access, erase, purge, verify
@@ -72,7 +73,7 @@ def table_entry(request_id: str, e: erase.TableErasure | None, p: purge.TablePur
     rewritten = (e.data_files_rewritten, e.bytes_rewritten) if e is not None else (
         entry.get("data_files_rewritten", 0), entry.get("bytes_rewritten", 0))  # an earlier run's erase
     entry.update(purge.evidence(p, *rewritten), **v.evidence(request_id))
-    return entry
+    return TableProof.model_validate(entry).model_dump(exclude_unset=True)
 
 
 def request_reasons(request_id: str, table: str, e: erase.TableErasure | None, v: verify.TableVerification
@@ -105,9 +106,11 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
                                         earlier.get("tables", {}).get(table, {}))
         if stop_reason:
             reasons.append(stop_reason)
-        evidence: dict[str, Any] = {"run_id": run_id, "verified_at": verified_at, "tables": tables}
+        evidence: dict[str, Any] = {"version": VERSION, "run_id": run_id, "verified_at": verified_at,
+                                    "tables": tables}
         if earlier:
             evidence["erased_in_run"] = earlier.get("run_id")
+        evidence = ErasureEvidence.model_validate(evidence).model_dump(exclude_unset=True)
         if reasons:
             outcomes.append(Outcome(request_id, "failed", "; ".join(reasons), evidence))
         elif request_id in deadlines:
@@ -127,8 +130,10 @@ def access_outcomes(request_ids: list[str], result: access.ExportResult, checked
     outcomes = []
     for rid in request_ids:
         p = packages.get(rid)
-        evidence = {"run_id": run_id, "file": str(Path(result.directory) / p.file), "sha256": p.sha256,
-                    "bytes": p.bytes, "rows": p.rows, "manifest": result.manifest} if p else {"run_id": run_id}
+        found = {"file": str(Path(result.directory) / p.file), "sha256": p.sha256, "bytes": p.bytes, "rows": p.rows,
+                 "manifest": result.manifest} if p else {}
+        evidence = AccessEvidence.model_validate({"version": VERSION, "run_id": run_id, **found}).model_dump(
+            exclude_unset=True)
         ok = checked.get(rid, False)
         outcomes.append(Outcome(rid, "completed" if ok else "failed",
                                 None if ok else "export package missing or its checksum does not match the manifest",

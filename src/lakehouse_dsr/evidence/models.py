@@ -1,0 +1,256 @@
+"""The evidence documents as typed, versioned models: the run report (`dsr run --report`, the run
+page) and each request's evidence (what the ledger keeps and certificates are made from).
+
+`VERSION` is the documents' version: it changes when a field changes meaning or goes away (new
+fields do not change it). `dsr schema` publishes their JSON Schemas (schemas/ in the repository).
+The models forbid unknown fields, so a document that drifts from its schema fails where it is
+made, not in a reader. None of them holds a subject identifier.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VERSION = 1
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# -- a request's evidence ---------------------------------------------------------------------------
+
+class Checks(_Document):
+    """What the verification looked at for a table, each true when nothing of the subject was found
+    there (absent: not checked in that run)."""
+
+    live: bool = Field(description="the table's current snapshot")
+    collateral: bool | None = Field(None, description="the erase commit changed no row nobody asked about")
+    history: bool | None = Field(None, description="the files of every retained snapshot, branches and tags")
+    storage: bool | None = Field(None, description="every file under the table's location")
+
+
+class Proof(_Document):
+    method: str = Field(description="how the table was proven, in words")
+    passed: bool = Field(description="no check found this request's subject")
+    one_scan: bool = Field(description="history and storage held only the live files: one scan proved all three")
+    refs_checked: list[str] = Field(description="branches and tags whose snapshots were read")
+
+
+class TableProof(_Document):
+    """One table's (or share's) part of a request's evidence."""
+
+    action: str | None = Field(None, description="delete, redact, recompute, shred; exclude/include for shares")
+    rows: int | None = Field(None, description="the subject's rows erased, redacted or taken out there")
+    snapshot_id: int | None = Field(None, description="the commit that erased them")
+    rounds: int | None = Field(None, description="erase rounds (more than one when rows arrived meanwhile)")
+    erased_in_run: str | None = Field(None, description="an interrupted run that erased them")
+    strategy: str | None = Field(None, description="how an aggregate was recomputed")
+    refresh: str | None = Field(None, description="how a share was refreshed")
+    purged: bool = Field(description="old snapshots and unreferenced files were removed")
+    data_files_rewritten: int
+    bytes_rewritten: int
+    snapshots_expired: int
+    files_deleted: int
+    orphans_removed: int
+    checks: Checks | None = None
+    verification: Proof | None = None
+
+
+class ErasureEvidence(_Document):
+    """An erase request's evidence: per table what was done and how it was proven."""
+
+    version: int = VERSION
+    run_id: str
+    verified_at: str
+    tables: dict[str, TableProof]
+    erased_in_run: str | None = Field(None, description="the earlier run that erased the subject (batched purge)")
+
+
+class AccessEvidence(_Document):
+    """An access request's evidence: its package and the manifest that holds its checksum."""
+
+    version: int = VERSION
+    run_id: str
+    file: str | None = None
+    sha256: str | None = None
+    bytes: int | None = None
+    rows: dict[str, int] | None = Field(None, description="rows exported per table")
+    manifest: str | None = None
+
+
+# -- the run report ---------------------------------------------------------------------------------
+
+class Collateral(_Document):
+    ok: bool
+    conclusive: bool
+    detail: str | None
+    clean_files: int = Field(description="files the check read whole and found free of the batch")
+
+
+class ErasureRecord(_Document):
+    """A table's erase: its plan (strategy, rows, data skipping) and its commit."""
+
+    table: str
+    key: str
+    identifier: str
+    action: str
+    strategy: str
+    write_mode: str
+    rows_before: int
+    rows_matched: int
+    snapshot_before: int | None
+    reason: str | None
+    rows_scanned: int | None
+    skipping: dict[str, Any] | None = Field(description="files and bytes data skipping let the plan read")
+    snapshot_id: int | None
+    rows_after: int
+    data_files_rewritten: int
+    bytes_rewritten: int
+    delete_files_added: int
+    seconds: float
+    error: str | None
+    attempts: int
+    rounds: int
+    collateral: Collateral | None
+    rows_changed: int
+
+
+class PurgeRecord(_Document):
+    table: str
+    data_files_rewritten: int
+    bytes_rewritten: int
+    delete_files_removed: int
+    manifests_rewritten: int
+    snapshots_expired: int
+    files_deleted: int
+    orphans_removed: int
+    refs_dropped: list[str]
+    refs_kept: list[str]
+    dangling_deletes_kept: bool
+    seconds: float
+    error: str | None
+
+
+class VerificationRecord(_Document):
+    table: str
+    live: int = Field(description="rows of the batch's subjects in the current snapshot")
+    history: int
+    storage: int
+    refs: dict[str, int]
+    physical: bool = Field(description="false: live data only (the purge is still scheduled)")
+    one_scan: bool
+    collateral_ok: bool
+    collateral_detail: str | None
+    details: dict[str, Any]
+    seconds: float
+    passed: bool
+    requests_failing: int
+
+
+class TableRecord(_Document):
+    """A table's part of the run report (empty sections: the stage did not run there)."""
+
+    aggregate: bool | None = None
+    erase: ErasureRecord | dict[str, Any]
+    purge: PurgeRecord | dict[str, Any]
+    verification: VerificationRecord
+
+
+class ShareRecord(_Document):
+    share: str
+    mode: str
+    reason: str | None
+    source_snapshot: int | None
+    snapshot_id: int | None
+    rows_added: int
+    rows_removed: int
+    data_files_added: int
+    data_files_rewritten: int
+    bytes_rewritten: int
+    purge: PurgeRecord | dict[str, Any]
+    verification: VerificationRecord | dict[str, Any]
+    seconds: float
+    error: str | None
+
+
+class IoRecord(_Document):
+    """Spark's counters over a stage."""
+
+    stages: int
+    tasks: int
+    rows_read: int
+    bytes_read: int
+    rows_written: int
+    bytes_written: int
+    shuffle_bytes: int
+    driver_files: int
+    truncated: bool
+
+
+class PurgeSchedule(_Document):
+    policy: str
+    purged: bool
+    waiting: int = Field(description="requests logically erased, waiting for the batched purge")
+    next_purge_by: str | None
+
+
+class ExportSummary(_Document):
+    directory: str
+    manifest: str
+    format: str
+    packages: int
+    rows: dict[str, int]
+
+
+class RequestLine(_Document):
+    request_id: str
+    status: Literal["completed", "failed", "erased"]
+    reason: str | None
+
+
+class Summary(_Document):
+    requests: int
+    completed: int
+    failed: int
+    awaiting_purge: int
+    seconds_total: float
+
+
+class TableFigures(_Document):
+    action: str
+    rows: int
+    files_rewritten: int
+    bytes_rewritten: int
+    snapshots_expired: int
+    verified: Literal["yes", "live only", "no"]
+
+
+class RunReportDocument(_Document):
+    """The run report: what one `dsr run` did, table by table and request by request."""
+
+    version: int = VERSION
+    run_id: str
+    started_at: str
+    seconds: dict[str, float] = Field(description="seconds per stage")
+    cost: dict[str, IoRecord] = Field(description="Spark's I/O per stage")
+    tables: dict[str, TableRecord]
+    ledger_purge: dict[str, Any] = Field(description="the ledger's own history purge and its proof")
+    export: ExportSummary | dict[str, Any]
+    requests: list[RequestLine]
+    not_processed: dict[str, int] = Field(description="request types recorded but not processed -> how many")
+    purge_schedule: PurgeSchedule | dict[str, Any]
+    collateral_failures: dict[str, str | None]
+    held: dict[str, str] = Field(description="tables on hold -> why")
+    shares: dict[str, ShareRecord]
+    summary: Summary
+    per_table: dict[str, TableFigures]
+
+
+def json_schemas() -> dict[str, dict]:
+    """The published JSON Schemas of the evidence documents, by file stem."""
+    return {"run-report": RunReportDocument.model_json_schema(),
+            "erasure-evidence": ErasureEvidence.model_json_schema(),
+            "access-evidence": AccessEvidence.model_json_schema()}
