@@ -260,9 +260,8 @@ def test_a_run_killed_while_propagating_is_finished_by_the_next(spark, tmp_path,
 ])
 def test_which_aggregates_are_updated_by_subtraction(spark, shared, sql, erased_key, expected):
     settings = shared
-    mapping = DerivedMapping.model_validate({"from": ["demo.events"], "sql": sql, "group_by": ["event_type"]})
-    if "day" in sql:
-        mapping.group_by = ["event_type", "day"]
+    mapping = DerivedMapping.model_validate({"from": ["demo.events"], "sql": sql,
+                                             "group_by": ["event_type", "day"] if "day" in sql else ["event_type"]})
     query = lineage.parse(spark, "x.y", mapping, {"demo.events"}, settings.catalog.name)
     found = lineage.subtraction(lineage.bound(spark, query, lambda t: spark.table(settings.table(t))),
                                 mapping.group_by, erased_key)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -58,6 +58,22 @@ def column_path(column: str) -> str:
     return column.removesuffix(_ARRAY)
 
 
+def _with_identifiers(mapping: Any, subject: str) -> Any:
+    """A mapping (raw or built) with its identifier and its key columns' identifiers filled in; an
+    aggregate (no key) is left as it is."""
+    raw = mapping.model_dump(by_alias=True, exclude_unset=True) if isinstance(mapping, BaseModel) else mapping
+    if not isinstance(raw, dict) or (raw.get("key") is None and raw.get("keys") is None):
+        return mapping
+    identifier = raw.get("identifier") or subject
+    keys = raw.get("keys")
+    if isinstance(keys, dict):
+        keys = {column: ({**spec, "identifier": spec.get("identifier") or identifier} if isinstance(spec, dict)
+                         else spec.model_copy(update={"identifier": spec.identifier or identifier})
+                         if isinstance(spec, KeySpec) else spec)
+                for column, spec in keys.items()}
+    return {**raw, "identifier": identifier, **({"keys": keys} if keys is not None else {})}
+
+
 def is_array(column: str) -> bool:
     return column.endswith(_ARRAY)
 
@@ -85,7 +101,7 @@ class KeyGroup:
 class KeySpec(BaseModel):
     """A value under `keys:`: the identifier one key column holds, and (action: redact) its group."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     identifier: str | None = None  # defaults to the table's identifier, then the data map's subject
     redact: list[str] = Field(default_factory=list)
 
@@ -93,7 +109,7 @@ class KeySpec(BaseModel):
 class LinkedIdentifier(BaseModel):
     """An identifier other than the subject id, read from `table` where `subject_column` is the subject."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     table: str
     subject_column: str
     column: str
@@ -107,7 +123,7 @@ class LinkedIdentifier(BaseModel):
 
 
 class TableMapping(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     key: str | None = None
     keys: dict[str, KeySpec] | None = None  # several subject columns: {column: {identifier, redact}}
     identifier: str | None = None  # defaults to the data map's subject identifier
@@ -223,12 +239,21 @@ class DerivedMapping(TableMapping):
     `action: delete`); with `sql` it is an aggregate holding no key, rebuilt from its sources after
     they are erased: only the groups the erased rows fed (`group_by`), or whole (`refresh: full`)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
     sources: list[str] = Field(alias="from")
     kind: Literal["table", "scd2"] = "table"
     sql: str | None = None
     group_by: list[str] = Field(default_factory=list)
     refresh: Literal["groups", "full"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_refresh(cls, data: Any) -> Any:
+        """An aggregate with `group_by` recomputes those groups unless told `refresh: full`."""
+        if isinstance(data, dict) and data.get("sql") is not None and data.get("refresh") is None \
+                and data.get("group_by"):
+            return {**data, "refresh": "groups"}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> DerivedMapping:
@@ -253,8 +278,6 @@ class DerivedMapping(TableMapping):
             raise ValueError("'sql' is empty")
         for column in self.group_by:
             _check_column(column, array_allowed=False)
-        if self.refresh is None:
-            self.refresh = "groups" if self.group_by else None
         if self.refresh is None:
             raise ValueError("an aggregate needs 'group_by' (recompute the groups erased rows fed) or "
                              "'refresh: full'")
@@ -281,7 +304,7 @@ class ShareMapping(BaseModel):
     column holding the subject id. `dsr run` creates and refreshes it (datamap/shares.py, stages/share.py)."""
 
     # The YAML says `from`, never `source`, and a dump (write_config, the service) says it too.
-    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True, frozen=True)
     source: str = Field(alias="from")
     key: str
     sql: str
@@ -309,13 +332,27 @@ class ShareMapping(BaseModel):
 
 
 class DataMap(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     subject: str = "user_id"
     identifiers: dict[str, LinkedIdentifier] = Field(default_factory=dict)
     tables: dict[str, TableMapping]
     files: dict[str, FileMapping] = Field(default_factory=dict)
     derived: dict[str, DerivedMapping] = Field(default_factory=dict)
     shares: dict[str, ShareMapping] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_identifiers(cls, data: Any) -> Any:
+        """A keyed mapping's identifier defaults to the data map's subject, and each of its key
+        columns' to the mapping's: filled in before the (frozen) mappings are built."""
+        if not isinstance(data, dict):
+            return data
+        subject = data.get("subject", cls.model_fields["subject"].default)
+        out = dict(data)
+        for section in ("tables", "files", "derived"):
+            if isinstance(data.get(section), dict):
+                out[section] = {name: _with_identifiers(m, subject) for name, m in data[section].items()}
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> DataMap:
@@ -351,10 +388,6 @@ class DataMap(BaseModel):
         for name, mapping in [*self.tables.items(), *self.files.items(), *self.keyed_derived.items()]:
             if name not in self.files:
                 check_table_name(name)
-            if mapping.identifier is None:
-                mapping.identifier = self.subject
-            for spec in (mapping.keys or {}).values():
-                spec.identifier = spec.identifier or mapping.identifier
             for group in mapping.groups:
                 if group.identifier != self.subject and group.identifier not in self.identifiers:
                     raise ValueError(
