@@ -62,7 +62,7 @@ bench: $(STAMP)
 	$(PY) bench/intake.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench mkdocs
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
 
