@@ -27,9 +27,11 @@ def erasure(matches: dict[str, int], snapshot_id: int | None = 7, **changes) -> 
                         data_files_rewritten=2, bytes_rewritten=2048, **changes)
 
 
-def outcomes(request_ids, erasures, verifications, purges=None, deadlines=None, stop=None, prior=None, resumed=None):
+def outcomes(request_ids, erasures, verifications, purges=None, deadlines=None, stop=None, prior=None, resumed=None,
+             legal=None):
     return {o.request_id: o for o in rules.erasure_outcomes(
-        request_ids, erasures, purges or {}, verifications, RUN, AT, prior or {}, resumed or {}, deadlines or {}, stop)}
+        request_ids, erasures, purges or {}, verifications, RUN, AT, prior or {}, resumed or {}, deadlines or {}, stop,
+        legal or {})}
 
 
 def test_a_request_completes_only_when_every_table_proves_it():
@@ -69,6 +71,19 @@ def test_a_failed_erasure_fails_every_request_of_the_table_and_the_verification_
     assert checked.collateral_detail == "erasure failed: CommitConflictError: gave up"
     assert outcomes(["r1"], {"demo.events": broken}, {"demo.events": checked})["r1"].status == "failed"
     assert rules.with_collateral(None, verification) is verification
+
+
+def test_a_table_under_a_legal_hold_holds_only_the_requests_it_still_holds():
+    hold = "legal hold hold-1 on table demo.orders: litigation until released"
+    erasures = {"demo.events": erasure({"r1": 3, "r2": 1, "r3": 2})}
+    events = TableVerification("demo.events", live=1, failing={"r3": ["demo.events: 1 row left"]})
+    orders = TableVerification("demo.orders", live=2, failing={"r1": ["demo.orders: 2 live rows"],
+                                                               "r3": ["demo.orders: 1 live row"]})
+    done = outcomes(["r1", "r2", "r3"], erasures, {"demo.events": events, "demo.orders": orders},
+                    deadlines={"r2": date(2030, 1, 1)}, legal={"demo.orders": hold})
+    assert (done["r1"].status, done["r1"].reason) == ("held", hold)
+    assert done["r2"].status == "erased"  # not in the held table: erased everywhere else as usual
+    assert done["r3"].status == "failed" and done["r3"].reason == f"demo.events: 1 row left; {hold}"
 
 
 def test_a_request_with_a_deadline_is_erased_not_completed_until_its_purge():

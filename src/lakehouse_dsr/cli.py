@@ -6,6 +6,7 @@ import PySpark or start a JVM: Spark-side modules are imported inside the comman
 
 from __future__ import annotations
 
+import getpass
 import json
 import random
 import sys
@@ -22,8 +23,9 @@ from rich.table import Table
 from .config import EXPORT_FORMATS, Settings, load_settings
 from .exceptions import DsrError, LedgerBusyError
 from .keys import rotate_key
+from .ledger.holds import add_hold, list_holds, parse_until, release_hold
 from .ledger.ledger import Ledger
-from .ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, parse_received, read_requests_csv
+from .ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, parse_received, read_requests_csv, utc_now
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Data subject requests (GDPR/CCPA) on an Apache Iceberg lakehouse.")
@@ -306,9 +308,59 @@ def schema(out: Annotated[Path, typer.Option(help="folder to write them into")] 
 
 @app.command()
 def release(table: str, reason: Annotated[str, typer.Option(help="what was checked or rolled back")]) -> None:
-    """Lift the hold a collateral-check failure put on a table, so runs erase and purge there again."""
+    """Lift the hold a collateral-check failure put on a table, so runs erase and purge there again
+    (legal holds are `dsr hold`)."""
     step = _ledger().journal.release(table, reason)
     console.print(f"{table} released (held since run {step.detail['hold_run_id']})")
+
+
+hold_app = typer.Typer(no_args_is_help=True, help="Legal holds: subjects or tables no run may erase while held.")
+app.add_typer(hold_app, name="hold")
+ByOption = Annotated[str | None, typer.Option("--by", help="who acts (default: the OS user)")]
+
+
+def _by(name: str | None) -> str:
+    return name if name is not None else getpass.getuser()
+
+
+@hold_app.command("add")
+def hold_add(
+    reason: Annotated[str, typer.Option(help="why (a legal obligation or claim; told to the data subject)")],
+    subject: Annotated[str | None, typer.Option(help="hold this subject's erase requests")] = None,
+    table: Annotated[str | None, typer.Option(help="hold this mapped table: erased and purged for nobody")] = None,
+    until: Annotated[str | None, typer.Option(help="last day the hold applies, YYYY-MM-DD (default: until "
+                                                   "released)")] = None,
+    by: ByOption = None,
+) -> None:
+    """Place a legal hold on a subject or a table (the subject is stored as a keyed hash only)."""
+    h = add_hold(_ledger(), reason, _by(by), subject=subject, table=table,
+                 until=parse_until(until) if until is not None else None)
+    console.print(f"{h.hold_id}: {h.target} held{f' until {h.until}' if h.until else ''}")
+
+
+@hold_app.command("list")
+def hold_list(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """Every legal hold, active or not (subjects appear as keyed hashes, never in plaintext)."""
+    holds, today = list_holds(_ledger()), utc_now().date()
+    if as_json:
+        print(json.dumps([{**h.model_dump(mode="json"), "active": h.active(today)} for h in holds], indent=2))
+        return
+    table = Table(title="legal holds")
+    for column in ("hold", "on", "reason", "until", "placed", "by", "released", "active"):
+        table.add_column(column)
+    for h in holds:
+        table.add_row(h.hold_id, escape(h.target), escape(h.reason), str(h.until or ""),
+                      f"{h.created_at:%Y-%m-%d %H:%M}", escape(h.created_by),
+                      f"{h.released_at:%Y-%m-%d %H:%M} by {escape(h.released_by or '')}" if h.released_at else "",
+                      "yes" if h.active(today) else "no")
+    console.print(table if holds else "no legal holds")
+
+
+@hold_app.command("release")
+def hold_release(hold_id: str, by: ByOption = None) -> None:
+    """Release a legal hold: the next `dsr run` erases what it held."""
+    h = release_hold(_ledger(), hold_id, _by(by))
+    console.print(f"{h.hold_id} released ({h.target}); the next dsr run resumes its requests")
 
 
 @app.command()

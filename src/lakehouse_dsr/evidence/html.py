@@ -117,7 +117,8 @@ def run_report_page(report: dict) -> str:
     failed = summary["failed"] or report.get("held") or report.get("collateral_failures")
     facts = [("run", report["run_id"]), ("started", report["started_at"][:19].replace("T", " ") + " UTC"),
              ("requests", f"{summary['requests']} ({summary['completed']} completed, {summary['failed']} open with "
-                          f"a reason, {summary['awaiting_purge']} awaiting the batched purge)"),
+                          f"a reason, {summary['awaiting_purge']} awaiting the batched purge, "
+                          f"{summary.get('held', 0)} under a legal hold)"),
              ("seconds in all", f"{summary['seconds_total']:.1f}")]
     if report.get("export"):
         facts.append(("access packages", f"{report['export']['packages']} ({report['export']['format']})"))
@@ -146,7 +147,7 @@ def run_report_page(report: dict) -> str:
     return page(f"Run {report['run_id']}", "lakehouse-dsr run report (no subject identifiers)", "\n".join(body))
 
 
-_STATUS_KIND = {"completed": "ok", "failed": "bad", "erased": "warn"}
+_STATUS_KIND = {"completed": "ok", "failed": "bad", "erased": "warn", "held": "warn"}
 
 
 def _verified(state: str) -> Markup:

@@ -207,7 +207,7 @@ class ExportSummary(_Document):
 
 class RequestLine(_Document):
     request_id: str
-    status: Literal["completed", "failed", "erased"]
+    status: Literal["completed", "failed", "erased", "held"]
     reason: str | None
 
 
@@ -216,6 +216,7 @@ class Summary(_Document):
     completed: int
     failed: int
     awaiting_purge: int
+    held: int = Field(0, description="erase requests a legal hold stops (status held)")
     seconds_total: float
 
 
@@ -243,7 +244,9 @@ class RunReportDocument(_Document):
     not_processed: dict[str, int] = Field(description="request types recorded but not processed -> how many")
     purge_schedule: PurgeSchedule | dict[str, Any]
     collateral_failures: dict[str, str | None]
-    held: dict[str, str] = Field(description="tables on hold -> why")
+    held: dict[str, str] = Field(description="tables on a collateral hold (`dsr release` lifts it) -> why")
+    legal_holds: dict[str, str] = Field(default_factory=dict, description="tables under a legal hold (`dsr hold`), "
+                                        "neither erased nor purged -> the hold")
     shares: dict[str, ShareRecord]
     summary: Summary
     per_table: dict[str, TableFigures]

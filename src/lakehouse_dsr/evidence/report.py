@@ -41,6 +41,8 @@ class RunReport:
     collateral_failures: dict[str, str] = field(default_factory=dict)
     # tables on hold from an earlier collateral failure: no erasure ran ({table: reason})
     held: dict[str, str] = field(default_factory=dict)
+    # tables under a legal hold (ledger/holds.py): neither erased nor purged ({table: the hold})
+    legal_holds: dict[str, str] = field(default_factory=dict)
     # per share (stages/share.py ShareRefresh.as_dict): refresh mode, rows added/removed, purge, verification
     shares: dict[str, dict] = field(default_factory=dict)
 
@@ -61,13 +63,17 @@ class RunReport:
     def awaiting_purge(self) -> list[RequestResult]:
         return [r for r in self.requests if r.status == "erased"]
 
+    @property
+    def legally_held(self) -> list[RequestResult]:
+        return [r for r in self.requests if r.status == "held"]
+
     def document(self) -> RunReportDocument:
         """The report as its published, versioned model (evidence/models.py): fails if the report
         drifted from its schema."""
         return RunReportDocument.model_validate({
             "version": VERSION, **asdict(self), "per_table": self.per_table,
             "summary": {"requests": len(self.requests), "completed": len(self.completed), "failed": len(self.failed),
-                        "awaiting_purge": len(self.awaiting_purge),
+                        "awaiting_purge": len(self.awaiting_purge), "held": len(self.legally_held),
                         "seconds_total": round(sum(self.seconds.values()), 3)}})
 
     def as_dict(self) -> dict:
@@ -134,6 +140,10 @@ class RunReport:
             console.print(f"[red]{table} is on hold[/] after a collateral-check failure ({detail}); no erasure ran. "
                           f"Inspect it (roll back with CALL <catalog>.system.rollback_to_snapshot if rows were "
                           f"lost), then `dsr release {table} --reason ...`")
+        for r in self.legally_held[:10]:
+            console.print(f"  {r.request_id} held: {r.reason}")
+        for table, hold in self.legal_holds.items():
+            console.print(f"{table} is under a legal hold ({hold}): not erased or purged; `dsr hold list`")
         for kind, n in self.not_processed.items():
             console.print(f"  {n} {kind} request(s) recorded, not processed by this version")
         for name, s in self.shares.items():  # no verification: nothing to prove in this run

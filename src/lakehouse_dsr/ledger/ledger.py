@@ -2,6 +2,8 @@
 journal, the run lease and the run history `<ns>.runs`), read and written without a JVM (store.py).
 
 Lifecycle: received -> in_progress -> completed | failed (failed stays open and is retried).
+An erase request a legal hold stops (holds.py) is `held`, with the hold as its reason, until a run
+after the hold ends erases it.
 Under the batched purge policy an erase request goes in_progress -> erased (logically erased,
 live data verified, physical purge scheduled by `purge_by`) -> completed once purged and proven.
 A request is in progress while a run holding the lease works on it (lease.py). While open, a
@@ -27,9 +29,11 @@ from .lease import current_holder
 from .requests import RequestInput, due_date, utc_now
 from .store import EqualTo, GreaterThan, In, NotNull, Store, arrow_rows
 
-ACTIONABLE_STATUSES = ("received", "in_progress", "failed")  # picked up by the next run
+# Picked up by the next run. held: a legal hold stopped an erase request (ledger/holds.py); each run
+# looks again, and the first one after the hold ends erases.
+ACTIONABLE_STATUSES = ("received", "in_progress", "failed", "held")
 OPEN_STATUSES = (*ACTIONABLE_STATUSES, "erased")  # erased: waiting for the physical purge
-LEDGER_TABLES = ("requests", "request_keys", "audit", "steps", "lease", "runs", "consent")
+LEDGER_TABLES = ("requests", "request_keys", "audit", "steps", "lease", "runs", "consent", "holds")
 
 
 def new_request_id(taken: set[str]) -> str:
@@ -330,7 +334,7 @@ class RunRecord:
 @dataclass
 class Outcome:
     request_id: str
-    status: Literal["completed", "failed", "erased"]
+    status: Literal["completed", "failed", "erased", "held"]
     reason: str | None = None
     evidence: dict = field(default_factory=dict)
     purge_by: date | None = None  # status erased: the physical purge is due by this day

@@ -74,6 +74,11 @@ SCHEMAS: dict[str, pa.Schema] = {
     # Each subject's last opt-out/opt-in (ledger/consent.py), by keyed hash and the key that made it.
     "consent": _schema([("subject_hash", pa.string()), ("key_id", pa.string()), ("opted_out", pa.bool_()),
                           ("request_id", pa.string()), ("updated_at", _TS)]),
+    # Legal holds (ledger/holds.py): a subject by keyed hash and the key that made it, or a table.
+    "holds": _schema([("hold_id", pa.string()), ("kind", pa.string()), ("table_name", pa.string()),
+                        ("subject_hash", pa.string()), ("key_id", pa.string()), ("reason", pa.string()),
+                        ("until", pa.date32()), ("created_at", _TS), ("created_by", pa.string()),
+                        ("released_at", _TS), ("released_by", pa.string())]),
 }
 # No column bounds for subject_id, so no manifest ever carries an identifier; old metadata files go.
 # No retries inside pyiceberg: it would re-apply a write computed from rows another writer has since

@@ -87,7 +87,7 @@ class ErasureBatch:
         tables = {table: self._evidence(table, erasures, purges, v) for table, v in verifications.items()}
         outcomes = rules.erasure_outcomes(
             proven, erasures, purges, verifications, self.ctx.run_id, datetime.now(UTC).isoformat(), prior, resumed,
-            {} if purge_now or stop_reason else work.deadlines, stop_reason)
+            {} if purge_now or stop_reason else work.deadlines, stop_reason, work.legal_tables)
         waiting = {**({} if purge_now else work.waiting),
                    **{o.request_id: o.purge_by for o in outcomes if o.status == "erased" and o.purge_by}}
         return ErasureResult(outcomes, tables, damaged, purge_now, waiting)
@@ -155,7 +155,8 @@ class ErasureBatch:
             for wave in waves[:len(waves) - len(datamap.derived_levels())]:
                 erased.erasures.update(self._erase_tables("erase", wave, erased.key_sets))
             if datamap.files:
-                erased.erasures.update(ctx.each_table("erase files", list(datamap.files), lambda d: files.erase_dataset(
+                datasets = [d for d in datamap.files if d not in self.work.legal_tables]
+                erased.erasures.update(ctx.each_table("erase files", datasets, lambda d: files.erase_dataset(
                     self.spark, self.settings, d, erased.key_sets[d])))
             self._late_rounds(erased, list(datamap.keyed))
         return erased
@@ -194,7 +195,8 @@ class ErasureBatch:
                     if not changes and table not in stale:
                         return None  # nothing it reads changed
                     return propagate.refresh(self.spark, self.settings, table, changes, table in stale)
-                done = self.ctx.each_table("propagate", [t for t in level if t not in datamap.keyed], derive)
+                done = self.ctx.each_table("propagate", [t for t in level if t not in datamap.keyed
+                                                         and t not in self.work.legal_tables], derive)
                 erased.erasures.update({t: e for t, e in done.items() if e is not None})
                 self._late_rounds(erased, keyed)
                 faults.failpoint("during_propagate")
@@ -219,8 +221,12 @@ class ErasureBatch:
                       ) -> dict[str, erase.TableErasure]:
         """Erase `tables`: planned in one Spark job (erase.plan_many), committed side by side, and their
         commits checked for collateral damage together (the content check's fingerprints in one job).
-        Each table's `seconds` is its commit and count check; the shared plan and check are the stage's."""
+        Each table's `seconds` is its commit and count check; the shared plan and check are the stage's.
+        Tables under a legal hold are left out."""
         spark, settings = self.spark, self.settings
+        tables = [t for t in tables if t not in self.work.legal_tables]
+        if not tables:
+            return {}
         plans = erase.plan_many(spark, settings, tables, key_sets, self.work.purge_now)
         content = settings.erase.collateral_check == "content"
 
@@ -305,7 +311,10 @@ class ErasureBatch:
 
     def _purge_table(self, table: str) -> purge.TablePurge:
         """Purge one table; a purge step that another writer's commit invalidated is run again (every
-        step is safe to repeat). When the retries run out, verification reports what is left."""
+        step is safe to repeat). When the retries run out, verification reports what is left. A table
+        under a legal hold is not purged (its old snapshots may be what the hold preserves)."""
+        if table in self.work.legal_tables:
+            return purge.TablePurge(table, error=f"not purged: {self.work.legal_tables[table]}")
         start = time.perf_counter()
         try:
             result = iceberg.with_conflict_retries(self.settings, f"table {table}: the purge",

@@ -73,7 +73,9 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
                 lease.working_on(work.ids)
         if not work.ids and not work.purge_now and not work.shares:
             report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
-            if work.ledger_purge:
+            if work.legal_subjects:  # requests newly held: recorded without Spark
+                _finish(ledger, lease, report, work, [], started)
+            elif work.ledger_purge:
                 _purge_ledger(ledger, report)
             return report
         for run_id in ledger.unrecorded_runs(work.interrupted):
@@ -87,8 +89,10 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
 
 
 def _noted(report: RunReport, work: Work) -> Work:
-    """`work`, with the tables on hold and the request types not processed noted in the report."""
+    """`work`, with the tables on hold (collateral and legal) and the request types not processed noted
+    in the report."""
     report.held, report.not_processed = dict(work.held), dict(work.not_processed)
+    report.legal_holds = dict(work.legal_tables)
     return work
 
 
@@ -130,9 +134,10 @@ def _process(ctx: Context, work: Work) -> list[Outcome]:
 
 def _finish(ledger: Ledger, lease: Lease, report: RunReport, work: Work, outcomes: list[Outcome],
             started: datetime) -> None:
-    """One ledger commit for every outcome (only while the lease is still ours: a run that lost it
-    must not record anything, its successor acts), the ledger's own purge when owed, and the run's
-    record for the dashboard."""
+    """One ledger commit for every outcome, those of the requests a legal hold stops included (only
+    while the lease is still ours: a run that lost it must not record anything, its successor acts),
+    the ledger's own purge when owed, and the run's record for the dashboard."""
+    outcomes = [*(Outcome(rid, "held", why) for rid, why in sorted(work.legal_subjects.items())), *outcomes]
     with timed(report, "ledger"):
         lease.check()
         ledger.finish(outcomes, report.run_id, started)

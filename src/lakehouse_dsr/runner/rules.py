@@ -89,19 +89,25 @@ def request_reasons(request_id: str, table: str, e: erase.TableErasure | None, v
 def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
                      purges: dict[str, purge.TablePurge], verifications: dict[str, verify.TableVerification],
                      run_id: str, verified_at: str, prior: dict[str, dict], resumed: dict[str, Step],
-                     deadlines: dict[str, date], stop_reason: str | None) -> list[Outcome]:
-    """Per request: failed (with every reason), erased (live data proven, purge due by its deadline:
-    requests in `deadlines`), or completed (proven). Requests erased in an earlier run keep that
-    run's erase evidence (`prior`), and so do requests an interrupted run erased (`resumed`, from
-    the step journal). `stop_reason`: why the run stopped before the purge (fails every request)."""
+                     deadlines: dict[str, date], stop_reason: str | None, legal_tables: dict[str, str]
+                     ) -> list[Outcome]:
+    """Per request: failed (with every reason), held (only tables under a legal hold, which the run
+    left alone, still hold the subject: `legal_tables` -> the hold), erased (live data proven, purge
+    due by its deadline: requests in `deadlines`), or completed (proven). Requests erased in an
+    earlier run keep that run's erase evidence (`prior`), and so do requests an interrupted run
+    erased (`resumed`, from the step journal). `stop_reason`: why the run stopped before the purge
+    (fails every request)."""
     outcomes = []
     for request_id in request_ids:
         earlier = prior.get(request_id, {})
         reasons: list[str] = []
+        held: list[str] = []  # findings in tables under a legal hold
         tables = {}
         for table, v in verifications.items():
             e = erasures.get(table)
-            reasons += request_reasons(request_id, table, e, v)
+            found = request_reasons(request_id, table, e, v)
+            reasons += [] if table in legal_tables else found
+            held += [legal_tables[table]] if table in legal_tables and found else []
             tables[table] = table_entry(request_id, e, purges.get(table), v, resumed.get(table),
                                         earlier.get("tables", {}).get(table, {}))
         if stop_reason:
@@ -112,7 +118,9 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
             evidence["erased_in_run"] = earlier.get("run_id")
         evidence = ErasureEvidence.model_validate(evidence).model_dump(exclude_unset=True)
         if reasons:
-            outcomes.append(Outcome(request_id, "failed", "; ".join(reasons), evidence))
+            outcomes.append(Outcome(request_id, "failed", "; ".join([*reasons, *held]), evidence))
+        elif held:
+            outcomes.append(Outcome(request_id, "held", "; ".join(held), evidence))
         elif request_id in deadlines:
             by = deadlines[request_id]
             outcomes.append(Outcome(request_id, "erased", f"logically erased; physical purge due by {by}",

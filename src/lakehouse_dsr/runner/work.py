@@ -1,4 +1,4 @@
-"""What the ledger holds for a run: one read of the open requests and one of the step journal."""
+"""What the ledger holds for a run: one read each of the open requests, the step journal and the legal holds."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import date
 
 from ..config import Settings
+from ..ledger.holds import active_holds
 from ..ledger.journal import Step
 from ..ledger.ledger import OPEN_STATUSES, Ledger
 from ..stages import purge
@@ -25,7 +26,13 @@ class Work:
     ledger_purge: bool  # the ledger's own history still holds plaintext of completed requests
     consent: dict[str, dict]  # opt_out and opt_in requests (stages/share.py)
     shares: bool  # the data map declares shares: every run refreshes them
-    held: dict[str, str]  # tables on hold (`dsr release` lifts it) -> why
+    held: dict[str, str]  # tables on a collateral hold (`dsr release` lifts it) -> why
+    # Legal holds (ledger/holds.py). Tables under one -> the hold: neither erased nor purged, and a
+    # request whose subject they hold waits as `held`.
+    legal_tables: dict[str, str]
+    # Erase requests of subjects under a legal hold whose status this run changes to `held` -> the
+    # hold (left out of the batch; those already held for the same hold are left out and not listed).
+    legal_subjects: dict[str, str]
     not_processed: dict[str, int]  # request types this version records but does not process -> how many
 
     @property
@@ -34,21 +41,28 @@ class Work:
 
     @property
     def needs_lease(self) -> bool:
-        return bool(self.ids or self.purge_now or self.ledger_purge or self.shares)
+        return bool(self.ids or self.purge_now or self.ledger_purge or self.shares or self.legal_subjects)
 
 
 def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tuple[str, ...] = ()) -> Work:
-    """The run's Work: one read of the open requests and one of the journal. A table on hold stops
-    every erasure and purge (its erase requests wait). Cost: two small ledger reads."""
+    """The run's Work: one read of the open requests, one of the journal and one of the legal holds.
+    A table on a collateral hold stops every erasure and purge (its erase requests wait); an erase
+    request of a subject under a legal hold is left out of the batch. Cost: three small ledger reads,
+    and one HMAC per open erase request and key while a subject hold is active."""
     rows = ledger.requests(OPEN_STATUSES)
     steps = ledger.journal.steps()
     held = {t: s.detail.get("reason", "") for t, s in ledger.journal.holds(steps).items()}
+    legal = active_holds(ledger, today)
+    legal_subjects: dict[str, str] = {}
     not_processed: dict[str, int] = {}
     by_type: dict[str, dict[str, dict]] = {"access": {}, "erase": {}, "opt_out": {}, "opt_in": {}}
     waiting: dict[str, date] = {}
     for r in rows:
-        if r["status"] == "erased":
+        if r["status"] == "erased":  # already out of live data: a hold placed since does not stop the purge
             waiting[r["request_id"]] = r["purge_by"]
+        elif r["request_type"] == "erase" and (hold := legal.subject(r["subject_id"])) is not None:
+            if (r["status"], r["status_reason"]) != ("held", hold.why):
+                legal_subjects[r["request_id"]] = hold.why
         elif r["request_type"] in by_type:
             by_type[r["request_type"]][r["request_id"]] = r
         else:
@@ -59,4 +73,5 @@ def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tupl
     return Work(by_type["access"], erase, waiting, steps, list(interrupted), deadlines,
                 not held and purge.purge_due(deadlines.values(), today),
                 settings.purge.policy == "immediate" and ledger.purge_owed(steps),
-                {**by_type["opt_out"], **by_type["opt_in"]}, bool(settings.datamap.shares), held, not_processed)
+                {**by_type["opt_out"], **by_type["opt_in"]}, bool(settings.datamap.shares), held,
+                {t: h.why for t, h in legal.tables.items()}, legal_subjects, not_processed)

@@ -19,7 +19,8 @@ from ..ledger.requests import Regulation, RequestType
 # Every state a request shows: in the intake queue (identity_unverified, locked, received), then in
 # the ledger (received, in_progress while a run works on it, erased awaiting the batched purge,
 # failed, completed).
-RequestState = Literal["identity_unverified", "locked", "received", "in_progress", "erased", "failed", "completed"]
+RequestState = Literal["identity_unverified", "locked", "received", "in_progress", "erased", "failed", "held",
+                       "completed"]
 RequestId = Annotated[str, Field(pattern=r"^req-[0-9a-f]{21}$", description="the request's id")]
 Timestamp = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$", description="UTC, to the second",
                                  json_schema_extra={"format": "date-time"})]
