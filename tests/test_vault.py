@@ -156,6 +156,21 @@ def test_shred_tables_are_checked_against_the_catalog(spark, lake):
             DataMap.model_validate({"tables": {EVENTS: bad}})
 
 
+def test_a_shred_table_mapped_without_the_columns_pseudonymize_encrypted_is_refused(spark, lake):
+    settings = lake["settings"]
+    dm = datamap_dict(demo_datamap(derived=False))
+    dm["tables"][EVENTS] = {"key": "user_id", "action": "shred"}  # pseudonymize encrypted event_details
+    dm["tables"][USERS] = {"key": "user_id", "action": "shred", "encrypted": ["email"]}  # and name
+    with pytest.raises(DataMapError) as caught:
+        check_against_catalog(spark, DataMap.model_validate(dm), settings.table)
+    message = " ".join(str(caught.value).split())
+    assert f"table {EVENTS}: dsr pseudonymize encrypted column(s) event_details " in message
+    assert f"table {USERS}: dsr pseudonymize encrypted column(s) name " in message
+    assert "would deliver them as ciphertext" in message
+    dm["tables"][EVENTS]["encrypted"], dm["tables"][USERS]["encrypted"] = ["event_details"], ["email", "name"]
+    check_against_catalog(spark, DataMap.model_validate(dm), settings.table)  # named: accepted
+
+
 def _hash(settings, value: str) -> str:
     return keyed_hash(load_key(settings.key_file()), value)
 

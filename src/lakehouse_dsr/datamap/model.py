@@ -38,6 +38,9 @@ _ARRAY = "[]"  # after a key column: an array of identifiers
 # What an `action: shred` key holds: a vault pseudonym, `psn:` and a random (version 4) UUID
 PSEUDONYM_PREFIX = "psn:"
 PSEUDONYM_PATTERN = r"^psn:[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+# Table property `dsr pseudonymize` sets on the tables it writes: {key, identifier, encrypted: {column: type}}.
+# Here, not in vault/, so the data-map check against the catalog can compare it with `encrypted:`.
+PSEUDONYMIZED_PROPERTY = "dsr.pseudonymized"
 
 
 def check_table_name(name: str) -> str:

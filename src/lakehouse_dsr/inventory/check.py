@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -10,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
 
 from ..datamap import lineage
-from ..datamap.model import PSEUDONYM_PATTERN, DataMap, DerivedMapping, column_path, is_array
+from ..datamap.model import PSEUDONYM_PATTERN, PSEUDONYMIZED_PROPERTY, DataMap, DerivedMapping, column_path, is_array
 from ..datamap.shares import check_shares
 from ..exceptions import DataMapError, first_line
 from ..lake.plainfiles import check_dataset
@@ -136,11 +137,20 @@ def _read(problems: list[str], table: str, read: Callable[[], T]) -> T | None:
 SAMPLE_ROWS = 1000
 
 
+def _encrypted_by_pseudonymize(spark: SparkSession, table: str) -> list[str]:
+    """The columns `dsr pseudonymize` recorded encrypting in `table` (none if it did not write it).
+    Cost: the table's properties (metadata, a few small rows)."""
+    found = spark.sql(f"SHOW TBLPROPERTIES {table}").where(F.col("key") == PSEUDONYMIZED_PROPERTY).collect()
+    return list(json.loads(found[0].value).get("encrypted", {})) if found else []
+
+
 def _shred_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[str]:
     """Each `action: shred` table: its key is a string column whose values are vault pseudonyms (on a
     sample of its first rows: a plaintext identifier there would survive the shred), its encrypted
-    columns are binary, its quasi-identifiers exist. Reads at most SAMPLE_ROWS key values; only
-    the count of non-pseudonyms reaches the driver."""
+    columns are binary and include every column `dsr pseudonymize` recorded encrypting (an
+    unnamed one would reach access packages as ciphertext), its quasi-identifiers exist. Reads
+    the table's properties and at most SAMPLE_ROWS key values; only the count of non-pseudonyms
+    reaches the driver."""
     problems: list[str] = []
     for name, mapping in datamap.shredded.items():
         def read_table(n: str = name) -> DataFrame:
@@ -163,6 +173,12 @@ def _shred_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[st
             if column in fields and fields[column].simpleString() != "binary":
                 problems.append(f"table {name}: encrypted column {column!r} is a {fields[column].simpleString()}, "
                                 "not the binary dsr pseudonymize writes")
+        unnamed = sorted(set(_encrypted_by_pseudonymize(spark, qualify(name))) - set(mapping.encrypted))
+        if unnamed:
+            listed = ", ".join(unnamed)
+            problems.append(f"table {name}: dsr pseudonymize encrypted column(s) {listed} (table property "
+                            f"{PSEUDONYMIZED_PROPERTY}) but its encrypted: list does not name them, so access "
+                            f"packages would deliver them as ciphertext; add encrypted: [{listed}]")
         sample = df.select(mapping.key).where(F.col(mapping.key).isNotNull()).limit(SAMPLE_ROWS)
         plain = sample.where(~F.col(mapping.key).rlike(PSEUDONYM_PATTERN)).count()
         if plain:

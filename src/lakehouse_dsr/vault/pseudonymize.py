@@ -19,14 +19,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StringType
 
 from ..config import Settings
-from ..datamap.model import check_table_name
+from ..datamap.model import PSEUDONYMIZED_PROPERTY, check_table_name
 from ..exceptions import DataMapError, DsrError
 from ..lake import iceberg
 from . import vault
 
 # Up to this many subjects in a batch (about 100 bytes each), their links are broadcast to the rows
 BROADCAST_SUBJECTS = 500_000
-PROPERTY = "dsr.pseudonymized"  # table property of a pseudonymized table: {key, identifier, encrypted: {col: type}}
+PROPERTY = PSEUDONYMIZED_PROPERTY  # the table property of a pseudonymized table (datamap/model.py)
 
 
 class VaultError(DsrError):
