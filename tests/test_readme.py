@@ -262,14 +262,18 @@ def test_the_readme_starts_with_make_demo_and_make_test():
 
 
 def dsr_commands() -> dict[str, set[str]]:
-    """Every command of the `dsr` app with the options it takes."""
+    """Every command of the `dsr` app with the options it takes (a group such as `dsr hold`: those of
+    its subcommands)."""
     import typer
 
     from lakehouse_dsr.cli import app
 
+    def options(command) -> set[str]:
+        own = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts) if opt.startswith("-")}
+        return own.union(*(options(sub) for sub in getattr(command, "commands", {}).values()))
+
     group = typer.main.get_command(app)
-    return {name: {opt for p in command.params for opt in (*p.opts, *p.secondary_opts) if opt.startswith("-")}
-            | {"--help"} for name, command in group.commands.items()}
+    return {name: options(command) | {"--help"} for name, command in group.commands.items()}
 
 
 DSR = re.compile(r"(?:^|(?<=[\s\"'(/=;|&`]))dsr(?P<globals>(?:\s+(?:-c|--config)(?:\s+|=)\S+)*)\s+"
