@@ -79,7 +79,7 @@ class CheckedClient:
     def request(self, method: str, url: str, **kwargs) -> httpx.Response:
         response = self._loop.run_until_complete(self._client.request(method, url, **kwargs))
         path = response.request.url.path
-        if (path.startswith("/api/") or path == "/healthz") and path != "/api/v1/openapi.json":
+        if (path.startswith("/api/") or path in ("/healthz", "/readyz", "/metrics")) and path != "/api/v1/openapi.json":
             self.seen.add(self.openapi.check(method, response))
         return response
 

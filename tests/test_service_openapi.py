@@ -10,7 +10,7 @@ from typing import get_args
 
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse
 from fastapi.routing import APIRoute
 from jsonschema import Draft202012Validator
 from starlette.routing import Mount
@@ -74,6 +74,10 @@ def undescribed(app: FastAPI) -> list[str]:
         for method in sorted(route.methods):
             responses = openapi.spec["paths"][route.path_format][method.lower()]["responses"]
             success = str(route.status_code or 200)
+            if route.response_class is PlainTextResponse:  # /metrics: Prometheus' text format, declared as such
+                if "text/plain" not in responses.get(success, {}).get("content", {}):
+                    problems.append(f"{method} {route.path}: no text/plain answer declared for {success}")
+                continue
             if "application/json" not in responses.get(success, {}).get("content", {}):
                 problems.append(f"{method} {route.path}: no JSON answer declared for {success}")
                 continue
@@ -214,6 +218,11 @@ def test_real_answers_validate_against_the_openapi_document(service):
     assert operator.get(certificate, params={"format": "pdf"}).status_code == 422
     assert operator.get(f"/api/v1/operator/requests/req-{'0' * 21}/certificate").status_code == 404
     assert person.get("/healthz").json() == {"ok": True}
+    # not started here: no ingester process, so not ready, and the answer names that part alone
+    assert person.get("/readyz").json() == {"ready": False, "failing": ["ingester"], "queue": True, "ledger": True,
+                                            "ingester": False}
+    metrics = person.get("/metrics")
+    assert metrics.status_code == 200 and "dsr_intake_requests_acknowledged_total" in metrics.text
 
     # the outer wall's refusal: the rate limit
     limited = CheckedClient(Guard(service.app, 16_384, rate_limit_per_minute=2), openapi)
@@ -222,7 +231,8 @@ def test_real_answers_validate_against_the_openapi_document(service):
     seen = person.seen | operator.seen | limited.seen
     successes = {(path, method) for path, method, status in seen if status < 300}
     operations = {(path, method) for path, methods in openapi.spec["paths"].items() for method in methods}
-    assert operations - successes == {("/api/v1/operator/requests/{request_id}/certificate", "get")}
+    assert operations - successes == {("/api/v1/operator/requests/{request_id}/certificate", "get"),
+                                      ("/readyz", "get")}  # a real run's: test_certificate.py; ready: integration
     assert {status for _, _, status in seen} >= {200, 202, 400, 401, 403, 404, 409, 410, 413, 422, 423, 429}
     for client in (person, operator, limited):
         client.close()

@@ -135,6 +135,21 @@ class SmtpSettings(_Strict):
     timeout_seconds: float = Field(default=10.0, gt=0)
 
 
+JwtAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+
+
+class JwtSettings(_Strict):
+    """Operators holding a JWT (`intake.jwt`): tokens signed by a key of the JWKS are accepted."""
+
+    jwks: str  # a JWKS file, or its https:// URL (keys cached; fetched again for an unknown key id)
+    issuer: str | None = None  # when set, the token's `iss` must be this
+    audience: str | None = None  # when set, the token's `aud` must name this
+    name_claim: str = "sub"  # the claim that names the operator in the audit (as jwt:<value>)
+    # Asymmetric algorithms only: a shared secret has no place in a JWKS that others may read.
+    algorithms: tuple[JwtAlgorithm, ...] = Field(default=("RS256", "ES256"), min_length=1)
+    leeway_seconds: float = Field(default=30.0, ge=0)  # clock skew allowed on exp and nbf
+
+
 class IntakeSettings(_Strict):
     """`dsr serve`: the HTTP intake service (service/)."""
 
@@ -150,6 +165,9 @@ class IntakeSettings(_Strict):
     queue_file: Path | None = None
     ingest_interval_seconds: float = Field(default=2.0, gt=0)  # acknowledged requests reach the ledger this often
     cors_origins: list[str] = Field(default_factory=list)  # none: browsers allow same-origin pages only
+    # Named operators' hashed tokens (`dsr operator add`); default: dsr-operators.json beside the key file.
+    operators_file: Path | None = None
+    jwt: JwtSettings | None = None  # operators may also present a JWT verified against this JWKS
 
 
 class Settings(_Strict):
@@ -214,8 +232,12 @@ def _absolutize(settings: Settings, base: Path) -> Settings:
     if sqlite.startswith("jdbc:sqlite:") and not sqlite[len("jdbc:sqlite:"):].startswith(("/", "file:")):
         props["uri"] = f"jdbc:sqlite:{(base / sqlite[len('jdbc:sqlite:'):]).resolve()}"  # both planes: one file
     absolute = lambda path: path if path is None or path.is_absolute() else (base / path).resolve()  # noqa: E731
+    jwt = settings.intake.jwt
+    if jwt and not jwt.jwks.startswith(("https://", "http://")):
+        jwt = jwt.model_copy(update={"jwks": str(absolute(Path(jwt.jwks)))})
     return settings.replace(catalog={"properties": props}, secret_key_file=absolute(settings.secret_key_file),
-                            intake={"queue_file": absolute(settings.intake.queue_file)},
+                            intake={"queue_file": absolute(settings.intake.queue_file), "jwt": jwt,
+                                    "operators_file": absolute(settings.intake.operators_file)},
                             export={"directory": absolute(settings.export.directory)})
 
 

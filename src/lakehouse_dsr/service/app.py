@@ -1,8 +1,10 @@
 """`dsr serve`: the HTTP intake service (FastAPI on uvicorn), a thin shell over intake.py and the ledger.
 
-People file requests and follow them (`/api/v1/requests`, the pages `/` and `/status`); operators,
-holding `$DSR_API_TOKEN`, list and extend requests, read runs and download certificates
-(`/api/v1/operator/...`, the page `/dashboard`). No answer ever holds a subject identifier: error
+People file requests and follow them (`/api/v1/requests`, the pages `/` and `/status`); named
+operators (operators.py: tokens in the operators file, `$DSR_API_TOKEN` as the operator `default`, or
+JWTs) list and extend requests, read runs and download certificates (`/api/v1/operator/...`, the page
+`/dashboard`), each call recorded in the ledger's audit under the operator's name. Load balancers and
+monitoring read `/healthz`, `/readyz` and `/metrics`. No answer ever holds a subject identifier: error
 messages name the field, never its value, and no stack trace leaves the process.
 
 Every endpoint declares what it answers (service/models.py, and the certificate's own model), its
@@ -12,7 +14,6 @@ refusals included, so the OpenAPI document (`/api/v1/openapi.json`) describes ev
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import re
@@ -24,8 +25,9 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -37,6 +39,8 @@ from ..ledger.requests import REQUEST_ID
 from . import models
 from .guard import Guard
 from .intake import Filing, Intake, IntakeError
+from .metrics import Metrics
+from .operators import Operators, operators_file
 
 TOKEN_ENV = "DSR_API_TOKEN"
 log = logging.getLogger("lakehouse_dsr.service")
@@ -70,6 +74,21 @@ def _request_id(request_id: str) -> str:
 
 RequestId = Annotated[str, Depends(_request_id)]
 
+
+def _operator(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    """The name of the operator whose credential came (401 for none, an unknown or an expired one)."""
+    operators: Operators = request.app.state.operators
+    name = operators.name(authorization)
+    if name is not None:
+        return name
+    if not operators.configured():
+        raise IntakeError(f"operator access is off: the server has no ${TOKEN_ENV}, no named operator and no "
+                          "intake.jwt", 401)
+    raise IntakeError("a valid operator bearer token is required", 401)
+
+
+Operator = Annotated[str, Depends(_operator)]
+
 # When an endpoint refuses (the OpenAPI responses' descriptions)
 _BODY_TOO_LARGE = "the request body is larger than `intake.max_body_bytes`"
 _NO_REQUEST = "no such request (or not a request id)"
@@ -83,7 +102,7 @@ def _refusals(specific: dict[int, str], operator: bool = False, engine: bool = T
     `Refusal`; a 422 may also be `InvalidInput` (FastAPI's own 422 schema is not what this service sends)."""
     found = {422: _SCHEMA, **specific}
     if operator:
-        found[401] = "no valid operator bearer token, or operator access is off"
+        found[401] = "no valid operator credential (unknown, expired, malformed), or operator access is off"
     if engine:
         found[503] = "the ledger cannot be read or written now (its catalog is unreachable, say): nothing was changed"
     found[429] = "too many requests from this address"
@@ -98,7 +117,8 @@ def _refusals(specific: dict[int, str], operator: bool = False, engine: bool = T
 
 def create_app(settings: Settings, intake: Intake | None = None, operator_token: str | None = None) -> Guard:
     """The service as an ASGI application. `intake` defaults to one on `settings`' ledger and queue,
-    started with the application; `operator_token` to `$DSR_API_TOKEN` (unset: no operator access)."""
+    started with the application; `operator_token`, the operator `default`'s token, to `$DSR_API_TOKEN`
+    (unset: only the named operators of the operators file and `intake.jwt`)."""
     intake = intake or Intake(settings)
     token = operator_token if operator_token is not None else os.environ.get(TOKEN_ENV, "")
 
@@ -111,19 +131,16 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
     app = FastAPI(title="lakehouse-dsr intake", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/api/v1/openapi.json")
     app.state.intake = intake
+    app.state.operators = Operators(operators_file(settings), token, settings.intake.jwt)
     if settings.intake.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.intake.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type", "Idempotency-Key", "X-Status-Token", "Authorization"])
     _errors(app)
 
-    def operator(authorization: Annotated[str | None, Header()] = None) -> None:
-        if not token:
-            raise IntakeError(f"operator access is off: the server has no ${TOKEN_ENV}", 401)
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            raise IntakeError("a valid operator bearer token is required", 401)
-
-    Operator = Depends(operator)
+    def audited(who: str, action: str, request_id: str | None = None) -> None:
+        """Record an operator's call that succeeded: who did what (to which request). Cost: one append to
+        the ledger's audit table."""
+        intake.ledger.audit([(request_id, None, "operator", {"operator": who, "action": action})])
 
     # -- the person's side --------------------------------------------------------------------------
     # A gpc_opt_out_request_id of None is left out of the answer (response_model_exclude_none).
@@ -164,22 +181,26 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         return _public(intake.resend_code(request_id, x_status_token or status_token))
 
     # -- the operator's side ------------------------------------------------------------------------
-    @app.get("/api/v1/operator/requests", dependencies=[Operator], responses=_refusals({}, operator=True))
-    def list_requests(status: str | None = Query(None, max_length=40), type: str | None = Query(None, max_length=40),
+    @app.get("/api/v1/operator/requests", responses=_refusals({}, operator=True))
+    def list_requests(who: Operator, status: str | None = Query(None, max_length=40),
+                      type: str | None = Query(None, max_length=40),
                       regulation: str | None = Query(None, max_length=40)) -> models.RequestList:
         """Every request, queued or in the ledger (`status=open`: any not completed)."""
         found = intake.requests(status, type, regulation)
+        audited(who, "list requests")
         return models.RequestList(count=len(found),
                                   requests=[models.OperatorRequest.model_validate(asdict(r)) for r in found])
 
-    @app.post("/api/v1/operator/requests/{request_id}/extend", dependencies=[Operator], responses=_refusals({
+    @app.post("/api/v1/operator/requests/{request_id}/extend", responses=_refusals({
         404: _NO_REQUEST, 409: "already extended (the law allows one), completed, or no reason given",
         413: _BODY_TOO_LARGE}, operator=True))
-    def extend(request_id: RequestId, body: ExtendBody) -> models.OperatorRequest:
+    def extend(who: Operator, request_id: RequestId, body: ExtendBody) -> models.OperatorRequest:
         """Apply the regulation's one allowed extension; the reason is told to the person."""
-        return models.OperatorRequest.model_validate(asdict(intake.ledger.extend(request_id, body.reason)))
+        extended = intake.ledger.extend(request_id, body.reason)
+        audited(who, "extend", request_id)
+        return models.OperatorRequest.model_validate(asdict(extended))
 
-    @app.get("/api/v1/operator/requests/{request_id}/certificate", dependencies=[Operator],
+    @app.get("/api/v1/operator/requests/{request_id}/certificate",
              response_model=Certificate, response_class=JSONResponse, responses={
                  200: {"description": "the signed certificate as a JSON download (Content-Disposition: attachment),"
                                       " or with `format=html` as a page for people",
@@ -188,39 +209,68 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
                            "description": 'JSON only: attachment; filename="certificate-<request id>.json"',
                            "schema": {"type": "string"}}}},
                  **_refusals({404: _NO_REQUEST, 409: "the request is not completed yet"}, operator=True)})
-    def certificate(request_id: RequestId, format: Literal["json", "html"] = "json") -> Response:
+    def certificate(who: Operator, request_id: RequestId, format: Literal["json", "html"] = "json") -> Response:
         """A completed request's signed certificate, exactly as signed (`dsr certificate --check` checks it)."""
         document = build_certificate(intake.ledger, request_id)
+        audited(who, "certificate", request_id)
         if format == "html":
             return HTMLResponse(certificate_html(document))
         return JSONResponse(document, headers={
             "content-disposition": f'attachment; filename="certificate-{request_id}.json"'})
 
-    @app.get("/api/v1/operator/runs", dependencies=[Operator], responses=_refusals({}, operator=True))
-    def runs(limit: int = Query(10, ge=1, le=200)) -> models.RunList:
+    @app.get("/api/v1/operator/runs", responses=_refusals({}, operator=True))
+    def runs(who: Operator, limit: int = Query(10, ge=1, le=200)) -> models.RunList:
         """The last runs that did work, newest first."""
-        return models.RunList.model_validate({"runs": intake.ledger.runs(limit)})
+        found = models.RunList.model_validate({"runs": intake.ledger.runs(limit)})
+        audited(who, "runs")
+        return found
 
-    @app.get("/api/v1/operator/tables", dependencies=[Operator], responses=_refusals({}, operator=True))
-    def tables() -> models.TableTotals:
+    @app.get("/api/v1/operator/tables", responses=_refusals({}, operator=True))
+    def tables(who: Operator) -> models.TableTotals:
         """Per table, what every recorded run did there."""
-        return models.TableTotals.model_validate({"tables": intake.ledger.table_totals()})
+        found = models.TableTotals.model_validate({"tables": intake.ledger.table_totals()})
+        audited(who, "tables")
+        return found
 
-    @app.post("/api/v1/operator/ingest", dependencies=[Operator], responses=_refusals({}, operator=True))
-    def ingest_now() -> models.Ingested:
+    @app.post("/api/v1/operator/ingest", responses=_refusals({}, operator=True))
+    def ingest_now(who: Operator) -> models.Ingested:
         """Move acknowledged requests into the ledger now instead of at the next tick."""
-        return models.Ingested(moved=intake.ingest())
+        moved = models.Ingested(moved=intake.ingest())
+        audited(who, "ingest")
+        return moved
 
+    # -- load balancers and monitoring (no rate limit, no credential, no identifier) ------------------
     @app.get("/healthz")
     def health() -> models.Health:
         """The process answers."""
         return models.Health(ok=True)
 
+    @app.get("/readyz", response_model=models.Readiness, response_class=JSONResponse, responses={
+        503: {"model": models.Readiness, "description": "a part is not ready (`failing` names it): take this "
+                                                        "instance out of rotation"}})
+    async def ready() -> Response:
+        """Whether this instance can take and keep requests now: the queue takes a write, the ledger's
+        catalog answers, the ingester process runs."""
+        checks = await asyncio.to_thread(intake.readiness)
+        failing = [part for part, ok in checks.items() if not ok]
+        answer = models.Readiness.model_validate({"ready": not failing, "failing": failing, **checks})
+        return JSONResponse(answer.model_dump(), status_code=503 if failing else 200)
+
+    metrics = Metrics(intake, app.router.routes)
+
+    @app.get("/metrics", response_class=PlainTextResponse, responses={200: {
+        "description": "the Prometheus text exposition format (prometheus_client); no label or value holds an "
+                       "identifier", "content": {"text/plain": {"schema": {"type": "string"}}}}})
+    def metrics_text() -> PlainTextResponse:
+        """Requests acknowledged, ingested and refused; the queue's depth and age; the ingester's lag and
+        restarts; open requests by days left; HTTP latency by route."""
+        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
     # -- pages --------------------------------------------------------------------------------------
     for path, page in (("/", "index.html"), ("/status", "status.html"), ("/dashboard", "dashboard.html")):
         app.add_api_route(path, _page(page), methods=["GET"], include_in_schema=False, response_class=HTMLResponse)
     app.mount("/static", StaticFiles(directory=str(PAGES / "static")), name="static")
-    return Guard(app, settings.intake.max_body_bytes, settings.intake.rate_limit_per_minute)
+    return Guard(app, settings.intake.max_body_bytes, settings.intake.rate_limit_per_minute, metrics.observe)
 
 
 def _page(name: str):

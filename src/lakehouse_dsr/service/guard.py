@@ -1,12 +1,17 @@
 """The service's outer wall, in front of the application (plain ASGI, so nothing inside can answer
-first): a per-client rate limit, a body size limit, and the headers every response carries."""
+first): a per-client rate limit, a body size limit, the headers every response carries, and the
+timing of every answer, its own refusals included (for `/metrics`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# Called once per HTTP answer with the request's scope, the status sent and the seconds it took.
+Observer = Callable[[dict[str, Any], int, float], None]
 
 # Pages load only what the service itself serves; nothing may frame them or guess content types.
 SECURITY_HEADERS = [
@@ -43,15 +48,32 @@ class RateLimit:
 
 class Guard:
     """Wraps the application: 429 over the rate limit (API calls only), 413 for a body over
-    `max_body_bytes` (declared or streamed), security headers on every response."""
+    `max_body_bytes` (declared or streamed), security headers on every response; `observe` (if given)
+    hears of every answer."""
 
-    def __init__(self, app, max_body_bytes: int, rate_limit_per_minute: int):
-        self.app, self.max_body = app, max_body_bytes
+    def __init__(self, app, max_body_bytes: int, rate_limit_per_minute: int, observe: Observer | None = None):
+        self.app, self.max_body, self.observe = app, max_body_bytes, observe
         self.limit = RateLimit(rate_limit_per_minute) if rate_limit_per_minute else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.observe is None:
+            return await self._guarded(scope, receive, send)
+        started, status = time.perf_counter(), 500  # 500: an answer never started is a failure
+
+        async def timed_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, timed_send)
+        finally:
+            self.observe(scope, status, time.perf_counter() - started)
+
+    async def _guarded(self, scope, receive, send):
         if self.limit and scope["path"].startswith("/api/"):
             wait = self.limit.wait(scope["client"][0] if scope.get("client") else "")
             if wait:

@@ -3,19 +3,30 @@
 A ledger commit (a read of the open requests, hashing, Parquet, manifests, the catalog) is seconds of
 Python under load; in the server's process it would hold the interpreter lock while people wait for
 their 202 (measured: p99 of a filing from 57 to 104 ms with 20 clients). So `dsr serve` starts one
-child process that does only this, every `intake.ingest_interval_seconds` and when woken. It notices
-its parent's death (kill -9 included) at its next tick and ends; a child that died is started again.
+child process that does only this, every `intake.ingest_interval_seconds` and when woken.
+
+The child runs in a process group of its own, so a signal to the server's group (a supervisor's
+stop, Ctrl-C in a terminal) is the server's to act on: the server then closes its end of a pipe to
+the child, which is also how the child learns of its server's death (kill -9 included). SIGTERM or
+SIGINT sent to the child itself (systemd signals every process of the service's control group) stop
+it the same way. Either way the child finishes the batch in hand, moves what else waits for at most
+`STOP_SECONDS`, and exits 0; what is left stays in the durable queue for the next start. A child
+that crashed is started again; one that exited 0 was asked to stop and is not (`/readyz` says so).
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
+import pickle
+import select
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
+import time
 from datetime import datetime
-from multiprocessing.process import BaseProcess
 
 from .. import faults
 from ..config import Settings
@@ -26,15 +37,17 @@ from .queue import IntakeQueue
 
 log = logging.getLogger("lakehouse_dsr.service")
 INGEST_BATCH = 5_000
+STOP_SECONDS = 3.0  # once asked to stop, no batch starts later than this (the one in hand finishes)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def ingest(queue: IntakeQueue, ledger: Ledger) -> int:
+def ingest(queue: IntakeQueue, ledger: Ledger, until: float | None = None) -> int:
     """Move every acknowledged, verified request into the ledger: one ledger commit (and one audit
     commit) per `INGEST_BATCH`, then the queue forgets their identifiers. Exactly once: the ledger
     adds an id only if it is not there yet, so a crash between the two steps adds nothing twice.
-    Returns requests moved."""
+    `until` (time.monotonic()): start no batch after it. Returns requests moved."""
     moved = 0
-    while True:
+    while until is None or time.monotonic() < until:
         rows = queue.call(lambda c: c.execute(
             "SELECT request_id, request_type, regulation, subject_id, received_at FROM intake"
             " WHERE ingested_at IS NULL AND state = 'received' ORDER BY received_at LIMIT ?", (INGEST_BATCH,)
@@ -52,60 +65,117 @@ def ingest(queue: IntakeQueue, ledger: Ledger) -> int:
 
         queue.call(mark_ingested)
         moved += len(rows)
+    return moved
 
 
 class Ingester:
-    """The child process and a thread that starts it again if it dies."""
+    """The child process, the pipe that wakes and stops it, and a thread that starts it again if it crashes."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self._context = multiprocessing.get_context("spawn")  # the server has threads: never fork it
-        self._wake, self._stop = self._context.Event(), self._context.Event()
-        self._process: BaseProcess | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # the pipe's write end is replaced when a child is started again
+        self._process: subprocess.Popen[bytes] | None = None
+        self._pipe: int | None = None  # the write end of the pipe to the child
+        self.restarts = 0  # children started again after a crash (`/metrics`)
         self._watch = threading.Thread(target=self._keep_alive, name="intake-ingester-watch", daemon=True)
 
     def start(self) -> None:
         self._spawn()
         self._watch.start()
 
-    def wake(self) -> None:
-        self._wake.set()
+    def alive(self) -> bool:
+        """The child runs and is not being stopped."""
+        return not self._stopping.is_set() and self._process is not None and self._process.poll() is None
 
-    def stop(self, timeout: float = 60) -> None:
-        """A last ingest, then the child ends (killed if it takes longer than `timeout`)."""
-        self._stop.set()
-        self._wake.set()
+    def wake(self) -> None:
+        """Ingest now rather than at the next tick. Never blocks: a full pipe already holds a wake-up."""
+        with self._lock:
+            if self._pipe is not None:
+                try:
+                    os.write(self._pipe, b"w")
+                except (BlockingIOError, BrokenPipeError):  # a wake-up is waiting, or the child is gone
+                    pass
+
+    def stop(self, timeout: float = 6) -> None:
+        """Ask the child to stop (it ends within `STOP_SECONDS` plus the batch in hand) and wait for it;
+        after `timeout` it is killed, which is safe: a request is marked ingested only once the ledger
+        has it, and the ledger adds an id once."""
+        self._stopping.set()
         if self._watch.is_alive():
             self._watch.join(timeout)
+        with self._lock:
+            if self._pipe is not None:
+                os.close(self._pipe)  # the child reads end-of-file: a last ingest, then it exits
+                self._pipe = None
         if self._process is not None:
-            self._process.join(timeout)
-            if self._process.is_alive():
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("intake ingester still busy after %.0f s: killed (its requests stay queued)", timeout)
                 self._process.kill()
+                self._process.wait()
 
     def _spawn(self) -> None:
-        self._process = self._context.Process(target=_child, name="dsr-intake-ingester", daemon=True, args=(
-            self.settings, os.getpid(), self._wake, self._stop))
-        self._process.start()
+        reader, writer = os.pipe()
+        os.set_blocking(writer, False)
+        # A fresh interpreter (the server has threads: never fork it) in a process group of its own.
+        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, pass_fds=(reader,),
+                                   process_group=0)
+        os.close(reader)
+        assert process.stdin is not None
+        try:
+            with process.stdin:
+                process.stdin.write(pickle.dumps((self.settings, os.getpid(), reader)))
+        except BrokenPipeError:  # it died at once: the watch sees it and starts another
+            pass
+        with self._lock:
+            if self._pipe is not None:
+                os.close(self._pipe)
+            self._process, self._pipe = process, writer
 
     def _keep_alive(self) -> None:
-        while not self._stop.wait(max(1.0, self.settings.intake.ingest_interval_seconds)):
-            if self._process is not None and not self._process.is_alive():
-                log.warning("intake ingester ended (exit %s); starting it again", self._process.exitcode)
-                self._spawn()
+        while not self._stopping.wait(max(1.0, self.settings.intake.ingest_interval_seconds)):
+            process = self._process
+            if process is None or process.poll() is None:
+                continue
+            if process.returncode == 0:  # asked to stop by a signal of its own: not ours to undo
+                log.warning("intake ingester stopped on a signal; acknowledged requests stay queued until the "
+                            "service starts again")
+                return
+            log.warning("intake ingester ended (exit %s); starting it again", process.returncode)
+            self.restarts += 1
+            self._spawn()
 
 
-def _child(settings: Settings, parent: int, wake, stop) -> None:
+def _child(settings: Settings, parent: int, pipe: int) -> None:
+    asked = threading.Event()
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, lambda _signal, _frame: asked.set())
+    woken, wake_up = os.pipe()  # a signal makes the wait below return at once (set_wakeup_fd writes here)
+    os.set_blocking(wake_up, False)
+    signal.set_wakeup_fd(wake_up)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     queue, ledger = IntakeQueue(settings.intake_queue_file()), Ledger(settings)
+    until: float | None = None
     try:
         while os.getppid() == parent:  # an orphan (its server was killed) stops before touching anything
             try:
-                ingest(queue, ledger)
+                ingest(queue, ledger, until)
             except Exception as exc:  # the catalog is down, say: everything stays queued, tried next tick
                 log.warning("intake ingest: %s", first_line(exc, with_type=True))
-            if stop.is_set():
+            if until is not None:
                 return
-            wake.wait(settings.intake.ingest_interval_seconds)
-            wake.clear()
+            ready, _, _ = select.select([pipe, woken], [], [], settings.intake.ingest_interval_seconds)
+            if pipe in ready and not os.read(pipe, 4096):
+                asked.set()  # end of file: the server stops (or died)
+            if woken in ready:
+                os.read(woken, 64)
+            if asked.is_set():
+                until = time.monotonic() + STOP_SECONDS
     finally:
         queue.close()
+
+
+if __name__ == "__main__":  # the child: what to ingest from, and its server, come pickled on stdin
+    _child(*pickle.load(sys.stdin.buffer))

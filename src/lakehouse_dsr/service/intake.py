@@ -27,6 +27,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import date, datetime
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from ..config import Settings
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..keys import derive_key, keyed_hash
@@ -37,6 +39,9 @@ from .mail import MailError, send_code
 from .queue import IntakeQueue
 
 log = logging.getLogger("lakehouse_dsr.service")
+CLOSE_SECONDS = 6.0  # a stop's budget for the mail thread, the ingester's last pass and the queue
+MAIL_STOP_SECONDS = 1.0
+READY_TIMEOUT_SECONDS = 5.0
 VERIFIED_TYPES = ("erase", "access", "opt_in")  # never opt-outs: CCPA regulations forbid verifying them
 _EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
 
@@ -93,13 +98,62 @@ class Intake:
         self._ingester.start()
 
     def close(self) -> None:
-        """Stop mailing and ingesting (a last ingest first: a clean stop leaves nothing waiting)."""
+        """Stop mailing and ingesting, then flush and close the queue: within about `CLOSE_SECONDS`.
+        The ingester moves what waits for a few seconds more; anything left stays in the queue for the
+        next start. A code being mailed is left to its thread: it was stored before it was sent, and the
+        mail is sent again at the next start."""
         self._stop.set()
         self._wake_mail.set()
         if self._mailer.is_alive():
-            self._mailer.join(timeout=60)
-        self._ingester.stop()
+            self._mailer.join(timeout=MAIL_STOP_SECONDS)
+        self._ingester.stop(timeout=CLOSE_SECONDS - MAIL_STOP_SECONDS)
         self.queue.close()
+
+    @property
+    def ingester_restarts(self) -> int:
+        return self._ingester.restarts
+
+    def ingester_alive(self) -> bool:
+        return self._ingester.alive()
+
+    def readiness(self) -> dict[str, bool]:
+        """Whether each part this service needs works now: the queue takes a write (one small commit),
+        the ledger's catalog answers (one table load), the ingester process runs. Each check is
+        bounded by the queue's and the catalog's own timeouts; failures are logged by type only."""
+        checks: dict[str, bool] = {}
+        for part, check in (("queue", self._queue_writable), ("ledger", self._ledger_reachable),
+                            ("ingester", self._ingester.alive)):
+            try:
+                checks[part] = bool(check())
+            except Exception as exc:
+                log.warning("readiness of the %s: %s", part, type(exc).__name__)
+                checks[part] = False
+        return checks
+
+    def _queue_writable(self) -> bool:
+        self.queue.run(lambda c: c.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)",
+                                           (time.time(),))).result(timeout=READY_TIMEOUT_SECONDS)
+        return True
+
+    def _ledger_reachable(self) -> bool:
+        # In a thread of its own: a catalog that does not answer must not hold the probe longer than
+        # READY_TIMEOUT_SECONDS (the thread ends with the catalog client's own timeout).
+        answered: list[bool] = []
+
+        def load() -> None:
+            try:
+                self.ledger.store.load("requests", create=False)
+            except NoSuchTableError:  # the catalog answered: the first ingest creates the table
+                pass
+            except Exception as exc:
+                log.warning("readiness of the ledger: %s", type(exc).__name__)
+                return
+            answered.append(True)
+
+        probe = threading.Thread(target=load, name="intake-ledger-probe", daemon=True)
+        probe.start()
+        probe.join(READY_TIMEOUT_SECONDS)
+        return bool(answered)
 
     def _mail(self) -> None:
         while not self._stop.is_set():

@@ -148,6 +148,19 @@ class Health(_Answer):
     ok: Literal[True] = Field(description="the process answers")
 
 
+ReadinessPart = Literal["queue", "ledger", "ingester"]
+
+
+class Readiness(_Answer):
+    """Whether this instance can take and keep requests now (200), or which part cannot (503)."""
+
+    ready: bool
+    failing: list[ReadinessPart] = Field(description="the parts not ready (empty when ready)")
+    queue: bool = Field(description="the durable queue takes a write")
+    ledger: bool = Field(description="the ledger's catalog answers")
+    ingester: bool = Field(description="the ingester process runs")
+
+
 # -- refusals ---------------------------------------------------------------------------------------
 
 class Refusal(_Answer):

@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS intake (
     ingested_at     TEXT             -- when it reached the ledger; NULL before
 );
 CREATE INDEX IF NOT EXISTS intake_waiting ON intake (ingested_at, state);
+CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL);  -- /readyz writes here: the file takes writes
 CREATE INDEX IF NOT EXISTS intake_mail ON intake (mail_due);
 """
 
@@ -80,6 +81,17 @@ class IntakeQueue:
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`run` and wait: for threads that are not the event loop."""
         return self.run(fn).result()
+
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(connection)` on a read-only connection of its own, beside the group commits (WAL lets it
+        read while they write): for reads that may take a while, such as a scrape's pass over every
+        row. Cost: opening the file (about a millisecond) and `fn`."""
+        connection = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+        connection.row_factory = sqlite3.Row
+        try:
+            return fn(connection)
+        finally:
+            connection.close()
 
     def close(self) -> None:
         self._ops.put(None)
