@@ -229,6 +229,25 @@ class TableFigures(_Document):
     verified: Literal["yes", "live only", "no"]
 
 
+class CommitRecord(_Document):
+    snapshot_id: int | None = None
+    operation: str | None = None
+    sequence_number: int | None = Field(None, description="when the commit's snapshot has expired: its number")
+
+
+class ResurrectionRecord(_Document):
+    """People erased by earlier runs found again in a table, and erased again by this run."""
+
+    rows: int = Field(description="rows holding an identifier of a completed erase request (a row found through "
+                                  "two key columns counts twice)")
+    requests: int = Field(description="completed erase requests whose subject came back")
+    files: int = Field(description="data files holding them")
+    commits: list[CommitRecord] = Field(description="the commits that added those files")
+    files_read: int = Field(description="data files the check read: those added since the table's last check")
+    whole_table: bool = Field(description="every live file was read (no usable checkpoint: first check, a "
+                                          "rollback, a replaced table, format v1)")
+
+
 class RunReportDocument(_Document):
     """The run report: what one `dsr run` did, table by table and request by request."""
 
@@ -247,6 +266,8 @@ class RunReportDocument(_Document):
     held: dict[str, str] = Field(description="tables on a collateral hold (`dsr release` lifts it) -> why")
     legal_holds: dict[str, str] = Field(default_factory=dict, description="tables under a legal hold (`dsr hold`), "
                                         "neither erased nor purged -> the hold")
+    resurrections: dict[str, ResurrectionRecord] = Field(
+        default_factory=dict, description="tables where people erased earlier came back -> what was found")
     shares: dict[str, ShareRecord]
     summary: Summary
     per_table: dict[str, TableFigures]

@@ -43,6 +43,8 @@ class RunReport:
     held: dict[str, str] = field(default_factory=dict)
     # tables under a legal hold (ledger/holds.py): neither erased nor purged ({table: the hold})
     legal_holds: dict[str, str] = field(default_factory=dict)
+    # tables where people erased earlier were found again and erased again (stages/resurrection.py)
+    resurrections: dict[str, dict] = field(default_factory=dict)
     # per share (stages/share.py ShareRefresh.as_dict): refresh mode, rows added/removed, purge, verification
     shares: dict[str, dict] = field(default_factory=dict)
 
@@ -144,6 +146,9 @@ class RunReport:
             console.print(f"  {r.request_id} held: {r.reason}")
         for table, hold in self.legal_holds.items():
             console.print(f"{table} is under a legal hold ({hold}): not erased or purged; `dsr hold list`")
+        for table, back in self.resurrections.items():
+            console.print(f"[yellow]{table}: people erased earlier came back[/] ({back['rows']} row(s) "
+                          f"of {back['requests']} completed request(s), in {back['files']} file(s)); erased again")
         for kind, n in self.not_processed.items():
             console.print(f"  {n} {kind} request(s) recorded, not processed by this version")
         for name, s in self.shares.items():  # no verification: nothing to prove in this run

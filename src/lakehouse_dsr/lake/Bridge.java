@@ -58,6 +58,7 @@ public class Bridge {
     m.put("operation", s.operation());
     m.put("summary", s.summary());
     m.put("manifest_list", s.manifestListLocation());
+    m.put("sequence", Long.valueOf(s.sequenceNumber()));
     return m;
   }
 
@@ -107,6 +108,15 @@ public class Bridge {
     List out = new ArrayList();
     for (Iterator it = files.iterator(); it.hasNext(); ) {
       out.add(((ContentFile) it.next()).location());
+    }
+    return toJson(out);
+  }
+
+  /** Each scan task's data sequence number (null: a format-v1 table's files have none). */
+  public String taskSequences(List tasks) throws Exception {
+    List out = new ArrayList();
+    for (int i = 0; i < tasks.size(); i++) {
+      out.add(((FileScanTask) tasks.get(i)).file().dataSequenceNumber());
     }
     return toJson(out);
   }

@@ -38,6 +38,7 @@ class Snapshot:
     summary: dict[str, str]
     parent_id: int | None = None
     operation: str | None = None
+    sequence_number: int | None = None  # the commit's data sequence number (0 in format v1)
 
     @overload
     @classmethod
@@ -52,7 +53,8 @@ class Snapshot:
         """From the bridge's JSON for one snapshot (None: no snapshot)."""
         if answer is None:
             return None
-        return cls(answer["id"], answer["ms"], answer["summary"], answer["parent"], answer["operation"])
+        return cls(answer["id"], answer["ms"], answer["summary"], answer["parent"], answer["operation"],
+                   answer.get("sequence"))
 
     def counts(self) -> dict[str, int]:
         """The summary's numeric entries (`total-records`, `added-position-deletes`, ...)."""
@@ -530,6 +532,26 @@ def descends_from(spark: SparkSession, settings: Settings, table: str, snapshot_
     rollback, a replaced table or a line whose history expired in between). Metadata only."""
     current = current_snapshot(spark, settings, table)
     return current is not None and commits_since(spark, settings, table, snapshot_id, current.snapshot_id) is not None
+
+
+def history(spark: SparkSession, settings: Settings, table: str) -> list[Snapshot]:
+    """Every snapshot the table's metadata still holds. Metadata only."""
+    return list(_snapshots_by_id(spark, java_table(spark, settings, table)).values())
+
+
+def own_line_since(spark: SparkSession, settings: Settings, table: str, after_id: int) -> bool:
+    """Whether no writer but this Spark application added rows after snapshot `after_id`: every commit
+    since, up to the current snapshot, is this application's erase (an overwrite or delete carrying
+    its `spark.app.id`) or a `replace`, which by Iceberg's contract moves rows without changing them
+    (a compaction, a purge's rewrite). False when `after_id` is no ancestor any more. Metadata only."""
+    current = current_snapshot(spark, settings, table)
+    if current is None:
+        return False
+    commits = commits_since(spark, settings, table, after_id, current.snapshot_id)
+    app_id = spark.sparkContext.applicationId
+    return commits is not None and all(
+        c.operation == "replace" or (c.operation in ("overwrite", "delete") and c.summary.get("spark.app.id") == app_id)
+        for c in commits)
 
 
 def _snapshots_by_id(spark: SparkSession, jtable) -> dict[int, Snapshot]:

@@ -129,6 +129,11 @@ class Candidates:
                           self.total_files, self.total_bytes, self.pruned, self.predicate, chosen,
                           [self._paths[i] for i in kept], [self._sizes[i] for i in kept], self.jtable)
 
+    def sequence_numbers(self, spark: SparkSession) -> list[int | None]:
+        """Each candidate file's data sequence number (Iceberg gives a commit's new files the commit's
+        number; a compaction may keep its inputs'), in `paths()` order; None in format v1. Metadata only."""
+        return call(spark, "taskSequences", self._tasks) if self._tasks is not None else []
+
     def data_files(self, spark: SparkSession):
         """The candidates' Java DataFile objects, as a Java list (for a commit that replaces them)."""
         if self._tasks is None:

@@ -24,7 +24,7 @@ from ..lake import iceberg
 from ..lake.hmac import with_keyed_hash
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
-from ..stages import collateral, erase, files, identity, matching, propagate, purge, shred, verify
+from ..stages import collateral, erase, files, identity, matching, propagate, purge, resurrection, shred, verify
 from ..vault import vault
 from . import rules
 from .context import Context
@@ -49,6 +49,7 @@ class ErasureResult:
     collateral_failures: dict[str, str] = field(default_factory=dict)
     purged: bool = False
     waiting: dict[str, date] = field(default_factory=dict)  # requests left waiting for a purge -> due by
+    resurrections: dict[str, dict] = field(default_factory=dict)  # tables where erased people came back -> evidence
 
 
 class ErasureBatch:
@@ -60,27 +61,33 @@ class ErasureBatch:
         self.request_ids = sorted(work.erase)
         self._hashes: DataFrame | None = None
         self._hash_keys: verify.HashKeys | None = None
+        self._checked_at: dict[str, int] = {}  # table -> the snapshot the resurrection check saw
+        self._came_back: dict[str, dict] = {}  # table -> evidence of people erased earlier found again
 
     def run(self) -> ErasureResult:
         """Erase, purge when due, prove, and decide each request's outcome. A collateral failure stops
         the run before the purge (the pre-erase snapshots stay for a rollback) and holds the table."""
         work = self.work
-        if not self.request_ids and not work.purge_now:
+        scopes, found = self._resurrected()
+        if not self.request_ids and not work.purge_now and not found:
+            self._record_checkpoints(scopes, {})
             return ErasureResult(waiting=work.waiting)
-        erased = self.erase_subjects()
+        erased = self.erase_subjects(found)
         # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
         resumed = {s.table: s for s in work.steps if s.run_id in work.interrupted and s.step == "erased"}
         faults.failpoint("after_erase")
         damaged = self._hold_damaged(erased.erasures)
         stop_reason = ("run stopped before the purge: collateral check failed in " + ", ".join(sorted(damaged))
                        if damaged else None)
-        purge_now = work.purge_now and not damaged
+        # Rows that came back are purged at once: their request's deadline has passed already.
+        purge_now = (work.purge_now or bool(found)) and not damaged
         proven = self.request_ids + (sorted(work.waiting) if purge_now else [])
         prior = self.ledger.evidence(sorted(work.waiting)) if purge_now and work.waiting else {}
         purges = self._purge(erased, prior, resumed) if purge_now else {}
         erasures, purges = self._with_shred(erased, purges)
         prover = Prover(self.ctx, erasures, erased.shredded, self.request_ids, proven, purge_now,
-                        verify.stored_hashes(self.spark, self.ledger, proven), self._purge_table,
+                        verify.stored_hashes(self.spark, self.ledger, proven + self._resurrected_ids(found)),
+                        self._purge_table,
                         erased.key_sets if len(proven) == len(self.request_ids) else {})
         verifications, repurged = prover.prove_all()
         purges = {**purges, **repurged}
@@ -90,7 +97,47 @@ class ErasureBatch:
             {} if purge_now or stop_reason else work.deadlines, stop_reason, work.legal_tables)
         waiting = {**({} if purge_now else work.waiting),
                    **{o.request_id: o.purge_by for o in outcomes if o.status == "erased" and o.purge_by}}
-        return ErasureResult(outcomes, tables, damaged, purge_now, waiting)
+        if not damaged:  # a table on hold keeps its checkpoint: its next run checks again
+            self._record_checkpoints(scopes, purges)
+        return ErasureResult(outcomes, tables, damaged, purge_now, waiting, self._came_back)
+
+    # -- resurrection --------------------------------------------------------------------------------
+
+    def _resurrected(self) -> tuple[list[resurrection.Scope], resurrection.Found]:
+        """The rows of people erased before that were added again to a keyed table since its last
+        check (stages/resurrection.py). Cost: metadata per table; one Spark job over the key columns
+        of the new files, only when some erase request was completed and some table has new files."""
+        tables = [t for t in self.settings.datamap.keyed if t not in self.work.legal_tables]
+        checked = resurrection.checkpoints(self.work.steps)
+        completed = self.ledger.completed_ids("erase")
+        scopes = self.ctx.each_table("check for erased people added again", tables, lambda t: resurrection.scope(
+            self.spark, self.settings, t, checked.get(t), plan=bool(completed)))
+        self._checked_at = {t: s.snapshot.snapshot_id for t, s in scopes.items() if s.snapshot is not None}
+        reading = [s for s in scopes.values() if s.candidates is not None]
+        if not reading:
+            return list(scopes.values()), resurrection.Found()
+        with self.ctx.timed("resurrection"):
+            hashes = verify.stored_hashes(self.spark, self.ledger, completed)
+            found = resurrection.find(self.spark, self.settings, reading, hashes,
+                                      verify.keys_for(self.settings, hashes, self.ledger.keyring))
+            # read now: the purge expires the commits that brought them back
+            self._came_back = {s.table: resurrection.evidence(self.spark, self.settings, s, found)
+                               for s in reading if s.table in found.by_request}
+        return list(scopes.values()), found
+
+    @staticmethod
+    def _resurrected_ids(found: resurrection.Found) -> list[str]:
+        return sorted({rid for requests in found.by_request.values() for rid in requests})
+
+    def _record_checkpoints(self, scopes: list[resurrection.Scope], purges: dict[str, purge.TablePurge]) -> None:
+        """One journal commit for the tables whose checkpoint moved."""
+        before = resurrection.checkpoints(self.work.steps)
+        after = {s.table: resurrection.checkpoint_after(self.spark, self.settings, s, purges.get(s.table))
+                 for s in scopes}
+        moved = [Step(self.ctx.run_id, t, resurrection.CHECKED, c.snapshot_id, {"sequence": c.sequence})
+                 for t, c in after.items() if c is not None and c != before.get(t)]
+        if moved:
+            self.ledger.journal.record(moved)
 
     def _evidence(self, table: str, erasures: dict[str, erase.TableErasure], purges: dict[str, purge.TablePurge],
                   v: verify.TableVerification) -> dict:
@@ -110,15 +157,19 @@ class ErasureBatch:
 
     # -- erase -------------------------------------------------------------------------------------
 
-    def erase_subjects(self) -> Erased:
+    def erase_subjects(self, found: resurrection.Found | None = None) -> Erased:
         """Resolve the batch's identifiers, record their hashes, and erase them from every mapped table
         and file dataset, then shred the vault and propagate to the derived tables. Each wave's
         commits go to the step journal before the next wave starts, so a run killed in between leaves
-        a record of what its successor must finish."""
-        if not self.request_ids:
+        a record of what its successor must finish. `found`: people erased before whose rows came back
+        (stages/resurrection.py), erased again in the same commits."""
+        again = found.keys if found else None
+        if not self.request_ids and again is None:
             return Erased()
-        keys = self._resolve()
-        self._hashes = verify.stored_hashes(self.spark, self.ledger, self.request_ids)
+        parts = [*([self._resolve()] if self.request_ids else []), *([again] if again is not None else [])]
+        keys = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        self._hashes = verify.stored_hashes(self.spark, self.ledger,
+                                            self.request_ids + (self._resurrected_ids(found) if found else []))
         erased = self._erase_sources(keys)
         erased.shredded = self._shred(keys, erased.erasures)
         if self.settings.datamap.derived:
@@ -318,7 +369,8 @@ class ErasureBatch:
         start = time.perf_counter()
         try:
             result = iceberg.with_conflict_retries(self.settings, f"table {table}: the purge",
-                                                   lambda: purge.purge_table(self.spark, self.settings, table))[0]
+                                                   lambda: purge.purge_table(self.spark, self.settings, table,
+                                                                             self._checked_at.get(table)))[0]
         except CommitConflictError as exc:
             result = purge.TablePurge(table, error=str(exc))
         result.seconds = round(time.perf_counter() - start, 3)

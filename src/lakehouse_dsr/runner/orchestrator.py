@@ -71,7 +71,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
             work = _noted(report, read_work(ledger, settings, today, holder.interrupted))  # as it is now we hold it
             if work.ids:
                 lease.working_on(work.ids)
-        if not work.ids and not work.purge_now and not work.shares:
+        if not work.ids and not work.purge_now and not work.shares and not work.unchecked:
             report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
             if work.legal_subjects:  # requests newly held: recorded without Spark
                 _finish(ledger, lease, report, work, [], started)
@@ -121,6 +121,7 @@ def _process(ctx: Context, work: Work) -> list[Outcome]:
         outcomes += erased.outcomes
         report.tables.update(erased.tables)
         report.collateral_failures = dict(erased.collateral_failures)
+        report.resurrections = dict(erased.resurrections)
         report.purge_schedule = rules.schedule(ctx.settings.purge.policy, erased.purged, erased.waiting)
     if work.shares or work.consent:
         with ctx.timed("shares"):

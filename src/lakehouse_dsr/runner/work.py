@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 
 from ..config import Settings
+from ..lake.catalog import open_catalog
 from ..ledger.holds import active_holds
 from ..ledger.journal import Step
 from ..ledger.ledger import OPEN_STATUSES, Ledger
-from ..stages import purge
+from ..stages import purge, resurrection
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class Work:
     # hold (left out of the batch; those already held for the same hold are left out and not listed).
     legal_subjects: dict[str, str]
     not_processed: dict[str, int]  # request types this version records but does not process -> how many
+    # Keyed tables that moved since their last resurrection check, looked up only when nothing else
+    # makes the run start Spark: a run is due for them (stages/resurrection.py).
+    unchecked: tuple[str, ...] = ()
 
     @property
     def ids(self) -> list[str]:
@@ -41,7 +45,8 @@ class Work:
 
     @property
     def needs_lease(self) -> bool:
-        return bool(self.ids or self.purge_now or self.ledger_purge or self.shares or self.legal_subjects)
+        return bool(self.ids or self.purge_now or self.ledger_purge or self.shares or self.legal_subjects
+                    or self.unchecked)
 
 
 def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tuple[str, ...] = ()) -> Work:
@@ -70,8 +75,24 @@ def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tupl
     erase = {} if held else by_type["erase"]
     deadlines = {**waiting, **{rid: purge.purge_deadline(today, r["due_date"], settings.purge)
                                for rid, r in erase.items()}}
-    return Work(by_type["access"], erase, waiting, steps, list(interrupted), deadlines,
+    work = Work(by_type["access"], erase, waiting, steps, list(interrupted), deadlines,
                 not held and purge.purge_due(deadlines.values(), today),
                 settings.purge.policy == "immediate" and ledger.purge_owed(steps),
                 {**by_type["opt_out"], **by_type["opt_in"]}, bool(settings.datamap.shares), held,
                 {t: h.why for t, h in legal.tables.items()}, legal_subjects, not_processed)
+    if work.needs_lease or held:
+        return work
+    return replace(work, unchecked=tuple(_moved_since_checked(ledger, settings, steps, work.legal_tables)))
+
+
+def _moved_since_checked(ledger: Ledger, settings: Settings, steps: list[Step], legal_tables: dict[str, str]
+                         ) -> list[str]:
+    """Keyed tables whose current snapshot is not the one their last resurrection check saw, once
+    some erase request was completed (before that nobody can come back). Cost: one ledger read, and
+    one metadata read per keyed table (pyiceberg, no JVM)."""
+    if not ledger.completed_ids("erase"):
+        return []
+    catalog = open_catalog(settings)
+    tables = [t for t in settings.datamap.keyed if t not in legal_tables]
+    return resurrection.unchecked(resurrection.checkpoints(steps),
+                                  {t: catalog.load_table(t).metadata.current_snapshot_id for t in tables})

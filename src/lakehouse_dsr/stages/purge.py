@@ -39,9 +39,14 @@ class TablePurge:
     dangling_deletes_kept: bool = False  # see purge_table
     seconds: float = 0.0
     error: str | None = None
+    # For the resurrection check (stages/resurrection.py), decided just before the expiry erases the
+    # history that shows it: the snapshot the expiry kept, and whether only this application's erases
+    # and row-preserving rewrites were committed between `line_from` and it.
+    kept_snapshot: int | None = None
+    own_line: bool = False
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in ("kept_snapshot", "own_line")}
 
 
 def evidence(purged: TablePurge | None, files_rewritten: int = 0, bytes_rewritten: int = 0) -> dict:
@@ -71,9 +76,10 @@ def purge_due(deadlines: Iterable[date], today: date) -> bool:
     return any(d <= today for d in deadlines)
 
 
-def purge_table(spark: SparkSession, settings: Settings, table: str) -> TablePurge:
+def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: int | None = None) -> TablePurge:
     """Purge one table. Cost: rewrites only files with delete files; expiry and orphan removal read
-    metadata and list the table location; deletes files no retained snapshot needs."""
+    metadata and list the table location; deletes files no retained snapshot needs. `line_from`: the
+    snapshot whose line `TablePurge.own_line` is decided from (None: not decided)."""
     result = TablePurge(table)
     if iceberg.summary_count(spark, settings, table, "total-delete-files"):
         rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table,
@@ -98,6 +104,9 @@ def purge_table(spark: SparkSession, settings: Settings, table: str) -> TablePur
             result.refs_dropped.append(f"{ref.kind.lower()} {ref.name}")
         else:
             result.refs_kept.append(f"{ref.kind.lower()} {ref.name}")
+    kept = iceberg.current_snapshot(spark, settings, table)
+    result.kept_snapshot = kept.snapshot_id if kept else None
+    result.own_line = line_from is not None and iceberg.own_line_since(spark, settings, table, line_from)
     expired = iceberg.expire_snapshots_before_current(spark, settings, table)
     result.snapshots_expired = expired.snapshots_expired
     result.files_deleted = expired.files_deleted

@@ -1,0 +1,175 @@
+"""Nothing erased comes back: rows of people erased earlier that reappeared in a mapped table.
+
+A backfill, a replay of raw files or a restore can write an erased person's rows again. Each run
+reads, per keyed table, only the rows added since the table's last check: the live data files whose
+data sequence number is newer than the checked one (Iceberg gives a commit's new files the commit's
+number). Their key columns are hashed (the ledger's keyed HMAC) and joined with the stored hashes of
+every completed erase request; the values found stay in Spark and join the run's erase batch (one
+commit per table, the same collateral check, purge and proof). When the table's current snapshot does
+not descend from the checked one (a rollback, a table registered again from older metadata, a
+replaced table, history expired by another tool in between) or its files carry no sequence numbers
+(format v1), every live file is read.
+
+The checkpoint is the journal step `checked` (snapshot id, sequence number through which every live
+row was checked), recorded at the end of each run that moved it (`checkpoint_after`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..config import Settings
+from ..lake import iceberg, skipping
+from ..lake.hmac import join_on_key, with_keyring_hashes
+from ..ledger.journal import Step
+from . import verify
+from .purge import TablePurge
+
+CHECKED = "checked"  # the journal step
+_FILE = "dsr_file"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    snapshot_id: int  # the snapshot checked last
+    sequence: int  # every live file with a data sequence number up to this one was checked
+
+
+def checkpoints(steps: list[Step]) -> dict[str, Checkpoint]:
+    """Each table's latest checkpoint in the journal."""
+    latest: dict[str, Checkpoint] = {}
+    for s in steps:
+        if s.step == CHECKED and s.snapshot_id is not None:
+            latest[s.table] = Checkpoint(s.snapshot_id, int(s.detail["sequence"]))
+    return latest
+
+
+@dataclass
+class Scope:
+    """What one table's check reads: the files added since its checkpoint, at the current snapshot."""
+
+    table: str
+    snapshot: iceberg.Snapshot | None  # current when checked (None: an empty table)
+    whole: bool = False  # every live file is read (no usable checkpoint)
+    candidates: skipping.Candidates | None = None  # the files to read (None: none)
+    sequences: dict[str, int | None] = field(default_factory=dict)  # file -> its data sequence number
+
+    @property
+    def files(self) -> int:
+        return self.candidates.files if self.candidates else 0
+
+
+def scope(spark: SparkSession, settings: Settings, table: str, checkpoint: Checkpoint | None, plan: bool = True
+          ) -> Scope:
+    """The files of `table` to check (see the module doc); `plan=False` (nobody erased yet): none, only
+    the current snapshot is noted. Metadata only: the current snapshot's manifests are read on the
+    driver (not even those when the table has not moved since its checkpoint), no Spark job."""
+    current = iceberg.current_snapshot(spark, settings, table)
+    if current is None or not plan or (checkpoint is not None and checkpoint.snapshot_id == current.snapshot_id):
+        return Scope(table, current)
+    groups = tuple(settings.datamap.mapping(table).groups)
+    everything = skipping.plan(spark, settings, table, current.snapshot_id, groups, (None,) * len(groups))
+    sequences = dict(zip(everything.paths(), everything.sequence_numbers(spark), strict=True))
+    whole = checkpoint is None or iceberg.commits_since(spark, settings, table, checkpoint.snapshot_id,
+                                                        current.snapshot_id) is None
+    if whole:
+        return Scope(table, current, True, everything, sequences)
+    assert checkpoint is not None
+    new = {path for path, seq in sequences.items() if seq is None or seq > checkpoint.sequence}
+    return Scope(table, current, False, everything.subset(spark, new) if new else None,
+                 {p: sequences[p] for p in new})
+
+
+@dataclass
+class Found:
+    """The people found again: their key values (in Spark only, as the batch's keys: request_id,
+    key_type, key_value) and, per table, the rows found per request and per data file."""
+
+    keys: DataFrame | None = None
+    by_request: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_file: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_request)
+
+
+def find(spark: SparkSession, settings: Settings, scopes: list[Scope], hashes: DataFrame, hash_keys: verify.HashKeys
+         ) -> Found:
+    """Key values of the scopes' files that hash to a completed erase request's stored hash. Cost: one
+    Spark job over the key columns of those files (each distinct value hashed once per key in use);
+    the driver receives counts per table, file and request, never a value."""
+    parts = []
+    for s in scopes:
+        rows = skipping.read(spark, settings, s.candidates) if s.candidates else None
+        if rows is None:
+            continue
+        groups = settings.datamap.mapping(s.table).groups
+        values = verify.key_values(rows.withColumn(_FILE, F.input_file_name()), groups, carry=[_FILE])
+        parts.append(values.select(F.lit(s.table).alias("dsr_table"), _FILE, "key_type", "dsr_value"))
+    if not parts:
+        return Found()
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part)
+    grouped = union.where(F.col("dsr_value").isNotNull()).groupBy("dsr_table", _FILE, "key_type", "dsr_value").count()
+    stored = hashes.select("request_id", "key_hash", F.col("key_type").alias("dsr_stored_type"),
+                           *(["key_id"] if "key_id" in hashes.columns else []))
+    matched = (join_on_key(with_keyring_hashes(spark, grouped, "dsr_value", hash_keys.keys), stored)
+               .where(F.col("key_type") == F.col("dsr_stored_type"))
+               .select("dsr_table", _FILE, "request_id", "key_type", "dsr_value", "count")
+               .dropDuplicates(["dsr_table", _FILE, "request_id", "key_type", "dsr_value"])
+               .localCheckpoint())  # read twice: the counts, then the erasure's keys
+    by_request: dict[str, dict[str, int]] = {}
+    by_file: dict[str, dict[str, int]] = {}
+    for r in matched.groupBy("dsr_table", _FILE, "request_id").agg(F.sum("count").alias("n")).collect():
+        requests = by_request.setdefault(r.dsr_table, {})
+        requests[r.request_id] = requests.get(r.request_id, 0) + int(r.n)
+        files = by_file.setdefault(r.dsr_table, {})
+        files[r[_FILE]] = files.get(r[_FILE], 0) + int(r.n)
+    if not by_request:
+        return Found()
+    keys = matched.select("request_id", "key_type", F.col("dsr_value").alias("key_value")).distinct()
+    return Found(keys, by_request, by_file)
+
+
+def evidence(spark: SparkSession, settings: Settings, scope: Scope, found: Found) -> dict:
+    """A table's resurrection as the run report records it: the commits that brought the rows back
+    (snapshot id and operation, from the files' sequence numbers), the rows found, and what the
+    check read."""
+    commits = {s.sequence_number: s for s in iceberg.history(spark, settings, scope.table)}
+    brought = sorted({q for f in found.by_file.get(scope.table, {}) if (q := scope.sequences.get(f)) is not None})
+    return {"rows": sum(found.by_request.get(scope.table, {}).values()),
+            "requests": len(found.by_request.get(scope.table, {})),
+            "files": len(found.by_file.get(scope.table, {})),
+            "commits": [{"snapshot_id": commits[q].snapshot_id, "operation": commits[q].operation}
+                        if q in commits else {"sequence_number": q} for q in brought],
+            "files_read": scope.files, "whole_table": scope.whole}
+
+
+def checkpoint_after(spark: SparkSession, settings: Settings, scope: Scope, purged: TablePurge | None
+                     ) -> Checkpoint | None:
+    """The table's checkpoint once the run is over (None: nothing to record). Everything live at the
+    end is checked when, since the check's snapshot, only this run's erases and row-preserving
+    rewrites were committed (for a purged table: decided by the purge before its expiry, then
+    from the snapshot it kept). Otherwise only what was live at the check is: the next run reads
+    every file newer than that, this run's rewrites included."""
+    start = scope.snapshot
+    end = iceberg.current_snapshot(spark, settings, scope.table)
+    if start is None or end is None or start.sequence_number is None or end.sequence_number is None:
+        return None
+    if purged is not None and purged.kept_snapshot is not None:
+        own = purged.own_line and iceberg.own_line_since(spark, settings, scope.table, purged.kept_snapshot)
+    else:
+        own = iceberg.own_line_since(spark, settings, scope.table, start.snapshot_id)
+    return Checkpoint(end.snapshot_id, end.sequence_number if own else start.sequence_number)
+
+
+def unchecked(checked: Mapping[str, Checkpoint], current: Mapping[str, int | None]) -> list[str]:
+    """Tables whose current snapshot (`current`: table -> snapshot id, None when empty) is not the one
+    they were last checked at: a run is due for them even without requests."""
+    return sorted(t for t, snapshot_id in current.items()
+                  if snapshot_id is not None and (t not in checked or checked[t].snapshot_id != snapshot_id))
