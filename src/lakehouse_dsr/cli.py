@@ -563,10 +563,61 @@ def serve(
         help="reverse proxies whose X-Forwarded-For is trusted (default: 127.0.0.1)")] = None,
 ) -> None:
     """Serve the intake API, the request pages and the operator dashboard (no JVM); acknowledged
-    requests reach the ledger within seconds. Operators authenticate with $DSR_API_TOKEN."""
+    requests reach the ledger within seconds. Operators authenticate with a named token (`dsr operator
+    add`), $DSR_API_TOKEN or a JWT. SIGTERM or SIGINT stop it cleanly."""
     from .service.server import serve as run_server
 
     run_server(_settings(), host, port, forwarded_allow_ips)
+
+
+# -- dsr operator: named operator tokens (service/operators.py) --------------------------------------
+operator_app = typer.Typer(no_args_is_help=True, help="Named operator tokens for `dsr serve`'s operator API.")
+app.add_typer(operator_app, name="operator")
+
+
+@operator_app.command("add")
+def operator_add(
+    name: str,
+    expires: Annotated[str | None, typer.Option(help="last day it works, YYYY-MM-DD (UTC), or an ISO-8601 time "
+                                                     "(default: never expires)")] = None,
+) -> None:
+    """Add an operator and print its token, once: only its SHA-256 is kept. A running server accepts it at once."""
+    from .service.operators import add_operator, expiry, operators_file
+
+    token = add_operator(operators_file(_settings()), name, expiry(expires) if expires else None)
+    err.print(f"operator {escape(name)} added; its token (shown once, send it as Authorization: Bearer):")
+    print(token)
+
+
+@operator_app.command("list")
+def operator_list(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """Every named operator: created, expiry, and whether the token still works (never the token)."""
+    from datetime import UTC, datetime
+
+    from .service.operators import list_operators, operators_file
+
+    found, now = list_operators(operators_file(_settings())), datetime.now(UTC)
+    rows = [{"name": r.name, "created": r.created.isoformat(), "expires": r.expires.isoformat() if r.expires
+             else None, "active": not r.expired(now)} for r in found]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="operators")
+    for column in ("name", "created", "expires", "active"):
+        table.add_column(column)
+    for r in found:
+        table.add_row(escape(r.name), r.created.isoformat(), r.expires.isoformat() if r.expires else "never",
+                      "no" if r.expired(now) else "yes")
+    console.print(table if found else "no named operators")
+
+
+@operator_app.command("revoke")
+def operator_revoke(name: str) -> None:
+    """Revoke an operator's token: it stops working at once; every other operator keeps theirs."""
+    from .service.operators import operators_file, revoke_operator
+
+    revoke_operator(operators_file(_settings()), name)
+    console.print(f"operator {escape(name)} revoked")
 
 
 @app.command()
