@@ -232,3 +232,24 @@ def test_reverification_detects_data_that_came_back(spark, cycle):
         spark.sql(f"CALL `{settings.catalog.name}`.system.expire_snapshots(table => '{table}', "
                   f"snapshot_ids => array({appended}))")
     assert not any(verify_completed(spark, settings).values())
+
+
+def test_an_erased_person_appended_again_is_erased_again_by_the_next_run(spark, cycle):
+    """Issue 28: a replay brings an erased person's rows back; the next run, with no request open, reads
+    only the appended files, erases them again and purges them (tests/test_resurrection.py: more)."""
+    settings, victim = cycle["settings"], cycle["ids"][0]
+    spark.createDataFrame([("replay-1", victim), ("replay-2", victim)], "event_id string, user_id string").coalesce(
+        1).selectExpr("event_id", "user_id", "'login' event_type", "timestamp'2024-07-01' event_timestamp",
+                      "null page_url", "null product_id", "'replayed' event_details").writeTo(
+        settings.table("demo.events")).append()
+    appended = iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id
+    report = run(spark, settings)
+    assert report.resurrections == {"demo.events": {
+        "rows": 2, "requests": 1, "files": 1, "commits": [{"snapshot_id": appended, "operation": "append"}],
+        "files_read": 1, "whole_table": False}}
+    assert report.requests == []  # the completed request keeps its record; the run report has the evidence
+    events = StaticTable.from_metadata(iceberg.java_table(spark, settings, "demo.events").operations().current()
+                                       .metadataFileLocation()).scan(selected_fields=("user_id",)).to_arrow()
+    assert victim not in events["user_id"].to_pylist()
+    assert report.tables["demo.events"]["verification"]["passed"]
+

@@ -1,5 +1,6 @@
 """Nothing erased comes back: a run finds people erased earlier in rows added since the last check,
-erases them again (reading only the added files), and re-checks a table whose history was rolled back."""
+erases them again (reading only the added files), and re-checks a table whose history was rolled back.
+(test_cycle has the fast case on its shared lake; these build a lake of their own: make test-slow.)"""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages import resurrection
+
+pytestmark = pytest.mark.slow
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 
