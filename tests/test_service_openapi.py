@@ -221,8 +221,11 @@ def test_real_answers_validate_against_the_openapi_document(service):
     # not started here: no ingester process, so not ready, and the answer names that part alone
     assert person.get("/readyz").json() == {"ready": False, "failing": ["ingester"], "queue": True, "ledger": True,
                                             "ingester": False}
-    metrics = person.get("/metrics")
-    assert metrics.status_code == 200 and "dsr_intake_requests_acknowledged_total" in metrics.text
+    assert person.get("/nothing/secret-path-123").status_code == 404
+    metrics = person.get("/metrics").text  # latency by route template; no path, id or identifier in it
+    assert 'route="/api/v1/requests/{request_id}"' in metrics and 'route="unmatched",status="404"' in metrics
+    assert not any(s in metrics for s in ("secret-path", ack["request_id"], locked["request_id"], "@example"))
+    assert 'dsr_intake_requests_acknowledged_total{type="erase"}' in metrics
 
     # the outer wall's refusal: the rate limit
     limited = CheckedClient(Guard(service.app, 16_384, rate_limit_per_minute=2), openapi)
