@@ -137,6 +137,8 @@ class IntakeQueue:
                     op.future.set_exception(exc)
             return
         for op, result, error in results:
+            if op.future.cancelled():  # its caller stopped waiting (a stop's grace ran out): committed, unanswered
+                continue
             if error is not None:
                 op.future.set_exception(error)
             else:
