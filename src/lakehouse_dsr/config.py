@@ -170,9 +170,24 @@ class IntakeSettings(_Strict):
     jwt: JwtSettings | None = None  # operators may also present a JWT verified against this JWKS
 
 
+class RecordSettings(_Strict):
+    """How long our own records are kept (ledger/records.py: `dsr run` and `dsr expire-records`)."""
+
+    # A completed request's record (its row, keys, audit events, evidence) leaves the ledger and its
+    # history this many months after completion: CCPA (Cal. Code Regs. tit. 11, § 7101) keeps 24.
+    keep_completed_months: int = Field(default=24, ge=1)
+    # An expired erase request's keyed hashes stay (table erased_keys), so suppression and the
+    # resurrection check keep the person out; false: they go with the record, and the person may come back.
+    keep_erased_hashes: bool = True
+    # An access package is deleted this many days after it was written (its file's modification time).
+    keep_packages_days: int = Field(default=30, ge=0)
+    # An intake request never verified (or locked after wrong codes) is dropped with its identifiers.
+    keep_unverified_days: int = Field(default=30, ge=1)
+
+
 class Settings(_Strict):
     """Everything `dsr.yaml` says, validated and frozen (load_settings, settings_from_dict; a variant
-    is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake."""
+    is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake, records."""
 
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
@@ -182,6 +197,7 @@ class Settings(_Strict):
     export: ExportSettings = Field(default_factory=ExportSettings)
     run: RunSettings = Field(default_factory=RunSettings)
     intake: IntakeSettings = Field(default_factory=IntakeSettings)
+    records: RecordSettings = Field(default_factory=RecordSettings)
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"
     secret_key_file: Path | None = None

@@ -37,15 +37,18 @@ ROWS_IN, ROWS_KEPT = "dsr_rows_in", "dsr_rows_kept"  # observed metrics in the q
 
 
 def suppression_list(spark: SparkSession, settings: Settings, ledger: Ledger, identifier: str) -> DataFrame:
-    """(key_hash, key_id) of every `identifier` value acted on for an erase request, read by Spark
-    through the uncached catalog: planned again, it reads the ledger as it is then."""
-    for table in ("requests", "request_keys"):
+    """(key_hash, key_id) of every `identifier` value acted on for an erase request (expired records'
+    kept hashes included, ledger/records.py), read by Spark through the uncached catalog: planned
+    again, it reads the ledger as it is then."""
+    for table in ("requests", "request_keys", "erased_keys"):
         ledger.store.load(table)  # created when missing: a stream may start before the first request
     catalog = uncached_catalog(spark, settings)
     uncached = lambda name: spark.table(".".join(f"`{p}`" for p in [catalog, *name.split(".")]))  # noqa: E731
     erasures = uncached(ledger.requests_table).where(F.col("request_type") == "erase").select("request_id")
+    kept = uncached(ledger.store.name("erased_keys")).where(F.col("key_type") == identifier)
     return (uncached(ledger.keys_table).where(F.col("key_type") == identifier)
-            .join(F.broadcast(erasures), "request_id", "left_semi").select("key_hash", "key_id"))
+            .join(F.broadcast(erasures), "request_id", "left_semi").select("key_hash", "key_id")
+            .unionByName(kept.select("key_hash", "key_id")))
 
 
 def suppress_stream(stream_df: DataFrame, settings: Settings, key_column: str, identifier: str | None = None

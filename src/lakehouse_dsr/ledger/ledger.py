@@ -8,7 +8,9 @@ Under the batched purge policy an erase request goes in_progress -> erased (logi
 live data verified, physical purge scheduled by `purge_by`) -> completed once purged and proven.
 A request is in progress while a run holding the lease works on it (lease.py). While open, a
 request holds its subject id in plaintext (needed to act on it); on completion only the HMAC
-remains, and the ledger's own history is purged (`purge_history`).
+remains, and the ledger's own history is purged (`purge_history`). A completed request's record
+expires after `records.keep_completed_months` (records.py); an erase request's keyed hashes outlive
+it in `<ns>.erased_keys`, so `erased_ids`, `key_hashes` and `suppression_hashes` include them.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from .store import EqualTo, GreaterThan, In, NotNull, Store, arrow_rows
 # looks again, and the first one after the hold ends erases.
 ACTIONABLE_STATUSES = ("received", "in_progress", "failed", "held")
 OPEN_STATUSES = (*ACTIONABLE_STATUSES, "erased")  # erased: waiting for the physical purge
-LEDGER_TABLES = ("requests", "request_keys", "audit", "steps", "lease", "runs", "consent", "holds")
+LEDGER_TABLES = ("requests", "request_keys", "audit", "steps", "lease", "runs", "consent", "holds", "erased_keys",
+                 "record_years")
 
 
 def new_request_id(taken: set[str]) -> str:
@@ -169,7 +172,14 @@ class Ledger:
         return [r for r in run_ids if r not in recorded]
 
     def completed_ids(self, request_type: str) -> list[str]:
+        """Requests of that type completed and still on record. One read."""
         return sorted(r["request_id"] for r in self.requests(("completed",)) if r["request_type"] == request_type)
+
+    def erased_ids(self) -> list[str]:
+        """Every erase request whose subject must stay out: completed ones on record, and those whose
+        record expired with their keyed hashes kept (records.py). Two small reads."""
+        kept = {r["request_id"] for r in self.store.rows("erased_keys", columns=("request_id",))}
+        return sorted(kept.union(self.completed_ids("erase")))
 
     # -- run history (the operator dashboard) ----------------------------------------------------
     def record_run(self, record: RunRecord) -> None:
@@ -216,17 +226,25 @@ class Ledger:
         self.store.append("request_keys", new)
 
     def key_hashes(self, request_ids: list[str]) -> list[dict]:
-        """(request_id, key_type, key_hash, key_id) of the given requests' identifiers; key_id names the
-        key that made each hash (NULL: the key in use before rotation existed)."""
-        return self.store.rows("request_keys", In("request_id", request_ids)) if request_ids else []
+        """(request_id, key_type, key_hash, key_id) of the given requests' identifiers, expired erase
+        requests' kept hashes included; key_id names the key that made each hash (NULL: the key in use
+        before rotation existed). Two reads pruned to those ids."""
+        if not request_ids:
+            return []
+        return [*self.store.rows("request_keys", In("request_id", request_ids)),
+                *self.store.rows("erased_keys", In("request_id", request_ids))]
 
     def suppression_hashes(self, identifier: str) -> list[dict]:
-        """(key_hash, key_id) of every `identifier` value acted on for an erase request, any status."""
+        """(key_hash, key_id) of every `identifier` value acted on for an erase request, any status, and
+        of expired erase requests whose hashes were kept (records.py). Three reads."""
         erasures = self.store.rows("requests", EqualTo("request_type", "erase"), ("request_id",))
         erase = {r["request_id"] for r in erasures}
-        keys = self.store.rows("request_keys", EqualTo("key_type", identifier), ("request_id", "key_hash", "key_id"))
+        columns = ("request_id", "key_hash", "key_id")
+        keys = [r for r in self.store.rows("request_keys", EqualTo("key_type", identifier), columns)
+                if r["request_id"] in erase]
+        keys += self.store.rows("erased_keys", EqualTo("key_type", identifier), columns)
         return list({(r["key_hash"], r["key_id"]): {"key_hash": r["key_hash"], "key_id": r["key_id"]}
-                     for r in keys if r["request_id"] in erase}.values())
+                     for r in keys}.values())
 
     # -- transitions ------------------------------------------------------------------------
     def finish(self, outcomes: list[Outcome], run_id: str, started_at: datetime | None = None) -> None:

@@ -37,6 +37,7 @@ from ..lake.catalog import open_catalog
 # as pyiceberg accepts them.
 In = cast(Callable[[str, Iterable[Any]], BooleanExpression], expressions.In)
 EqualTo = cast(Callable[[str, Any], BooleanExpression], expressions.EqualTo)
+LessThan = cast(Callable[[str, Any], BooleanExpression], expressions.LessThan)
 GreaterThan = cast(Callable[[str, Any], BooleanExpression], expressions.GreaterThan)
 NotNull = cast(Callable[[str], BooleanExpression], expressions.NotNull)
 
@@ -79,6 +80,15 @@ SCHEMAS: dict[str, pa.Schema] = {
                         ("subject_hash", pa.string()), ("key_id", pa.string()), ("reason", pa.string()),
                         ("until", pa.date32()), ("created_at", _TS), ("created_by", pa.string()),
                         ("released_at", _TS), ("released_by", pa.string())]),
+    # The keyed hashes of erase requests whose record expired (ledger/records.py): what suppression and
+    # the resurrection check still need to keep those people out; nothing else of the request is left.
+    "erased_keys": _schema([("request_id", pa.string()), ("key_type", pa.string()), ("key_hash", pa.string()),
+                              ("key_id", pa.string())]),
+    # Yearly figures (CCPA § 7102) of records that expired, per year received, regulation and type:
+    # `days` is JSON {days to respond: requests}. Every row carries the fold's watermarks (records.py).
+    "record_years": _schema([("year", pa.int64()), ("regulation", pa.string()), ("request_type", pa.string()),
+                               ("received", pa.int64()), ("complied", pa.int64()), ("denied", pa.int64()),
+                               ("days", pa.string()), ("completed_before", _TS), ("intake_before", _TS)]),
 }
 # No column bounds for subject_id, so no manifest ever carries an identifier; old metadata files go.
 # No retries inside pyiceberg: it would re-apply a write computed from rows another writer has since
@@ -201,6 +211,16 @@ class Store:
             snapshot = loaded.current_snapshot()
             current = loaded.scan(row_filter=In(key, ids)).to_arrow().to_pylist() if snapshot else []
             loaded.overwrite(arrow_rows(loaded, change(current)), overwrite_filter=In(key, ids))
+
+        self.transact(table, attempt)
+
+    def delete(self, table: str, row_filter: BooleanExpression) -> None:
+        """Delete the rows matching `row_filter` in one commit (retried after a concurrent commit); a
+        table without rows is left alone. Cost: reads the files that may hold such rows, rewrites those
+        that do (their old versions stay in history until `purge_history`)."""
+        def attempt(loaded: Table) -> None:
+            if loaded.current_snapshot() is not None:
+                loaded.delete(row_filter)
 
         self.transact(table, attempt)
 

@@ -109,7 +109,7 @@ class ErasureBatch:
         of the new files, only when some erase request was completed and some table has new files."""
         tables = [t for t in self.settings.datamap.keyed if t not in self.work.legal_tables]
         checked = resurrection.checkpoints(self.work.steps)
-        completed = self.ledger.completed_ids("erase")
+        completed = self.ledger.erased_ids()  # expired records' kept hashes included
         scopes = self.ctx.each_table("check for erased people added again", tables, lambda t: resurrection.scope(
             self.spark, self.settings, t, checked.get(t), plan=bool(completed)))
         self._checked_at = {t: s.snapshot.snapshot_id for t, s in scopes.items() if s.snapshot is not None}
