@@ -314,6 +314,54 @@ def release(table: str, reason: Annotated[str, typer.Option(help="what was check
     console.print(f"{table} released (held since run {step.detail['hold_run_id']})")
 
 
+@app.command("expire-records")
+def expire_records_cmd(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would go; remove nothing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Remove our own records past their period (`records:` in dsr.yaml): completed request records,
+    access packages, unverified intake requests. `dsr run` does this too."""
+    from .ledger.records import expire_records
+
+    result = expire_records(_settings(), dry_run=dry_run)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        console.print(result.summary())
+    if result.ids_found:
+        raise typer.Exit(1)
+
+
+@app.command()
+def metrics(
+    year: Annotated[str, typer.Option(help="the calendar year requests were received, e.g. 2025")],
+    regulation: Annotated[str | None, typer.Option(help="only gdpr or ccpa requests (default: all)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """A year's request figures as CCPA § 7102 asks large businesses to publish them, per request type
+    (expired records included)."""
+    from .ledger.records import metrics as year_metrics
+    from .ledger.records import parse_year
+
+    if regulation is not None and regulation.lower() not in REGULATIONS:
+        raise DsrError(f"--regulation: unknown regulation {regulation!r} (expected one of {', '.join(REGULATIONS)})")
+    result = year_metrics(_settings(), parse_year(year), regulation.lower() if regulation else None)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+        return
+    table = Table(title=f"requests received in {result.year}" + (f" ({result.regulation})" if result.regulation
+                                                                    else ""))
+    for column in ("type", "received", "complied (whole or part)", "denied", "pending", "median days", "mean days"):
+        table.add_column(column)
+    for t in result.types:
+        table.add_row(f"{t.label} ({t.request_type})", str(t.received), str(t.complied), str(t.denied), str(t.pending),
+                      "" if t.median_days is None else f"{t.median_days:g}",
+                      "" if t.mean_days is None else f"{t.mean_days:g}")
+    console.print(table if result.types else f"no requests received in {result.year}")
+    if result.expired_included:
+        console.print(f"{result.expired_included} of them from the figures kept for expired records")
+
+
 hold_app = typer.Typer(no_args_is_help=True, help="Legal holds: subjects or tables no run may erase while held.")
 app.add_typer(hold_app, name="hold")
 ByOption = Annotated[str | None, typer.Option("--by", help="who acts (default: the OS user)")]

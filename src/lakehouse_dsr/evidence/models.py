@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..ledger.records import RecordExpiry
+
 VERSION = 1
 
 
@@ -269,6 +271,8 @@ class RunReportDocument(_Document):
     resurrections: dict[str, ResurrectionRecord] = Field(
         default_factory=dict, description="tables where people erased earlier came back -> what was found")
     shares: dict[str, ShareRecord]
+    records: RecordExpiry | None = Field(None, description="our own records past their period, removed by this "
+                                         "run: completed requests, access packages, unverified intake requests")
     summary: Summary
     per_table: dict[str, TableFigures]
 

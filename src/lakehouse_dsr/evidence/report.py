@@ -13,6 +13,7 @@ from rich.table import Table
 from ..keys import write_private
 from ..lake.metrics import IoCost
 from ..ledger.ledger import RunRecord
+from ..ledger.records import RecordExpiry
 from .html import run_report_page
 from .models import VERSION, RunReportDocument
 
@@ -47,11 +48,13 @@ class RunReport:
     resurrections: dict[str, dict] = field(default_factory=dict)
     # per share (stages/share.py ShareRefresh.as_dict): refresh mode, rows added/removed, purge, verification
     shares: dict[str, dict] = field(default_factory=dict)
+    # our own records past their period (ledger/records.py), removed at the start of the run
+    records: RecordExpiry | None = None
 
     @property
     def needs_attention(self) -> bool:
         return bool(self.failed or self.held or self.collateral_failures
-                    or any(s["error"] for s in self.shares.values()))
+                    or any(s["error"] for s in self.shares.values()) or (self.records and self.records.ids_found))
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -151,6 +154,8 @@ class RunReport:
                           f"of {back['requests']} completed request(s), in {back['files']} file(s)); erased again")
         for kind, n in self.not_processed.items():
             console.print(f"  {n} {kind} request(s) recorded, not processed by this version")
+        if self.records and self.records.removed_anything:
+            console.print(self.records.summary())
         for name, s in self.shares.items():  # no verification: nothing to prove in this run
             verified = s["verification"].get("passed")
             console.print(f"share {name}: {s['mode']}" + (f" ({s['reason']})" if s["reason"] else "")

@@ -19,6 +19,7 @@ from ..lake import skipping
 from ..ledger.journal import Step
 from ..ledger.lease import Holder, Lease
 from ..ledger.ledger import Ledger, Outcome
+from ..ledger.records import expire_records
 from ..ledger.requests import utc_now
 from ..progress import Progress, Silent
 from ..stages import share
@@ -38,6 +39,9 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     `spark`: a session, or a function making one: called only when there is work for Spark, so a
     run with nothing to do costs two small pyiceberg reads, writes nothing and starts no JVM (with
     shares declared there is always something to do: their refresh).
+    Every run first removes our own records past their period (ledger/records.py: completed
+    requests, access packages, unverified intake requests); with nothing due that is one more
+    small read, a listing of the export folder and one query of the intake queue.
     `today` (default: the current UTC date) is the day purge deadlines are compared with.
     A run with work takes the ledger's lease (ledger/lease.py) and reads the ledger again under it:
     another live holder makes this one wait or raise LedgerBusyError, per `run.concurrent`.
@@ -48,6 +52,8 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     today = today or started.date()
     report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
     ledger = Ledger(settings)
+    with timed(report, "records"):
+        report.records = expire_records(settings, run_id=report.run_id, now=started)
     with timed(report, "ledger"):
         work = _noted(report, read_work(ledger, settings, today))
     if not work.needs_lease:
