@@ -4,7 +4,9 @@ A 202 is sent only after the request's row is committed and synced to disk, so a
 right after answering still has it. Commits are grouped: one thread owns the connection, takes
 every operation waiting at that moment, runs each in a savepoint of one transaction and commits
 once (one fsync for many requests under load, none of them waiting for a timer). The rows keep a
-request's plaintext identifiers only until it is in the ledger (secure_delete overwrites them).
+request's plaintext identifiers only until it is in the ledger (secure_delete overwrites them); a
+request never verified or locked is deleted after `records.keep_unverified_days` by `dsr run` and
+`dsr expire-records` (ledger/records.py reads and deletes its rows, so keep their columns stable).
 """
 
 from __future__ import annotations
