@@ -200,3 +200,39 @@ def test_the_command_line(tmp_path):
     assert (tmp_path / "dsr-operators.json").read_text() == before
     assert dsr("revoke", "frank").exit_code == 0
     assert json.loads(dsr("list", "--json").stdout) == []
+
+
+def test_operators_place_list_and_release_legal_holds(service):
+    """Issue 28: the operator endpoints for legal holds call the ledger's (ledger/holds.py): the hold names
+    its operator, lists never show a subject (not even its hash), bad input changes nothing."""
+    token = add_operator(service.file, "dana")
+    subject = "hold-subject-7731"
+    placed = _call(service, token, "POST", "/api/v1/operator/holds",
+                   json={"subject_id": subject, "reason": "litigation 2026-17"})
+    assert placed.status_code == 201, placed.text
+    hold = placed.json()
+    assert (hold["kind"], hold["created_by"], hold["active"], hold["until"]) == ("subject", "dana", True, None)
+    on_table = _call(service, token, "POST", "/api/v1/operator/holds",
+                     json={"table": "demo.orders", "reason": "tax audit", "until": "2099-01-31"})
+    assert on_table.status_code == 201 and on_table.json()["table"] == "demo.orders", on_table.text
+
+    before = service.intake.ledger.store.snapshot_id("holds")
+    for body, field in (({"reason": "x"}, "subject/table"), ({"table": "demo.nope", "reason": "x"}, "table"),
+                        ({"subject_id": "s", "table": "demo.orders", "reason": "x"}, "subject/table"),
+                        ({"table": "demo.orders", "reason": "x", "until": "2000-01-01"}, "until")):
+        refused = _call(service, token, "POST", "/api/v1/operator/holds", json=body)
+        assert (refused.status_code, refused.json()["field"]) == (422, field), refused.text
+    assert service.intake.ledger.store.snapshot_id("holds") == before
+
+    listed = _call(service, token, "GET", "/api/v1/operator/holds")
+    assert listed.status_code == 200 and subject not in listed.text and "subject_hash" not in listed.text
+    assert {h["hold_id"] for h in listed.json()["holds"]} >= {hold["hold_id"], on_table.json()["hold_id"]}
+
+    path = f"/api/v1/operator/holds/{hold['hold_id']}/release"
+    released = _call(service, token, "POST", path)
+    assert released.status_code == 200 and released.json()["released_by"] == "dana"
+    assert not released.json()["active"]
+    assert _call(service, token, "POST", path).status_code == 409
+    assert _call(service, token, "POST", "/api/v1/operator/holds/hold-0000000000000000/release").status_code == 404
+    actions = [e["action"] for e in _operator_events(service) if e["operator"] == "dana"]
+    assert actions[:2] == ["place hold", "place hold"] and "release hold" in actions

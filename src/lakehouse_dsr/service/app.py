@@ -22,7 +22,7 @@ from dataclasses import asdict
 from importlib import resources
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -33,9 +33,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import Settings
 from ..evidence.certificate import Certificate, build_certificate, certificate_html
-from ..exceptions import DsrError, LedgerError, first_line
+from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
+from ..ledger.holds import add_hold, list_holds, parse_until, release_hold
 from ..ledger.ledger import RequestStatus
-from ..ledger.requests import REQUEST_ID
+from ..ledger.requests import REQUEST_ID, utc_now
 from . import models
 from .guard import Guard
 from .intake import Filing, Intake, IntakeError
@@ -64,6 +65,16 @@ class CodeBody(_Body):
 
 class ExtendBody(_Body):
     reason: str = Field(min_length=1, max_length=2000)
+
+
+class HoldBody(_Body):
+    """A legal hold on one subject or one mapped table (exactly one of them)."""
+
+    subject_id: str | None = Field(None, min_length=1, max_length=1000)
+    table: str | None = Field(None, min_length=1, max_length=300)
+    reason: str = Field(min_length=1, max_length=2000, description="told to the data subject")
+    until: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}$", json_schema_extra={"format": "date"},
+                              description="the last day the hold applies, YYYY-MM-DD (default: until released)")
 
 
 def _request_id(request_id: str) -> str:
@@ -239,6 +250,34 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         audited(who, "ingest")
         return moved
 
+    @app.get("/api/v1/operator/holds", responses=_refusals({}, operator=True))
+    def holds(who: Operator) -> models.HoldList:
+        """Every legal hold, active, expired or released (a held subject is never shown, not even its hash)."""
+        today = utc_now().date()
+        found = models.HoldList(holds=[models.HoldRecord.of(h, today) for h in list_holds(intake.ledger)])
+        audited(who, "holds")
+        return found
+
+    @app.post("/api/v1/operator/holds", status_code=201, responses=_refusals({
+        413: _BODY_TOO_LARGE, 422: "not exactly one of subject_id and table, an unknown or shredded table, an empty "
+                                   "reason, a day in the past (`field` names it); nothing was written"},
+        operator=True))
+    def place_hold(who: Operator, body: HoldBody) -> models.HoldRecord:
+        """Place a legal hold (`dsr hold add`): runs leave the subject's erase requests `held`, or neither
+        erase nor purge the table, until it is released or its last day has passed."""
+        until = parse_until(body.until) if body.until is not None else None
+        hold = add_hold(intake.ledger, body.reason, who, subject=body.subject_id, table=body.table, until=until)
+        audited(who, "place hold")
+        return models.HoldRecord.of(hold, utc_now().date())
+
+    @app.post("/api/v1/operator/holds/{hold_id}/release", responses=_refusals({
+        404: "no such hold", 409: "the hold was released already"}, operator=True))
+    def release(who: Operator, hold_id: Annotated[str, Path(pattern=r"^hold-[0-9a-f]{16}$")]) -> models.HoldRecord:
+        """Release a legal hold (`dsr hold release`): the next run resumes what it held."""
+        hold = release_hold(intake.ledger, hold_id, who)
+        audited(who, "release hold")
+        return models.HoldRecord.of(hold, utc_now().date())
+
     # -- load balancers and monitoring (no rate limit, no credential, no identifier) ------------------
     @app.get("/healthz")
     def health() -> models.Health:
@@ -309,7 +348,13 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(LedgerError)
     async def ledger_refused(_request: Request, exc: LedgerError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404 if "no request" in str(exc) else 409)
+        unknown = "no request" in str(exc) or "no hold" in str(exc)
+        return JSONResponse({"detail": str(exc)}, status_code=404 if unknown else 409)
+
+    @app.exception_handler(RequestInputError)
+    async def input_refused(_request: Request, exc: RequestInputError) -> JSONResponse:
+        field, _, _ = str(exc).partition(":")  # the library's messages start with the field they refuse
+        return JSONResponse({"detail": str(exc), "field": field}, status_code=422)
 
     @app.exception_handler(DsrError)
     async def engine_refused(_request: Request, exc: DsrError) -> JSONResponse:

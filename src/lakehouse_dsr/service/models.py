@@ -9,11 +9,13 @@ be `null` are required and nullable.
 
 from __future__ import annotations
 
+from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from ..ledger.holds import Hold
 from ..ledger.requests import Regulation, RequestType
 
 # Every state a request shows: in the intake queue (identity_unverified, locked, received), then in
@@ -138,6 +140,32 @@ class TableTotals(_Answer):
     """Per table, sorted by name."""
 
     tables: list[TableTotal]
+
+
+class HoldRecord(_Answer):
+    """A legal hold as operators see it: what is held (a table by name; a subject never, not even as
+    its keyed hash), why, until when, who placed and released it."""
+
+    hold_id: str
+    kind: Literal["subject", "table"]
+    table: str | None = Field(description="the held table (kind table)")
+    reason: str
+    until: date | None = Field(description="the last day it applies (null: until released)")
+    active: bool = Field(description="in force today")
+    created_at: datetime
+    created_by: str
+    released_at: datetime | None
+    released_by: str | None
+
+    @classmethod
+    def of(cls, hold: Hold, today: date) -> HoldRecord:
+        return cls(hold_id=hold.hold_id, kind=hold.kind, table=hold.table_name, reason=hold.reason, until=hold.until,
+                   active=hold.active(today), created_at=hold.created_at, created_by=hold.created_by,
+                   released_at=hold.released_at, released_by=hold.released_by)
+
+
+class HoldList(_Answer):
+    holds: list[HoldRecord]
 
 
 class Ingested(_Answer):
