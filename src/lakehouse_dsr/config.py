@@ -78,8 +78,10 @@ class CatalogSettings(_Strict):
 class PurgeSettings(_Strict):
     # Orphan files younger than this may belong to a writer still committing; never touch them.
     orphan_min_age_minutes: float = Field(default=60.0, ge=0)
-    # A tag or branch pinning a snapshot that holds erased rows: block the request, or drop the ref.
-    pinned_refs: Literal["block", "drop"] = "block"
+    # A tag or branch pinning a snapshot that holds erased rows: block the request; drop such tags; or
+    # rewrite them (re-pointed to a cleaned copy of their snapshot). Under drop and rewrite such a branch
+    # is erased in place, never dropped, and a ref holding no erased row is left alone (stages/refs.py).
+    pinned_refs: Literal["block", "drop", "rewrite"] = "block"
     # immediate: purge in the run that erases. batched: erase logically at once, then purge many
     # runs' requests in one rewrite, before any of them comes within the margin of its due date.
     policy: Literal["immediate", "batched"] = "immediate"

@@ -129,8 +129,12 @@ class PurgeRecord(_Document):
     snapshots_expired: int
     files_deleted: int
     orphans_removed: int
-    refs_dropped: list[str]
-    refs_kept: list[str]
+    refs_dropped: list[str] = Field(description="tags holding erased rows, dropped (pinned_refs: drop)")
+    refs_kept: list[str] = Field(description="branches and tags left as they were (pinned_refs: block, or not checked)")
+    refs_rewritten: list[str] = Field(
+        default_factory=list, description="branches erased in place; tags re-pointed to a cleaned copy (rewrite)")
+    refs_clean: list[str] = Field(default_factory=list,
+                                  description="branches and tags holding no erased row, left alone")
     dangling_deletes_kept: bool
     seconds: float
     error: str | None

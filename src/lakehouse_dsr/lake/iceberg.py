@@ -124,6 +124,19 @@ def drop_ref(spark: SparkSession, settings: Settings, table: str, ref: Ref) -> N
     spark.sql(f"ALTER TABLE {settings.table(table)} DROP {kind} IF EXISTS `{ref.name.replace('`', '``')}`")
 
 
+def create_branch(spark: SparkSession, settings: Settings, table: str, name: str, snapshot_id: int) -> None:
+    """Branch `name` at snapshot `snapshot_id`: one metadata commit."""
+    java_table(spark, settings, table).manageSnapshots().createBranch(name, snapshot_id).commit()
+
+
+def move_tag(spark: SparkSession, settings: Settings, table: str, tag: str, snapshot_id: int,
+             drop_branch: str) -> None:
+    """Re-point tag `tag` at `snapshot_id` (its retention kept) and remove branch `drop_branch`, in one
+    metadata commit: a reader sees the tag at its old snapshot or at the new one, never without it."""
+    (java_table(spark, settings, table).manageSnapshots().replaceTag(tag, snapshot_id).removeBranch(drop_branch)
+     .commit())
+
+
 def summary_count(spark: SparkSession, settings: Settings, table: str, key: str) -> int:
     """A count from the current snapshot's summary (`total-data-files`, `total-delete-files`, ...)."""
     snap = current_snapshot(spark, settings, table)
@@ -172,7 +185,7 @@ def format_version(spark: SparkSession, settings: Settings, table: str) -> int:
 
 
 def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_files: list, rows: DataFrame,
-                    read_snapshot_id: int, conflict_filter) -> None:
+                    read_snapshot_id: int, conflict_filter, branch: str | None = None) -> None:
     """Replace `old_files` (Java DataFiles of snapshot `read_snapshot_id`) by `rows` in one
     `overwrite` commit, as Spark's copy-on-write DELETE would, but for exactly these files.
 
@@ -181,7 +194,8 @@ def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_fil
     bin-pack compaction writes: no shuffle, no sort (rows read file by file keep a clustered
     table's order). The commit is validated like a serializable copy-on-write operation: it fails (and the
     caller retries) when another writer meanwhile added data `conflict_filter` may match, or deleted
-    from the old files. Cost: one read and one write of the rows.
+    from the old files. `branch`: commit on that branch instead of main (`read_snapshot_id` is then a
+    snapshot of the branch's line). Cost: one read and one write of the rows.
     """
     set_id = f"dsr-rewrite-{uuid.uuid4().hex}"
     jtable = java_table(spark, settings, table)
@@ -192,20 +206,23 @@ def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_fil
          .mode("append").save(f"{settings.catalog.name}.{table}"))
         jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
         new_files = coordinator.fetchNewFiles(jtable, set_id) or jvm.java.util.ArrayList()
-        replace_files(spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter)
+        replace_files(spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter, branch)
     finally:
         coordinator.clearRewrite(jtable, set_id)
 
 
 def replace_files(spark: SparkSession, jtable, old_files: list, new_files, read_snapshot_id: int,
-                  conflict_filter) -> None:
+                  conflict_filter, branch: str | None = None) -> None:
     """Commit `new_files` (Java DataFiles written, not yet committed) in place of `old_files` as one
-    `overwrite`, validated like a serializable copy-on-write operation (see overwrite_files). On a
-    conflict nothing is committed, the new files are deleted, and the error is raised for a retry."""
+    `overwrite` (on `branch`, default main), validated like a serializable copy-on-write operation (see
+    overwrite_files). On a conflict nothing is committed, the new files are deleted, and the error is
+    raised for a retry."""
     jtable.refresh()
     operation = (jtable.newOverwrite().caseSensitive(False).validateFromSnapshot(read_snapshot_id)
                  .conflictDetectionFilter(conflict_filter).validateNoConflictingData()
                  .validateNoConflictingDeletes())
+    if branch is not None:
+        operation = operation.toBranch(branch)
     bridge(spark).replace(operation, old_files, new_files)
     try:
         operation.set("spark.app.id", spark.sparkContext.applicationId).commit()

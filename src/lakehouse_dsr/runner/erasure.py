@@ -24,7 +24,7 @@ from ..lake import iceberg
 from ..lake.hmac import with_keyed_hash
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
-from ..stages import collateral, erase, files, identity, matching, propagate, purge, resurrection, shred, verify
+from ..stages import collateral, erase, files, identity, matching, propagate, purge, refs, resurrection, shred, verify
 from ..vault import vault
 from . import rules
 from .context import Context
@@ -63,6 +63,7 @@ class ErasureBatch:
         self._hash_keys: verify.HashKeys | None = None
         self._checked_at: dict[str, int] = {}  # table -> the snapshot the resurrection check saw
         self._came_back: dict[str, dict] = {}  # table -> evidence of people erased earlier found again
+        self._proven: refs.ErasedHashes | None = None  # who the run proves erased: no branch or tag may keep them
 
     def run(self) -> ErasureResult:
         """Erase, purge when due, prove, and decide each request's outcome. A collateral failure stops
@@ -83,10 +84,12 @@ class ErasureBatch:
         purge_now = (work.purge_now or bool(found)) and not damaged
         proven = self.request_ids + (sorted(work.waiting) if purge_now else [])
         prior = self.ledger.evidence(sorted(work.waiting)) if purge_now and work.waiting else {}
+        hashes = verify.stored_hashes(self.spark, self.ledger, proven + self._resurrected_ids(found))
+        self._proven = refs.ErasedHashes(hashes, verify.keys_for(self.settings, hashes, self.ledger.keyring),
+                                         self.ctx.key_types)
         purges = self._purge(erased, prior, resumed) if purge_now else {}
         erasures, purges = self._with_shred(erased, purges)
-        prover = Prover(self.ctx, erasures, erased.shredded, self.request_ids, proven, purge_now,
-                        verify.stored_hashes(self.spark, self.ledger, proven + self._resurrected_ids(found)),
+        prover = Prover(self.ctx, erasures, erased.shredded, self.request_ids, proven, purge_now, hashes,
                         self._purge_table,
                         erased.key_sets if len(proven) == len(self.request_ids) else {})
         verifications, repurged = prover.prove_all()
@@ -370,7 +373,8 @@ class ErasureBatch:
         try:
             result = iceberg.with_conflict_retries(self.settings, f"table {table}: the purge",
                                                    lambda: purge.purge_table(self.spark, self.settings, table,
-                                                                             self._checked_at.get(table)))[0]
+                                                                             self._checked_at.get(table),
+                                                                             self._proven))[0]
         except CommitConflictError as exc:
             result = purge.TablePurge(table, error=str(exc))
         result.seconds = round(time.perf_counter() - start, 3)

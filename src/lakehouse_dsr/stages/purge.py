@@ -2,8 +2,8 @@
 
 Per table: (1) rewrite the data files that carry delete files (merge-on-read erasure), (2) rewrite
 the manifests, whose entries for removed files keep those files' column bounds (prefixes of
-erased values), (3) deal with branches/tags that pin older snapshots (report, or drop when
-configured), (4) expire every snapshot older than the now-clean current one, deleting the files
+erased values), (3) deal with branches/tags that pin older snapshots (keep, or clean those holding
+erased rows: refs.py), (4) expire every snapshot older than the now-clean current one, deleting the files
 only they referenced, (5) remove orphan files older than the safety window.
 
 When: `purge.policy: immediate` purges in the run that erases. `batched` lets logically erased
@@ -22,6 +22,7 @@ from pyspark.sql.types import ArrayType, MapType
 
 from ..config import PurgeSettings, Settings
 from ..lake import iceberg
+from . import refs
 
 
 @dataclass
@@ -34,8 +35,11 @@ class TablePurge:
     snapshots_expired: int = 0
     files_deleted: int = 0
     orphans_removed: int = 0
-    refs_dropped: list[str] = field(default_factory=list)
-    refs_kept: list[str] = field(default_factory=list)
+    # Each branch/tag not at the current snapshot, by what the purge did with it (refs.settle):
+    refs_dropped: list[str] = field(default_factory=list)  # tags holding erased rows (pinned_refs: drop)
+    refs_kept: list[str] = field(default_factory=list)  # left as they were (block; or not checked)
+    refs_rewritten: list[str] = field(default_factory=list)  # branches erased in place, tags re-pointed
+    refs_clean: list[str] = field(default_factory=list)  # checked: they hold no erased row, left alone
     dangling_deletes_kept: bool = False  # see purge_table
     seconds: float = 0.0
     error: str | None = None
@@ -76,10 +80,14 @@ def purge_due(deadlines: Iterable[date], today: date) -> bool:
     return any(d <= today for d in deadlines)
 
 
-def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: int | None = None) -> TablePurge:
+def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: int | None = None,
+                erased: refs.ErasedHashes | None = None) -> TablePurge:
     """Purge one table. Cost: rewrites only files with delete files; expiry and orphan removal read
-    metadata and list the table location; deletes files no retained snapshot needs. `line_from`: the
-    snapshot whose line `TablePurge.own_line` is decided from (None: not decided)."""
+    metadata and list the table location; deletes files no retained snapshot needs; under
+    `pinned_refs: drop | rewrite`, one scan of the key columns per branch/tag not at the current
+    snapshot, and a rewrite of the files holding erased rows in those that hold some (refs.settle).
+    `line_from`: the snapshot whose line `TablePurge.own_line` is decided from (None: not decided).
+    `erased`: who no ref may keep (None: no ref can be told clean, so every one is kept)."""
     result = TablePurge(table)
     if iceberg.summary_count(spark, settings, table, "total-delete-files"):
         rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table,
@@ -96,14 +104,12 @@ def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: 
                 result.delete_files_removed += iceberg.drop_dangling_position_deletes(spark, settings, table)
     result.manifests_rewritten = iceberg.rewrite_manifests(spark, settings, table)
     current = iceberg.current_snapshot(spark, settings, table)
-    for ref in iceberg.refs(spark, settings, table):
+    settled = {"kept": result.refs_kept, "clean": result.refs_clean, "dropped": result.refs_dropped,
+               "rewritten": result.refs_rewritten}
+    for ref in refs.without_leftovers(spark, settings, table):
         if current and ref.snapshot_id == current.snapshot_id:
             continue  # points at the clean snapshot: pins nothing old
-        if settings.purge.pinned_refs == "drop":
-            iceberg.drop_ref(spark, settings, table, ref)
-            result.refs_dropped.append(f"{ref.kind.lower()} {ref.name}")
-        else:
-            result.refs_kept.append(f"{ref.kind.lower()} {ref.name}")
+        settled[refs.settle(spark, settings, table, ref, erased)].append(refs.label(ref))
     kept = iceberg.current_snapshot(spark, settings, table)
     result.kept_snapshot = kept.snapshot_id if kept else None
     result.own_line = line_from is not None and iceberg.own_line_since(spark, settings, table, line_from)

@@ -68,16 +68,31 @@ def find_hashed(spark: SparkSession, values: DataFrame, hashes: DataFrame, key: 
     return {r.request_id: int(r.n) for r in _found(grouped, hashes, key, []).collect()}
 
 
-def _found(grouped: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes], by: list[str]) -> DataFrame:
-    """Rows (`by` columns..., request_id, n) of grouped values found among the stored hashes."""
+def found_values(values: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes]) -> DataFrame:
+    """(request_id, key_type, key_value): the distinct values of `values` (`key_values`) whose hash is
+    one of `hashes` of the same identifier, as text; the shape `matching.key_sets` takes, so rows
+    found by hash alone can be erased. The values stay in Spark (never collected, never in SQL
+    text). Cost: one scan of `values`, hashing per distinct value and key."""
+    distinct = values.select("dsr_group", "key_type", "dsr_value").distinct()
+    return (_matched(distinct, hashes, key)
+            .select("request_id", "key_type", F.col("dsr_value").alias("key_value")).distinct())
+
+
+def _matched(grouped: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes]) -> DataFrame:
+    """Grouped values joined with the stored hashes (request_id) they are found among."""
     keys = {key_id(key): key} if isinstance(key, bytes) else key
     hashed = with_keyring_hashes(grouped.sparkSession, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value",
                                  keys)
     stored = hashes.select("request_id", "key_hash", F.col("key_type").alias("dsr_stored_type"),
                            *(["key_id"] if "key_id" in hashes.columns else []))
+    return join_on_key(hashed, stored).where(F.col("key_type") == F.col("dsr_stored_type"))
+
+
+def _found(grouped: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes], by: list[str]) -> DataFrame:
+    """Rows (`by` columns..., request_id, n) of grouped values found among the stored hashes."""
     # One shuffle: partitioned by request, both the de-duplication and the sum run in place.
     return (
-        join_on_key(hashed, stored).where(F.col("key_type") == F.col("dsr_stored_type"))
+        _matched(grouped, hashes, key)
         .repartition("request_id").dropDuplicates([*by, "request_id", "dsr_group", "dsr_value"])
         .groupBy(*by, "request_id").agg(F.sum("count").alias("n"))
     )
@@ -283,7 +298,7 @@ def verify_table(
         label = f"{ref.kind.lower()} {ref.name}"
         result.refs[label] = _record(
             result, found, f"{label} pins snapshot {ref.snapshot_id} holding the subject's rows; "
-            "remove the ref or set purge.pinned_refs: drop"
+            "remove the ref or set purge.pinned_refs: drop or rewrite"
         )
     return result
 

@@ -1,0 +1,129 @@
+"""Branches and tags that pin erased rows: which do, and cleaning them without losing anyone else's rows.
+
+A ref keeps its snapshot, and every file that snapshot references, from expiry. For each ref not at
+the current snapshot, the purge (purge.py) asks here whether the ref's snapshot holds a row of a
+subject being proven erased, by the keyed-hash check the verification makes of refs (verify.py):
+a ref holding none is left alone. One that does is settled by `purge.pinned_refs`:
+
+  block    kept; the verification then names it and the request stays open.
+  drop     a tag is dropped; a branch is erased in place (below), never dropped: it may hold other
+           people's staged rows (write-audit-publish).
+  rewrite  a branch is erased in place; a tag is re-pointed to a cleaned copy of its snapshot, so an
+           audit keeps its tag name: the same rewrite is committed on a temporary branch created at
+           the tag's snapshot, then one metadata commit moves the tag there and removes that branch.
+
+Erased in place: one `overwrite` commit on the branch rewriting the files of its snapshot that hold
+erased rows, without those rows (or with their columns nulled, `action: redact`): copy-on-write
+whatever the table's write mode, as a delete file would leave the rows in the branch's files. The
+old snapshots are then referenced by no ref and expire with the rest of the table's history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..config import Settings
+from ..inventory.check import KeyTypes
+from ..lake import iceberg, skipping
+from . import collateral, matching, verify
+from .matching import TableKeys
+
+# The temporary branch a tag's rewrite commits on is named after the tag with this prefix; one left by
+# an interrupted purge is removed by the next (its snapshot is the tag's, cleaned or not).
+TEMPORARY = "dsr-rewrite-"
+
+Outcome = Literal["kept", "clean", "dropped", "rewritten"]
+
+
+@dataclass(frozen=True)
+class ErasedHashes:
+    """Who no ref may keep: the keyed hashes of every subject the run proves erased (request_id,
+    key_type, key_hash, key_id), the keys that made them, and the key columns' types (to cast the
+    values found back to them)."""
+
+    hashes: DataFrame
+    keys: verify.HashKeys
+    key_types: KeyTypes
+
+
+def label(ref: iceberg.Ref) -> str:
+    """How the report names a ref: `tag audit_q3`, `branch staging`."""
+    return f"{ref.kind.lower()} {ref.name}"
+
+
+def without_leftovers(spark: SparkSession, settings: Settings, table: str) -> list[iceberg.Ref]:
+    """The table's refs, after removing the temporary branches an interrupted tag rewrite left."""
+    kept = []
+    for ref in iceberg.refs(spark, settings, table):
+        if ref.kind == "BRANCH" and ref.name.startswith(TEMPORARY):
+            iceberg.drop_ref(spark, settings, table, ref)
+        else:
+            kept.append(ref)
+    return kept
+
+
+def settle(spark: SparkSession, settings: Settings, table: str, ref: iceberg.Ref,
+           erased: ErasedHashes | None) -> Outcome:
+    """Apply `purge.pinned_refs` to one ref not at the current snapshot (see the module doc).
+    `erased` None (the caller knows no hashes): the ref cannot be told clean, so it is kept.
+
+    Cost: nothing under `block` or without `erased`; otherwise one scan of the key columns of the
+    ref's snapshot, and for a ref holding erased rows one more of its candidate files' key columns
+    and a read and a write of the files holding them (a dropped tag: one metadata commit instead).
+    """
+    if settings.purge.pinned_refs == "block" or erased is None:
+        return "kept"
+    keys = pinned_keys(spark, settings, table, ref.snapshot_id, erased)
+    if keys is None:
+        return "clean"
+    if ref.kind == "BRANCH":
+        clean_on_branch(spark, settings, table, ref.name, ref.snapshot_id, keys)
+        return "rewritten"
+    if settings.purge.pinned_refs == "drop":
+        iceberg.drop_ref(spark, settings, table, ref)
+        return "dropped"
+    temporary = TEMPORARY + ref.name
+    iceberg.create_branch(spark, settings, table, temporary, ref.snapshot_id)
+    cleaned = clean_on_branch(spark, settings, table, temporary, ref.snapshot_id, keys)
+    iceberg.move_tag(spark, settings, table, ref.name, cleaned, temporary)
+    return "rewritten"
+
+
+def pinned_keys(spark: SparkSession, settings: Settings, table: str, snapshot_id: int,
+                erased: ErasedHashes) -> TableKeys | None:
+    """The erased subjects' key values found in the snapshot, as the table's TableKeys (None: it holds
+    none of their rows). Found by hash, so subjects whose identifiers this run no longer holds in
+    plaintext (requests waiting for a batched purge) are found too. Cost: one scan of the snapshot's
+    key columns; the values found are kept in Spark (a local checkpoint), never collected here."""
+    groups = settings.datamap.mapping(table).groups
+    values = verify.key_values(iceberg.read_at(spark, settings, table, snapshot_id), groups)
+    found = verify.found_values(values, erased.hashes, erased.keys.keys).localCheckpoint()
+    if found.isEmpty():
+        return None
+    return matching.key_sets(settings, found, erased.key_types, [table])[table]
+
+
+def clean_on_branch(spark: SparkSession, settings: Settings, table: str, branch: str, snapshot_id: int,
+                    keys: TableKeys) -> int:
+    """Commit on `branch` (whose head is `snapshot_id`) the erasure of `keys`: the files of that
+    snapshot holding them rewritten as the table's action leaves them; returns the branch's new head.
+    A conflicting commit on the branch meanwhile fails it (the purge is retried). Cost: a scan of
+    the candidate files' key columns (data skipping) for the files holding matches, then one read
+    and one write of those files."""
+    candidates = keys.candidates(spark, settings, table, snapshot_id)
+    rows = skipping.read(spark, settings, candidates)
+    if rows is not None:
+        marked = matching.mark(rows.withColumn("dsr_file", F.input_file_name()), keys)
+        holding = {r.dsr_file for r in marked.where(matching.any_hit(keys)).select("dsr_file").distinct().collect()}
+        chosen = candidates.subset(spark, holding)
+        content = skipping.read(spark, settings, chosen, file_per_task=True)
+        if content is not None:
+            action = settings.datamap.table_mapping(table).action
+            iceberg.overwrite_files(spark, settings, table, chosen.data_files(spark),
+                                    collateral.erased_rows(content, keys, action), snapshot_id, chosen.predicate,
+                                    branch)
+    return next(r.snapshot_id for r in iceberg.refs(spark, settings, table) if r.name == branch)

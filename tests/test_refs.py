@@ -1,0 +1,100 @@
+"""Branches and tags under `purge.pinned_refs`: only refs holding an erased person's rows are touched.
+
+The lake: a tag `release_2024` made before the person arrived (pins none of their rows), a tag
+`audit_q3` made after (pins them), and a write-audit-publish branch `staging` holding staged rows
+of that person and of three others. Checked with pyiceberg and pyarrow over the table's own files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.table import StaticTable
+
+from helpers import SEED, add_subjects
+from lakehouse_dsr import synth
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.ledger.requests import RequestInput
+from lakehouse_dsr.runner import run
+
+ERASED = "5e1f0c4a-0d3b-4c6e-9a57-refs00000001"
+OTHERS = [synth.user_id(SEED, i) for i in (1, 2, 3)]
+
+
+def _history_lake(spark, new_lakehouse, policy: str):
+    """The lake above and the erase request of ERASED; returns (settings, ref -> snapshot id before the run)."""
+    settings = new_lakehouse(purge={"pinned_refs": policy})
+    events = settings.table("demo.events")
+    spark.sql(f"ALTER TABLE {events} CREATE TAG release_2024")
+    add_subjects(spark, settings, [ERASED], "gone")
+    spark.sql(f"ALTER TABLE {events} CREATE TAG audit_q3")
+    spark.sql(f"ALTER TABLE {events} CREATE BRANCH staging")
+    staged = spark.createDataFrame([(u,) for u in [ERASED, *OTHERS, ERASED]], "user_id string")
+    staged.selectExpr("uuid() event_id", "user_id", "'staged' event_type", "timestamp'2024-09-01' event_timestamp",
+                      "cast(null as string) page_url", "cast(null as string) product_id",
+                      "'Staged' event_details").writeTo(f"{events}.branch_staging").append()
+    Ledger(settings).submit([RequestInput(ERASED, "erase")])
+    return settings, _refs(_static(settings))
+
+
+def _static(settings) -> StaticTable:
+    meta = settings.catalog.local_warehouse() / "demo" / "events" / "metadata"
+    version = (meta / "version-hint.text").read_text().strip()
+    return StaticTable.from_metadata(str(meta / f"v{version}.metadata.json"))
+
+
+def _refs(static: StaticTable) -> dict[str, int]:
+    return {name: ref.snapshot_id for name, ref in static.metadata.refs.items() if name != "main"}
+
+
+def _users_at(static: StaticTable, snapshot_id: int) -> list[tuple[str, str]]:
+    rows = static.scan(snapshot_id=snapshot_id, selected_fields=("user_id", "event_type")).to_arrow().to_pylist()
+    return [(r["user_id"], r["event_type"]) for r in rows]
+
+
+def _assert_no_file_holds_erased(static: StaticTable) -> None:
+    """Every data file any retained snapshot references, read raw (no delete applied)."""
+    for snapshot in static.metadata.snapshots:
+        for entry in static.inspect.entries(snapshot_id=snapshot.snapshot_id).to_pylist():
+            path = entry["data_file"]["file_path"]
+            if entry["data_file"]["content"] == 0 and entry["status"] != 2:  # a data file the snapshot holds
+                assert ERASED not in pq.read_table(Path(path.removeprefix("file:")), columns=["user_id"]) \
+                    .column("user_id").to_pylist(), (snapshot.snapshot_id, path)
+
+
+def _assert_staging_erased_in_place(static: StaticTable, before: dict[str, int]) -> None:
+    after = _refs(static)
+    assert after["staging"] != before["staging"]
+    rows = _users_at(static, after["staging"])
+    assert ERASED not in {u for u, _ in rows}
+    assert sorted(u for u, t in rows if t == "staged") == sorted(OTHERS)  # everyone else's staged rows kept
+
+
+# About 11 s each on 2 cores: `rewrite` runs in make test, `drop` with the slow tests.
+@pytest.mark.parametrize("policy", [pytest.param("drop", marks=pytest.mark.slow), "rewrite"])
+def test_only_refs_pinning_erased_rows_are_touched(spark, new_lakehouse, policy):
+    settings, before = _history_lake(spark, new_lakehouse, policy)
+    release_rows = _users_at(_static(settings), before["release_2024"])
+    audit_rows = _users_at(_static(settings), before["audit_q3"])
+    assert sum(u == ERASED for u, _ in audit_rows) == 3 and ERASED not in {u for u, _ in release_rows}
+
+    report = run(spark, settings)
+    assert [r.status for r in report.requests] == ["completed"], report.requests[0].reason
+    purge = report.tables["demo.events"]["purge"]
+    assert purge["refs_clean"] == ["tag release_2024"] and purge["refs_kept"] == []
+    static = _static(settings)
+    after = _refs(static)
+    assert after["release_2024"] == before["release_2024"]  # untouched
+    if policy == "drop":
+        assert purge["refs_dropped"] == ["tag audit_q3"] and purge["refs_rewritten"] == ["branch staging"]
+        assert "audit_q3" not in after
+    else:
+        assert purge["refs_dropped"] == [] and sorted(purge["refs_rewritten"]) == ["branch staging", "tag audit_q3"]
+        assert after["audit_q3"] != before["audit_q3"]
+        assert sorted(_users_at(static, after["audit_q3"])) == sorted(r for r in audit_rows if r[0] != ERASED)
+    _assert_staging_erased_in_place(static, before)
+    _assert_no_file_holds_erased(static)
+    assert report.tables["demo.events"]["verification"]["refs"] == {label: 0 for label in purge["refs_clean"]
+                                                                    + purge["refs_rewritten"]}
