@@ -52,7 +52,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     today = today or started.date()
     report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
     ledger = Ledger(settings)
-    with timed(report, "records"):
+    with timed(report, "ledger"):  # the ledger's own upkeep: its evidence is the report's `records`
         report.records = expire_records(settings, run_id=report.run_id, now=started)
     with timed(report, "ledger"):
         work = _noted(report, read_work(ledger, settings, today))
