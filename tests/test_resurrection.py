@@ -4,6 +4,8 @@ erases them again (reading only the added files), and re-checks a table whose hi
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from pyiceberg.table import StaticTable
 
@@ -12,7 +14,8 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
-from lakehouse_dsr.ledger.requests import RequestInput
+from lakehouse_dsr.ledger.records import expire_records
+from lakehouse_dsr.ledger.requests import RequestInput, utc_now
 from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages import resurrection
 
@@ -100,3 +103,15 @@ def test_a_rolled_back_table_is_checked_whole(spark, lake):
                                                                  "total-data-files")
     report = run(spark, settings)
     assert report.resurrections == {}  # read whole, nobody erased found
+
+
+def test_a_person_whose_erase_record_expired_is_still_kept_out(spark, lake):
+    """Issue 28 item 4 keeps an expired erasure's keyed hashes (ledger erased_keys): the check still knows them."""
+    settings = lake["settings"]
+    expire_records(settings, now=utc_now() + timedelta(days=800))
+    assert Ledger(settings).completed_ids("erase") == []  # the request records are gone
+    victim = lake["erased"][1]
+    _append_events(spark, settings, [victim], "late")
+    report = run(spark, settings)
+    assert report.resurrections["demo.events"]["requests"] == 1
+    assert victim not in _user_ids_on_storage(spark, settings, "demo.events")
