@@ -18,6 +18,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
+from lakehouse_dsr.stages import purge, refs
 
 ERASED = "5e1f0c4a-0d3b-4c6e-9a57-refs00000001"
 OTHERS = [synth.user_id(SEED, i) for i in (1, 2, 3)]
@@ -98,3 +99,17 @@ def test_only_refs_pinning_erased_rows_are_touched(spark, new_lakehouse, policy)
     _assert_no_file_holds_erased(static)
     assert report.tables["demo.events"]["verification"]["refs"] == {label: 0 for label in purge["refs_clean"]
                                                                     + purge["refs_rewritten"]}
+
+
+def test_a_temporary_branch_left_by_an_interrupted_rewrite_is_removed(spark, new_lakehouse):
+    """A purge killed between a tag's rewrite commit and the tag's move leaves `dsr-rewrite-<tag>`: the
+    next purge removes it. Without hashes to tell a ref clean (a share's purge), every ref is kept."""
+    settings = new_lakehouse(purge={"pinned_refs": "rewrite"})
+    events = settings.table("demo.events")
+    spark.sql(f"ALTER TABLE {events} CREATE TAG audit_q3")
+    spark.sql(f"ALTER TABLE {events} CREATE BRANCH `{refs.TEMPORARY}audit_q3`")
+    add_subjects(spark, settings, [ERASED], "gone")
+
+    result = purge.purge_table(spark, settings, "demo.events")
+    assert result.refs_kept == ["tag audit_q3"] and not result.refs_rewritten and not result.refs_dropped
+    assert sorted(_refs(_static(settings))) == ["audit_q3"]
