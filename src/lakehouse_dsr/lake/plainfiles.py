@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, cast
 
+import pyarrow as pa
+import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 
 from ..config import Settings
@@ -63,6 +65,19 @@ def _visible(fs, root) -> list:
 def data_files(spark: SparkSession, path: str) -> list[str]:
     """Every visible file under `path`, recursively."""
     return sorted(f.toString() for f in _visible(*_fs(spark, path)))
+
+
+def listing(path: str) -> frozenset[str] | None:
+    """The visible files under `path` by their paths under it, listed through pyarrow (no JVM); None
+    where pyarrow does not know the scheme (e.g. `s3a://`). Cost: one recursive listing."""
+    try:
+        fs, base = pafs.FileSystem.from_uri(path)
+    except (pa.ArrowInvalid, ValueError):
+        return None
+    prefix = base.rstrip("/") + "/"
+    found = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    names = (f.path.removeprefix(prefix) for f in found if f.type == pafs.FileType.File)
+    return frozenset(n for n in names if not any(part.startswith((".", "_")) for part in n.split("/")))
 
 
 def check_dataset(spark: SparkSession, name: str, mapping: FileMapping) -> DataFrame:

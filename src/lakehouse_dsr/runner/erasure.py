@@ -110,13 +110,20 @@ class ErasureBatch:
         """The rows of people erased before that were added again to a keyed table since its last
         check (stages/resurrection.py). Cost: metadata per table; one Spark job over the key columns
         of the new files, only when some erase request was completed and some table has new files."""
-        tables = [t for t in self.settings.datamap.keyed if t not in self.work.legal_tables]
+        datamap = self.settings.datamap
+        tables = [t for t in [*datamap.keyed, *datamap.files] if t not in self.work.legal_tables]
         checked = resurrection.checkpoints(self.work.steps)
+        listed = resurrection.dataset_checkpoints(self.work.steps)
         completed = self.ledger.erased_ids()  # expired records' kept hashes included
-        scopes = self.ctx.each_table("check for erased people added again", tables, lambda t: resurrection.scope(
-            self.spark, self.settings, t, checked.get(t), plan=bool(completed)))
+
+        def scope(t: str) -> resurrection.Scope:
+            if t in datamap.files:
+                return resurrection.dataset_scope(self.spark, self.settings, t, listed.get(t), plan=bool(completed))
+            return resurrection.scope(self.spark, self.settings, t, checked.get(t), plan=bool(completed))
+
+        scopes = self.ctx.each_table("check for erased people added again", tables, scope)
         self._checked_at = {t: s.snapshot.snapshot_id for t, s in scopes.items() if s.snapshot is not None}
-        reading = [s for s in scopes.values() if s.candidates is not None]
+        reading = [s for s in scopes.values() if s.reads]
         if not reading:
             return list(scopes.values()), resurrection.Found()
         with self.ctx.timed("resurrection"):
@@ -134,11 +141,16 @@ class ErasureBatch:
 
     def _record_checkpoints(self, scopes: list[resurrection.Scope], purges: dict[str, purge.TablePurge]) -> None:
         """One journal commit for the tables whose checkpoint moved."""
-        before = resurrection.checkpoints(self.work.steps)
+        before, listed = resurrection.checkpoints(self.work.steps), resurrection.dataset_checkpoints(self.work.steps)
+        files = self.settings.datamap.files
+        datasets = [s for s in scopes if s.table in files]
         after = {s.table: resurrection.checkpoint_after(self.spark, self.settings, s, purges.get(s.table))
-                 for s in scopes}
-        moved = [Step(self.ctx.run_id, t, resurrection.CHECKED, c.snapshot_id, {"sequence": c.sequence})
-                 for t, c in after.items() if c is not None and c != before.get(t)]
+                 for s in scopes if s.table not in files}
+        moved = [*(Step(self.ctx.run_id, t, resurrection.CHECKED, c.snapshot_id, {"sequence": c.sequence})
+                   for t, c in after.items() if c is not None and c != before.get(t)),
+                 # a dataset's files as they were when checked: what this run rewrote is read next time
+                 *(Step(self.ctx.run_id, s.table, resurrection.CHECKED, None, {"files": list(s.listing)})
+                   for s in datasets if frozenset(s.listing) != listed.get(s.table))]
         if moved:
             self.ledger.journal.record(moved)
 

@@ -11,19 +11,22 @@ replaced table, history expired by another tool in between) or its files carry n
 (format v1), every live file is read.
 
 The checkpoint is the journal step `checked` (snapshot id, sequence number through which every live
-row was checked), recorded at the end of each run that moved it (`checkpoint_after`).
+row was checked), recorded at the end of each run that moved it (`checkpoint_after`). A `files:`
+dataset has no snapshots: its checkpoint is the list of files it held when last checked, and a run
+reads the files not on it (those a run rewrote itself included).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
-from ..lake import iceberg, skipping
+from ..lake import iceberg, plainfiles, skipping
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.journal import Step
 from . import verify
@@ -48,6 +51,18 @@ def checkpoints(steps: list[Step]) -> dict[str, Checkpoint]:
     return latest
 
 
+def dataset_checkpoints(steps: list[Step]) -> dict[str, frozenset[str]]:
+    """Each `files:` dataset's latest checkpoint in the journal: the files it held when checked, by
+    their paths under the dataset's folder."""
+    return {s.table: frozenset(s.detail["files"]) for s in steps if s.step == CHECKED and "files" in s.detail}
+
+
+def under(root: str, path: str) -> str:
+    """`path` relative to the dataset folder `root`, whatever scheme either is written with
+    (`file:/a/b` and `/a/b` are one file)."""
+    return urlparse(path).path.removeprefix(urlparse(root).path.rstrip("/") + "/")
+
+
 @dataclass
 class Scope:
     """What one table's check reads: the files added since its checkpoint, at the current snapshot."""
@@ -57,10 +72,16 @@ class Scope:
     whole: bool = False  # every live file is read (no usable checkpoint)
     candidates: skipping.Candidates | None = None  # the files to read (None: none)
     sequences: dict[str, int | None] = field(default_factory=dict)  # file -> its data sequence number
+    listing: tuple[str, ...] = ()  # a `files:` dataset: every file it held when checked (paths under its folder)
+    paths: tuple[str, ...] = ()  # a `files:` dataset: the files to read
 
     @property
     def files(self) -> int:
-        return self.candidates.files if self.candidates else 0
+        return self.candidates.files if self.candidates else len(self.paths)
+
+    @property
+    def reads(self) -> bool:
+        return self.candidates is not None or bool(self.paths)
 
 
 def scope(spark: SparkSession, settings: Settings, table: str, checkpoint: Checkpoint | None, plan: bool = True
@@ -84,6 +105,16 @@ def scope(spark: SparkSession, settings: Settings, table: str, checkpoint: Check
                  {p: sequences[p] for p in new})
 
 
+def dataset_scope(spark: SparkSession, settings: Settings, name: str, checked: frozenset[str] | None,
+                  plan: bool = True) -> Scope:
+    """The files of `files:` dataset `name` to check: those not on its checkpoint (all without one);
+    none with `plan=False`. Cost: one listing of the dataset's folder."""
+    root = settings.datamap.files[name].path
+    listing = tuple(plainfiles.data_files(spark, root))
+    new = listing if checked is None else tuple(f for f in listing if under(root, f) not in checked)
+    return Scope(name, None, checked is None, listing=tuple(under(root, f) for f in listing), paths=new if plan else ())
+
+
 @dataclass
 class Found:
     """The people found again: their key values (in Spark only, as the batch's keys: request_id,
@@ -104,7 +135,11 @@ def find(spark: SparkSession, settings: Settings, scopes: list[Scope], hashes: D
     the driver receives counts per table, file and request, never a value."""
     parts = []
     for s in scopes:
-        rows = skipping.read(spark, settings, s.candidates) if s.candidates else None
+        rows: DataFrame | None = None
+        if s.paths:
+            rows = plainfiles.reader(spark, settings.datamap.files[s.table]).load(list(s.paths))
+        elif s.candidates:
+            rows = skipping.read(spark, settings, s.candidates)
         if rows is None:
             continue
         groups = settings.datamap.mapping(s.table).groups
@@ -140,7 +175,7 @@ def evidence(spark: SparkSession, settings: Settings, scope: Scope, found: Found
     """A table's resurrection as the run report records it: the commits that brought the rows back
     (snapshot id and operation, from the files' sequence numbers), the rows found, and what the
     check read."""
-    commits = {s.sequence_number: s for s in iceberg.history(spark, settings, scope.table)}
+    commits = {s.sequence_number: s for s in iceberg.history(spark, settings, scope.table)} if scope.snapshot else {}
     brought = sorted({q for f in found.by_file.get(scope.table, {}) if (q := scope.sequences.get(f)) is not None})
     return {"rows": sum(found.by_request.get(scope.table, {}).values()),
             "requests": len(found.by_request.get(scope.table, {})),
@@ -168,8 +203,13 @@ def checkpoint_after(spark: SparkSession, settings: Settings, scope: Scope, purg
     return Checkpoint(end.snapshot_id, end.sequence_number if own else start.sequence_number)
 
 
-def unchecked(checked: Mapping[str, Checkpoint], current: Mapping[str, int | None]) -> list[str]:
+def unchecked(checked: Mapping[str, Checkpoint], current: Mapping[str, int | None],
+              listed: Mapping[str, frozenset[str]] | None = None, files: Mapping[str, frozenset[str]] | None = None
+              ) -> list[str]:
     """Tables whose current snapshot (`current`: table -> snapshot id, None when empty) is not the one
-    they were last checked at: a run is due for them even without requests."""
-    return sorted(t for t, snapshot_id in current.items()
-                  if snapshot_id is not None and (t not in checked or checked[t].snapshot_id != snapshot_id))
+    they were last checked at, and `files:` datasets holding a file their checkpoint (`listed`) does
+    not (`files`: dataset -> its files now): a run is due for them even without requests."""
+    moved = [t for t, snapshot_id in current.items()
+             if snapshot_id is not None and (t not in checked or checked[t].snapshot_id != snapshot_id)]
+    moved += [d for d, now in (files or {}).items() if now - (listed or {}).get(d, frozenset())]
+    return sorted(moved)
