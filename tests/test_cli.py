@@ -101,9 +101,12 @@ def test_happy_path_in_process(spark, configured, tmp_path):
 def test_demo_command(tmp_path):
     result = dsr("demo", "--users", "60", "--events", "600", "--erase", "8", "--access", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "10 completed, 0 open" in result.stdout
+    assert "1 under a legal hold" in result.stdout
     report = json.loads((tmp_path / "reports" / "demo-run.json").read_text())
-    assert report["summary"] == {**report["summary"], "requests": 10, "completed": 10, "failed": 0}
+    # one more erase request, of a subject under the demo's legal hold: left held with the hold's reason
+    assert report["summary"] == {**report["summary"], "requests": 11, "completed": 10, "failed": 0, "held": 1}
+    (held,) = [r for r in report["requests"] if r["status"] == "held"]
+    assert "litigation hold (demo)" in held["reason"]
     assert len(list((tmp_path / "exports").rglob("req-*.json"))) == 2
     assert (tmp_path / "dsr-secret.key").stat().st_mode & 0o077 == 0
     # the pseudonymized copy: shredded beside the plain erase, no row of it rewritten
