@@ -333,6 +333,57 @@ def expire_records_cmd(
 
 
 @app.command()
+def expire(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="count what is past each rule; change nothing")] = False,
+    table: Annotated[list[str] | None, typer.Option(help="only this table (repeatable; default: all with rules)")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Enforce the data map's retention rules (`expire:`): delete or redact what is past each rule,
+    purge and prove it. `dsr run` does this too. Exit 1 when the proof fails."""
+    from .runner.retention import expire as expire_rules
+
+    result = expire_rules(_spark(), _settings(), dry_run=dry_run, tables=table)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        for name, t in result.tables.items():
+            for r in t.rules:
+                done = ("would change" if result.dry_run else "changed") + f" {r.rows_past} row(s)"
+                how = " (whole files dropped, none rewritten)" if r.metadata_only else ""
+                console.print(f"{name}: {escape(r.rule)} (before {r.cutoff}): {done}{how}")
+            if not result.dry_run:
+                console.print(f"{name}: " + ("[green]proven[/]" if t.passed else "[red]rows past a rule remain[/]")
+                              + (f": live 0, history {t.history}, storage {t.storage}" if t.purge else ""))
+        for name, why in result.skipped.items():
+            console.print(f"{name} skipped: {escape(why)}")
+        if result.subject_holds:
+            console.print(f"{result.subject_holds} subject hold(s) active: retention does not apply them row by row")
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+@app.command("retention")
+def retention_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """Conformance of the retention rules: per table and rule the oldest row, the rows past it, when
+    more rows pass it and what clears them. Changes nothing."""
+    from .runner.retention import status
+
+    result = status(_spark(), _settings())
+    if as_json:
+        print(result.model_dump_json(indent=2))
+        return
+    table = Table(title=f"retention on {result.today}")
+    for column in ("table", "rule", "past before", "oldest row", "rows past", "next rows pass on", "cleared by"):
+        table.add_column(column)
+    for name, t in result.tables.items():
+        for r in t.rules:
+            table.add_row(name, escape(r.rule), r.cutoff, r.oldest or "", str(r.rows_past), r.next_crossing or "",
+                          escape(r.cleared_by))
+    console.print(table if result.tables else "no table has retention rules (expire: in the data map)")
+
+
+@app.command()
 def metrics(
     year: Annotated[str, typer.Option(help="the calendar year requests were received, e.g. 2025")],
     regulation: Annotated[str | None, typer.Option(help="only gdpr or ccpa requests (default: all)")] = None,

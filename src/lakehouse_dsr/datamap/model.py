@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import date, timedelta
 from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -109,6 +110,81 @@ class KeySpec(BaseModel):
     redact: list[str] = Field(default_factory=list)
 
 
+_PERIOD = re.compile(r"^\s*(\d{1,5})\s*(day|week|month|year)s?\s*\Z", re.IGNORECASE)
+
+
+def _months_before(day: date, months: int) -> date:
+    """`day` less `months` calendar months, the day of the month clamped (31 March - 1 month: 28/29 Feb)."""
+    index = day.year * 12 + day.month - 1 - months
+    year, month = divmod(index, 12)
+    following = date(year + (month + 1) // 12, (month + 1) % 12 + 1, 1)  # first day of the next month
+    return date(year, month + 1, min(day.day, (following - timedelta(days=1)).day))
+
+
+class ExpiryRule(BaseModel):
+    """One enforced retention rule of a table (`expire:`): a row whose `clock` (a date or timestamp
+    column of the row) is older than `after` (N days | weeks | months | years) before the run's date
+    is deleted (`delete: true`) or has its `redact` columns set to NULL (the rest of the row kept).
+    The free-text `retention:` stays what the person is told; these rules are what runs enforce."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    after: str
+    clock: str
+    delete: bool = False
+    redact: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExpiryRule:
+        if not _PERIOD.match(self.after):
+            shown = repr(self.after) if len(self.after) <= 40 else "(too long)"
+            raise ValueError(f"after: {shown} is not a period (write e.g. '30 days', '12 weeks', '25 months', "
+                             "'7 years')")
+        _check_column(self.clock, array_allowed=False)
+        if self.delete == bool(self.redact):
+            raise ValueError("give either 'delete: true' (the row goes) or 'redact: [columns]' (set to NULL), "
+                             "not " + ("both" if self.delete else "neither"))
+        for column in self.redact:
+            _check_column(column, array_allowed=False)
+        if self.clock in self.redact:
+            raise ValueError(f"redact: the clock column {self.clock!r} cannot be redacted (the rule would lose "
+                             "its clock)")
+        return self
+
+    @property
+    def period(self) -> tuple[int, str]:
+        """(amount, unit): unit day, week, month or year."""
+        found = _PERIOD.match(self.after)
+        assert found is not None  # validated
+        return int(found.group(1)), found.group(2).lower()
+
+    def cutoff(self, today: date) -> date:
+        """Rows whose clock is before this day (00:00 UTC) are past the rule on `today`. A whole day,
+        so the limit falls on a day boundary, which a time-partitioned table's partitions share."""
+        amount, unit = self.period
+        if unit in ("day", "week"):
+            return today - timedelta(days=amount * (7 if unit == "week" else 1))
+        return _months_before(today, amount * (12 if unit == "year" else 1))
+
+    def crossing(self, clock_day: date) -> date:
+        """The first run date on which a row whose clock is on `clock_day` is past the rule (the
+        cutoff only grows with the date: step forward from the period added to the next day)."""
+        day = clock_day + timedelta(days=1)
+        amount, unit = self.period
+        run = (day + timedelta(days=amount * (7 if unit == "week" else 1)) if unit in ("day", "week")
+               else _months_before(day, -amount * (12 if unit == "year" else 1)))
+        while self.cutoff(run) <= clock_day:
+            run += timedelta(days=1)
+        return run
+
+    @property
+    def action(self) -> str:
+        return "delete" if self.delete else "redact " + ", ".join(self.redact)
+
+    def describe(self) -> str:
+        """The rule in words: `delete after 25 months by event_timestamp`."""
+        return f"{self.action} after {self.after.strip()} by {self.clock}"
+
+
 class LinkedIdentifier(BaseModel):
     """An identifier other than the subject id, read from `table` where `subject_column` is the subject."""
 
@@ -141,6 +217,8 @@ class TableMapping(BaseModel):
     purpose: str | None = None
     recipients: list[str] = Field(default_factory=list)
     retention: str | None = None
+    # Enforced retention (stages/retention.py): rules on the row's own clock; `retention:` above is the text.
+    expire: list[ExpiryRule] = Field(default_factory=list)
 
     def disclosure(self) -> dict:
         return {"purpose": self.purpose, "recipients": self.recipients, "retention": self.retention}
@@ -376,6 +454,16 @@ class DataMap(BaseModel):
                 raise ValueError(f"derived: {name} reads {', '.join(outside)}, which the data map does not list "
                                  "(under tables: or derived:)")
         self.derived_levels()  # a cycle fails here
+        for name, mapping in [*self.files.items(), *self.aggregates.items()]:
+            if mapping.expire:
+                raise ValueError(f"{name}: 'expire' rules apply to catalog tables holding rows of people (tables: "
+                                 "or keyed derived:), not to files: datasets or aggregates")
+        for name, rules in self.expiring.items():
+            clocks = {rule.clock for rule in rules}
+            for i, rule in enumerate(rules):
+                if clocks & set(rule.redact):
+                    raise ValueError(f"table {name}, expire rule {i + 1}: redacts {sorted(clocks & set(rule.redact))}, "
+                                     "the clock of a rule of the table")
         for name, share in self.shares.items():
             if not _TABLE.match(name):
                 raise ValueError(f"shares: {name!r} must be written namespace.table (letters, digits, _)")
@@ -433,6 +521,11 @@ class DataMap(BaseModel):
     def shredded(self) -> dict[str, TableMapping]:
         """Tables erased by shredding the subject's vault entry (`action: shred`)."""
         return {n: m for n, m in self.tables.items() if m.action == "shred"}
+
+    @property
+    def expiring(self) -> dict[str, list[ExpiryRule]]:
+        """{table: its enforced retention rules (`expire:`)}, tables and keyed derived tables that have some."""
+        return {n: list(m.expire) for n, m in [*self.tables.items(), *self.keyed_derived.items()] if m.expire}
 
     def identifier_types(self) -> list[str]:
         return [self.subject, *self.identifiers]

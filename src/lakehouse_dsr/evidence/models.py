@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..ledger.records import RecordExpiry
+from ..stages.retention_models import RetentionPass
 
 VERSION = 1
 
@@ -277,6 +278,9 @@ class RunReportDocument(_Document):
     shares: dict[str, ShareRecord]
     records: RecordExpiry | None = Field(None, description="our own records past their period, removed by this "
                                          "run: completed requests, access packages, unverified intake requests")
+    retention: RetentionPass | None = Field(None, description="the data map's retention rules (`expire:`) enforced "
+                                            "by this run: per table and rule the rows past it, the commit, the "
+                                            "purge and the proof; tables a legal hold kept out")
     summary: Summary
     per_table: dict[str, TableFigures]
 

@@ -14,6 +14,7 @@ from ..keys import write_private
 from ..lake.metrics import IoCost
 from ..ledger.ledger import RunRecord
 from ..ledger.records import RecordExpiry
+from ..stages.retention_models import RetentionPass
 from .html import run_report_page
 from .models import VERSION, RunReportDocument
 
@@ -50,11 +51,14 @@ class RunReport:
     shares: dict[str, dict] = field(default_factory=dict)
     # our own records past their period (ledger/records.py), removed at the start of the run
     records: RecordExpiry | None = None
+    # the data map's retention rules enforced by this run (stages/retention.py)
+    retention: RetentionPass | None = None
 
     @property
     def needs_attention(self) -> bool:
         return bool(self.failed or self.held or self.collateral_failures
-                    or any(s["error"] for s in self.shares.values()) or (self.records and self.records.ids_found))
+                    or any(s["error"] for s in self.shares.values()) or (self.records and self.records.ids_found)
+                    or (self.retention is not None and not self.retention.passed))
 
     @property
     def completed(self) -> list[RequestResult]:

@@ -8,7 +8,16 @@ from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, AtomicType, DataType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    AtomicType,
+    DataType,
+    DateType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from ..datamap import lineage
 from ..datamap.model import PSEUDONYM_PATTERN, PSEUDONYMIZED_PROPERTY, DataMap, DerivedMapping, column_path, is_array
@@ -70,6 +79,8 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
     needed = {t: [*m.key_columns, *sorted(m.redacted_columns)] for t, m in mapped.items()}
     for link in datamap.identifiers.values():
         needed.setdefault(link.table, []).extend([link.subject_column, link.column])
+    for table in datamap.expiring:  # its schema is read; its rules' columns are checked in _expiry_problems
+        needed.setdefault(table, [])
     for table, columns in needed.items():
         kind = "files" if table in datamap.files else "table"
         def read_schema(t: str = table, k: str = kind) -> StructType:
@@ -112,6 +123,7 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
                                     "redacted")
             except ValueError:
                 continue
+    problems += _expiry_problems(datamap, schemas)
     problems += _aggregate_problems(spark, datamap, qualify)
     problems += _shred_problems(spark, datamap, qualify)
     share_problems, share_types = check_shares(spark, datamap, qualify)
@@ -120,6 +132,34 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
     if problems:
         raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(problems))
     return key_types
+
+
+CLOCK_TYPES = (DateType, TimestampType, TimestampNTZType)
+
+
+def _expiry_problems(datamap: DataMap, schemas: dict[str, StructType]) -> list[str]:
+    """Retention rules (`expire:`) whose clock is missing or not a date or timestamp column, or that
+    redact a missing or required column; each problem names the table, the rule and the column."""
+    problems = []
+    for table, rules in datamap.expiring.items():
+        if table not in schemas:
+            continue  # unreadable: reported with the others
+        for i, rule in enumerate(rules, 1):
+            where = f"table {table}, expire rule {i} ({rule.describe()})"
+            try:
+                clock = field_at(schemas[table], rule.clock).dataType
+                if not isinstance(clock, CLOCK_TYPES):
+                    problems.append(f"{where}: clock column {rule.clock!r} has type {clock.simpleString()}, "
+                                    "not a date or timestamp")
+            except ValueError as exc:
+                problems.append(f"{where}: clock {exc}")
+            for column in rule.redact:
+                try:
+                    if not field_at(schemas[table], column).nullable:
+                        problems.append(f"{where}: column {column!r} is required (NOT NULL) and cannot be redacted")
+                except ValueError as exc:
+                    problems.append(f"{where}: redact {exc}")
+    return problems
 
 
 def _read(problems: list[str], table: str, read: Callable[[], T]) -> T | None:

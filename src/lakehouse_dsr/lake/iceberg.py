@@ -457,6 +457,18 @@ def retained_files(spark: SparkSession, settings: Settings, table: str) -> tuple
     return list(dict.fromkeys(r.file_path for r in rows)), {r.file_path for r in rows if r.current}
 
 
+def history_is_live(spark: SparkSession, settings: Settings, table: str) -> bool:
+    """Whether the retained snapshots and the storage listing hold exactly the current snapshot's
+    files and no delete file (the state a purge leaves): then a scan of live data reads the same
+    rows as a scan of history or of storage would. Metadata and one listing of the location."""
+    paths, current = retained_files(spark, settings, table)
+    current_files = {same_file(p) for p in current}
+    return (not summary_count(spark, settings, table, "total-delete-files")
+            and {same_file(p) for p in paths} == current_files
+            and {same_file(p) for p in parquet_files_under(spark, table_location(spark, settings, table))}
+            == current_files)
+
+
 def _live_files(spark: SparkSession, jtable, snapshot) -> list[str]:
     """Every data and delete file one snapshot references (its manifests' live entries), read in
     the driver."""

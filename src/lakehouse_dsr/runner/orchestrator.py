@@ -16,13 +16,14 @@ from ..config import Settings
 from ..evidence.report import RequestResult, RunReport
 from ..inventory.check import check_against_catalog
 from ..lake import skipping
+from ..ledger.holds import active_holds
 from ..ledger.journal import Step
 from ..ledger.lease import Holder, Lease
 from ..ledger.ledger import Ledger, Outcome
 from ..ledger.records import expire_records
 from ..ledger.requests import utc_now
 from ..progress import Progress, Silent
-from ..stages import share
+from ..stages import retention, share
 from ..vault import vault
 from . import rules
 from .context import Context, timed
@@ -77,7 +78,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
             work = _noted(report, read_work(ledger, settings, today, holder.interrupted))  # as it is now we hold it
             if work.ids:
                 lease.working_on(work.ids)
-        if not work.ids and not work.purge_now and not work.shares and not work.unchecked:
+        if not work.ids and not work.purge_now and not work.shares and not work.unchecked and not work.retention:
             report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
             if work.legal_subjects:  # requests newly held: recorded without Spark
                 _finish(ledger, lease, report, work, [], started)
@@ -88,7 +89,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
             # packages a killed run wrote but never checked or recorded: personal data nobody owns
             shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
         outcomes = _process(_context(spark() if callable(spark) else spark, settings, ledger, report, progress),
-                            work)
+                            work, today)
         _finish(ledger, lease, report, work, outcomes, started)
     report.document()  # checked against its published schema before anyone reads it
     return report
@@ -113,10 +114,12 @@ def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: Ru
     return Context(spark, settings, ledger, key_types, report, progress, vault_keys)
 
 
-def _process(ctx: Context, work: Work) -> list[Outcome]:
+def _process(ctx: Context, work: Work, today: date) -> list[Outcome]:
     """Access requests first (a person asking for a copy and erasure gets the copy), then erase
-    requests unless a table is on hold (`dsr release` lifts it), then consent requests and the
-    data map's shares: each share refreshed without opted-out or erased subjects (stages/share.py)."""
+    requests unless a table is on hold (`dsr release` lifts it), then the data map's retention rules
+    (`expire:`, stages/retention.py; not after a collateral failure, whose pre-erase snapshots the
+    purge would expire), then consent requests and the data map's shares: each share refreshed
+    without opted-out or erased subjects (stages/share.py)."""
     report = ctx.report
     exported = export_requests(ctx, work.access)
     if exported.summary is not None:
@@ -129,6 +132,10 @@ def _process(ctx: Context, work: Work) -> list[Outcome]:
         report.collateral_failures = dict(erased.collateral_failures)
         report.resurrections = dict(erased.resurrections)
         report.purge_schedule = rules.schedule(ctx.settings.purge.policy, erased.purged, erased.waiting)
+        if work.retention and not report.collateral_failures:
+            with ctx.timed("retention"):
+                report.retention = retention.enforce(ctx.spark, ctx.settings, ctx.ledger,
+                                                     active_holds(ctx.ledger, today), today, ctx.run_id)
     if work.shares or work.consent:
         with ctx.timed("shares"):
             outcomes, shared = share.process(ctx.spark, ctx.settings, ctx.ledger, work.consent, outcomes,

@@ -39,6 +39,7 @@ class Work:
     # Keyed tables that moved since their last resurrection check, looked up only when nothing else
     # makes the run start Spark: a run is due for them (stages/resurrection.py).
     unchecked: tuple[str, ...] = ()
+    retention: bool = False  # the data map has `expire:` rules: every run enforces them (stages/retention.py)
 
     @property
     def ids(self) -> list[str]:
@@ -47,7 +48,7 @@ class Work:
     @property
     def needs_lease(self) -> bool:
         return bool(self.ids or self.purge_now or self.ledger_purge or self.shares or self.legal_subjects
-                    or self.unchecked)
+                    or self.unchecked or self.retention)
 
 
 def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tuple[str, ...] = ()) -> Work:
@@ -80,7 +81,8 @@ def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tupl
                 not held and purge.purge_due(deadlines.values(), today),
                 settings.purge.policy == "immediate" and ledger.purge_owed(steps),
                 {**by_type["opt_out"], **by_type["opt_in"]}, bool(settings.datamap.shares), held,
-                {t: h.why for t, h in legal.tables.items()}, legal_subjects, not_processed)
+                {t: h.why for t, h in legal.tables.items()}, legal_subjects, not_processed,
+                retention=bool(settings.datamap.expiring))
     if work.needs_lease or held:
         return work
     return replace(work, unchecked=tuple(_moved_since_checked(ledger, settings, steps, work.legal_tables)))

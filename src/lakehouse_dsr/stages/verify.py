@@ -273,17 +273,12 @@ def verify_table(
     if not physical:
         return result
 
-    paths, current_paths = iceberg.retained_files(spark, settings, table)
-    location = iceberg.table_location(spark, settings, table)
-    current_files = {iceberg.same_file(p) for p in current_paths}
-    result.one_scan = (
-        not iceberg.summary_count(spark, settings, table, "total-delete-files")
-        and {iceberg.same_file(p) for p in paths} == current_files
-        and {iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} == current_files
-    )
+    result.one_scan = iceberg.history_is_live(spark, settings, table)
     if result.one_scan:
         history = storage = live
     else:
+        paths, _ = iceberg.retained_files(spark, settings, table)
+        location = iceberg.table_location(spark, settings, table)
         schema = schema_of(types)
         history = find_hashed(spark, key_values(iceberg.read_columns_from_files(spark, paths, schema), groups),
                               hashes, keys) if paths else {}

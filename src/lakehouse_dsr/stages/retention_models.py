@@ -1,0 +1,79 @@
+"""The evidence of retention (stages/retention.py) as typed models, in a module without Spark: the
+run report's models (evidence/models.py) are read by the control plane, which never imports PySpark.
+They hold counts, dates and rule texts, never an identifier."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RuleExpiry(_Model):
+    """One rule of one table in one pass."""
+
+    rule: str = Field(description="the rule in words: its action, period and clock column")
+    cutoff: str = Field(description="rows whose clock is before this day (00:00 UTC) are past the rule")
+    rows_past: int = Field(description="rows past the rule before this pass (redact: those not redacted yet)")
+    snapshot_id: int | None = Field(None, description="the commit that deleted or redacted them")
+    data_files_deleted: int = Field(0, description="data files the commit removed (whole or to rewrite them)")
+    data_files_added: int = Field(0, description="data files the commit wrote (rewritten rows)")
+    delete_files_added: int = Field(0, description="delete files or deletion vectors the commit wrote")
+    metadata_only: bool = Field(False, description="whole data files dropped, none written: nothing rewritten")
+    rows_left: int | None = Field(None, description="live rows still past the rule afterwards (the proof; null: "
+                                                    "dry run)")
+    seconds: float = 0.0
+
+
+class TableExpiry(_Model):
+    """A table's retention in one pass: each rule, the purge and the proof."""
+
+    rules: list[RuleExpiry]
+    purge: dict[str, Any] | None = Field(None, description="the physical purge (as erasure's), when a rule committed")
+    history: int | None = Field(None, description="rows past a rule in files of retained snapshots (null: not "
+                                                  "checked, nothing committed)")
+    storage: int | None = Field(None, description="rows past a rule in any file under the table's location")
+    one_scan: bool = Field(False, description="history and storage held only the live files: the live count "
+                                              "proved them")
+    passed: bool = Field(description="no row past a rule found where it was looked for")
+    error: str | None = None
+
+
+class RetentionPass(_Model):
+    """What one pass of retention (a `dsr run` stage, or `dsr expire`) did: no identifier, counts only."""
+
+    run_id: str
+    dry_run: bool = Field(description="nothing was changed: what would be")
+    today: str = Field(description="the run's date the cutoffs are computed from")
+    tables: dict[str, TableExpiry]
+    skipped: dict[str, str] = Field(description="tables under a legal hold, not expired -> the hold")
+    subject_holds: int = Field(description="active subject holds: not applied row by row by retention (see the "
+                                           "documentation)")
+    passed: bool
+
+
+class RuleStatus(_Model):
+    rule: str
+    cutoff: str = Field(description="rows whose clock is before this day are past the rule today")
+    oldest: str | None = Field(description="the oldest clock value in live data (ISO-8601; null: no row)")
+    rows_past: int = Field(description="live rows past the rule today (redact: not redacted yet)")
+    next_crossing: str | None = Field(description="the first day more rows pass the rule (null: none left)")
+    cleared_by: str = Field(description="what clears the rows past: the next dsr run, a hold, or nothing to clear")
+
+
+class TableStatus(_Model):
+    rules: list[RuleStatus]
+    held: str | None = Field(None, description="the legal hold that keeps retention from this table")
+    oldest_snapshot_at: str | None = Field(description="when the oldest retained snapshot was committed: files it "
+                                                       "references may hold rows past a rule until the next purge")
+    snapshots: int = Field(description="snapshots the table retains")
+
+
+class RetentionStatus(_Model):
+    today: str
+    tables: dict[str, TableStatus]
+    subject_holds: int = Field(description="active subject holds (not applied row by row by retention)")

@@ -1,0 +1,125 @@
+"""Retention as code (issue 28 item 1): the data map's `expire:` rules, enforced with erasure's purge
+and proof, checked with independent readers (pyiceberg for live data and snapshots, pyarrow for every
+Parquet file on storage)."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.table import StaticTable
+
+from helpers import make_settings, snapshot_ids
+from lakehouse_dsr.config import settings_from_dict
+from lakehouse_dsr.exceptions import ConfigError, DataMapError
+from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.runner.retention import expire, status
+
+TODAY = date(2025, 6, 30)
+TABLE = "web.clicks"
+RULES = [{"after": "30 days", "clock": "event_timestamp", "redact": ["ip", "user_agent"]},
+         {"after": "45 days", "clock": "event_timestamp", "delete": True}]
+
+
+def _datamap(rules: list[dict]) -> dict:
+    return {"subject": "user_id",
+            "tables": {TABLE: {"key": "user_id", "retention": "45 days (IP address: 30 days)", "expire": rules}}}
+
+
+@pytest.fixture
+def clicks(spark, tmp_path):
+    """web.clicks partitioned by days(event_timestamp): two rows a day for 60 days before TODAY, one
+    file per day."""
+    settings = make_settings(tmp_path, datamap=_datamap(RULES))
+    attach(spark, settings)
+    name = settings.table(TABLE)
+    spark.sql(f"CREATE TABLE {name} (user_id string, ip string, user_agent string, event_timestamp timestamp, "
+              "amount bigint) USING iceberg PARTITIONED BY (days(event_timestamp))")
+    start = datetime(TODAY.year, TODAY.month, TODAY.day, tzinfo=UTC)
+    rows = [(f"u{d % 7}", f"10.0.0.{d}", "agent", start - timedelta(days=d, hours=h), d * 10 + h)
+            for d in range(60) for h in (3, 15)]
+    spark.createDataFrame(rows, "user_id string, ip string, user_agent string, event_timestamp timestamp, "
+                          "amount bigint").writeTo(name).append()
+    return settings
+
+
+def _metadata(spark, settings) -> str:
+    return iceberg.java_table(spark, settings, TABLE).operations().current().metadataFileLocation()
+
+
+def _cutoff(days: int) -> datetime:
+    return datetime(TODAY.year, TODAY.month, TODAY.day, tzinfo=UTC) - timedelta(days=days)
+
+
+def test_expire_deletes_and_redacts_through_history_and_storage(spark, clicks):
+    settings = clicks
+    before = StaticTable.from_metadata(_metadata(spark, settings)).scan().to_arrow()
+    kept = before.filter(pc.greater_equal(before["event_timestamp"], _cutoff(45)))
+    untouched = before.filter(pc.greater_equal(before["event_timestamp"], _cutoff(30)))
+
+    dry = expire(spark, settings, dry_run=True, today=TODAY)
+    # 15 days x 2 rows past 45 days; 30 days x 2 past 30 (a dry run deletes nothing before it counts)
+    assert [r.rows_past for r in dry.tables[TABLE].rules] == [30, 60]
+    assert snapshot_ids(spark, settings, [TABLE])[TABLE] == [s.snapshot_id for s in
+                                                              iceberg.history(spark, settings, TABLE)]
+    assert len(iceberg.history(spark, settings, TABLE)) == 1  # the dry run committed nothing
+
+    done = expire(spark, settings, today=TODAY)
+    delete, redact = done.tables[TABLE].rules
+    assert delete.rule == "delete after 45 days by event_timestamp" and delete.cutoff == "2025-05-16"
+    # whole day partitions: dropped from metadata, no data file rewritten
+    assert delete.metadata_only and delete.data_files_deleted == 15 and delete.data_files_added == 0
+    assert redact.rows_past == 30 and redact.rows_left == 0 and delete.rows_left == 0
+    assert done.passed and done.tables[TABLE].history == 0 and done.tables[TABLE].storage == 0
+
+    static = StaticTable.from_metadata(_metadata(spark, settings))
+    after = static.scan().to_arrow().sort_by("amount")
+    assert len(static.metadata.snapshots) == 1  # history holds only the clean snapshot
+    assert after.num_rows == kept.num_rows and pc.sum(after["amount"]) == pc.sum(kept["amount"])
+    assert after.select(["user_id", "event_timestamp", "amount"]) == kept.sort_by("amount").select(
+        ["user_id", "event_timestamp", "amount"])  # redaction kept the rest of the row
+    recent = after.filter(pc.greater_equal(after["event_timestamp"], _cutoff(30)))
+    assert recent == untouched.sort_by("amount")  # rows inside every rule: untouched
+    older = after.filter(pc.less(after["event_timestamp"], _cutoff(30)))
+    assert older.num_rows == 30 and older["ip"].null_count == 30 and older["user_agent"].null_count == 30
+    location = Path(static.metadata.location.removeprefix("file:"))
+    for path in location.rglob("*.parquet"):  # every file on storage, referenced or not
+        stored = pq.read_table(path, columns=["ip", "event_timestamp"])
+        assert pc.sum(pc.less(stored["event_timestamp"], _cutoff(45))).as_py() in (None, 0), path
+        old = stored.filter(pc.less(stored["event_timestamp"], _cutoff(30)))
+        assert old["ip"].null_count == old.num_rows, path
+
+    again = expire(spark, settings, today=TODAY)  # nothing past any more: no commit
+    assert [r.rows_past for r in again.tables[TABLE].rules] == [0, 0] and again.passed
+    report = status(spark, settings, today=TODAY).tables[TABLE]
+    assert [r.rows_past for r in report.rules] == [0, 0] and report.snapshots == 1
+    assert report.rules[0].oldest == "2025-05-16 09:00:00"  # 44 days and 15 hours before
+    assert report.rules[0].next_crossing == "2025-07-01"  # the day the 2025-05-16 rows pass 45 days
+
+
+def test_bad_clock_or_period_is_refused_and_changes_nothing(spark, clicks, tmp_path):
+    settings = clicks
+    before = snapshot_ids(spark, settings, [TABLE])
+    for rules, said in [
+        ([{"after": "30 days", "clock": "amount", "delete": True}],
+         "table web.clicks, expire rule 1 (delete after 30 days by amount): clock column 'amount' has type bigint"),
+        ([{"after": "30 days", "clock": "seen_at", "delete": True}],
+         "table web.clicks, expire rule 1 (delete after 30 days by seen_at): clock has no column 'seen_at'"),
+        ([{"after": "30 days", "clock": "event_timestamp", "redact": ["referrer"]}],
+         "redact has no column 'referrer'"),
+    ]:
+        bad = settings.model_copy(update={"datamap": settings_from_dict(
+            {**settings.model_dump(mode="json", exclude_none=True), "datamap": _datamap(rules)},
+            base=tmp_path).datamap})
+        with pytest.raises(DataMapError, match=r"(?s)" + said.replace("(", r"\(").replace(")", r"\)")):
+            expire(spark, bad, today=TODAY)
+    with pytest.raises(DataMapError, match="--table: web.nothing has no 'expire' rules"):
+        expire(spark, settings, tables=["web.nothing"], today=TODAY)
+    with pytest.raises(ConfigError, match=r"(?s)tables.*web\.clicks.*expire.*'a fortnight' is not a period"):
+        make_settings(tmp_path / "p", datamap=_datamap([{"after": "a fortnight", "clock": "event_timestamp",
+                                                         "delete": True}]))
+    assert snapshot_ids(spark, settings, [TABLE]) == before
