@@ -126,3 +126,18 @@ def dsr_run(config: Path, fail_at: str | None = None, kill_after: float | None =
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(f"dsr run exited {proc.returncode}:\n{out.decode(errors='replace')[-3000:]}")
     return proc.returncode
+
+
+def dsr_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """The `dsr` console script run in this process (no new JVM): (exit code, stdout + stderr)."""
+    import pytest
+
+    from lakehouse_dsr.cli import entry
+
+    monkeypatch.setattr(sys, "argv", ["dsr", *args])
+    with pytest.raises(SystemExit) as done:
+        entry()
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return int(done.value.code or 0), out.out + out.err
+

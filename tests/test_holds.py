@@ -4,15 +4,13 @@ bad input is refused with exit 2 and nothing changed."""
 
 from __future__ import annotations
 
-import sys
 from datetime import date
 
-import pytest
 from pyiceberg.expressions import In
 
 from helpers import SEED, make_settings, write_config
+from helpers import dsr_in_process as dsr
 from lakehouse_dsr import synth
-from lakehouse_dsr.cli import entry
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.ledger.holds import active_holds, add_hold, list_holds, release_hold
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -20,16 +18,6 @@ from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
 
 SUBJECT = "held-person@example.org"
-
-
-def dsr(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """The console script in this process: (exit code, stdout + stderr)."""
-    monkeypatch.setattr(sys, "argv", ["dsr", *args])
-    with pytest.raises(SystemExit) as done:
-        entry()
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(done.value.code or 0), out.out + out.err
 
 
 def _stored_bytes(ledger: Ledger, table: str) -> bytes:

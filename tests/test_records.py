@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,8 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from helpers import dsr_in_process as dsr
 from helpers import make_settings, write_config
-from lakehouse_dsr.cli import entry
 from lakehouse_dsr.ledger import consent
 from lakehouse_dsr.ledger.journal import Step
 from lakehouse_dsr.ledger.ledger import Ledger, Outcome
@@ -28,15 +27,6 @@ from lakehouse_dsr.service.queue import SCHEMA
 
 NOW = datetime.now(UTC)
 OLD = NOW - timedelta(days=800)  # past the default 24 months
-
-
-def dsr(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["dsr", *args])
-    with pytest.raises(SystemExit) as done:
-        entry()
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(done.value.code or 0), out.out + out.err
 
 
 def _ledger_values(settings) -> dict[str, list[str]]:
