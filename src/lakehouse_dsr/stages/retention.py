@@ -212,4 +212,3 @@ def status(spark: SparkSession, settings: Settings, holds: ActiveHolds, today: d
             if oldest_ms is not None else None)
     return RetentionStatus(today=today.isoformat(), tables=out,
                            subject_holds=sum(1 for h in holds.holds if h.kind == "subject"))
-
