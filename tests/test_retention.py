@@ -4,6 +4,8 @@ Parquet file on storage)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -12,11 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
 
-from helpers import make_settings, snapshot_ids
+from helpers import make_settings, snapshot_ids, write_config
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.ledger.holds import add_hold
+from lakehouse_dsr.ledger.ledger import Ledger
+from lakehouse_dsr.runner.orchestrator import run
 from lakehouse_dsr.runner.retention import expire, status
 
 TODAY = date(2025, 6, 30)
@@ -122,4 +127,29 @@ def test_bad_clock_or_period_is_refused_and_changes_nothing(spark, clicks, tmp_p
     with pytest.raises(ConfigError, match=r"(?s)tables.*web\.clicks.*expire.*'a fortnight' is not a period"):
         make_settings(tmp_path / "p", datamap=_datamap([{"after": "a fortnight", "clock": "event_timestamp",
                                                          "delete": True}]))
+    assert snapshot_ids(spark, settings, [TABLE]) == before
+
+
+@pytest.mark.slow
+def test_dsr_run_enforces_the_rules_skips_held_tables_and_the_cli_refuses_a_bad_clock(spark, clicks, tmp_path):
+    settings = clicks
+    report = run(spark, settings, today=TODAY)
+    section = report.document().retention  # checked against the published model
+    assert section is not None and section.passed and not section.skipped
+    assert [r.rows_left for r in section.tables[TABLE].rules] == [0, 0]
+    assert "retention" in report.seconds and not report.needs_attention
+
+    add_hold(Ledger(settings), "audit of the click logs", "test", table=TABLE)
+    before = snapshot_ids(spark, settings, [TABLE])
+    held = run(spark, settings, today=TODAY + timedelta(days=10)).retention
+    assert held is not None and TABLE in held.skipped and "audit of the click logs" in held.skipped[TABLE]
+    assert snapshot_ids(spark, settings, [TABLE]) == before  # ten more days past a rule, kept by the hold
+
+    config = write_config(settings, tmp_path / "bad.yaml", datamap=_datamap(
+        [{"after": "30 days", "clock": "user_agent", "delete": True}]))
+    done = subprocess.run([sys.executable, "-m", "lakehouse_dsr", "--config", str(config), "expire"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "expire rule 1 (delete after 30 days by user_agent): clock column 'user_agent' has type string" \
+        in done.stderr + done.stdout
     assert snapshot_ids(spark, settings, [TABLE]) == before
