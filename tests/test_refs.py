@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
 
-from helpers import SEED, add_subjects
+from helpers import SEED, add_subjects, datamap_dict
 from lakehouse_dsr import synth
+from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
@@ -113,3 +114,47 @@ def test_a_temporary_branch_left_by_an_interrupted_rewrite_is_removed(spark, new
     result = purge.purge_table(spark, settings, "demo.events")
     assert result.refs_kept == ["tag audit_q3"] and not result.refs_rewritten and not result.refs_dropped
     assert sorted(_refs(_static(settings))) == ["audit_q3"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["drop", "rewrite"])
+def test_refs_across_a_history_of_renames_partition_changes_and_old_deletes(spark, new_lakehouse, policy):
+    """Issue 28's history case: old position deletes (merge-on-read), partition evolution (bucket of the
+    key), a tag before the person arrived, the key column renamed (`user_id` -> `uid`, the data map names
+    the new one; old files keep the old name, Iceberg reads them by field id), a tag pinning the person
+    and a WAP branch with their and others' staged rows. After one run no file of any retained snapshot
+    holds them, read raw by every column; the clean tag and the others' staged rows stay."""
+    datamap = datamap_dict(demo_datamap(derived=False))
+    datamap["tables"]["demo.events"] = {**datamap["tables"]["demo.events"], "key": "uid"}
+    settings = new_lakehouse(purge={"pinned_refs": policy}, datamap=datamap)
+    events = settings.table("demo.events")
+    spark.sql(f"ALTER TABLE {events} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', "
+              "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read')")
+    spark.sql(f"DELETE FROM {events} WHERE event_type = 'logout'")  # old position deletes
+    spark.sql(f"ALTER TABLE {events} ADD PARTITION FIELD bucket(4, user_id)")
+    spark.sql(f"ALTER TABLE {events} CREATE TAG release_2024")
+    add_subjects(spark, settings, [ERASED], "gone")  # written under the new partition spec
+    spark.sql(f"ALTER TABLE {events} RENAME COLUMN user_id TO uid")
+    spark.sql(f"ALTER TABLE {events} CREATE TAG audit_q3")
+    spark.sql(f"ALTER TABLE {events} CREATE BRANCH staging")
+    staged = spark.createDataFrame([(u,) for u in [ERASED, *OTHERS]], "uid string")
+    staged.selectExpr("uuid() event_id", "uid", "'staged' event_type", "timestamp'2024-09-01' event_timestamp",
+                      "cast(null as string) page_url", "cast(null as string) product_id",
+                      "'Staged' event_details").writeTo(f"{events}.branch_staging").append()
+    Ledger(settings).submit([RequestInput(ERASED, "erase")])
+    before = _refs(_static(settings))
+
+    report = run(spark, settings)
+    assert [r.status for r in report.requests] == ["completed"], report.requests[0].reason
+    static = _static(settings)
+    after = _refs(static)
+    assert after["release_2024"] == before["release_2024"]  # pinned nobody erased: untouched
+    assert ("audit_q3" in after) == (policy == "rewrite")
+    staging = static.scan(snapshot_id=after["staging"], selected_fields=("uid", "event_type")).to_arrow().to_pylist()
+    assert sorted(r["uid"] for r in staging if r["event_type"] == "staged") == sorted(OTHERS)
+    for snapshot in static.metadata.snapshots:  # every data file of every retained snapshot, every column
+        for entry in static.inspect.entries(snapshot_id=snapshot.snapshot_id).to_pylist():
+            if entry["data_file"]["content"] == 0 and entry["status"] != 2:
+                table = pq.read_table(Path(entry["data_file"]["file_path"].removeprefix("file:")))
+                assert all(ERASED not in table.column(c).to_pylist() for c in table.column_names
+                           if table.schema.field(c).type == "string"), entry["data_file"]["file_path"]
