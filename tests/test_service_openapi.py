@@ -234,11 +234,13 @@ def test_real_answers_validate_against_the_openapi_document(service):
     seen = person.seen | operator.seen | limited.seen
     successes = {(path, method) for path, method, status in seen if status < 300}
     operations = {(path, method) for path, methods in openapi.spec["paths"].items() for method in methods}
-    # a real run's: test_certificate.py; ready: integration; legal holds: test_operators.py (checked there too)
+    # a real run's: test_certificate.py; ready: integration; legal holds: test_operators.py; the batch of
+    # another privacy tool: test_webhooks.py (each checked there too)
     assert operations - successes == {("/api/v1/operator/requests/{request_id}/certificate", "get"),
                                       ("/readyz", "get"), ("/api/v1/operator/holds", "get"),
                                       ("/api/v1/operator/holds", "post"),
-                                      ("/api/v1/operator/holds/{hold_id}/release", "post")}
+                                      ("/api/v1/operator/holds/{hold_id}/release", "post"),
+                                      ("/api/v1/operator/requests/batch", "post")}
     assert {status for _, _, status in seen} >= {200, 202, 400, 401, 403, 404, 409, 410, 413, 422, 423, 429}
     for client in (person, operator, limited):
         client.close()

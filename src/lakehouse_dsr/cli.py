@@ -719,6 +719,33 @@ def operator_revoke(name: str) -> None:
     console.print(f"operator {escape(name)} revoked")
 
 
+# -- dsr webhooks: status changes told to other tools (service/webhooks.py) ---------------------------
+webhooks_app = typer.Typer(no_args_is_help=True, help="Signed webhooks on request status changes (`webhooks:`).")
+app.add_typer(webhooks_app, name="webhooks")
+
+
+@webhooks_app.command("deliver")
+def webhooks_deliver() -> None:
+    """One round without `dsr serve` (from cron, say): copy the ledger's new status changes into the outbox,
+    then attempt every delivery that is due. Prints what it did as JSON."""
+    from .service.webhooks import deliver_once
+
+    print(json.dumps(deliver_once(_settings())))
+
+
+@webhooks_app.command("log")
+def webhooks_log(limit: Annotated[int, typer.Option(min=1, help="attempts to show, newest first")] = 50) -> None:
+    """The delivery log as JSON: event, endpoint, attempt, HTTP status or error, when (no subject identifier)."""
+    from .service.queue import IntakeQueue
+    from .service.webhooks import delivery_log
+
+    queue = IntakeQueue(_settings().intake_queue_file())
+    try:
+        print(json.dumps(delivery_log(queue, limit), indent=2))
+    finally:
+        queue.close()
+
+
 @app.command()
 def demo(
     users: Annotated[int, typer.Option(min=1)] = 10_000,

@@ -172,6 +172,24 @@ class IntakeSettings(_Strict):
     jwt: JwtSettings | None = None  # operators may also present a JWT verified against this JWKS
 
 
+WebhookEvent = Literal["received", "verified", "held", "completed", "failed"]
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = get_args(WebhookEvent)
+
+
+class WebhookSettings(_Strict):
+    """One endpoint that is told of request status changes (`webhooks:`; service/webhooks.py): each event
+    is POSTed as JSON, signed with HMAC-SHA256 under `secret`, and retried with exponential backoff."""
+
+    # Names the endpoint in the delivery log (a URL may carry a token of its own, so the log never holds it).
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,60}$")
+    url: str = Field(pattern=r"^https?://")
+    secret: str = Field(min_length=16)  # put it in ${ENV}, not in the file
+    events: tuple[WebhookEvent, ...] = Field(default=WEBHOOK_EVENTS, min_length=1)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)  # per attempt: connect, send, and each read
+    max_attempts: int = Field(default=8, ge=1, le=50)  # then the delivery is given up (and logged as such)
+    backoff_seconds: float = Field(default=30.0, ge=0)  # before the 2nd attempt; doubled after each, up to 6 h
+
+
 class RecordSettings(_Strict):
     """How long our own records are kept (ledger/records.py: `dsr run` and `dsr expire-records`)."""
 
@@ -189,7 +207,8 @@ class RecordSettings(_Strict):
 
 class Settings(_Strict):
     """Everything `dsr.yaml` says, validated and frozen (load_settings, settings_from_dict; a variant
-    is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake, records."""
+    is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake, records,
+    webhooks."""
 
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
@@ -200,9 +219,18 @@ class Settings(_Strict):
     run: RunSettings = Field(default_factory=RunSettings)
     intake: IntakeSettings = Field(default_factory=IntakeSettings)
     records: RecordSettings = Field(default_factory=RecordSettings)
+    webhooks: list[WebhookSettings] = Field(default_factory=list)  # told of status changes
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"
     secret_key_file: Path | None = None
+
+    @field_validator("webhooks")
+    @classmethod
+    def _distinct_names(cls, v: list[WebhookSettings]) -> list[WebhookSettings]:
+        names = [w.name for w in v]
+        if len(set(names)) != len(names):
+            raise ValueError("each webhook needs a name of its own (the delivery log tells them apart by it)")
+        return v
 
     @field_validator("ledger_namespace", "demo_namespace")
     @classmethod

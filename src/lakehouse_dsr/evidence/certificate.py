@@ -256,6 +256,16 @@ def _canonical(doc: dict) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
+def certificate_digest(doc: dict) -> str:
+    """What identifies a certificate's content: `sha256:` and the hex SHA-256 of the canonical JSON of
+    every field but `issued_at` and `signature`. Every copy issued for a request (each has its own
+    `issued_at`, and a signature by whichever key is active) has the same digest, so a receiver can
+    check that a copy it downloads later certifies what it was told of (webhooks). Cost: hashing the
+    document."""
+    content = {k: v for k, v in doc.items() if k != "issued_at"}
+    return f"sha256:{hashlib.sha256(_canonical(content)).hexdigest()}"
+
+
 def _mac(secret: bytes, doc: dict) -> str:
     return hmac.new(derive_key(secret, _PURPOSE), _canonical(doc), hashlib.sha256).hexdigest()
 

@@ -1,5 +1,6 @@
 """The published JSON Schemas: the evidence documents (evidence/models.py), the signed certificate,
-and `dsr.yaml` itself (for editors: `# yaml-language-server: $schema=schemas/dsr.schema.json`).
+the documents exchanged with other privacy tools (evidence/handoff.py), and `dsr.yaml` itself (for
+editors: `# yaml-language-server: $schema=schemas/dsr.schema.json`).
 
 `dsr schema` writes them; the repository keeps a copy in schemas/ that a test holds equal to what
 the code generates."""
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
-from . import models
+from . import handoff, models
 
 BASE_URI = "https://github.com/lakehouse-dsr/lakehouse-dsr/schemas/"
 
@@ -20,7 +21,8 @@ def schemas() -> dict[str, dict]:
     """Every published schema by file stem (`<stem>.schema.json`), each with its `$schema` and `$id`."""
     from . import certificate
 
-    found = {**models.json_schemas(), "dsr": _with_placeholders(Settings.model_json_schema()),
+    found = {**models.json_schemas(), **handoff.json_schemas(),
+             "dsr": _with_placeholders(Settings.model_json_schema()),
              "certificate": certificate.Certificate.model_json_schema()}
     return {stem: {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": f"{BASE_URI}{stem}.schema.json",
                    **schema} for stem, schema in found.items()}

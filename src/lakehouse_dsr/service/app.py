@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import Settings
 from ..evidence.certificate import Certificate, build_certificate, certificate_html
+from ..evidence.handoff import BatchResult, ExternalReference, RequestBatch
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..ledger.holds import add_hold, list_holds, parse_until, release_hold
 from ..ledger.ledger import RequestStatus
@@ -172,7 +173,7 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
     def request_status(request_id: RequestId, status_token: str | None = None,
                        x_status_token: Annotated[str | None, Header()] = None) -> models.RequestStatus:
         """A request's status, for the holder of its status token."""
-        return _public(intake.status(request_id, x_status_token or status_token))
+        return public(intake.status(request_id, x_status_token or status_token))
 
     @app.post("/api/v1/requests/{request_id}/verify", responses=_refusals({
         400: "wrong code (`detail` says how many tries are left)", 404: _NO_REQUEST,
@@ -181,7 +182,7 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         422: f"{_SCHEMA}; or a `Refusal`: the code is six digits", 423: "locked after too many wrong codes"}))
     def verify(request_id: RequestId, body: CodeBody) -> models.RequestStatus:
         """Check the code mailed for a request: right, and the request is received."""
-        return _public(intake.verify(request_id, body.code))
+        return public(intake.verify(request_id, body.code))
 
     @app.post("/api/v1/requests/{request_id}/code", status_code=202, responses=_refusals({
         403: "the status token does not match this request", 404: _NO_REQUEST,
@@ -189,7 +190,7 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
     def resend_code(request_id: RequestId, status_token: str | None = None,
                     x_status_token: Annotated[str | None, Header()] = None) -> models.RequestStatus:
         """Mail a new code (the old one stops working)."""
-        return _public(intake.resend_code(request_id, x_status_token or status_token))
+        return public(intake.resend_code(request_id, x_status_token or status_token))
 
     # -- the operator's side ------------------------------------------------------------------------
     @app.get("/api/v1/operator/requests", responses=_refusals({}, operator=True))
@@ -198,9 +199,29 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
                       regulation: str | None = Query(None, max_length=40)) -> models.RequestList:
         """Every request, queued or in the ledger (`status=open`: any not completed)."""
         found = intake.requests(status, type, regulation)
+        references = intake.external_references([r.request_id for r in found])
         audited(who, "list requests")
-        return models.RequestList(count=len(found),
-                                  requests=[models.OperatorRequest.model_validate(asdict(r)) for r in found])
+        return models.RequestList(count=len(found), requests=[_operator_view(r, references) for r in found])
+
+    @app.post("/api/v1/operator/requests/batch", status_code=202, responses=_refusals({
+        409: "an external id twice in the batch (`field`: `requests.<n>.external_id`, the second one); nothing "
+             "was filed",
+        413: _BODY_TOO_LARGE,
+        422: f"{_SCHEMA}; or a `Refusal` naming `requests.<n>.subject_id` or `requests.<n>.received_at` (in the "
+             "future); nothing was filed",
+        503: "the ledger's audit cannot be written now; the requests are filed (the same batch again answers each "
+             "`existing`)"}, operator=True, engine=False))
+    async def file_batch(who: Operator, body: RequestBatch) -> BatchResult:
+        """File requests another privacy tool received and verified (fides, Transcend, DataGrail, Ketch...),
+        each under the tool's id: the answer (202) comes once all are on disk. The same external id again
+        answers the request filed for it (`existing`), or `conflict` if it asks something else. Audited per
+        request filed, under the operator's name."""
+        result = await asyncio.wrap_future(intake.file_batch(body))
+        created = [(r.request_id, None, "operator", {"operator": who, "action": "file from " + body.source})
+                   for r in result.requests if r.result == "created"]
+        await asyncio.to_thread(intake.ledger.audit, created or [(None, None, "operator", {
+            "operator": who, "action": "file from " + body.source})])
+        return result
 
     @app.post("/api/v1/operator/requests/{request_id}/extend", responses=_refusals({
         404: _NO_REQUEST, 409: "already extended (the law allows one), completed, or no reason given",
@@ -209,7 +230,7 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         """Apply the regulation's one allowed extension; the reason is told to the person."""
         extended = intake.ledger.extend(request_id, body.reason)
         audited(who, "extend", request_id)
-        return models.OperatorRequest.model_validate(asdict(extended))
+        return _operator_view(extended, intake.external_references([request_id]))
 
     @app.get("/api/v1/operator/requests/{request_id}/certificate",
              response_model=Certificate, response_class=JSONResponse, responses={
@@ -305,6 +326,15 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         restarts; open requests by days left; HTTP latency by route."""
         return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def public(status: RequestStatus) -> models.RequestStatus:
+        """What a person sees of their request: never the subject id (RequestStatus holds none)."""
+        return models.RequestStatus.model_validate({
+            "request_id": status.request_id, "type": status.request_type, "regulation": status.regulation,
+            "status": status.status, "reason": status.status_reason, "received": status.received,
+            "due_date": status.due_date, "days_left": status.days_left, "extended": status.extended,
+            "completed": status.completed,
+            "external_reference": intake.external_references([status.request_id]).get(status.request_id)})
+
     # -- pages --------------------------------------------------------------------------------------
     for path, page in (("/", "index.html"), ("/status", "status.html"), ("/dashboard", "dashboard.html")):
         app.add_api_route(path, _page(page), methods=["GET"], include_in_schema=False, response_class=HTMLResponse)
@@ -321,13 +351,10 @@ def _page(name: str):
     return page
 
 
-def _public(status: RequestStatus) -> models.RequestStatus:
-    """What a person sees of their request: never the subject id (RequestStatus holds none)."""
-    return models.RequestStatus.model_validate({
-        "request_id": status.request_id, "type": status.request_type, "regulation": status.regulation,
-        "status": status.status, "reason": status.status_reason, "received": status.received,
-        "due_date": status.due_date, "days_left": status.days_left, "extended": status.extended,
-        "completed": status.completed})
+def _operator_view(status: RequestStatus, references: dict[str, ExternalReference]) -> models.OperatorRequest:
+    """A request as operators see it (never its subject), with the other tool's id when it came from one."""
+    return models.OperatorRequest.model_validate({**asdict(status),
+                                                  "external_reference": references.get(status.request_id)})
 
 
 def _errors(app: FastAPI) -> None:

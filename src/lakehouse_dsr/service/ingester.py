@@ -12,6 +12,7 @@ SIGINT sent to the child itself (systemd signals every process of the service's 
 it the same way. Either way the child finishes the batch in hand, moves what else waits for at most
 `STOP_SECONDS`, and exits 0; what is left stays in the durable queue for the next start. A child
 that crashed is started again; one that exited 0 was asked to stop and is not (`/readyz` says so).
+With `webhooks:` configured, the child also delivers them (webhooks.py), in a thread of its own.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..exceptions import first_line
 from ..ledger.ledger import Ledger
 from ..ledger.requests import RequestInput, utc_now
 from .queue import IntakeQueue
+from .webhooks import WebhookWorker
 
 log = logging.getLogger("lakehouse_dsr.service")
 INGEST_BATCH = 5_000
@@ -157,6 +159,10 @@ def _child(settings: Settings, parent: int, pipe: int) -> None:
     signal.set_wakeup_fd(wake_up)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     queue, ledger = IntakeQueue(settings.intake_queue_file()), Ledger(settings)
+    # Webhooks here too, for the same reason: their ledger reads would hold up the server's answers.
+    webhooks = WebhookWorker(settings, queue, ledger) if settings.webhooks else None
+    if webhooks:
+        webhooks.start()
     until: float | None = None
     try:
         while os.getppid() == parent:  # an orphan (its server was killed) stops before touching anything
@@ -174,6 +180,8 @@ def _child(settings: Settings, parent: int, pipe: int) -> None:
             if asked.is_set():
                 until = time.monotonic() + STOP_SECONDS
     finally:
+        if webhooks:
+            webhooks.stop()
         queue.close()
 
 

@@ -25,11 +25,13 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
+from typing import Literal
 
 from pyiceberg.exceptions import NoSuchTableError
 
 from ..config import Settings
+from ..evidence.handoff import BatchItemResult, BatchResult, ExternalReference, RequestBatch
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..keys import derive_key, keyed_hash
 from ..ledger.ledger import OPEN_STATUSES, Ledger, RequestStatus, new_request_id
@@ -37,6 +39,7 @@ from ..ledger.requests import RequestInput, due_date, utc_now
 from .ingester import Ingester, ingest
 from .mail import MailError, send_code
 from .queue import IntakeQueue
+from .webhooks import external_references, new_event_id, record
 
 log = logging.getLogger("lakehouse_dsr.service")
 CLOSE_SECONDS = 6.0  # a stop's budget for the mail thread, the ingester's last pass and the queue
@@ -248,6 +251,61 @@ class Intake:
         due = due_date(received.date(), regulation, request_type=request_type)
         return Acknowledgement(request_id, state, due.isoformat(), self.status_token(request_id), gpc_id, replayed)
 
+    def file_batch(self, batch: RequestBatch) -> Future[BatchResult]:
+        """Queue requests another privacy tool received (and verified: none waits for a code), each under
+        the tool's id, in one group commit; the Future resolves once they are on disk. An external id
+        handed over before answers its request (`existing`), or `conflict` if it asked something else.
+        Raises IntakeError at once, filing nothing: 422 for a subject id or a time the library refuses,
+        409 for an external id twice in the batch (`field` names the position, never the value)."""
+        now, first_at, requests = utc_now(), dict[str, int](), list[RequestInput]()
+        for n, item in enumerate(batch.requests):
+            if item.external_id in first_at:
+                raise IntakeError(f"requests.{n}.external_id is also requests.{first_at[item.external_id]}'s: "
+                                  "each request of a batch needs an id of its own; nothing was filed", 409,
+                                  f"requests.{n}.external_id")
+            first_at[item.external_id] = n
+            received = _received_at(item.received_at, now, f"requests.{n}.received_at")
+            try:
+                requests.append(RequestInput(item.subject_id, item.type, item.regulation, received).validated())
+            except RequestInputError:
+                raise IntakeError(f"requests.{n}.subject_id: not a valid subject id", 422,
+                                  f"requests.{n}.subject_id") from None
+        fingerprints = [keyed_hash(self._keys["filing"][0], "\0".join((r.request_type, r.regulation, r.subject_id)))
+                        for r in requests]
+
+        def insert(connection: sqlite3.Connection) -> BatchResult:
+            answers = []
+            for item, request, fingerprint in zip(batch.requests, requests, fingerprints, strict=True):
+                seen = connection.execute("SELECT request_id, fingerprint FROM external_refs WHERE source = ? AND"
+                                          " external_id = ?", (batch.source, item.external_id)).fetchone()
+                if seen is None:
+                    request_id = self._insert(connection, request, request.received_at or now, None, fingerprint,
+                                              False, None)
+                    connection.execute("INSERT INTO external_refs VALUES (?,?,?,?)",
+                                       (batch.source, item.external_id, request_id, fingerprint))
+                    result: Literal["created", "existing", "conflict"] = "created"
+                else:
+                    request_id = seen["request_id"]
+                    result = "existing" if hmac.compare_digest(seen["fingerprint"], fingerprint) else "conflict"
+                # the deadline of the request on record (an existing one's may differ from what came now)
+                filed = connection.execute("SELECT received_at, regulation, request_type FROM intake WHERE"
+                                           " request_id = ?", (request_id,)).fetchone()
+                due = due_date(datetime.fromisoformat(filed["received_at"]).date(), filed["regulation"],
+                               request_type=filed["request_type"])
+                answers.append(BatchItemResult(external_id=item.external_id, request_id=request_id, result=result,
+                                               due_date=due.isoformat()))
+            return BatchResult(source=batch.source, requests=answers,
+                               **{k: sum(a.result == r for a in answers) for k, r in (
+                                   ("created", "created"), ("existing", "existing"), ("conflicts", "conflict"))})
+
+        future = self.queue.run(insert)
+        future.add_done_callback(lambda _: self._ingester.wake())
+        return future
+
+    def external_references(self, request_ids: list[str]) -> dict[str, ExternalReference]:
+        """The other tools' ids of those requests that came in a batch. Cost: one queue lookup per 500 ids."""
+        return self.queue.call(lambda c: external_references(c, request_ids))
+
     # -- status -------------------------------------------------------------------------------------
     def status(self, request_id: str, token: str | None, today: date | None = None) -> RequestStatus:
         """The request's status for the person holding its token: from the queue until it is in the
@@ -308,6 +366,9 @@ class Intake:
                 return ("locked" if locked else "wrong"), limit - attempts
             connection.execute("UPDATE intake SET state = 'received', reason = NULL, code_hash = NULL, email = NULL,"
                                " code_expires = NULL, mail_due = 0 WHERE request_id = ?", (request_id,))
+            if self.settings.webhooks:  # in this transaction: a verified request always has its event
+                record(connection, self.settings, new_event_id(), "verified", utc_now(), request_id,
+                       row["request_type"], row["regulation"])
             return "verified", 0
 
         outcome, left = self.queue.call(check)
@@ -373,6 +434,16 @@ def _queued_status(row: sqlite3.Row, today: date) -> RequestStatus:
     due = due_date(received.date(), row["regulation"], request_type=row["request_type"])
     return RequestStatus(row["request_id"], row["request_type"], row["regulation"], row["state"], row["reason"],
                          f"{received:%Y-%m-%dT%H:%M:%SZ}", due.isoformat(), (due - today).days, False, None)
+
+
+def _received_at(value: str | None, now: datetime, field: str) -> datetime | None:
+    """A batch item's `received_at` (its shape is checked by the schema): in UTC, never in the future."""
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(value).astimezone(UTC)
+    if moment > now:
+        raise IntakeError(f"{field}: in the future", 422, field)
+    return moment
 
 
 def _encodable(text: str) -> bool:

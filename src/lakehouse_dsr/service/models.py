@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from ..evidence.handoff import ExternalReference
 from ..ledger.holds import Hold
 from ..ledger.requests import Regulation, RequestType
 
@@ -71,6 +72,8 @@ class RequestStatus(_Answer):
     days_left: int | None = Field(description="days until the deadline, negative when late (null once completed)")
     extended: bool = Field(description="the deadline was extended (once, as the regulation allows)")
     completed: Timestamp | None = Field(description="when it was completed (null until then)")
+    external_reference: ExternalReference | None = Field(
+        description="the id another privacy tool gave the request it handed over (null: filed here)")
 
 
 # -- the operator's side ----------------------------------------------------------------------------
@@ -89,6 +92,8 @@ class OperatorRequest(_Answer):
     extended: bool
     completed: Timestamp | None = Field(description="when it was completed (null until then)")
     purge_by: Day | None = Field(description="status erased: the day the batched physical purge is due by")
+    external_reference: ExternalReference | None = Field(
+        description="the id another privacy tool gave the request it handed over (null: filed here)")
 
 
 class RequestList(_Answer):

@@ -42,6 +42,49 @@ CREATE TABLE IF NOT EXISTS intake (
 CREATE INDEX IF NOT EXISTS intake_waiting ON intake (ingested_at, state);
 CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL);  -- /readyz writes here: the file takes writes
 CREATE INDEX IF NOT EXISTS intake_mail ON intake (mail_due);
+-- Requests another privacy tool handed over (POST /api/v1/operator/requests/batch), by the tool's own id:
+-- one request per (source, external_id). Kept after ingestion: the status endpoints and webhooks show it.
+CREATE TABLE IF NOT EXISTS external_refs (
+    source       TEXT NOT NULL,
+    external_id  TEXT NOT NULL,
+    request_id   TEXT NOT NULL UNIQUE,
+    fingerprint  TEXT NOT NULL,      -- keyed hash of what was asked: the same id again must ask the same
+    PRIMARY KEY (source, external_id)
+);
+-- The webhooks' outbox (service/webhooks.py): events of status changes (no subject identifier in any
+-- column), one delivery per event and endpoint, every attempt in the log, and the audit watermark.
+CREATE TABLE IF NOT EXISTS webhook_events (
+    event_id    TEXT PRIMARY KEY,    -- the ledger's audit event id, or a fresh one (verified)
+    request_id  TEXT NOT NULL,
+    event       TEXT NOT NULL,       -- received | verified | held | completed | failed
+    reason      TEXT,
+    repeat      INTEGER NOT NULL DEFAULT 0,  -- the request's last event again (a held request each run): not sent
+    occurred    TEXT NOT NULL,
+    payload     TEXT                 -- the JSON body sent (NULL: a repeat, or no endpoint wants it)
+);
+CREATE INDEX IF NOT EXISTS webhook_events_request ON webhook_events (request_id, occurred);
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    event_id    TEXT NOT NULL,
+    endpoint    TEXT NOT NULL,       -- the endpoint's name in `webhooks:`
+    state       TEXT NOT NULL,       -- pending | delivered | given_up
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_at     REAL NOT NULL,       -- unix time of the next attempt
+    PRIMARY KEY (event_id, endpoint)
+);
+CREATE INDEX IF NOT EXISTS webhook_due ON webhook_deliveries (state, next_at);
+CREATE TABLE IF NOT EXISTS webhook_log (
+    id          INTEGER PRIMARY KEY,
+    event_id    TEXT NOT NULL,
+    endpoint    TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    event       TEXT NOT NULL,
+    attempt     INTEGER NOT NULL,
+    at          TEXT NOT NULL,
+    http_status INTEGER,             -- NULL: no answer (refused, timed out)
+    error       TEXT,                -- the exception's type, or "HTTP <status>"; NULL when delivered
+    seconds     REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhook_state (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
