@@ -19,7 +19,7 @@ from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
-from lakehouse_dsr.ledger.holds import add_hold
+from lakehouse_dsr.ledger.holds import add_hold, release_hold
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.runner.orchestrator import run
 from lakehouse_dsr.runner.retention import expire, status
@@ -153,3 +153,21 @@ def test_dsr_run_enforces_the_rules_skips_held_tables_and_the_cli_refuses_a_bad_
     assert "expire rule 1 (delete after 30 days by user_agent): clock column 'user_agent' has type string" \
         in done.stderr + done.stdout
     assert snapshot_ids(spark, settings, [TABLE]) == before
+
+
+def test_a_held_subject_keeps_the_table_from_expiring_while_the_hold_lasts(spark, clicks):
+    """Issue 28: retention skips held subjects. Their rows past a rule are found by keyed hash (the hold
+    stores no plaintext); the table is then skipped whole and reported, nothing committed. A hold on
+    someone the table's rows past the rules do not name changes nothing."""
+    settings = clicks
+    ledger = Ledger(settings)
+    absent = add_hold(ledger, "a claim against someone else", "test", subject="nobody-here")
+    before = snapshot_ids(spark, settings, [TABLE])
+    held = add_hold(ledger, "litigation about u3's clicks", "test", subject="u3")
+    kept = expire(spark, settings, today=TODAY)
+    assert list(kept.skipped) == [TABLE] and "litigation about u3's clicks" in kept.skipped[TABLE]
+    assert absent.why not in kept.skipped[TABLE] and not kept.tables
+    assert snapshot_ids(spark, settings, [TABLE]) == before
+    release_hold(ledger, held.hold_id, "test")
+    done = expire(spark, settings, today=TODAY)
+    assert not done.skipped and done.passed and done.tables[TABLE].rules[0].rows_past > 0

@@ -12,8 +12,10 @@ any file under the table's location.
 The cutoff is a literal in the SQL text (a date, never an identifier). On a table partitioned by
 the clock (`days(ts)`, `months(ts)` ...) a cutoff on a partition boundary makes Iceberg drop whole
 data files from metadata (its DELETE needs no rewrite when every row of a file matches): cost
-follows what expires. Tables under a legal hold are skipped and reported; subject holds are not
-applied row by row (each row's key would have to be hashed): they are counted in the report.
+follows what expires. Tables under a legal hold are skipped and reported. While a subject is under
+a legal hold, a table whose rows past a rule hold that subject (their subject-key values hashed and
+matched with the holds' keyed hashes) is skipped whole and reported, as is a table no key of which
+is the subject identifier (a held person cannot be told apart there): nothing a hold keeps expires.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ..lake import iceberg
 from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
 from ..ledger.ledger import Ledger
-from . import purge, resurrection
+from . import purge, resurrection, verify
 from .retention_models import RetentionPass, RetentionStatus, RuleExpiry, RuleStatus, TableExpiry, TableStatus
 
 
@@ -100,11 +102,35 @@ def enforce(spark: SparkSession, settings: Settings, ledger: Ledger, holds: Acti
     chosen = selected(settings, tables)
     skipped = {t: h.why for t in chosen if (h := holds.table(t)) is not None}
     skipped.update({t: why for t, why in (paused or {}).items() if t in chosen})
-    results = {t: _table(spark, settings, ledger, t, _rules(spark, settings, t, rules, today), run_id, dry_run)
-               for t, rules in chosen.items() if t not in skipped}
+    built = {t: _rules(spark, settings, t, rules, today) for t, rules in chosen.items() if t not in skipped}
+    skipped.update({t: why for t, rules in built.items()
+                    if (why := _held_subjects_past(spark, settings, t, rules, holds)) is not None})
+    results = {t: _table(spark, settings, ledger, t, rules, run_id, dry_run)
+               for t, rules in built.items() if t not in skipped}
     return RetentionPass(run_id=run_id, dry_run=dry_run, today=today.isoformat(), tables=results, skipped=skipped,
                          subject_holds=sum(1 for h in holds.holds if h.kind == "subject"),
                          passed=all(r.passed for r in results.values()))
+
+
+def _held_subjects_past(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule], holds: ActiveHolds
+                        ) -> str | None:
+    """Why `table` must not expire anything while subject holds are active (None: it may). Cost, only
+    with a subject hold active: one scan of the subject key columns of the rows past a rule, each
+    distinct value hashed once per key the holds were made with."""
+    held = [h for h in holds.holds if h.kind == "subject"]
+    if not held:
+        return None
+    subject = settings.datamap.subject
+    groups = [g for g in settings.datamap.mapping(table).groups if g.identifier == subject]
+    if not groups:
+        keys = ", ".join(g.identifier for g in settings.datamap.mapping(table).groups)
+        return (f"not expired while a subject is under a legal hold: its keys ({keys}) cannot be matched with a "
+                f"held {subject}")
+    past = spark.table(settings.table(table)).where(" OR ".join(f"({r.past})" for r in rules))
+    hashes = spark.createDataFrame([(h.hold_id, subject, h.subject_hash, h.key_id) for h in held],
+                                   "request_id string, key_type string, key_hash string, key_id string")
+    found = verify.find_hashed(spark, verify.key_values(past, groups), hashes, holds.keys)
+    return "; ".join(h.why for h in held if found.get(h.hold_id)) or None
 
 
 def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, rules: list[_Rule], run_id: str,
