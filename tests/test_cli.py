@@ -107,6 +107,9 @@ def test_demo_command(tmp_path):
     assert report["summary"] == {**report["summary"], "requests": 11, "completed": 10, "failed": 0, "held": 1}
     (held,) = [r for r in report["requests"] if r["status"] == "held"]
     assert "litigation hold (demo)" in held["reason"]
+    # the demo's events keep 25 months (`expire:`): older events leave, proven like an erasure
+    (rule,) = report["retention"]["tables"]["demo.events"]["rules"]
+    assert rule["rows_past"] > 0 and rule["rows_left"] == 0 and report["retention"]["passed"]
     assert len(list((tmp_path / "exports").rglob("req-*.json"))) == 2
     assert (tmp_path / "dsr-secret.key").stat().st_mode & 0o077 == 0
     # the pseudonymized copy: shredded beside the plain erase, no row of it rewritten

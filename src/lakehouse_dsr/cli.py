@@ -764,14 +764,15 @@ def demo(
         synth.generate(spark, settings, users, events, seed, None, bars)
     rng = random.Random(seed)
     unknown = max(1, erase // 20)  # subjects no table knows: they must complete too
-    picks = rng.sample(range(users), min(users, erase - unknown + access_requests + 1))
-    erased = [synth.user_id(seed, i) for i in picks[access_requests:-1]]
+    picks = rng.sample(range(users), min(users, erase - unknown + access_requests))
+    erased = [synth.user_id(seed, i) for i in picks[access_requests:]]
     erased += [synth.user_id(seed, users + k) for k in range(unknown)]
     inputs = [RequestInput(s, "erase", "ccpa" if i % 4 == 0 else "gdpr") for i, s in enumerate(erased)]
     inputs += [RequestInput(synth.user_id(seed, i), "access") for i in picks[:access_requests]]
     # One more person asks to be erased while a litigation hold keeps their records: the run leaves it `held`.
+    # (Someone no table holds: the retention rule on the events, which a held person's rows would stop, runs.)
     ledger = Ledger(settings)
-    litigant = synth.user_id(seed, picks[-1])
+    litigant = synth.user_id(seed, users + unknown)
     add_hold(ledger, "litigation hold (demo): keep this customer's records", "demo", subject=litigant)
     submitted = ledger.submit([*inputs, RequestInput(litigant, "erase")])
     console.print(f"submitted {len(submitted.created)} requests: {len(erased) + 1} erase "

@@ -590,10 +590,13 @@ DEMO_SHREDDED = {
 }
 
 
-def demo_datamap(derived: bool = True, vault: bool | None = None) -> DataMap:
+def demo_datamap(derived: bool = True, vault: bool | None = None, expire: bool = False) -> DataMap:
     """The demo lake's data map; `derived`: with its silver and gold layers, `vault` (default: as
-    `derived`): with the pseudonymized copy of the events (synth.generate builds them)."""
+    `derived`): with the pseudonymized copy of the events (synth.generate builds them); `expire`:
+    with the events' 25 months enforced (`dsr demo` shows it; tests enforce retention on lakes of
+    their own)."""
     vault = derived if vault is None else vault
+    expiry = [{"after": "25 months", "clock": "event_timestamp", "delete": True}] if expire else []
     return DataMap.model_validate(
         {
             "derived": DEMO_DERIVED if derived else {},
@@ -603,7 +606,7 @@ def demo_datamap(derived: bool = True, vault: bool | None = None) -> DataMap:
                 "demo.users": {"key": "user_id", "purpose": "customer account", "recipients": ["support team"],
                                "retention": "while the account exists"},
                 "demo.events": {"key": "user_id", "purpose": "product analytics", "recipients": ["analytics team"],
-                                "retention": "25 months"},
+                                "retention": "25 months", "expire": expiry},
                 "demo.newsletter": {"key": "email", "identifier": "email", "purpose": "newsletter (consent)",
                                     "recipients": ["email service provider"], "retention": "until unsubscribed"},
                 **(DEMO_SHREDDED if vault else {}),
