@@ -17,16 +17,20 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import yaml
+from typer.testing import CliRunner
 
-from helpers import make_settings
-from intake_server import OPERATOR_TOKEN, Mailbox, free_port
+from helpers import make_settings, write_config
+from intake_server import OPERATOR_TOKEN, Mailbox, free_port, intake_config, served
+from lakehouse_dsr.cli import app
+from lakehouse_dsr.config import load_settings
 from lakehouse_dsr.evidence.certificate import build_certificate, certificate_digest
 from lakehouse_dsr.ledger.ledger import Ledger, Outcome
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.service.app import create_app
 from lakehouse_dsr.service.intake import Filing, Intake
 from lakehouse_dsr.service.queue import IntakeQueue
-from lakehouse_dsr.service.webhooks import collect, deliver, delivery_log
+from lakehouse_dsr.service.webhooks import POLL_SECONDS, collect, deliver, delivery_log
 from openapi_check import CheckedClient, OpenAPI
 
 ROOT = Path(__file__).parent.parent
@@ -249,3 +253,31 @@ def test_a_verified_identity_is_an_event_from_the_intake_queue(tmp_path, receive
     (event,) = receiver.bodies("/")
     assert event["event"] == "verified" and event["request"]["status"] == "received"
     assert SUBJECTS[0] not in json.dumps(event)
+
+
+def test_dsr_webhooks_deliver_and_log_without_the_service(tmp_path, receiver):
+    config = write_config(make_settings(tmp_path), tmp_path / "dsr.yaml", webhooks=[_hook("portal", receiver.url)])
+    cli = CliRunner()
+    assert json.loads(cli.invoke(app, ["-c", str(config), "webhooks", "deliver"]).stdout)["collected"] == 0
+    Ledger(load_settings(config)).submit([RequestInput(SUBJECTS[0], "access")])
+    done = cli.invoke(app, ["-c", str(config), "webhooks", "deliver"])
+    assert done.exit_code == 0 and json.loads(done.stdout) == {"collected": 1, "attempted": 1, "delivered": 1,
+                                                               "failed": 0, "given_up": 0}
+    (logged,) = json.loads(cli.invoke(app, ["-c", str(config), "webhooks", "log"]).stdout)
+    assert (logged["endpoint"], logged["event"], logged["http_status"]) == ("portal", "received", 204)
+    assert [e["event"] for e in receiver.bodies("/")] == ["received"]
+
+
+@pytest.mark.slow
+def test_dsr_serve_delivers_from_its_ingester_process(tmp_path, receiver):
+    config = intake_config(tmp_path)
+    config.write_text(config.read_text() + yaml.safe_dump({"webhooks": [_hook("portal", receiver.url)]}))
+    with served(config) as server, server.client() as client:
+        time.sleep(POLL_SECONDS + 1)  # the first round sets the watermark: events from then on
+        ack = client.post("/api/v1/requests", json={"type": "erase", "subject_id": SUBJECTS[0]}).json()
+        deadline = time.monotonic() + 3 * POLL_SECONDS
+        while not receiver.got and time.monotonic() < deadline:
+            time.sleep(0.2)
+    (event,) = receiver.bodies("/")
+    assert (event["event"], event["request"]["request_id"]) == ("received", ack["request_id"])
+    assert _verified(receiver.got[0][1], receiver.got[0][2])

@@ -7,6 +7,8 @@ once (one fsync for many requests under load, none of them waiting for a timer).
 request's plaintext identifiers only until it is in the ledger (secure_delete overwrites them); a
 request never verified or locked is deleted after `records.keep_unverified_days` by `dsr run` and
 `dsr expire-records` (ledger/records.py reads and deletes its rows, so keep their columns stable).
+The same file holds the other tools' ids of requests they handed over (`external_refs`) and the
+webhooks' outbox and delivery log (webhooks.py), none of them with a subject identifier.
 """
 
 from __future__ import annotations
