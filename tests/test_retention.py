@@ -171,3 +171,14 @@ def test_a_held_subject_keeps_the_table_from_expiring_while_the_hold_lasts(spark
     release_hold(ledger, held.hold_id, "test")
     done = expire(spark, settings, today=TODAY)
     assert not done.skipped and done.passed and done.tables[TABLE].rules[0].rows_past > 0
+
+
+def test_access_packages_tell_the_enforced_rules_beside_the_stated_retention(tmp_path):
+    """An access package's manifest says, per table, what the person is told (`retention:`) and what is
+    enforced (`expire:`), in words (no Spark: the manifest is built from the data map)."""
+    settings = make_settings(tmp_path, datamap=_datamap(RULES))
+    told = settings.datamap.table_mapping(TABLE).disclosure()
+    assert told["retention"] == "45 days (IP address: 30 days)"
+    assert told["retention_enforced"] == ["redact ip, user_agent after 30 days by event_timestamp",
+                                          "delete after 45 days by event_timestamp"]
+    assert "retention_enforced" not in make_settings(tmp_path).datamap.table_mapping("demo.events").disclosure()

@@ -221,7 +221,10 @@ class TableMapping(BaseModel):
     expire: list[ExpiryRule] = Field(default_factory=list)
 
     def disclosure(self) -> dict:
-        return {"purpose": self.purpose, "recipients": self.recipients, "retention": self.retention}
+        """What a person is told about the table (an access package's manifest): purpose, recipients,
+        the stated retention and, where the data map enforces it, the rules in words."""
+        return {"purpose": self.purpose, "recipients": self.recipients, "retention": self.retention,
+                **({"retention_enforced": [rule.describe() for rule in self.expire]} if self.expire else {})}
 
     @model_validator(mode="after")
     def _consistent(self) -> TableMapping:
