@@ -12,6 +12,7 @@ from pyiceberg.table import StaticTable
 
 from helpers import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings, snapshot_ids
 from lakehouse_dsr import synth
+from lakehouse_dsr.evidence.html import run_report_page
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -252,4 +253,6 @@ def test_an_erased_person_appended_again_is_erased_again_by_the_next_run(spark, 
                                        .metadataFileLocation()).scan(selected_fields=("user_id",)).to_arrow()
     assert victim not in events["user_id"].to_pylist()
     assert report.tables["demo.events"]["verification"]["passed"]
+    page = run_report_page(report.as_dict())  # the run page shows it, by counts and commits
+    assert "People erased before who came back" in page and f"append {appended}" in page and victim not in page
 

@@ -16,6 +16,7 @@ from pyiceberg.table import StaticTable
 
 from helpers import make_settings, snapshot_ids, write_config
 from lakehouse_dsr.config import settings_from_dict
+from lakehouse_dsr.evidence.html import run_report_page
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
 from lakehouse_dsr.lake import iceberg
 from lakehouse_dsr.lake.spark import attach
@@ -138,6 +139,8 @@ def test_dsr_run_enforces_the_rules_skips_held_tables_and_the_cli_refuses_a_bad_
     assert section is not None and section.passed and not section.skipped
     assert [r.rows_left for r in section.tables[TABLE].rules] == [0, 0]
     assert "retention" in report.seconds and not report.needs_attention
+    page = run_report_page(report.as_dict())
+    assert "<h2>Retention</h2>" in page and "delete after 45 days by event_timestamp" in page
 
     add_hold(Ledger(settings), "audit of the click logs", "test", table=TABLE)
     before = snapshot_ids(spark, settings, [TABLE])

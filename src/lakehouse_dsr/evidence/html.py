@@ -139,12 +139,38 @@ def run_report_page(report: dict) -> str:
                             human_bytes(f["bytes_rewritten"]), f"{f['snapshots_expired']:,}", _verified(f["verified"])]
                            for t, f in per_table.items()),
                           numeric=(2, 3, 4, 5)))
+    body += _lifecycle(report)
     if report.get("requests"):
         body.append("<h2>Requests</h2>")
         body.append(table(["request", "outcome", "reason"],
                           ([r["request_id"], badge(r["status"], _STATUS_KIND.get(r["status"], "warn")),
                             r["reason"] or ""] for r in report["requests"])))
     return page(f"Run {report['run_id']}", "lakehouse-dsr run report (no subject identifiers)", "\n".join(body))
+
+
+def _lifecycle(report: dict) -> list[str]:
+    """The page's sections on people erased before who came back, and on the retention rules enforced."""
+    parts: list[str] = []
+    if report.get("resurrections"):
+        parts.append("<h2>People erased before who came back</h2>")
+        parts.append(table(["table", "rows", "completed requests", "files", "added by", "files read"],
+                           ([t, f"{r['rows']:,}", f"{r['requests']:,}", f"{r['files']:,}",
+                             ", ".join(f"{c.get('operation', '?')} {c.get('snapshot_id', c.get('sequence_number'))}"
+                                       for c in r["commits"]) or "(files)",
+                             f"{r['files_read']:,}" + (" (whole table)" if r["whole_table"] else "")]
+                            for t, r in report["resurrections"].items()), numeric=(1, 2, 3, 5)))
+    retention = report.get("retention")
+    if retention:
+        parts.append("<h2>Retention</h2>")
+        rows = [[t, rule["rule"], rule["cutoff"], f"{rule['rows_past']:,}",
+                 "metadata only" if rule["metadata_only"] else f"{rule['data_files_added']:,} files written",
+                 "" if rule["rows_left"] is None else f"{rule['rows_left']:,}",
+                 badge("proven" if e["passed"] else "rows left", "ok" if e["passed"] else "bad")]
+                for t, e in retention["tables"].items() for rule in e["rules"]]
+        parts.append(table(["table", "rule", "cutoff", "rows past", "rewrite", "rows left", "proof"], rows,
+                           numeric=(3, 5)))
+        parts += [f'<p class="warn">{esc(t)} not expired: {esc(why)}</p>' for t, why in retention["skipped"].items()]
+    return parts
 
 
 _STATUS_KIND = {"completed": "ok", "failed": "bad", "erased": "warn", "held": "warn"}

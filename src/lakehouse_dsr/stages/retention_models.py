@@ -50,9 +50,10 @@ class RetentionPass(_Model):
     dry_run: bool = Field(description="nothing was changed: what would be")
     today: str = Field(description="the run's date the cutoffs are computed from")
     tables: dict[str, TableExpiry]
-    skipped: dict[str, str] = Field(description="tables under a legal hold, not expired -> the hold")
-    subject_holds: int = Field(description="active subject holds: not applied row by row by retention (see the "
-                                           "documentation)")
+    skipped: dict[str, str] = Field(description="tables not expired -> why: a legal hold on the table or on a "
+                                                "person whose rows past a rule it holds, a collateral hold")
+    subject_holds: int = Field(description="active subject holds: a table holding a held person's rows past a "
+                                           "rule is skipped (see `skipped`)")
     passed: bool
 
 
