@@ -185,3 +185,20 @@ def test_access_packages_tell_the_enforced_rules_beside_the_stated_retention(tmp
     assert told["retention_enforced"] == ["redact ip, user_agent after 30 days by event_timestamp",
                                           "delete after 45 days by event_timestamp"]
     assert "retention_enforced" not in make_settings(tmp_path).datamap.table_mapping("demo.events").disclosure()
+
+
+def test_the_retention_report_names_derived_tables_that_keep_rows_longer_than_their_sources(tmp_path):
+    """Issue 28: a keyed derived table is held to the strictest delete rule of its sources through
+    lineage (a source's own sources count); the data map says which keeps rows longer (no Spark)."""
+    tables = {"raw.events": {"key": "user_id", "expire": [{"after": "25 months", "clock": "ts", "delete": True}]},
+              "raw.users": {"key": "user_id"}}
+    derived = {"silver.daily": {"from": ["raw.events"], "key": "user_id"},
+               "gold.per_user": {"from": ["silver.daily"], "key": "user_id",
+                                 "expire": [{"after": "3 years", "clock": "day", "delete": True}]},
+               "silver.kept": {"from": ["raw.events"], "key": "user_id",
+                               "expire": [{"after": "24 months", "clock": "day", "delete": True}]},
+               "silver.accounts": {"from": ["raw.users"], "key": "user_id"}}
+    datamap = make_settings(tmp_path, datamap={"subject": "user_id", "tables": tables, "derived": derived}).datamap
+    longer = datamap.kept_longer_than_sources()
+    assert sorted(longer) == ["gold.per_user", "silver.daily"]  # through silver.daily, gold inherits raw's limit
+    assert "raw.events: delete after 25 months by ts" in longer["gold.per_user"]

@@ -381,6 +381,8 @@ def retention_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-
             table.add_row(name, escape(r.rule), r.cutoff, r.oldest or "", str(r.rows_past), r.next_crossing or "",
                           escape(r.cleared_by))
     console.print(table if result.tables else "no table has retention rules (expire: in the data map)")
+    for name, why in result.kept_longer.items():
+        console.print(f"[yellow]{name}[/] {escape(why)}")
 
 
 @app.command()

@@ -177,6 +177,12 @@ class ExpiryRule(BaseModel):
         return run
 
     @property
+    def days(self) -> float:
+        """The period in days, months and years at their average length: for comparing rules."""
+        amount, unit = self.period
+        return amount * {"day": 1, "week": 7, "month": 30.44, "year": 365.25}[unit]
+
+    @property
     def action(self) -> str:
         return "delete" if self.delete else "redact " + ", ".join(self.redact)
 
@@ -530,6 +536,27 @@ class DataMap(BaseModel):
         """{table: its enforced retention rules (`expire:`)}, tables and keyed derived tables that have some."""
         return {n: list(m.expire) for n, m in [*self.tables.items(), *self.keyed_derived.items()] if m.expire}
 
+    def kept_longer_than_sources(self) -> dict[str, str]:
+        """Keyed derived tables that keep people's rows longer than a source deletes them -> why: the
+        strictest delete rule of its sources (through lineage: a source's own sources count too),
+        against the table's own strictest delete rule (none: kept as long as it exists). Pure: no
+        catalog is read."""
+        def strictest(name: str, seen: frozenset[str] = frozenset()) -> tuple[float, str] | None:
+            mapping = self.tables.get(name) or self.derived.get(name)
+            own = [(r.days, f"{name}: {r.describe()}") for r in (mapping.expire if mapping else []) if r.delete]
+            inherited = [found for s in (self.derived[name].sources if name in self.derived else [])
+                         if s not in seen and (found := strictest(s, seen | {name})) is not None]
+            return min([*own, *inherited], default=None)
+
+        longer = {}
+        for name, mapping in self.keyed_derived.items():
+            limit = min((found for s in mapping.sources if (found := strictest(s)) is not None), default=None)
+            own = min((r.days for r in mapping.expire if r.delete), default=None)
+            if limit is not None and (own is None or own > limit[0]):
+                longer[name] = (f"keeps rows its source deletes sooner ({limit[1]}); give it an expire: rule that "
+                                f"deletes by then")
+        return longer
+
     def identifier_types(self) -> list[str]:
         return [self.subject, *self.identifiers]
 
@@ -600,9 +627,12 @@ def demo_datamap(derived: bool = True, vault: bool | None = None, expire: bool =
     their own)."""
     vault = derived if vault is None else vault
     expiry = [{"after": "25 months", "clock": "event_timestamp", "delete": True}] if expire else []
+    layers = DEMO_DERIVED if not expire else {  # the daily silver keeps what it counts no longer than its source
+        **DEMO_DERIVED, "demo_silver.user_daily": {**DEMO_DERIVED["demo_silver.user_daily"],
+                                                   "expire": [{"after": "25 months", "clock": "day", "delete": True}]}}
     return DataMap.model_validate(
         {
-            "derived": DEMO_DERIVED if derived else {},
+            "derived": layers if derived else {},
             "subject": "user_id",
             "identifiers": {"email": {"table": "demo.users", "subject_column": "user_id", "column": "email"}},
             "tables": {

@@ -237,4 +237,5 @@ def status(spark: SparkSession, settings: Settings, holds: ActiveHolds, today: d
             oldest_snapshot_at=datetime.fromtimestamp(oldest_ms / 1000, UTC).isoformat()
             if oldest_ms is not None else None)
     return RetentionStatus(today=today.isoformat(), tables=out,
-                           subject_holds=sum(1 for h in holds.holds if h.kind == "subject"))
+                           subject_holds=sum(1 for h in holds.holds if h.kind == "subject"),
+                           kept_longer=settings.datamap.kept_longer_than_sources())

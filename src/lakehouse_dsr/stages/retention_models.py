@@ -77,4 +77,7 @@ class TableStatus(_Model):
 class RetentionStatus(_Model):
     today: str
     tables: dict[str, TableStatus]
-    subject_holds: int = Field(description="active subject holds (not applied row by row by retention)")
+    subject_holds: int = Field(description="active subject holds: a table holding a held person's rows past a "
+                                           "rule is skipped")
+    kept_longer: dict[str, str] = Field(default_factory=dict, description="derived tables that keep people's rows "
+                                        "longer than a source deletes them (through lineage) -> why")
