@@ -3,11 +3,14 @@
 import json
 import statistics
 
+import pytest
+
 from helpers import make_settings
 from lakehouse_dsr.bench import run_bench
 from lakehouse_dsr.lake.spark import attach
 
 
+@pytest.mark.slow  # a whole bench round on tiny data (~40 s): make test-slow
 def test_bench_writes_results_and_charts(spark, tmp_path):
     settings = make_settings(tmp_path)
     attach(spark, settings)

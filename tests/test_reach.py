@@ -498,6 +498,7 @@ def test_late_shared_rows_are_suppressed_as_the_data_map_erases_them(spark, reta
         suppress_for(returns, "retail.nope", settings)
 
 
+@pytest.mark.slow  # three more runs (~11 s): make test-slow
 def test_a_plain_file_that_brings_an_erased_person_back_is_rewritten_by_the_next_run(spark, retail):
     """Issue 28: a `files:` dataset is checked by the files its last check did not see. A run with no
     request open is due when a file appears (listed without a JVM), reads only the new file and
