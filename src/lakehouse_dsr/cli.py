@@ -759,9 +759,12 @@ def demo(
 ) -> None:
     """Generate the demo lakehouse, submit erase and access requests, run them, show the ledger."""
     from . import synth
+    from .datamap import demo_datamap
 
     spark = _spark()
     settings = _settings()
+    if settings.datamap == demo_datamap():  # the embedded map: the demo also enforces the events' 25 months
+        settings = _state["settings"] = settings.replace(datamap=demo_datamap(expire=True))
     with Bars() as bars:
         synth.generate(spark, settings, users, events, seed, None, bars)
     rng = random.Random(seed)

@@ -212,8 +212,7 @@ class Settings(_Strict):
 
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
-    # The embedded demo lake's map (the demo's 25 months of events enforced): what runs without a dsr.yaml.
-    datamap: DataMap = Field(default_factory=lambda: demo_datamap(expire=True))
+    datamap: DataMap = Field(default_factory=demo_datamap)
     purge: PurgeSettings = Field(default_factory=PurgeSettings)
     erase: EraseSettings = Field(default_factory=EraseSettings)
     export: ExportSettings = Field(default_factory=ExportSettings)

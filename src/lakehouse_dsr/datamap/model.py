@@ -623,8 +623,8 @@ DEMO_SHREDDED = {
 def demo_datamap(derived: bool = True, vault: bool | None = None, expire: bool = False) -> DataMap:
     """The demo lake's data map; `derived`: with its silver and gold layers, `vault` (default: as
     `derived`): with the pseudonymized copy of the events (synth.generate builds them); `expire`:
-    with the events' 25 months enforced (`dsr demo` shows it; tests enforce retention on lakes of
-    their own)."""
+    with the events' 25 months enforced (`dsr demo` shows it on the embedded lake; other runs of the
+    embedded map, the example configs and the tests leave the demo's data as generated)."""
     vault = derived if vault is None else vault
     expiry = [{"after": "25 months", "clock": "event_timestamp", "delete": True}] if expire else []
     layers = DEMO_DERIVED if not expire else {  # the daily silver keeps what it counts no longer than its source
