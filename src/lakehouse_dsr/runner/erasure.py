@@ -71,7 +71,7 @@ class ErasureBatch:
         work = self.work
         scopes, found = self._resurrected()
         if not self.request_ids and not work.purge_now and not found:
-            self._record_checkpoints(scopes, {})
+            self._record(self._checkpoints(scopes, {}))
             return ErasureResult(waiting=work.waiting)
         erased = self.erase_subjects(found)
         # What interrupted runs erased: re-erasing finds nothing, so their commits are the evidence.
@@ -87,7 +87,7 @@ class ErasureBatch:
         hashes = verify.stored_hashes(self.spark, self.ledger, proven + self._resurrected_ids(found))
         self._proven = refs.ErasedHashes(hashes, verify.keys_for(self.settings, hashes, self.ledger.keyring),
                                          self.ctx.key_types)
-        purges = self._purge(erased, prior, resumed) if purge_now else {}
+        purges = self._purge(erased, prior, resumed, scopes) if purge_now else {}
         erasures, purges = self._with_shred(erased, purges)
         prover = Prover(self.ctx, erasures, erased.shredded, self.request_ids, proven, purge_now, hashes,
                         self._purge_table,
@@ -100,8 +100,8 @@ class ErasureBatch:
             {} if purge_now or stop_reason else work.deadlines, stop_reason, work.legal_tables)
         waiting = {**({} if purge_now else work.waiting),
                    **{o.request_id: o.purge_by for o in outcomes if o.status == "erased" and o.purge_by}}
-        if not damaged:  # a table on hold keeps its checkpoint: its next run checks again
-            self._record_checkpoints(scopes, purges)
+        if not damaged and not purge_now:  # a purge records them (a table on hold keeps its own: checked again)
+            self._record(self._checkpoints(scopes, purges))
         return ErasureResult(outcomes, tables, damaged, purge_now, waiting, self._came_back)
 
     # -- resurrection --------------------------------------------------------------------------------
@@ -139,8 +139,12 @@ class ErasureBatch:
     def _resurrected_ids(found: resurrection.Found) -> list[str]:
         return sorted({rid for requests in found.by_request.values() for rid in requests})
 
-    def _record_checkpoints(self, scopes: list[resurrection.Scope], purges: dict[str, purge.TablePurge]) -> None:
-        """One journal commit for the tables whose checkpoint moved."""
+    def _record(self, steps: list[Step]) -> None:
+        if steps:
+            self.ledger.journal.record(steps)
+
+    def _checkpoints(self, scopes: list[resurrection.Scope], purges: dict[str, purge.TablePurge]) -> list[Step]:
+        """The journal steps of the tables whose resurrection checkpoint moved."""
         before, listed = resurrection.checkpoints(self.work.steps), resurrection.dataset_checkpoints(self.work.steps)
         files = self.settings.datamap.files
         datasets = [s for s in scopes if s.table in files]
@@ -151,8 +155,7 @@ class ErasureBatch:
                  # a dataset's files as they were when checked: what this run rewrote is read next time
                  *(Step(self.ctx.run_id, s.table, resurrection.CHECKED, None, {"files": list(s.listing)})
                    for s in datasets if frozenset(s.listing) != listed.get(s.table))]
-        if moved:
-            self.ledger.journal.record(moved)
+        return moved
 
     def _evidence(self, table: str, erasures: dict[str, erase.TableErasure], purges: dict[str, purge.TablePurge],
                   v: verify.TableVerification) -> dict:
@@ -362,16 +365,18 @@ class ErasureBatch:
 
     # -- purge -------------------------------------------------------------------------------------
 
-    def _purge(self, erased: Erased, prior: dict[str, dict], resumed: dict[str, Step]) -> dict[str, purge.TablePurge]:
+    def _purge(self, erased: Erased, prior: dict[str, dict], resumed: dict[str, Step],
+               scopes: list[resurrection.Scope]) -> dict[str, purge.TablePurge]:
         """Purge every table erased by this run, by an interrupted one, or by the earlier runs whose
-        requests wait for this purge; journaled (step `purged`)."""
+        requests wait for this purge; journaled (step `purged`) in one commit with the resurrection
+        checkpoints the purge settles (a purge the proof repeats later only rewrites what was checked)."""
         with self.ctx.timed("purge"):
             erased_earlier = {t for e in prior.values() for t, d in e.get("tables", {}).items() if d.get("snapshot_id")}
             to_purge = [t for t in self.settings.datamap.erase_order() if t in erased_earlier or t in resumed
                         or (t in erased.erasures and erased.erasures[t].snapshot_id is not None)]
             purges = self.ctx.each_table("purge", to_purge, self._purge_table)
-        self.ledger.journal.record([Step(self.ctx.run_id, t, "purged", None, {"bytes_rewritten": p.bytes_rewritten})
-                                    for t, p in purges.items() if not p.error])
+        self._record([*(Step(self.ctx.run_id, t, "purged", None, {"bytes_rewritten": p.bytes_rewritten})
+                        for t, p in purges.items() if not p.error), *self._checkpoints(scopes, purges)])
         faults.failpoint("after_purge")
         return purges
 
