@@ -27,7 +27,6 @@ from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..lake import iceberg, plainfiles, skipping
-from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..ledger.journal import Step
 from . import verify
 from .purge import TablePurge
@@ -150,11 +149,8 @@ def find(spark: SparkSession, settings: Settings, scopes: list[Scope], hashes: D
     union = parts[0]
     for part in parts[1:]:
         union = union.unionByName(part)
-    grouped = union.where(F.col("dsr_value").isNotNull()).groupBy("dsr_table", _FILE, "key_type", "dsr_value").count()
-    stored = hashes.select("request_id", "key_hash", F.col("key_type").alias("dsr_stored_type"),
-                           *(["key_id"] if "key_id" in hashes.columns else []))
-    matched = (join_on_key(with_keyring_hashes(spark, grouped, "dsr_value", hash_keys.keys), stored)
-               .where(F.col("key_type") == F.col("dsr_stored_type"))
+    grouped = union.groupBy("dsr_table", _FILE, "key_type", "dsr_value").count()
+    matched = (verify.matched(grouped, hashes, hash_keys.keys)
                .select("dsr_table", _FILE, "request_id", "key_type", "dsr_value", "count")
                .dropDuplicates(["dsr_table", _FILE, "request_id", "key_type", "dsr_value"])
                .localCheckpoint())  # read twice: the counts, then the erasure's keys

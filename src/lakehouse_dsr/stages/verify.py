@@ -74,12 +74,13 @@ def found_values(values: DataFrame, hashes: DataFrame, key: bytes | dict[str, by
     found by hash alone can be erased. The values stay in Spark (never collected, never in SQL
     text). Cost: one scan of `values`, hashing per distinct value and key."""
     distinct = values.select("dsr_group", "key_type", "dsr_value").distinct()
-    return (_matched(distinct, hashes, key)
+    return (matched(distinct, hashes, key)
             .select("request_id", "key_type", F.col("dsr_value").alias("key_value")).distinct())
 
 
-def _matched(grouped: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes]) -> DataFrame:
-    """Grouped values joined with the stored hashes (request_id) they are found among."""
+def matched(grouped: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes]) -> DataFrame:
+    """Grouped values (`key_values`' columns, any others carried) joined with the stored hashes
+    (request_id) of the same identifier they are found among: one HMAC per row and key in use."""
     keys = {key_id(key): key} if isinstance(key, bytes) else key
     hashed = with_keyring_hashes(grouped.sparkSession, grouped.where(F.col("dsr_value").isNotNull()), "dsr_value",
                                  keys)
@@ -92,7 +93,7 @@ def _found(grouped: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes],
     """Rows (`by` columns..., request_id, n) of grouped values found among the stored hashes."""
     # One shuffle: partitioned by request, both the de-duplication and the sum run in place.
     return (
-        _matched(grouped, hashes, key)
+        matched(grouped, hashes, key)
         .repartition("request_id").dropDuplicates([*by, "request_id", "dsr_group", "dsr_value"])
         .groupBy(*by, "request_id").agg(F.sum("count").alias("n"))
     )
