@@ -365,8 +365,9 @@ def expire(
 
 @app.command("retention")
 def retention_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
-    """Conformance of the retention rules: per table and rule the oldest row, the rows past it, when
-    more rows pass it and what clears them. Changes nothing."""
+    """Conformance of the retention rules: per table and rule the oldest row, the rows and bytes
+    (estimated) past it, the oldest retained snapshot still holding rows past it, when more rows
+    pass it and what clears them. Changes nothing."""
     from .runner.retention import status
 
     result = status(_spark(), _settings())
@@ -374,12 +375,16 @@ def retention_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-
         print(result.model_dump_json(indent=2))
         return
     table = Table(title=f"retention on {result.today}")
-    for column in ("table", "rule", "past before", "oldest row", "rows past", "next rows pass on", "cleared by"):
+    for column in ("table", "rule", "past before", "oldest row", "rows past", "bytes past (est.)",
+                   "oldest snapshot holding them", "next rows pass on", "cleared by"):
         table.add_column(column)
     for name, t in result.tables.items():
         for r in t.rules:
-            table.add_row(name, escape(r.rule), r.cutoff, r.oldest or "", str(r.rows_past), r.next_crossing or "",
-                          escape(r.cleared_by))
+            held = r.oldest_snapshot_holding
+            snapshot = "none" if held is None else f"{held.snapshot_id} ({held.committed_at[:19]}Z" + \
+                (f", {', '.join(held.refs)})" if held.refs else ")")
+            table.add_row(name, escape(r.rule), r.cutoff, r.oldest or "", str(r.rows_past),
+                          str(r.bytes_past_estimate), escape(snapshot), r.next_crossing or "", escape(r.cleared_by))
     console.print(table if result.tables else "no table has retention rules (expire: in the data map)")
     for name, why in result.kept_longer.items():
         console.print(f"[yellow]{name}[/] {escape(why)}")

@@ -5,6 +5,7 @@ from .model import (
     FileMapping,
     KeyGroup,
     LinkedIdentifier,
+    SubjectClock,
     TableMapping,
     column_path,
     column_ref,
@@ -12,5 +13,5 @@ from .model import (
     is_array,
 )
 
-__all__ = ["DataMap", "FileMapping", "KeyGroup", "LinkedIdentifier", "TableMapping", "column_path", "column_ref",
-           "demo_datamap", "is_array"]
+__all__ = ["DataMap", "FileMapping", "KeyGroup", "LinkedIdentifier", "SubjectClock", "TableMapping", "column_path",
+           "column_ref", "demo_datamap", "is_array"]

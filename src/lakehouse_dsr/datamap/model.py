@@ -121,15 +121,40 @@ def _months_before(day: date, months: int) -> date:
     return date(year, month + 1, min(day.day, (following - timedelta(days=1)).day))
 
 
+class SubjectClock(BaseModel):
+    """A clock of the subject rather than of the row (`clock: {table: crm.accounts, column:
+    account_closed_at}`): a date or timestamp column of another keyed table of the data map, joined
+    with the rule's table on the key both hold (the same identifier). A subject's clock is the
+    latest value among their rows there; a subject with a NULL there (or no row) has no clock, and
+    their rows are never past the rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    table: str
+    column: str
+
+    @model_validator(mode="after")
+    def _names(self) -> SubjectClock:
+        try:
+            check_table_name(self.table)
+            _check_column(self.column, array_allowed=False)
+        except ValueError as exc:
+            raise ValueError(f"clock: {exc}") from None
+        return self
+
+    def __str__(self) -> str:
+        return f"{self.table}.{self.column}"
+
+
 class ExpiryRule(BaseModel):
     """One enforced retention rule of a table (`expire:`): a row whose `clock` (a date or timestamp
-    column of the row) is older than `after` (N days | weeks | months | years) before the run's date
+    column of the row, or `{table, column}`: one of its subject in another keyed table, see
+    SubjectClock) is older than `after` (N days | weeks | months | years) before the run's date
     is deleted (`delete: true`) or has its `redact` columns set to NULL (the rest of the row kept).
     The free-text `retention:` stays what the person is told; these rules are what runs enforce."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     after: str
-    clock: str
+    clock: str | SubjectClock
     delete: bool = False
     redact: list[str] = Field(default_factory=list)
 
@@ -139,7 +164,8 @@ class ExpiryRule(BaseModel):
             shown = repr(self.after) if len(self.after) <= 40 else "(too long)"
             raise ValueError(f"after: {shown} is not a period (write e.g. '30 days', '12 weeks', '25 months', "
                              "'7 years')")
-        _check_column(self.clock, array_allowed=False)
+        if isinstance(self.clock, str):
+            _check_column(self.clock, array_allowed=False)
         if self.delete == bool(self.redact):
             raise ValueError("give either 'delete: true' (the row goes) or 'redact: [columns]' (set to NULL), "
                              "not " + ("both" if self.delete else "neither"))
@@ -149,6 +175,15 @@ class ExpiryRule(BaseModel):
             raise ValueError(f"redact: the clock column {self.clock!r} cannot be redacted (the rule would lose "
                              "its clock)")
         return self
+
+    @property
+    def row_clock(self) -> str | None:
+        """The clock column of the row (None: a clock of the subject)."""
+        return self.clock if isinstance(self.clock, str) else None
+
+    @property
+    def subject_clock(self) -> SubjectClock | None:
+        return self.clock if isinstance(self.clock, SubjectClock) else None
 
     @property
     def period(self) -> tuple[int, str]:
@@ -187,8 +222,10 @@ class ExpiryRule(BaseModel):
         return "delete" if self.delete else "redact " + ", ".join(self.redact)
 
     def describe(self) -> str:
-        """The rule in words: `delete after 25 months by event_timestamp`."""
-        return f"{self.action} after {self.after.strip()} by {self.clock}"
+        """The rule in words: `delete after 25 months by event_timestamp`, or with a clock of the
+        subject `delete after 30 days by the subject's crm.accounts.account_closed_at`."""
+        clock = self.clock if isinstance(self.clock, str) else f"the subject's {self.clock}"
+        return f"{self.action} after {self.after.strip()} by {clock}"
 
 
 class LinkedIdentifier(BaseModel):
@@ -468,11 +505,13 @@ class DataMap(BaseModel):
                 raise ValueError(f"{name}: 'expire' rules apply to catalog tables holding rows of people (tables: "
                                  "or keyed derived:), not to files: datasets or aggregates")
         for name, rules in self.expiring.items():
-            clocks = {rule.clock for rule in rules}
+            clocks = {rule.row_clock for rule in rules if rule.row_clock is not None}
             for i, rule in enumerate(rules):
                 if clocks & set(rule.redact):
                     raise ValueError(f"table {name}, expire rule {i + 1}: redacts {sorted(clocks & set(rule.redact))}, "
                                      "the clock of a rule of the table")
+                if rule.subject_clock is not None:
+                    self.subject_clock_keys(name, rule.subject_clock, f"table {name}, expire rule {i + 1}")
         for name, share in self.shares.items():
             if not _TABLE.match(name):
                 raise ValueError(f"shares: {name!r} must be written namespace.table (letters, digits, _)")
@@ -535,6 +574,35 @@ class DataMap(BaseModel):
     def expiring(self) -> dict[str, list[ExpiryRule]]:
         """{table: its enforced retention rules (`expire:`)}, tables and keyed derived tables that have some."""
         return {n: list(m.expire) for n, m in [*self.tables.items(), *self.keyed_derived.items()] if m.expire}
+
+    def subject_clock_keys(self, table: str, clock: SubjectClock, where: str = "") -> tuple[str, str]:
+        """(the key column of `table`, the key column of the clock's table) a clock of the subject
+        joins on: each table's one plain key column holding the identifier they share. ValueError
+        naming the field when the clock's table is not a keyed table of the data map, is `table`
+        itself, or is not keyed by the same identifier as `table` (pure: no catalog is read)."""
+        where = f"{where}: " if where else ""
+        if clock.table == table:
+            raise ValueError(f"{where}clock.table {clock.table} is the rule's own table: write 'clock: "
+                             f"{clock.column}' for a clock of the row")
+        own = self.keyed.get(table)
+        other = self.keyed.get(clock.table)
+        if other is None:
+            raise ValueError(f"{where}clock.table {clock.table} is not a keyed table of the data map (under tables: "
+                             f"or keyed derived:, not action: shred), so its rows cannot be joined to a subject")
+        plain = [g for g in other.groups if not g.is_array]
+        if len(other.groups) != 1 or not plain:
+            raise ValueError(f"{where}clock.table {clock.table} must have one plain key column (it has "
+                             f"{', '.join(g.column for g in other.groups)}), so each of its rows names one subject")
+        identifier = plain[0].identifier
+        if own is None:
+            raise ValueError(f"{where}clock: {table} holds vault pseudonyms (action: shred), which cannot be joined "
+                             f"to {clock.table}")
+        matching = [g for g in own.groups if g.identifier == identifier and not g.is_array]
+        if len(matching) != 1:
+            keys = ", ".join(f"{g.column} ({g.identifier})" for g in own.groups)
+            raise ValueError(f"{where}clock.table {clock.table} is keyed by {identifier!r} ({plain[0].column}); "
+                             f"{table} is not keyed by the same subject in one plain key column (its keys: {keys})")
+        return matching[0].column, plain[0].column
 
     def kept_longer_than_sources(self) -> dict[str, str]:
         """Keyed derived tables that keep people's rows longer than a source deletes them -> why: the

@@ -146,13 +146,21 @@ def _expiry_problems(datamap: DataMap, schemas: dict[str, StructType]) -> list[s
             continue  # unreadable: reported with the others
         for i, rule in enumerate(rules, 1):
             where = f"table {table}, expire rule {i} ({rule.describe()})"
+            # a clock of the subject is a column of another keyed table (its schema is read: it is mapped)
+            of = rule.subject_clock
+            if of is None:
+                column, named, missing, schema = str(rule.clock), f"clock column {rule.clock!r}", "clock", \
+                    schemas.get(table)
+            else:
+                column, named, missing, schema = of.column, f"clock.column {of.column!r} of {of.table}", \
+                    f"clock.column: {of.table}", schemas.get(of.table)
             try:
-                clock = field_at(schemas[table], rule.clock).dataType
-                if not isinstance(clock, CLOCK_TYPES):
-                    problems.append(f"{where}: clock column {rule.clock!r} has type {clock.simpleString()}, "
-                                    "not a date or timestamp")
+                if schema is not None:
+                    clock = field_at(schema, column).dataType
+                    if not isinstance(clock, CLOCK_TYPES):
+                        problems.append(f"{where}: {named} has type {clock.simpleString()}, not a date or timestamp")
             except ValueError as exc:
-                problems.append(f"{where}: clock {exc}")
+                problems.append(f"{where}: {missing} {exc}")
             for column in rule.redact:
                 try:
                     if not field_at(schemas[table], column).nullable:

@@ -475,6 +475,11 @@ def _live_files(spark: SparkSession, jtable, snapshot) -> list[str]:
     return call(spark, "liveFiles", jtable, snapshot)
 
 
+def snapshot_files(spark: SparkSession, jtable, snapshot_id: int) -> list[str]:
+    """Every data and delete file one retained snapshot references, read in the driver."""
+    return _live_files(spark, jtable, jtable.snapshot(snapshot_id))
+
+
 def _listing(spark: SparkSession, location: str) -> list[tuple[str, int]]:
     """(path, modified ms) of every file below a location: one recursive listing of storage."""
     path = jclass(spark, "org.apache.hadoop.fs.Path")(location)

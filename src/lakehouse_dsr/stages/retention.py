@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -39,27 +39,53 @@ from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
 from ..ledger.ledger import Ledger
 from . import purge, resurrection, verify
-from .retention_models import RetentionPass, RetentionStatus, RuleExpiry, RuleStatus, TableExpiry, TableStatus
+from .retention_models import (
+    RetentionPass,
+    RetentionStatus,
+    RuleExpiry,
+    RuleStatus,
+    SnapshotHolding,
+    TableExpiry,
+    TableStatus,
+)
 
 
 @dataclass(frozen=True)
 class _Rule:
-    """A rule with its SQL predicate for one table and day."""
+    """A rule with its SQL predicates for one table and day."""
 
     rule: ExpiryRule
     cutoff: date
-    past: str  # rows past the rule (redact: and not redacted yet)
+    past: str  # rows past the rule (redact: and not redacted yet), over the table or files with its columns
+    clock: str  # the row's clock over `framed` rows
+    framed_past: str  # `past` over `framed` rows (no subquery: usable in aggregates)
+    subjects: str | None = None  # clock of the subject: SELECT dsr_subject, dsr_clock (one row per subject)
+    key: str | None = None  # ... and the table's key column it joins on
 
     @classmethod
-    def of(cls, rule: ExpiryRule, clock_type: DataType, today: date) -> _Rule:
+    def of(cls, rule: ExpiryRule, clock_type: DataType, today: date, index: int = 0,
+           subject_keys: tuple[str, str] | None = None, clock_table: str | None = None) -> _Rule:
+        """`subject_keys` (the table's key column, the clock table's) and `clock_table` (qualified):
+        for a clock of the subject."""
         cutoff = rule.cutoff(today)
         literal = (f"DATE '{cutoff.isoformat()}'" if isinstance(clock_type, DateType)
                    else f"TIMESTAMP_NTZ '{cutoff.isoformat()} 00:00:00'" if isinstance(clock_type, TimestampNTZType)
                    else f"TIMESTAMP '{cutoff.isoformat()} 00:00:00Z'")  # an instant: independent of the session zone
-        past = f"{column_ref(rule.clock)} < {literal}"
-        if rule.redact:
-            past += " AND (" + " OR ".join(f"{column_ref(c)} IS NOT NULL" for c in rule.redact) + ")"
-        return cls(rule, cutoff, past)
+        redacted = (" AND (" + " OR ".join(f"{column_ref(c)} IS NOT NULL" for c in rule.redact) + ")"
+                    if rule.redact else "")
+        of = rule.subject_clock
+        if of is None:
+            clock = column_ref(cast(str, rule.clock))
+            return cls(rule, cutoff, f"{clock} < {literal}{redacted}", clock, f"{clock} < {literal}{redacted}")
+        assert subject_keys is not None and clock_table is not None
+        key, their_key = (column_ref(k) for k in subject_keys)
+        column = column_ref(of.column)
+        # a subject's clock: their latest value, none when one of their rows has none (never past)
+        subjects = (f"SELECT {their_key} AS dsr_subject, CASE WHEN count({column}) = count(*) THEN max({column}) END "
+                    f"AS dsr_clock FROM {clock_table} WHERE {their_key} IS NOT NULL GROUP BY {their_key}")
+        clock = f"`dsr_clock{index}`"
+        past = f"{key} IN (SELECT dsr_subject FROM ({subjects}) WHERE dsr_clock < {literal}){redacted}"
+        return cls(rule, cutoff, past, clock, f"{clock} < {literal}{redacted}", subjects, subject_keys[0])
 
     @property
     def statement(self) -> str:
@@ -68,6 +94,25 @@ class _Rule:
             return f"DELETE FROM {{t}} WHERE {self.past}"
         return "UPDATE {t} SET " + ", ".join(f"{column_ref(c)} = NULL" for c in self.rule.redact) + \
             f" WHERE {self.past}"
+
+    @property
+    def columns(self) -> list[str]:
+        """The table's columns the rule reads: its clock (or the key a clock of the subject joins on)
+        and its redacted columns."""
+        return [self.key or cast(str, self.rule.clock), *self.rule.redact]
+
+
+def framed(spark: SparkSession, rows: DataFrame, rules: list[_Rule]) -> DataFrame:
+    """`rows` (the table's, or read from its files) with each clock of the subject joined on as
+    `dsr_clock<i>` (a left join with one row per subject: no row added or lost), so every rule's
+    `framed_past` and `clock` are plain expressions. The join runs in Spark: no key value reaches
+    the driver or the SQL text."""
+    for i, r in enumerate(rules):
+        if r.subjects is not None and r.key is not None:
+            subjects = spark.sql(r.subjects).select(F.col("dsr_subject").alias(f"dsr_subject{i}"),
+                                                    F.col("dsr_clock").alias(f"dsr_clock{i}"))
+            rows = rows.join(subjects, F.col(column_ref(r.key)) == F.col(f"dsr_subject{i}"), "left")
+    return rows
 
 
 def selected(settings: Settings, tables: list[str] | None) -> dict[str, list[ExpiryRule]]:
@@ -83,9 +128,18 @@ def selected(settings: Settings, tables: list[str] | None) -> dict[str, list[Exp
 def _rules(spark: SparkSession, settings: Settings, table: str, rules: list[ExpiryRule], today: date
            ) -> list[_Rule]:
     """The table's rules with their predicates, deletes first (the data-map check has typed the clocks)."""
+    ordered = sorted(rules, key=lambda r: not r.delete)  # indexes of `framed` columns follow this order
     schema = spark.table(settings.table(table)).schema
-    built = [_Rule.of(r, field_at(schema, r.clock).dataType, today) for r in rules]
-    return sorted(built, key=lambda r: not r.rule.delete)
+    built = []
+    for i, r in enumerate(ordered):
+        of = r.subject_clock
+        if of is None:
+            built.append(_Rule.of(r, field_at(schema, cast(str, r.clock)).dataType, today))
+        else:
+            clock_type = field_at(spark.table(settings.table(of.table)).schema, of.column).dataType
+            built.append(_Rule.of(r, clock_type, today, i, settings.datamap.subject_clock_keys(table, of),
+                                  settings.table(of.table)))
+    return built
 
 
 def enforce(spark: SparkSession, settings: Settings, ledger: Ledger, holds: ActiveHolds, today: date, run_id: str,
@@ -180,7 +234,7 @@ def _physical(spark: SparkSession, settings: Settings, table: str, rules: list[_
     if iceberg.history_is_live(spark, settings, table):
         return live, live, True
     schema = spark.table(settings.table(table)).schema
-    columns = schema_of({c: field_at(schema, c).dataType for r in rules for c in [r.rule.clock, *r.rule.redact]})
+    columns = schema_of({c: field_at(schema, c).dataType for r in rules for c in r.columns})
     past = F.expr(" OR ".join(f"({r.past})" for r in rules))
 
     def count(rows: DataFrame) -> int:
@@ -207,35 +261,106 @@ def _keep_checkpoint(spark: SparkSession, settings: Settings, ledger: Ledger, ta
 
 def status(spark: SparkSession, settings: Settings, holds: ActiveHolds, today: date,
            tables: list[str] | None = None) -> RetentionStatus:
-    """Per table and rule: the oldest row, the rows past it, when more rows pass it and what clears
-    them. Cost: one aggregate scan of the clock and redacted columns per table; snapshots from metadata."""
+    """Per table and rule: the oldest row, the rows and bytes past it, the oldest retained snapshot
+    still holding rows past it, when more rows pass it and what clears them. Cost per table: one
+    aggregate scan of the clock (or subject key) and redacted columns of live data, grouped by data
+    file and joined with the `data_files` metadata table; unless the table's history is its live
+    files alone (as a purge leaves it), one scan of those columns in every file retained snapshots
+    reference, read raw (deleted rows included), and the manifests of retained snapshots, oldest
+    first, until each rule's oldest is found."""
     out = {}
     for table, rules in selected(settings, tables).items():
         built = _rules(spark, settings, table, rules, today)
-        aggregates = []
-        for i, r in enumerate(built):
-            clock = F.col(column_ref(r.rule.clock))
-            # rendered by Spark in the session's zone (UTC), days included: no zone conversion in Python
-            aggregates += [F.min(clock).cast("string").alias(f"oldest{i}"),
-                           F.count_if(F.expr(r.past)).alias(f"past{i}"),
-                           F.min(F.to_date(F.when(~F.expr(r.past) | F.expr(r.past).isNull(), clock))).alias(f"next{i}")]
-        row = spark.table(settings.table(table)).agg(*aggregates).first()
-        assert row is not None  # an aggregate without grouping: one row
+        live = _live_status(spark, settings, table, built)
+        holding = _oldest_holding(spark, settings, table, built, [past for _, past, _, _ in live])
         hold = holds.table(table)
         snapshots = iceberg.history(spark, settings, table)
         oldest_ms = min((s.committed_ms for s in snapshots), default=None)
         statuses = []
-        for i, r in enumerate(built):
-            nxt = row[f"next{i}"]
-            past = int(row[f"past{i}"])
+        for r, (oldest, past, nxt, size), held in zip(built, live, holding, strict=True):
             statuses.append(RuleStatus(
-                rule=r.rule.describe(), cutoff=r.cutoff.isoformat(), oldest=row[f"oldest{i}"], rows_past=past,
+                rule=r.rule.describe(), cutoff=r.cutoff.isoformat(), oldest=oldest, rows_past=past,
+                bytes_past_estimate=size, oldest_snapshot_holding=held,
                 next_crossing=r.rule.crossing(nxt).isoformat() if nxt is not None else None,
                 cleared_by=(hold.why if hold else "the next dsr run (or dsr expire)") if past else "nothing past"))
         out[table] = TableStatus(
             rules=statuses, held=hold.why if hold else None, snapshots=len(snapshots),
-            oldest_snapshot_at=datetime.fromtimestamp(oldest_ms / 1000, UTC).isoformat()
-            if oldest_ms is not None else None)
+            oldest_snapshot_at=_at(oldest_ms) if oldest_ms is not None else None)
     return RetentionStatus(today=today.isoformat(), tables=out,
                            subject_holds=sum(1 for h in holds.holds if h.kind == "subject"),
                            kept_longer=settings.datamap.kept_longer_than_sources())
+
+
+def _at(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def _live_status(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule]
+                 ) -> list[tuple[str | None, int, date | None, int]]:
+    """Per rule (oldest clock as text, rows past, first clock day not past, bytes past): one scan of
+    live data grouped by data file, joined with the data files' sizes and row counts (metadata).
+    Bytes past: each data file's size times its share of rows past (rows past / rows in the file,
+    deleted rows included): exact for a file wholly past, an estimate for one straddling the rule."""
+    name = settings.table(table)
+    rows = framed(spark, spark.table(name).select(F.col("_file").alias("dsr_file"), "*"), rules)
+    per_file = []
+    for i, r in enumerate(rules):
+        clock, past = F.expr(r.clock), F.expr(r.framed_past)
+        per_file += [F.min(clock).alias(f"oldest{i}"), F.count_if(past).alias(f"past{i}"),
+                     F.min(F.to_date(F.when(~past | past.isNull(), clock))).alias(f"next{i}")]
+    files = spark.sql(f"SELECT file_path AS dsr_path, record_count AS dsr_rows, file_size_in_bytes AS dsr_bytes "
+                      f"FROM {name}.data_files")
+    grouped = rows.groupBy("dsr_file").agg(*per_file).join(files, F.col("dsr_file") == F.col("dsr_path"), "left")
+    totals = []
+    for i in range(len(rules)):
+        share = F.when(F.col("dsr_rows") > 0, F.col("dsr_bytes") * F.col(f"past{i}") / F.col("dsr_rows"))
+        # rendered by Spark in the session's zone (UTC), days included: no zone conversion in Python
+        totals += [F.min(f"oldest{i}").cast("string").alias(f"oldest{i}"),
+                   F.coalesce(F.sum(f"past{i}"), F.lit(0)).alias(f"past{i}"), F.min(f"next{i}").alias(f"next{i}"),
+                   F.coalesce(F.round(F.sum(share)), F.lit(0)).cast("long").alias(f"bytes{i}")]
+    row = grouped.agg(*totals).first()
+    assert row is not None  # an aggregate without grouping: one row
+    return [(row[f"oldest{i}"], int(row[f"past{i}"]), row[f"next{i}"], int(row[f"bytes{i}"]))
+            for i in range(len(rules))]
+
+
+def _oldest_holding(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule], live_past: list[int]
+                    ) -> list[SnapshotHolding | None]:
+    """Per rule, the oldest retained snapshot referencing a data file that holds a row past the rule
+    (read raw: a row deleted only by a delete file is still held), with the refs pointing at it;
+    None: no retained snapshot holds one. When history is the live files alone and no delete file
+    (as a purge leaves it), the live count answers: the current snapshot holds them, or none does."""
+    current = iceberg.current_snapshot(spark, settings, table)
+    refs = [*iceberg.refs(spark, settings, table),
+            *([iceberg.Ref("main", "BRANCH", current.snapshot_id)] if current is not None else [])]
+    jtable = iceberg.java_table(spark, settings, table)
+    snapshots = sorted(iceberg.history(spark, settings, table), key=lambda s: (s.committed_ms, s.snapshot_id))
+
+    def holding(snapshot: iceberg.Snapshot) -> SnapshotHolding:
+        return SnapshotHolding(snapshot_id=snapshot.snapshot_id, committed_at=_at(snapshot.committed_ms),
+                               refs=sorted(r.name for r in refs if r.snapshot_id == snapshot.snapshot_id))
+
+    if not snapshots:
+        return [None for _ in rules]
+    if iceberg.history_is_live(spark, settings, table):
+        return [holding(current) if past and current is not None else None for past in live_past]
+    paths, _ = iceberg.retained_files(spark, settings, table)
+    paths = [p for p in paths if p.endswith(".parquet")]  # data and position-delete files (the latter: no column)
+    if not paths:
+        return [None for _ in rules]
+    schema = spark.table(settings.table(table)).schema
+    columns = schema_of({c: field_at(schema, c).dataType for r in rules for c in r.columns})
+    raw = iceberg.read_columns_from_files(spark, paths, columns).select(
+        F.input_file_name().alias("dsr_file"), *[F.col(f"`{c}`") for c in columns.fieldNames()])
+    counts = [F.count_if(F.expr(r.framed_past)).alias(f"past{i}") for i, r in enumerate(rules)]
+    found = framed(spark, raw, rules).groupBy("dsr_file").agg(*counts) \
+        .where(" OR ".join(f"past{i} > 0" for i in range(len(rules)))).collect()  # file paths and counts only
+    held = [{iceberg.same_file(f.dsr_file) for f in found if f[f"past{i}"]} for i in range(len(rules))]
+    oldest: list[SnapshotHolding | None] = [None for _ in rules]
+    for snapshot in snapshots:
+        if all(o is not None or not h for o, h in zip(oldest, held, strict=True)):
+            break
+        files = {iceberg.same_file(p) for p in iceberg.snapshot_files(spark, jtable, snapshot.snapshot_id)}
+        oldest = [o if o is not None or not (h & files) else holding(snapshot)
+                  for o, h in zip(oldest, held, strict=True)]
+    return oldest

@@ -57,11 +57,28 @@ class RetentionPass(_Model):
     passed: bool
 
 
+class SnapshotHolding(_Model):
+    """A retained snapshot referencing a data file that holds a row past a rule."""
+
+    snapshot_id: int
+    committed_at: str = Field(description="when it was committed (ISO-8601, UTC)")
+    refs: list[str] = Field(default_factory=list, description="branches and tags pointing at it (main: the "
+                                                              "current snapshot)")
+
+
 class RuleStatus(_Model):
     rule: str
     cutoff: str = Field(description="rows whose clock is before this day are past the rule today")
-    oldest: str | None = Field(description="the oldest clock value in live data (ISO-8601; null: no row)")
+    oldest: str | None = Field(description="the oldest clock value in live data (ISO-8601; null: no row; a clock "
+                                           "of the subject: the oldest subject clock of a live row)")
     rows_past: int = Field(description="live rows past the rule today (redact: not redacted yet)")
+    bytes_past_estimate: int = Field(0, description="bytes of live data files holding the rows past, each file "
+                                     "counted for its share of rows past (file size x rows past / rows in the "
+                                     "file): exact for files wholly past (whole partitions of a table partitioned "
+                                     "by the clock), an estimate for files straddling the cutoff")
+    oldest_snapshot_holding: SnapshotHolding | None = Field(
+        None, description="the oldest retained snapshot referencing a data file that holds a row past the rule, "
+        "deleted or not (read from the files; null: none does, as after a run's purge)")
     next_crossing: str | None = Field(description="the first day more rows pass the rule (null: none left)")
     cleared_by: str = Field(description="what clears the rows past: the next dsr run, a hold, or nothing to clear")
 
