@@ -13,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
 
-from helpers import SEED, add_subjects, datamap_dict
+from helpers import SEED, add_subjects, datamap_dict, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import demo_datamap
+from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
@@ -159,3 +160,78 @@ def test_refs_across_a_history_of_renames_partition_changes_and_old_deletes(spar
                 table = pq.read_table(Path(entry["data_file"]["file_path"].removeprefix("file:")))
                 assert all(ERASED not in table.column(c).to_pylist() for c in table.column_names
                            if table.schema.field(c).type == "string"), entry["data_file"]["file_path"]
+
+
+ERASED_NO = 1_000_042  # an INT key value in the old files, a BIGINT one in the new
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["drop", "rewrite"])
+def test_refs_across_a_key_renamed_and_promoted_from_int_to_bigint(spark, tmp_path, policy):
+    """Issue 28's history case with a numeric key: written as INT `user_no` (old position deletes,
+    then partition evolution by bucket of the key and a tag pinning nobody erased), then renamed `uid`
+    and promoted to BIGINT (Iceberg reads the old INT files as BIGINT, by field id), more rows with
+    keys past the INT range, a tag pinning the erased person and a WAP branch with their and others'
+    staged rows. After one run no data file of any retained snapshot holds them, read raw with
+    pyarrow (old files: INT `user_no`, new: BIGINT `uid`); the clean tag and others' staged rows stay."""
+    settings = make_settings(tmp_path, purge={"pinned_refs": policy},
+                             datamap={"subject": "user_id", "tables": {"hist.points": {"key": "uid"}}})
+    attach(spark, settings)
+    name = settings.table("hist.points")
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.hist")
+    spark.sql(f"CREATE TABLE {name} (user_no int, points int, note string) USING iceberg TBLPROPERTIES "
+              "('format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read', "
+              "'write.merge.mode'='merge-on-read')")
+    spark.sql(f"INSERT INTO {name} SELECT CAST(id % 20 AS INT), CAST(id AS INT), 'old' FROM range(60)")
+    spark.sql(f"DELETE FROM {name} WHERE points % 7 = 0")  # old position deletes
+    spark.sql(f"ALTER TABLE {name} ADD PARTITION FIELD bucket(4, user_no)")
+    spark.sql(f"ALTER TABLE {name} CREATE TAG release_2024")
+    spark.sql(f"INSERT INTO {name} VALUES ({ERASED_NO}, 1, 'int'), ({ERASED_NO}, 2, 'int'), (3, 3, 'int')")
+    spark.sql(f"ALTER TABLE {name} RENAME COLUMN user_no TO uid")
+    spark.sql(f"ALTER TABLE {name} ALTER COLUMN uid TYPE BIGINT")
+    spark.sql(f"INSERT INTO {name} VALUES ({ERASED_NO}, 4, 'bigint'), (5000000001, 5, 'bigint'), "
+              "(5000000002, 6, 'bigint')")
+    spark.sql(f"ALTER TABLE {name} CREATE TAG audit_q3")
+    spark.sql(f"ALTER TABLE {name} CREATE BRANCH staging")
+    spark.sql(f"INSERT INTO {name}.branch_staging VALUES ({ERASED_NO}, 7, 'staged'), (5000000003, 8, 'staged'), "
+              "(4, 9, 'staged')")
+    static = _points(settings)
+    before = _refs(static)
+    assert ERASED_NO not in _column(static, before["release_2024"], "uid")
+    assert _column(static, before["audit_q3"], "uid").count(ERASED_NO) == 3
+    Ledger(settings).submit([RequestInput(str(ERASED_NO), "erase")])
+
+    report = run(spark, settings)
+    assert [r.status for r in report.requests] == ["completed"], report.requests[0].reason
+    static = _points(settings)
+    after = _refs(static)
+    assert after["release_2024"] == before["release_2024"]  # pinned nobody erased: untouched
+    assert ("audit_q3" in after) == (policy == "rewrite")
+    if policy == "rewrite":
+        assert _column(static, after["audit_q3"], "uid").count(ERASED_NO) == 0
+    staged = static.scan(snapshot_id=after["staging"]).to_arrow().to_pylist()
+    assert sorted(r["uid"] for r in staged if r["note"] == "staged") == [4, 5000000003]  # others' staged rows
+    assert sorted(r["uid"] for r in static.scan().to_arrow().to_pylist() if r["note"] == "bigint") == \
+        [5000000001, 5000000002]
+    kinds = set()
+    for snapshot in static.metadata.snapshots:  # every data file of every retained snapshot, raw
+        for entry in static.inspect.entries(snapshot_id=snapshot.snapshot_id).to_pylist():
+            if entry["data_file"]["content"] == 0 and entry["status"] != 2:
+                table = pq.read_table(Path(entry["data_file"]["file_path"].removeprefix("file:")))
+                keys = [c for c in table.column_names if c in ("user_no", "uid")]
+                assert keys and all(ERASED_NO not in table.column(c).to_pylist() for c in keys), \
+                    entry["data_file"]["file_path"]
+                kinds |= {(c, str(table.schema.field(c).type)) for c in keys}
+    assert kinds == {("user_no", "int32"), ("uid", "int64")}  # old INT files and new BIGINT ones were read
+
+
+def _points(settings) -> StaticTable:
+    meta = settings.catalog.local_warehouse() / "hist" / "points" / "metadata"
+    version = (meta / "version-hint.text").read_text().strip()
+    return StaticTable.from_metadata(str(meta / f"v{version}.metadata.json"))
+
+
+def _column(static: StaticTable, snapshot_id: int, column: str) -> list:
+    """The key column at a snapshot, read with that snapshot's schema (`user_no` before the rename)."""
+    rows = static.scan(snapshot_id=snapshot_id).to_arrow()
+    return rows.column(column if column in rows.column_names else "user_no").to_pylist()
