@@ -1,7 +1,10 @@
 """Retention as code: the data map's `expire:` rules enforced with the purge and proof of erasure.
 
 A rule is past for a row when the row's clock (a date or timestamp column) is before the rule's
-cutoff, the run's date less the rule's period, at 00:00 UTC (`ExpiryRule.cutoff`). Per table: one
+cutoff, the run's date less the rule's period, at 00:00 UTC (`ExpiryRule.cutoff`). A clock of the
+subject (`clock: {table, column}`) is the latest value of that column among the subject's rows in
+another keyed table, joined on the key both hold: an IN subquery in the statements, a left join
+(`framed`) in the report's aggregates; NULL (or no row) there: never past. Per table: one
 commit per rule with something past (`DELETE ... WHERE clock < cutoff`, or `UPDATE ... SET c = NULL`
 for the rows past whose listed columns are not all NULL yet), deletes first so no row is redacted
 and then deleted; then the purge of erasure (stages/purge.py: files with deletes rewritten,
