@@ -121,14 +121,17 @@ public class Bridge {
     return toJson(out);
   }
 
-  /** Per scan task: [data file location, its size in bytes]. */
+  /** Per scan task: [data file location, its size in bytes, its records, its delete files]. */
   public String taskFiles(List tasks) throws Exception {
     List out = new ArrayList();
     for (int i = 0; i < tasks.size(); i++) {
-      DataFile f = (DataFile) ((FileScanTask) tasks.get(i)).file();
+      FileScanTask task = (FileScanTask) tasks.get(i);
+      DataFile f = (DataFile) task.file();
       List entry = new ArrayList();
       entry.add(f.location());
       entry.add(Long.valueOf(f.fileSizeInBytes()));
+      entry.add(Long.valueOf(f.recordCount()));
+      entry.add(Integer.valueOf(task.deletes().size()));
       out.add(entry);
     }
     return toJson(out);

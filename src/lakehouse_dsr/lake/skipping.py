@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -112,6 +112,13 @@ class Candidates:
     _paths: list[str] = field(default_factory=list, repr=False)  # each task's data file, in order
     _sizes: list[int] = field(default_factory=list, repr=False)
     jtable: object = field(default=None, repr=False)  # the Java Table the files were planned from
+    # Each file's rows as a reader sees them, from its manifest entry; None for a file with delete files.
+    _rows: list[int | None] = field(default_factory=list, repr=False)
+
+    @property
+    def rows(self) -> int | None:
+        """The candidate files' rows from metadata alone; None when a file has deletes (a read counts them)."""
+        return None if None in self._rows or len(self._rows) != self.files else sum(cast(list[int], self._rows))
 
     @property
     def empty(self) -> bool:
@@ -127,7 +134,8 @@ class Candidates:
         chosen = bridge(spark).pick(self._tasks, json.dumps(kept)) if self._tasks is not None else None
         return Candidates(self.table, self.snapshot_id, len(kept), sum(self._sizes[i] for i in kept),
                           self.total_files, self.total_bytes, self.pruned, self.predicate, chosen,
-                          [self._paths[i] for i in kept], [self._sizes[i] for i in kept], self.jtable)
+                          [self._paths[i] for i in kept], [self._sizes[i] for i in kept], self.jtable,
+                          [self._rows[i] for i in kept] if self._rows else [])
 
     def sequence_numbers(self, spark: SparkSession) -> list[int | None]:
         """Each candidate file's data sequence number (Iceberg gives a commit's new files the commit's
@@ -163,9 +171,10 @@ def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int |
     tasks = jclass(spark, "org.apache.iceberg.relocated.com.google.common.collect.Lists").newArrayList(
         scan.planFiles())
     files = call(spark, "taskFiles", tasks)
-    paths, sizes = [path for path, _ in files], [size for _, size in files]
+    paths, sizes = [path for path, *_ in files], [size for _, size, *_ in files]
+    rows = [None if deletes else records for _, _, records, deletes in files]
     return Candidates(table, snapshot_id, len(paths), sum(sizes), int(summary.get("total-data-files", 0)),
-                      int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable)
+                      int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable, rows)
 
 
 def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: set[str] | frozenset[str] | None = None,

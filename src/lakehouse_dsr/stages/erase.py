@@ -56,7 +56,9 @@ class TablePlan:
         for g in groups:
             for request_id in g.request_ids or []:
                 matches[request_id] = matches.get(request_id, 0) + g["count"]
-        scanned = sum(g["count"] for g in groups)
+        # A scan of files without deletes groups the rows it matched only: their manifests count the rest.
+        known = candidates.rows if candidates is not None else None
+        scanned = known if known is not None else sum(g["count"] for g in groups)
         return cls(table=table, key=", ".join(mapping.key_columns),
                    identifier=", ".join(dict.fromkeys(g.identifier for g in mapping.groups)), action=mapping.action,
                    strategy=strategy, write_mode=write_mode,
@@ -200,12 +202,16 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
         rows = skipping.read(spark, settings, candidates)
         if rows is None:
             return candidates, None
-        # One group per file and combination of requests naming a row, and one for all other rows (no
-        # file: hashing a file name per row nobody asked about cost more than reading the key).
+        # One group per file and combination of requests naming a row. The other rows are counted from
+        # the files' manifest entries when no file has deletes (grouping 10M rows nobody asked about
+        # cost 1.5 s more than reading their key); else in one group of their own, without a file name.
         marked = matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys[table])  # at the scan
+        hit = matching.any_hit(keys[table])
+        if candidates.rows is not None:
+            marked = marked.where(hit)
         return candidates, marked.select(F.lit(table).alias("dsr_table"),
                                          matching.request_ids(keys[table]).alias("request_ids"),
-                                         F.when(matching.any_hit(keys[table]), F.col(_FILE)).alias(_FILE))
+                                         F.when(hit, F.col(_FILE)).alias(_FILE))
 
     scans = dict(zip(tables, map_in_threads(scan, tables, settings.run.parallel_tables), strict=True))
     groups: dict[str, list] = {table: in_driver.get(table, []) for table in tables}
