@@ -6,10 +6,11 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..evidence.report import RunReport
@@ -17,6 +18,7 @@ from ..inventory.check import KeyTypes
 from ..lake.metrics import IoCost, StageMeter
 from ..ledger.ledger import Ledger
 from ..progress import Progress
+from ..stages import identity
 from ..vault import vault
 
 T = TypeVar("T")
@@ -67,6 +69,8 @@ class Context:
     report: RunReport
     progress: Progress
     vault_keys: vault.Keys | None
+    requests: dict[str, dict] = field(default_factory=dict)  # the run's access and erase requests, by id
+    _resolved: list[DataFrame] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def run_id(self) -> str:
@@ -78,6 +82,18 @@ class Context:
 
     def each_table(self, stage: str, tables: list[str], work: Callable[[str], T]) -> dict[str, T]:
         return each_table(self.settings, self.progress, stage, tables, work)
+
+    def identifiers(self, request_ids: list[str]) -> DataFrame:
+        """(request_id, key_type, key_value) of these requests (stages/identity.py). The first call
+        resolves every request of the run, so the export and the erasure share one Spark job (on a
+        small lake, each job's fixed cost is what a run waits for); later calls select from it."""
+        if not self._resolved:
+            self._resolved.append(identity.resolve(self.spark, self.settings, self.batch(self.requests)))
+        keys = self._resolved[0]
+        if set(request_ids) == set(self.requests):
+            return keys
+        wanted = self.spark.createDataFrame([(rid,) for rid in request_ids], "request_id string")
+        return keys.join(F.broadcast(wanted), "request_id", "left_semi")
 
     def batch(self, rows: dict[str, dict]) -> DataFrame:
         """(request_id, subject_id, regulation) of a batch as a small DataFrame: identifiers travel as

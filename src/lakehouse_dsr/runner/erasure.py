@@ -24,7 +24,7 @@ from ..lake import iceberg
 from ..lake.hmac import with_keyed_hash
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
-from ..stages import collateral, erase, files, identity, matching, propagate, purge, refs, resurrection, shred, verify
+from ..stages import collateral, erase, files, matching, propagate, purge, refs, resurrection, shred, verify
 from ..vault import vault
 from . import rules
 from .context import Context
@@ -203,8 +203,7 @@ class ErasureBatch:
         with ctx.timed("resolve"):
             ctx.progress.stage("resolve identifiers", 1)
             ctx.progress.step(f"{len(self.request_ids)} subjects")
-            keys = identity.resolve(self.spark, self.settings,
-                                    ctx.batch({rid: self.work.erase[rid] for rid in self.request_ids}))
+            keys = ctx.identifiers(self.request_ids)
             hashed = with_keyed_hash(self.spark, keys, "key_value", self.ledger.key).select(
                 "request_id", "key_type", "key_hash")
             made_by = key_id(self.ledger.key)

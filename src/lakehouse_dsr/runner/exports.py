@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..exceptions import first_line
 from ..ledger.ledger import Outcome
-from ..stages import access, identity
+from ..stages import access
 from . import rules
 from .context import Context
 
@@ -32,7 +32,7 @@ def export_requests(ctx: Context, requests: dict[str, dict]) -> Exported:
         ctx.progress.step(f"{len(request_ids)} package(s), {settings.export.format}")
         try:
             batch = ctx.batch(requests)
-            keys = identity.resolve(ctx.spark, settings, batch)
+            keys = ctx.identifiers(request_ids)
             result = access.export(ctx.spark, settings, batch, out_dir, settings.export.format, ctx.key_types, keys,
                                    ctx.vault_keys)
             checked = access.checked_packages(result)

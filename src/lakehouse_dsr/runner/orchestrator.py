@@ -88,8 +88,8 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         for run_id in ledger.unrecorded_runs(work.interrupted):
             # packages a killed run wrote but never checked or recorded: personal data nobody owns
             shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
-        outcomes = _process(_context(spark() if callable(spark) else spark, settings, ledger, report, progress),
-                            work, today)
+        outcomes = _process(_context(spark() if callable(spark) else spark, settings, ledger, report, progress,
+                                     {**work.access, **work.erase}), work, today)
         _finish(ledger, lease, report, work, outcomes, started)
     report.document()  # checked against its published schema before anyone reads it
     return report
@@ -103,15 +103,15 @@ def _noted(report: RunReport, work: Work) -> Work:
     return work
 
 
-def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: RunReport, progress: Progress
-             ) -> Context:
+def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: RunReport, progress: Progress,
+             requests: dict[str, dict]) -> Context:
     """The run's Context: the catalog's key types are checked, and a wrong or missing vault master key
     fails, before anything changes."""
     faults.failpoint("after_start")
     with timed(report, "ledger", spark):
         key_types = check_against_catalog(spark, settings.datamap, settings.table)
         vault_keys = vault.open_keys(spark, settings) if settings.datamap.shredded else None
-    return Context(spark, settings, ledger, key_types, report, progress, vault_keys)
+    return Context(spark, settings, ledger, key_types, report, progress, vault_keys, requests)
 
 
 def _process(ctx: Context, work: Work, today: date) -> list[Outcome]:
