@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from .datamap import DataMap, demo_datamap
 from .exceptions import ConfigError
@@ -165,11 +174,21 @@ class IntakeSettings(_Strict):
     max_body_bytes: int = Field(default=16_384, ge=256)
     # The durable queue of acknowledged requests (SQLite); default: beside the HMAC key file.
     queue_file: Path | None = None
+    # Or the queue on a PostgreSQL server, which several `dsr serve` instances then share (one ingester at
+    # a time, one rate limit): postgresql://user@host:port/database (the password from ~/.pgpass,
+    # $PGPASSWORD, or ${ENV} in the URL). Instead of queue_file, never with it.
+    queue_url: str | None = Field(default=None, pattern=r"^postgres(ql)?://")
     ingest_interval_seconds: float = Field(default=2.0, gt=0)  # acknowledged requests reach the ledger this often
     cors_origins: list[str] = Field(default_factory=list)  # none: browsers allow same-origin pages only
     # Named operators' hashed tokens (`dsr operator add`); default: dsr-operators.json beside the key file.
     operators_file: Path | None = None
     jwt: JwtSettings | None = None  # operators may also present a JWT verified against this JWKS
+
+    @model_validator(mode="after")
+    def _one_queue(self) -> IntakeSettings:
+        if self.queue_file is not None and self.queue_url is not None:
+            raise ValueError("give intake.queue_file (SQLite) or intake.queue_url (PostgreSQL), not both")
+        return self
 
 
 WebhookEvent = Literal["received", "verified", "held", "completed", "failed"]
