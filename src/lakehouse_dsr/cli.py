@@ -743,10 +743,10 @@ def webhooks_deliver() -> None:
 @webhooks_app.command("log")
 def webhooks_log(limit: Annotated[int, typer.Option(min=1, help="attempts to show, newest first")] = 50) -> None:
     """The delivery log as JSON: event, endpoint, attempt, HTTP status or error, when (no subject identifier)."""
-    from .service.queue import IntakeQueue
+    from .service.queue import open_queue
     from .service.webhooks import delivery_log
 
-    queue = IntakeQueue(_settings().intake_queue_file())
+    queue = open_queue(_settings())
     try:
         print(json.dumps(delivery_log(queue, limit), indent=2))
     finally:

@@ -37,6 +37,7 @@ counted again, and `metrics` ignores records the fold already counted. No JVM.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import statistics
@@ -56,6 +57,7 @@ from .ledger import Ledger
 from .requests import REQUEST_TYPES, add_months, utc_now
 from .store import EqualTo, In, LessThan, Store
 
+log = logging.getLogger("lakehouse_dsr.records")
 _TABLES = ("requests", "request_keys", "audit", "steps", "consent")  # where an expiring request's id is
 _REQUEST_ID = re.compile(r"req-[0-9a-f]{21}")
 # The intake queue's states of a request that never reached the ledger and never will by itself
@@ -138,8 +140,7 @@ def expire_records(settings: Settings, dry_run: bool = False, run_id: str | None
     expiring = ledger.store.rows("requests", old, ("request_id", "request_type", "regulation", "received_at",
                                                    "completed_at"))
     packages = _old_packages(Path(settings.export.directory), cut.packages)
-    queue_file = settings.intake_queue_file()
-    stale = _stale_intake(queue_file, cut.intake)
+    stale = _stale_intake(settings, cut.intake)
     result = RecordExpiry(
         run_id=run_id, dry_run=dry_run, completed_before=cut.completed.isoformat(),
         requests_expired=dict(Counter(r["request_type"] for r in expiring)), hashes_kept=0,
@@ -152,7 +153,7 @@ def expire_records(settings: Settings, dry_run: bool = False, run_id: str | None
     if expiring or stale:
         _fold(ledger.store, expiring, stale, cut)
     if stale:
-        _drop_intake(queue_file, cut.intake)
+        _drop_intake(settings, cut.intake)
     if not expiring:
         return result
     kept, history, found = _remove(ledger, expiring)
@@ -194,30 +195,59 @@ def _delete_packages(ledger: Ledger, packages: list[_Package], run_id: str) -> N
 
 # -- the intake queue ---------------------------------------------------------------------------------
 
-def _stale_intake(queue_file: Path, before: datetime) -> list[dict]:
+_STALE_SQL = ("SELECT request_type, regulation, received_at FROM intake WHERE ingested_at IS NULL AND state IN (?, ?)"
+              " AND received_at < ?")
+_DROP_SQL = "DELETE FROM intake WHERE ingested_at IS NULL AND state IN (?, ?) AND received_at < ?"
+
+
+def _postgres_queue(url: str, sql: str, before: datetime) -> list[tuple]:
+    """`sql` on the intake queue of a PostgreSQL server (`intake.queue_url`), in one transaction; a
+    server that does not answer, or has no queue yet, is logged (never with the password) and read as
+    holding nothing: its stale requests are dropped by a later run."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=10, application_name="dsr records") as connection:
+            cursor = connection.execute(sql.replace("?", "%s").encode(), (*_STALE_INTAKE, before.isoformat()))
+            return cursor.fetchall() if cursor.description else []
+    except psycopg.errors.UndefinedTable:
+        return []
+    except psycopg.Error as exc:
+        host = url.rpartition("@")[2]
+        log.warning("records: the intake queue on %s cannot be read (%s): its stale requests wait for a later run",
+                    host, type(exc).__name__)
+        return []
+
+
+def _stale_intake(settings: Settings, before: datetime) -> list[dict]:
     """(request_type, regulation, received_at) of queued requests unverified or locked since before
-    `before`; none without a queue file (reading creates nothing). Cost: one indexed query."""
+    `before`; none without a queue (reading creates nothing). Cost: one indexed query."""
+    if settings.intake.queue_url:
+        rows = _postgres_queue(settings.intake.queue_url, _STALE_SQL, before)
+        return [{"request_type": t, "regulation": g, "received_at": datetime.fromisoformat(r)} for t, g, r in rows]
+    queue_file = settings.intake_queue_file()
     if not queue_file.is_file():
         return []
     connection = sqlite3.connect(f"{queue_file.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        rows = connection.execute(
-            "SELECT request_type, regulation, received_at FROM intake WHERE ingested_at IS NULL AND state IN (?, ?)"
-            " AND received_at < ?", (*_STALE_INTAKE, before.isoformat())).fetchall()
+        rows = connection.execute(_STALE_SQL, (*_STALE_INTAKE, before.isoformat())).fetchall()
     finally:
         connection.close()
     return [{"request_type": t, "regulation": g, "received_at": datetime.fromisoformat(r)} for t, g, r in rows]
 
 
-def _drop_intake(queue_file: Path, before: datetime) -> None:
+def _drop_intake(settings: Settings, before: datetime) -> None:
     """Delete those rows (beside a running service: SQLite serialises the writers), then checkpoint
-    the write-ahead log so no copy of the deleted pages stays in it."""
-    connection = sqlite3.connect(queue_file, timeout=10.0)
+    the write-ahead log so no copy of the deleted pages stays in it (PostgreSQL: the ingester's next
+    VACUUM of the table, or autovacuum, removes the deleted row versions)."""
+    if settings.intake.queue_url:
+        _postgres_queue(settings.intake.queue_url, _DROP_SQL, before)
+        return
+    connection = sqlite3.connect(settings.intake_queue_file(), timeout=10.0)
     try:
         connection.execute("PRAGMA secure_delete=ON")
         with connection:
-            connection.execute("DELETE FROM intake WHERE ingested_at IS NULL AND state IN (?, ?) AND received_at < ?",
-                               (*_STALE_INTAKE, before.isoformat()))
+            connection.execute(_DROP_SQL, (*_STALE_INTAKE, before.isoformat()))
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         connection.close()

@@ -43,6 +43,7 @@ from .guard import Guard
 from .intake import Filing, Intake, IntakeError
 from .metrics import Metrics
 from .operators import Operators, operators_file
+from .queue import QueueUnavailableError
 
 TOKEN_ENV = "DSR_API_TOKEN"
 log = logging.getLogger("lakehouse_dsr.service")
@@ -339,7 +340,9 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
     for path, page in (("/", "index.html"), ("/status", "status.html"), ("/dashboard", "dashboard.html")):
         app.add_api_route(path, _page(page), methods=["GET"], include_in_schema=False, response_class=HTMLResponse)
     app.mount("/static", StaticFiles(directory=str(PAGES / "static")), name="static")
-    return Guard(app, settings.intake.max_body_bytes, settings.intake.rate_limit_per_minute, metrics.observe)
+    per_minute = settings.intake.rate_limit_per_minute
+    return Guard(app, settings.intake.max_body_bytes, per_minute, metrics.observe,
+                 limit=intake.queue.rate_limit(per_minute) if per_minute else None)
 
 
 def _page(name: str):
@@ -382,6 +385,12 @@ def _errors(app: FastAPI) -> None:
     async def input_refused(_request: Request, exc: RequestInputError) -> JSONResponse:
         field, _, _ = str(exc).partition(":")  # the library's messages start with the field they refuse
         return JSONResponse({"detail": str(exc), "field": field}, status_code=422)
+
+    @app.exception_handler(QueueUnavailableError)
+    async def queue_down(_request: Request, exc: QueueUnavailableError) -> JSONResponse:
+        log.warning("%s", exc)  # names the queue (no password); the answer does not: it is public
+        return JSONResponse({"detail": "the intake queue cannot be reached now; nothing was acknowledged, try again"
+                                       " later"}, status_code=503)
 
     @app.exception_handler(DsrError)
     async def engine_refused(_request: Request, exc: DsrError) -> JSONResponse:

@@ -4,6 +4,7 @@ timing of every answer, its own refusals included (for `/metrics`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -26,7 +27,10 @@ SECURITY_HEADERS = [
 
 class RateLimit:
     """A token bucket per client address: `per_minute` requests in a burst, refilled evenly over a
-    minute. Memory: one small entry per address seen in the last minute."""
+    minute. Memory: one small entry per address seen in the last minute. A subclass whose `wait` does
+    I/O (the shared one of a PostgreSQL queue) says `blocking`: the Guard calls it in a thread."""
+
+    blocking = False
 
     def __init__(self, per_minute: int):
         self.capacity, self.rate = float(per_minute), per_minute / 60.0
@@ -49,11 +53,13 @@ class RateLimit:
 class Guard:
     """Wraps the application: 429 over the rate limit (API calls only), 413 for a body over
     `max_body_bytes` (declared or streamed), security headers on every response; `observe` (if given)
-    hears of every answer."""
+    hears of every answer. `limit`: the rate limit to apply (default: this process's own bucket of
+    `rate_limit_per_minute`; none when that is 0)."""
 
-    def __init__(self, app, max_body_bytes: int, rate_limit_per_minute: int, observe: Observer | None = None):
+    def __init__(self, app, max_body_bytes: int, rate_limit_per_minute: int, observe: Observer | None = None,
+                 limit: RateLimit | None = None):
         self.app, self.max_body, self.observe = app, max_body_bytes, observe
-        self.limit = RateLimit(rate_limit_per_minute) if rate_limit_per_minute else None
+        self.limit = (limit or RateLimit(rate_limit_per_minute)) if rate_limit_per_minute else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -75,7 +81,8 @@ class Guard:
 
     async def _guarded(self, scope, receive, send):
         if self.limit and scope["path"].startswith("/api/"):
-            wait = self.limit.wait(scope["client"][0] if scope.get("client") else "")
+            client = scope["client"][0] if scope.get("client") else ""
+            wait = await asyncio.to_thread(self.limit.wait, client) if self.limit.blocking else self.limit.wait(client)
             if wait:
                 seconds = math.ceil(wait)
                 return await _answer(send, 429, f"too many requests from this address; try again in {seconds} s",

@@ -13,6 +13,14 @@ it the same way. Either way the child finishes the batch in hand, moves what els
 `STOP_SECONDS`, and exits 0; what is left stays in the durable queue for the next start. A child
 that crashed is started again; one that exited 0 was asked to stop and is not (`/readyz` says so).
 With `webhooks:` configured, the child also delivers them (webhooks.py), in a thread of its own.
+
+Several instances sharing a PostgreSQL queue each run such a child; each round takes the queue's
+`ingest` lease first (a PostgreSQL advisory lock; a file lock beside a SQLite queue), so one ingester
+moves requests at a time. A round that finds the lease taken leaves the work to its holder; a holder
+killed mid-round loses the lease with its connection, and the next tick of any instance moves what it
+had not marked (the ledger adds each id once, so nothing is added twice). A round with work logs when
+it took the lease, and when it released it with the number of requests moved (under steady load a
+round lasts as long as requests keep coming).
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ import os
 import pickle
 import select
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -34,7 +41,7 @@ from ..config import Settings
 from ..exceptions import first_line
 from ..ledger.ledger import Ledger
 from ..ledger.requests import RequestInput, utc_now
-from .queue import IntakeQueue
+from .queue import Connection, Cursor, Lease, Queue, open_queue
 from .webhooks import WebhookWorker
 
 log = logging.getLogger("lakehouse_dsr.service")
@@ -43,11 +50,12 @@ STOP_SECONDS = 3.0  # once asked to stop, no batch starts later than this (the o
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def ingest(queue: IntakeQueue, ledger: Ledger, until: float | None = None) -> int:
+def ingest(queue: Queue, ledger: Ledger, until: float | None = None) -> int:
     """Move every acknowledged, verified request into the ledger: one ledger commit (and one audit
     commit) per `INGEST_BATCH`, then the queue forgets their identifiers. Exactly once: the ledger
     adds an id only if it is not there yet, so a crash between the two steps adds nothing twice.
-    `until` (time.monotonic()): start no batch after it. Returns requests moved."""
+    `until` (time.monotonic()): start no batch after it. Returns requests moved. Takes no lease:
+    `ingest_leased` does."""
     moved = 0
     while until is None or time.monotonic() < until:
         rows = queue.call(lambda c: c.execute(
@@ -61,13 +69,46 @@ def ingest(queue: IntakeQueue, ledger: Ledger, until: float | None = None) -> in
         faults.failpoint("after_intake_ledger_commit")
         done = [(utc_now().isoformat(), r["request_id"]) for r in rows]
 
-        def mark_ingested(c: sqlite3.Connection, done: list[tuple[str, str]] = done) -> sqlite3.Cursor:
+        def mark_ingested(c: Connection, done: list[tuple[str, str]] = done) -> Cursor:
             return c.executemany(
                 "UPDATE intake SET ingested_at = ?, subject_id = NULL, email = NULL WHERE request_id = ?", done)
 
         queue.call(mark_ingested)
         moved += len(rows)
+    if moved:
+        queue.scrub()
     return moved
+
+
+def _waiting(c: Connection) -> bool:
+    return c.execute("SELECT 1 FROM intake WHERE ingested_at IS NULL AND state = 'received' LIMIT 1"
+                     ).fetchone() is not None
+
+
+def ingest_leased(queue: Queue, ledger: Ledger, until: float | None = None, wait: float = 0.0,
+                  lease: Lease | None = None) -> int:
+    """`ingest` under the queue's `ingest` lease (one ingester at a time across every process sharing the
+    queue), if anything waits: 0 when nothing does, or when the lease stays taken for `wait` seconds (its
+    holder moves them). Cost with nothing waiting: one indexed query, no lease taken."""
+    if not queue.call(_waiting):
+        return 0
+    owned = lease is None
+    lease = lease or queue.lease("ingest")
+    try:
+        with lease.hold(wait) as held:
+            if not held:
+                return 0
+            log.info("intake ingest: lease taken at %s", utc_now().isoformat())
+            moved = 0
+            try:
+                moved = ingest(queue, ledger, until)
+            finally:
+                log.info("intake ingest: %d request(s) moved into the ledger; lease released at %s", moved,
+                         utc_now().isoformat())
+            return moved
+    finally:
+        if owned:
+            lease.close()
 
 
 class Ingester:
@@ -158,7 +199,8 @@ def _child(settings: Settings, parent: int, pipe: int) -> None:
     os.set_blocking(wake_up, False)
     signal.set_wakeup_fd(wake_up)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    queue, ledger = IntakeQueue(settings.intake_queue_file()), Ledger(settings)
+    queue, ledger = open_queue(settings), Ledger(settings)
+    lease = queue.lease("ingest")
     # Webhooks here too, for the same reason: their ledger reads would hold up the server's answers.
     webhooks = WebhookWorker(settings, queue, ledger) if settings.webhooks else None
     if webhooks:
@@ -167,7 +209,7 @@ def _child(settings: Settings, parent: int, pipe: int) -> None:
     try:
         while os.getppid() == parent:  # an orphan (its server was killed) stops before touching anything
             try:
-                ingest(queue, ledger, until)
+                ingest_leased(queue, ledger, until, lease=lease)
             except Exception as exc:  # the catalog is down, say: everything stays queued, tried next tick
                 log.warning("intake ingest: %s", first_line(exc, with_type=True))
             if until is not None:
@@ -182,6 +224,7 @@ def _child(settings: Settings, parent: int, pipe: int) -> None:
     finally:
         if webhooks:
             webhooks.stop()
+        lease.close()
         queue.close()
 
 

@@ -20,13 +20,12 @@ import hmac
 import logging
 import re
 import secrets
-import sqlite3
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -36,15 +35,16 @@ from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..keys import derive_key, keyed_hash
 from ..ledger.ledger import OPEN_STATUSES, Ledger, RequestStatus, new_request_id
 from ..ledger.requests import RequestInput, due_date, utc_now
-from .ingester import Ingester, ingest
+from .ingester import Ingester, ingest_leased
 from .mail import MailError, send_code
-from .queue import IntakeQueue
+from .queue import Connection, open_queue
 from .webhooks import external_references, new_event_id, record
 
 log = logging.getLogger("lakehouse_dsr.service")
 CLOSE_SECONDS = 6.0  # a stop's budget for the mail thread, the ingester's last pass and the queue
 MAIL_STOP_SECONDS = 1.0
 READY_TIMEOUT_SECONDS = 5.0
+INGEST_WAIT_SECONDS = 30.0  # an operator's ingest waits this long for the ingest lease
 VERIFIED_TYPES = ("erase", "access", "opt_in")  # never opt-outs: CCPA regulations forbid verifying them
 _EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
 
@@ -88,7 +88,7 @@ class Intake:
         keys = self.ledger.keyring.keys()  # active first; retired keys still check older tokens and codes
         self._keys = {purpose: [derive_key(k, f"dsr intake {purpose}") for k in keys.values()]
                       for purpose in ("token", "code", "filing")}
-        self.queue = IntakeQueue(settings.intake_queue_file())
+        self.queue = open_queue(settings)
         self._stop, self._wake_mail = threading.Event(), threading.Event()
         self._mailer = threading.Thread(target=self._mail, name="intake-mail", daemon=True)
         self._ingester = Ingester(settings)
@@ -134,8 +134,9 @@ class Intake:
         return checks
 
     def _queue_writable(self) -> bool:
-        self.queue.run(lambda c: c.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)",
-                                           (time.time(),))).result(timeout=READY_TIMEOUT_SECONDS)
+        self.queue.run(lambda c: c.execute("INSERT INTO probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE"
+                                           " SET at = excluded.at", (time.time(),))
+                       ).result(timeout=READY_TIMEOUT_SECONDS)
         return True
 
     def _ledger_reachable(self) -> bool:
@@ -196,14 +197,14 @@ class Intake:
             (request.request_type, request.regulation, request.subject_id, filing.email or "", str(extra_opt_out))))
         now = utc_now()
 
-        def insert(connection: sqlite3.Connection) -> Acknowledgement:
-            if idempotency_key is not None:
+        def insert(connection: Connection) -> Acknowledgement:
+            try:  # the insert first: a new key (the usual case) costs one statement
+                request_id = self._insert(connection, request, now, idempotency_key, fingerprint, verify,
+                                          filing.email if verify else None)
+            except _KeyTaken:  # filed before under this key (by any instance): the first answer, again
                 seen = connection.execute("SELECT * FROM intake WHERE idempotency_key = ?", (idempotency_key,)
                                           ).fetchone()
-                if seen is not None:
-                    return self._replay(connection, seen, fingerprint)
-            request_id = self._insert(connection, request, now, idempotency_key, fingerprint, verify,
-                                      filing.email if verify else None)
+                return self._replay(connection, seen, fingerprint)
             gpc_id = None
             if extra_opt_out:
                 gpc_key = f"{idempotency_key}:gpc" if idempotency_key else None
@@ -218,25 +219,30 @@ class Intake:
         return future
 
     @staticmethod
-    def _insert(connection: sqlite3.Connection, request: RequestInput, now: datetime, idempotency_key: str | None,
+    def _insert(connection: Connection, request: RequestInput, now: datetime, idempotency_key: str | None,
                 fingerprint: str, verify: bool, email: str | None) -> str:
+        """Insert the request's row under a fresh id; _KeyTaken if a request holds `idempotency_key`
+        already. ON CONFLICT DO NOTHING rather than an error: on PostgreSQL a failed statement voids the
+        transaction, and there another instance may be filing under the same key at the same moment (the
+        insert waits for its commit, then does nothing)."""
         while True:
             request_id = new_request_id(set())
-            try:
-                connection.execute(
-                    "INSERT INTO intake (request_id, idempotency_key, fingerprint, request_type, regulation,"
-                    " subject_id, email, received_at, state, reason, mail_due) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (request_id, idempotency_key, fingerprint, request.request_type, request.regulation,
-                     request.subject_id, email, now.isoformat(), "identity_unverified" if verify else "received",
-                     "a verification code is being sent to the e-mail address given" if verify else None,
-                     1 if verify else 0))
+            inserted = connection.execute(
+                "INSERT INTO intake (request_id, idempotency_key, fingerprint, request_type, regulation,"
+                " subject_id, email, received_at, state, reason, mail_due) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT DO NOTHING",
+                (request_id, idempotency_key, fingerprint, request.request_type, request.regulation,
+                 request.subject_id, email, now.isoformat(), "identity_unverified" if verify else "received",
+                 "a verification code is being sent to the e-mail address given" if verify else None,
+                 1 if verify else 0)).rowcount
+            if inserted:
                 return request_id
-            except sqlite3.IntegrityError:
-                if connection.execute("SELECT 1 FROM intake WHERE request_id = ?", (request_id,)).fetchone() is None:
-                    raise  # not an id collision (those are 1 in 2^40 within a millisecond): a bug, say so
-                continue
+            if idempotency_key is not None and connection.execute(
+                    "SELECT 1 FROM intake WHERE idempotency_key = ?", (idempotency_key,)).fetchone() is not None:
+                raise _KeyTaken
+            # an id collision (1 in 2^40 within a millisecond): another id
 
-    def _replay(self, connection: sqlite3.Connection, seen: sqlite3.Row, fingerprint: str) -> Acknowledgement:
+    def _replay(self, connection: Connection, seen: Any, fingerprint: str) -> Acknowledgement:
         if not hmac.compare_digest(seen["fingerprint"], fingerprint):
             raise IntakeError("this Idempotency-Key was used for a different request", 409, "Idempotency-Key")
         gpc = connection.execute("SELECT request_id FROM intake WHERE idempotency_key = ?",
@@ -273,16 +279,21 @@ class Intake:
         fingerprints = [keyed_hash(self._keys["filing"][0], "\0".join((r.request_type, r.regulation, r.subject_id)))
                         for r in requests]
 
-        def insert(connection: sqlite3.Connection) -> BatchResult:
+        def insert(connection: Connection) -> BatchResult:
             answers = []
-            for item, request, fingerprint in zip(batch.requests, requests, fingerprints, strict=True):
+            for n, (item, request, fingerprint) in enumerate(zip(batch.requests, requests, fingerprints, strict=True)):
                 seen = connection.execute("SELECT request_id, fingerprint FROM external_refs WHERE source = ? AND"
                                           " external_id = ?", (batch.source, item.external_id)).fetchone()
                 if seen is None:
                     request_id = self._insert(connection, request, request.received_at or now, None, fingerprint,
                                               False, None)
-                    connection.execute("INSERT INTO external_refs VALUES (?,?,?,?)",
-                                       (batch.source, item.external_id, request_id, fingerprint))
+                    if not connection.execute("INSERT INTO external_refs VALUES (?,?,?,?) ON CONFLICT DO NOTHING",
+                                              (batch.source, item.external_id, request_id, fingerprint)).rowcount:
+                        # another instance filed this external id since the look above: nothing of this
+                        # batch is kept (its savepoint), and the same batch again answers `existing`
+                        raise IntakeError(f"requests.{n}.external_id was filed by another request at the same "
+                                          "moment; nothing was filed: send the batch again", 409,
+                                          f"requests.{n}.external_id")
                     result: Literal["created", "existing", "conflict"] = "created"
                 else:
                     request_id = seen["request_id"]
@@ -346,7 +357,7 @@ class Intake:
             raise IntakeError("the code is six digits", 422, "code")
         code, limit = code.strip(), self.config.max_code_attempts
 
-        def check(connection: sqlite3.Connection) -> tuple[str, int]:
+        def check(connection: Connection) -> tuple[str, int]:
             row = connection.execute("SELECT * FROM intake WHERE request_id = ?", (request_id,)).fetchone()
             if row is None:
                 return "unknown", 0
@@ -425,11 +436,17 @@ class Intake:
 
     # -- into the ledger ----------------------------------------------------------------------------
     def ingest(self) -> int:
-        """Move acknowledged requests into the ledger now, from this process (ingester.ingest)."""
-        return ingest(self.queue, self.ledger)
+        """Move acknowledged requests into the ledger now, from this process (ingester.ingest), once the
+        ingest lease is free (an ingester of any instance sharing the queue may be at it: waited for up to
+        `INGEST_WAIT_SECONDS`, after which what it has not moved yet is counted as 0 here)."""
+        return ingest_leased(self.queue, self.ledger, wait=INGEST_WAIT_SECONDS)
 
 
-def _queued_status(row: sqlite3.Row, today: date) -> RequestStatus:
+class _KeyTaken(Exception):
+    """A request was filed under this Idempotency-Key before."""
+
+
+def _queued_status(row: Any, today: date) -> RequestStatus:
     received = datetime.fromisoformat(row["received_at"])
     due = due_date(received.date(), row["regulation"], request_type=row["request_type"])
     return RequestStatus(row["request_id"], row["request_type"], row["regulation"], row["state"], row["reason"],

@@ -4,10 +4,11 @@ of each application's own.
 Two sources. What this process sees: every HTTP answer's latency (a histogram by method, route
 template and status: never the raw path, which holds request ids), and the filings it refused, by
 reason. What the shared state says, read at scrape time: requests acknowledged and ingested (the
-queue file keeps a row per request, so these totals survive restarts and are the same on every
-process sharing the file), the queue's depth and age, the ingester's lag, whether it runs and how
-often it was started again, and the open requests by days left (from the ledger). The ingester is
-a process of its own; reading its work from the queue it writes needs no multiprocess mode.
+queue keeps a row per request, so these totals survive restarts and are the same on every instance
+sharing the queue, a SQLite file or a PostgreSQL server), the queue's depth and age, the ingester's
+lag, whether it runs and how often it was started again, and the open requests by days left (from
+the ledger). The ingester is a process of its own; reading its work from the queue it writes needs no
+multiprocess mode.
 
 No label or value holds an identifier: labels are request types, states, refusal reasons, route
 templates, methods, status codes and day ranges.
@@ -28,6 +29,7 @@ from starlette.routing import BaseRoute, Match
 
 from ..ledger.requests import REQUEST_TYPES
 from .intake import Intake
+from .queue import QueueUnavailableError
 
 log = logging.getLogger("lakehouse_dsr.service")
 FILING_ROUTE = "/api/v1/requests"
@@ -41,7 +43,7 @@ REASONS = {400: "wrong_code", 401: "unauthorized", 403: "forbidden", 404: "not_f
 
 class Metrics:
     """The registry of one application. `observe` is called by the Guard once per HTTP answer;
-    `render` is the scrape. Cost of a scrape: one pass over the queue file's rows (on a read-only
+    `render` is the scrape. Cost of a scrape: one pass over the queue's rows (on a
     connection of its own, beside the group commits) and one read of the ledger's requests table."""
 
     def __init__(self, intake: Intake, routes: list[BaseRoute]):
@@ -83,13 +85,26 @@ class _Shared(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = time.time()
-        rows = self.intake.queue.read(lambda c: c.execute(
-            "SELECT request_type, state, ingested_at IS NOT NULL AS ingested, COUNT(*) AS n,"
-            " MIN(received_at) AS oldest FROM intake GROUP BY 1, 2, 3").fetchall())
+        try:
+            rows = self.intake.queue.read(lambda c: c.execute(
+                "SELECT request_type, state, ingested_at IS NOT NULL AS ingested, COUNT(*) AS n,"
+                " MIN(received_at) AS oldest FROM intake GROUP BY 1, 2, 3").fetchall())
+        except QueueUnavailableError as exc:  # /readyz says so; the figures of this process still count
+            log.warning("metrics: %s", exc)
+            rows = None
+        if rows is not None:
+            yield from self._queue(rows, now)
+        yield GaugeMetricFamily("dsr_intake_ingester_up", "1 while the ingester process runs",
+                                value=1 if self.intake.ingester_alive() else 0)
+        yield CounterMetricFamily("dsr_intake_ingester_restarts", "Ingester processes started again after a crash",
+                                  value=self.intake.ingester_restarts)
+        yield from self._open_requests()
+
+    def _queue(self, rows: list[Any], now: float) -> Iterator[Metric]:
         acknowledged = CounterMetricFamily("dsr_intake_requests_acknowledged", "Filings acknowledged (202), by "
-                                           "type: the queue file's total", labels=["type"])
+                                           "type: the queue's total", labels=["type"])
         ingested = CounterMetricFamily("dsr_intake_requests_ingested", "Acknowledged requests moved into the "
-                                       "ledger, by type: the queue file's total", labels=["type"])
+                                       "ledger, by type: the queue's total", labels=["type"])
         for kind in REQUEST_TYPES:
             acknowledged.add_metric([kind], sum(r["n"] for r in rows if r["request_type"] == kind))
             ingested.add_metric([kind], sum(r["n"] for r in rows if r["request_type"] == kind and r["ingested"]))
@@ -109,11 +124,6 @@ class _Shared(Collector):
             "dsr_intake_ingester_lag_seconds", "Age of the oldest acknowledged request the ingester has not "
             "moved into the ledger yet; 0 when none", value=_age([r["oldest"] for r in waiting
                                                                   if r["state"] == "received"], now))
-        yield GaugeMetricFamily("dsr_intake_ingester_up", "1 while the ingester process runs",
-                                value=1 if self.intake.ingester_alive() else 0)
-        yield CounterMetricFamily("dsr_intake_ingester_restarts", "Ingester processes started again after a crash",
-                                  value=self.intake.ingester_restarts)
-        yield from self._open_requests()
 
     def _open_requests(self) -> Iterator[Metric]:
         try:

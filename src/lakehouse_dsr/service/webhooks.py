@@ -17,7 +17,8 @@ identifier, never the URL). A failed attempt is tried again after `backoff_secon
 time, until `max_attempts`; then the delivery is given up. Delivery is at least once: the event id
 tells a receiver it has seen one before. `dsr serve` runs both every `POLL_SECONDS` in its ingester
 process (a ledger read is seconds of Python under load: not in the process that answers people);
-`dsr webhooks deliver` runs one round, for deployments without the service.
+`dsr webhooks deliver` runs one round, for deployments without the service. A round holds the queue's
+`webhooks` lease: instances sharing a PostgreSQL queue never collect or deliver at the same time.
 
 Signature (as Stripe's): `X-DSR-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`
 under the endpoint's secret, beside `X-DSR-Event` and `X-DSR-Event-Id`.
@@ -29,7 +30,6 @@ import hashlib
 import hmac
 import json
 import logging
-import sqlite3
 import threading
 import time
 import uuid
@@ -47,7 +47,7 @@ from ..exceptions import LedgerError, first_line
 from ..ledger.ledger import Ledger
 from ..ledger.requests import utc_now
 from ..ledger.store import GreaterThan, In
-from .queue import IntakeQueue
+from .queue import Connection, Queue, QueueUnavailableError, open_queue
 
 log = logging.getLogger("lakehouse_dsr.service")
 POLL_SECONDS = 5.0
@@ -69,7 +69,7 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={mac}"
 
 
-def external_references(connection: sqlite3.Connection, request_ids: list[str]) -> dict[str, ExternalReference]:
+def external_references(connection: Connection, request_ids: list[str]) -> dict[str, ExternalReference]:
     """The other tools' ids of those requests that came in a batch. Cost: one indexed lookup per 500 ids."""
     found: dict[str, ExternalReference] = {}
     for start in range(0, len(request_ids), 500):
@@ -80,7 +80,7 @@ def external_references(connection: sqlite3.Connection, request_ids: list[str]) 
     return found
 
 
-def record(connection: sqlite3.Connection, settings: Settings, event_id: str, event: WebhookEvent,
+def record(connection: Connection, settings: Settings, event_id: str, event: WebhookEvent,
            occurred: datetime, request_id: str, request_type: str, regulation: str, reason: str | None = None,
            certificate: CertificateReference | None = None) -> bool:
     """Append an event to the outbox with a delivery for every endpoint that wants it, inside the
@@ -113,7 +113,7 @@ def new_event_id() -> str:
     return uuid.uuid4().hex
 
 
-def collect(queue: IntakeQueue, ledger: Ledger, settings: Settings) -> int:
+def collect(queue: Queue, ledger: Ledger, settings: Settings) -> int:
     """Copy the ledger's status changes since the watermark into the outbox; returns events added.
     The first call only sets the watermark: events before webhooks were configured are not sent.
     Cost: one read of the audit table pruned to files with events since the watermark (less
@@ -125,7 +125,8 @@ def collect(queue: IntakeQueue, ledger: Ledger, settings: Settings) -> int:
                                             ).fetchone())
     if stored is None:
         now = utc_now().isoformat()
-        queue.call(lambda c: c.execute("INSERT OR IGNORE INTO webhook_state VALUES (?, ?)", (_WATERMARK, now)))
+        queue.call(lambda c: c.execute("INSERT INTO webhook_state (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                                       (_WATERMARK, now)))
         return 0
     since = datetime.fromisoformat(stored[0])
     rows = sorted((r for r in ledger.store.rows("audit", GreaterThan("at", (since - LOOKBACK).isoformat()),
@@ -143,7 +144,7 @@ def collect(queue: IntakeQueue, ledger: Ledger, settings: Settings) -> int:
                     if r["event"] == "completed" and r["request_id"] in requests}
     latest = max(since, rows[-1]["at"])
 
-    def write(connection: sqlite3.Connection) -> int:
+    def write(connection: Connection) -> int:
         added = 0
         for r in fresh:
             request = requests.get(r["request_id"])
@@ -153,7 +154,8 @@ def collect(queue: IntakeQueue, ledger: Ledger, settings: Settings) -> int:
             added += record(connection, settings, r["event_id"], LEDGER_EVENTS[r["event"]], r["at"], r["request_id"],
                             request["request_type"], request["regulation"], reason,
                             certificates.get(r["request_id"]) if r["event"] == "completed" else None)
-        connection.execute("INSERT OR REPLACE INTO webhook_state VALUES (?, ?)", (_WATERMARK, latest.isoformat()))
+        connection.execute("INSERT INTO webhook_state (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE"
+                           " SET value = excluded.value", (_WATERMARK, latest.isoformat()))
         _forget_old(connection)
         return added
 
@@ -173,7 +175,7 @@ def _certificate(ledger: Ledger, request_id: str) -> CertificateReference | None
                                 key_id=document["signature"]["key_id"])
 
 
-def _forget_old(connection: sqlite3.Connection) -> None:
+def _forget_old(connection: Connection) -> None:
     """Events past `KEEP_EVENTS_DAYS` with nothing left to send leave the outbox (the log keeps every attempt)."""
     before = (utc_now() - timedelta(days=KEEP_EVENTS_DAYS)).isoformat()
     connection.execute("DELETE FROM webhook_deliveries WHERE state != 'pending' AND event_id IN"
@@ -203,7 +205,7 @@ class _Due:
     payload: str
 
 
-def deliver(queue: IntakeQueue, settings: Settings) -> DeliveryRound:
+def deliver(queue: Queue, settings: Settings) -> DeliveryRound:
     """Attempt every delivery that is due (at most `ROUND_SIZE`): one thread per endpoint, which stops
     at its first failure (the rest waits for the backoff rather than for one timeout each). Cost: per
     attempt one HTTP POST (at most the endpoint's timeout) and one queue commit. Deliveries to an
@@ -224,7 +226,7 @@ def deliver(queue: IntakeQueue, settings: Settings) -> DeliveryRound:
     return DeliveryRound(**{field: sum(getattr(r, field) for r in rounds) for field in DeliveryRound.model_fields})
 
 
-def _deliver_to(queue: IntakeQueue, endpoint: WebhookSettings, due: list[_Due]) -> DeliveryRound:
+def _deliver_to(queue: Queue, endpoint: WebhookSettings, due: list[_Due]) -> DeliveryRound:
     attempted = delivered = failed = given_up = 0
     with httpx.Client(timeout=endpoint.timeout_seconds, follow_redirects=False) as client:
         for d in due:
@@ -233,7 +235,7 @@ def _deliver_to(queue: IntakeQueue, endpoint: WebhookSettings, due: list[_Due]) 
             state = "delivered" if error is None else "given_up" if attempt >= endpoint.max_attempts else "pending"
             wait = min(endpoint.backoff_seconds * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS)
 
-            def note(c: sqlite3.Connection, d: _Due = d, attempt: int = attempt, state: str = state,
+            def note(c: Connection, d: _Due = d, attempt: int = attempt, state: str = state,
                      status: int | None = status, error: str | None = error, seconds: float = seconds,
                      wait: float = wait) -> None:
                 c.execute("INSERT INTO webhook_log (event_id, endpoint, request_id, event, attempt, at, http_status,"
@@ -270,7 +272,7 @@ def _post(client: httpx.Client, endpoint: WebhookSettings, due: _Due) -> tuple[i
     return answer.status_code, None if ok else f"HTTP {answer.status_code}", time.monotonic() - started
 
 
-def delivery_log(queue: IntakeQueue, limit: int = 100) -> list[dict]:
+def delivery_log(queue: Queue, limit: int = 100) -> list[dict]:
     """The last `limit` attempts, newest first (no subject identifier: ids, names, statuses, times)."""
     return queue.read(lambda c: [dict(r) for r in c.execute(
         "SELECT event_id, endpoint, request_id, event, attempt, at, http_status, error, seconds FROM webhook_log"
@@ -280,11 +282,17 @@ def delivery_log(queue: IntakeQueue, limit: int = 100) -> list[dict]:
 def deliver_once(settings: Settings) -> dict:
     """`dsr webhooks deliver`: collect the ledger's new status changes, then attempt what is due, once.
     Returns {"collected": events, "attempted", "delivered", "failed", "given_up"}."""
-    queue = IntakeQueue(settings.intake_queue_file())
+    queue = open_queue(settings)
+    lease = queue.lease("webhooks")
     try:
-        collected = collect(queue, Ledger(settings), settings)
-        return {"collected": collected, **deliver(queue, settings).model_dump()}
+        with lease.hold(wait=60) as held:
+            if not held:
+                raise QueueUnavailableError("another process has held the webhooks lease for a minute (a round "
+                                            "of `dsr serve`'s): try again later")
+            collected = collect(queue, Ledger(settings), settings)
+            return {"collected": collected, **deliver(queue, settings).model_dump()}
     finally:
+        lease.close()
         queue.close()
 
 
@@ -292,8 +300,9 @@ class WebhookWorker:
     """`dsr serve`'s deliveries: a thread (in the ingester process) that collects and delivers every
     `POLL_SECONDS`. A failure of either is logged by type and tried again at the next tick."""
 
-    def __init__(self, settings: Settings, queue: IntakeQueue, ledger: Ledger):
+    def __init__(self, settings: Settings, queue: Queue, ledger: Ledger):
         self.settings, self.queue, self.ledger = settings, queue, ledger
+        self.lease = queue.lease("webhooks")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="webhooks", daemon=True)
 
@@ -308,10 +317,14 @@ class WebhookWorker:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            for step, run in (("collect", lambda: collect(self.queue, self.ledger, self.settings)),
-                              ("deliver", lambda: deliver(self.queue, self.settings))):
-                try:
-                    run()
-                except Exception as exc:  # the catalog or the disk: tried again at the next tick
-                    log.warning("webhooks %s: %s", step, first_line(exc, with_type=True))
+            with self.lease.hold() as held:  # not held: another instance's round; ours at a later tick
+                for step, run in (("collect", lambda: collect(self.queue, self.ledger, self.settings)),
+                                  ("deliver", lambda: deliver(self.queue, self.settings))):
+                    if not held:
+                        break
+                    try:
+                        run()
+                    except Exception as exc:  # the catalog or the disk: tried again at the next tick
+                        log.warning("webhooks %s: %s", step, first_line(exc, with_type=True))
             self._stop.wait(POLL_SECONDS)
+        self.lease.close()
