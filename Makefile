@@ -29,8 +29,8 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-# Debian packages for the shared-catalog set-ups: PostgreSQL and the two JDBC drivers; Chromium and its
-# driver for the browser tests of the intake pages. Installs only what is missing (apt-get needs root,
+# Debian packages for the shared-catalog set-ups: PostgreSQL (also the intake queue several `dsr serve`
+# share) and the two JDBC drivers; Chromium and its driver for the browser tests of the intake pages. Installs only what is missing (apt-get needs root,
 # or sudo when there is one).
 DEBIAN_PACKAGES := postgresql libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -45,7 +45,8 @@ integration-deps: $(STAMP) jars
 jars: $(STAMP)
 	$(VENV)/bin/dsr fetch-jars
 
-# REST catalog + S3 (SeaweedFS), JDBC on PostgreSQL and SQLite, a standalone cluster, spark-submit.
+# REST catalog + S3 (SeaweedFS), JDBC on PostgreSQL and SQLite, a standalone cluster, spark-submit; two
+# `dsr serve` on one PostgreSQL queue through kill -9 of either (tests/integration/test_instances.py).
 test-integration: integration-deps
 	$(PY) -m pytest -q -m integration tests/integration
 
