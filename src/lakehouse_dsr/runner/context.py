@@ -92,8 +92,9 @@ class Context:
         keys = self._resolved[0]
         if set(request_ids) == set(self.requests):
             return keys
-        wanted = self.spark.createDataFrame([(rid,) for rid in request_ids], "request_id string")
-        return keys.join(F.broadcast(wanted), "request_id", "left_semi")
+        # A filter on the kept rows (request ids are the ledger's, not identifiers): a join here would
+        # add a stage to every job that reads them.
+        return keys.where(F.col("request_id").isin(sorted(request_ids)))
 
     def batch(self, rows: dict[str, dict]) -> DataFrame:
         """(request_id, subject_id, regulation) of a batch as a small DataFrame: identifiers travel as
