@@ -36,7 +36,7 @@ class TablePurge:
     files_deleted: int = 0
     orphans_removed: int = 0
     # Each branch/tag not at the current snapshot, by what the purge did with it (refs.settle):
-    refs_dropped: list[str] = field(default_factory=list)  # tags holding erased rows (pinned_refs: drop)
+    refs_dropped: list[str] = field(default_factory=list)  # tags holding erased (or expired) rows (pinned_refs: drop)
     refs_kept: list[str] = field(default_factory=list)  # left as they were (block; or not checked)
     refs_rewritten: list[str] = field(default_factory=list)  # branches erased in place, tags re-pointed
     refs_clean: list[str] = field(default_factory=list)  # checked: they hold no erased row, left alone
@@ -81,13 +81,14 @@ def purge_due(deadlines: Iterable[date], today: date) -> bool:
 
 
 def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: int | None = None,
-                erased: refs.ErasedHashes | None = None) -> TablePurge:
+                erased: refs.Unwanted | None = None) -> TablePurge:
     """Purge one table. Cost: rewrites only files with delete files; expiry and orphan removal read
     metadata and list the table location; deletes files no retained snapshot needs; under
     `pinned_refs: drop | rewrite`, one scan of the key columns per branch/tag not at the current
     snapshot, and a rewrite of the files holding erased rows in those that hold some (refs.settle).
     `line_from`: the snapshot whose line `TablePurge.own_line` is decided from (None: not decided).
-    `erased`: who no ref may keep (None: no ref can be told clean, so every one is kept)."""
+    `erased`: the rows no ref may keep, erased subjects' (refs.ErasedHashes) or past a retention
+    rule (stages/retention.py); None: no ref can be told clean, so every one is kept."""
     result = TablePurge(table)
     if iceberg.summary_count(spark, settings, table, "total-delete-files"):
         rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table,

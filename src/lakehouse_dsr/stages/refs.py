@@ -16,12 +16,18 @@ Erased in place: one `overwrite` commit on the branch rewriting the files of its
 erased rows, without those rows (or with their columns nulled, `action: redact`): copy-on-write
 whatever the table's write mode, as a delete file would leave the rows in the branch's files. The
 old snapshots are then referenced by no ref and expire with the rest of the table's history.
+
+Who no ref may keep is an `Unwanted`: erasure's `ErasedHashes` (rows of erased subjects, found by
+keyed hash), or retention's rows past a rule (stages/retention.py). Each tells whether a snapshot
+holds such rows and, if so, how its files are cleaned (a `Cleaning`); the policy above and the
+rewrite are the same for both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -49,6 +55,31 @@ class ErasedHashes:
     keys: verify.HashKeys
     key_types: KeyTypes
 
+    def pinned(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> Cleaning | None:
+        """How the snapshot's erased rows are cleaned (None: it holds none). Cost: see pinned_keys."""
+        keys = pinned_keys(spark, settings, table, snapshot_id, self)
+        return None if keys is None else key_cleaning(spark, settings, table, keys)
+
+
+@dataclass(frozen=True)
+class Cleaning:
+    """How the files of a snapshot are cleaned of the rows no ref may keep (see rewrite_on_branch):
+    `candidates` (snapshot id -> the files that may hold them, planned from metadata), `unwanted`
+    (rows of those files, `dsr_file` included -> the rows no ref may keep, a filter) and `cleaned`
+    (the rows of a file holding some -> the rows its rewrite keeps, the table's columns only)."""
+
+    candidates: Callable[[int], skipping.Candidates]
+    unwanted: Callable[[DataFrame], DataFrame]
+    cleaned: Callable[[DataFrame], DataFrame]
+
+
+class Unwanted(Protocol):
+    """Rows no branch or tag may keep (erased subjects', or past a retention rule)."""
+
+    def pinned(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> Cleaning | None:
+        """How the snapshot's unwanted rows are cleaned; None when it holds none."""
+        ...
+
 
 def label(ref: iceberg.Ref) -> str:
     """How the report names a ref: `tag audit_q3`, `branch staging`."""
@@ -67,28 +98,29 @@ def without_leftovers(spark: SparkSession, settings: Settings, table: str) -> li
 
 
 def settle(spark: SparkSession, settings: Settings, table: str, ref: iceberg.Ref,
-           erased: ErasedHashes | None) -> Outcome:
+           erased: Unwanted | None) -> Outcome:
     """Apply `purge.pinned_refs` to one ref not at the current snapshot (see the module doc).
     `erased` None (the caller knows no hashes): the ref cannot be told clean, so it is kept.
 
-    Cost: nothing under `block` or without `erased`; otherwise one scan of the key columns of the
-    ref's snapshot, and for a ref holding erased rows one more of its candidate files' key columns
-    and a read and a write of the files holding them (a dropped tag: one metadata commit instead).
+    Cost: nothing under `block` or without `erased`; otherwise what `erased.pinned` reads (for
+    erasure's hashes: one scan of the key columns of the ref's snapshot), and for a ref holding
+    unwanted rows one more of its candidate files and a read and a write of the files holding them
+    (a dropped tag: one metadata commit instead).
     """
     if settings.purge.pinned_refs == "block" or erased is None:
         return "kept"
-    keys = pinned_keys(spark, settings, table, ref.snapshot_id, erased)
-    if keys is None:
+    cleaning = erased.pinned(spark, settings, table, ref.snapshot_id)
+    if cleaning is None:
         return "clean"
     if ref.kind == "BRANCH":
-        clean_on_branch(spark, settings, table, ref.name, ref.snapshot_id, keys)
+        rewrite_on_branch(spark, settings, table, ref.name, ref.snapshot_id, cleaning)
         return "rewritten"
     if settings.purge.pinned_refs == "drop":
         iceberg.drop_ref(spark, settings, table, ref)
         return "dropped"
     temporary = TEMPORARY + ref.name
     iceberg.create_branch(spark, settings, table, temporary, ref.snapshot_id)
-    cleaned = clean_on_branch(spark, settings, table, temporary, ref.snapshot_id, keys)
+    cleaned = rewrite_on_branch(spark, settings, table, temporary, ref.snapshot_id, cleaning)
     iceberg.move_tag(spark, settings, table, ref.name, cleaned, temporary)
     return "rewritten"
 
@@ -107,23 +139,29 @@ def pinned_keys(spark: SparkSession, settings: Settings, table: str, snapshot_id
     return matching.key_sets(settings, found, erased.key_types, [table])[table]
 
 
-def clean_on_branch(spark: SparkSession, settings: Settings, table: str, branch: str, snapshot_id: int,
-                    keys: TableKeys) -> int:
-    """Commit on `branch` (whose head is `snapshot_id`) the erasure of `keys`: the files of that
-    snapshot holding them rewritten as the table's action leaves them; returns the branch's new head.
-    A conflicting commit on the branch meanwhile fails it (the purge is retried). Cost: a scan of
-    the candidate files' key columns (data skipping) for the files holding matches, then one read
-    and one write of those files."""
-    candidates = keys.candidates(spark, settings, table, snapshot_id)
+def key_cleaning(spark: SparkSession, settings: Settings, table: str, keys: TableKeys) -> Cleaning:
+    """The erasure of `keys` as a Cleaning: candidate files by data skipping on the keys, rows
+    marked by them, and the rows the table's action leaves (collateral.erased_rows)."""
+    action = settings.datamap.table_mapping(table).action
+    return Cleaning(candidates=lambda snapshot_id: keys.candidates(spark, settings, table, snapshot_id),
+                    unwanted=lambda rows: matching.mark(rows, keys).where(matching.any_hit(keys)),
+                    cleaned=lambda content: collateral.erased_rows(content, keys, action))
+
+
+def rewrite_on_branch(spark: SparkSession, settings: Settings, table: str, branch: str, snapshot_id: int,
+                      cleaning: Cleaning) -> int:
+    """Commit on `branch` (whose head is `snapshot_id`) the files of that snapshot holding unwanted
+    rows rewritten as `cleaning` leaves them; returns the branch's new head. A conflicting commit
+    on the branch meanwhile fails it (the purge is retried). Cost: a scan of the candidate files
+    (data skipping) for the files holding unwanted rows, then one read and one write of those files."""
+    candidates = cleaning.candidates(snapshot_id)
     rows = skipping.read(spark, settings, candidates)
     if rows is not None:
-        marked = matching.mark(rows.withColumn("dsr_file", F.input_file_name()), keys)
-        holding = {r.dsr_file for r in marked.where(matching.any_hit(keys)).select("dsr_file").distinct().collect()}
+        found = cleaning.unwanted(rows.withColumn("dsr_file", F.input_file_name()))
+        holding = {r.dsr_file for r in found.select("dsr_file").distinct().collect()}
         chosen = candidates.subset(spark, holding)
         content = skipping.read(spark, settings, chosen, file_per_task=True)
         if content is not None:
-            action = settings.datamap.table_mapping(table).action
-            iceberg.overwrite_files(spark, settings, table, chosen.data_files(spark),
-                                    collateral.erased_rows(content, keys, action), snapshot_id, chosen.predicate,
-                                    branch)
+            iceberg.overwrite_files(spark, settings, table, chosen.data_files(spark), cleaning.cleaned(content),
+                                    snapshot_id, chosen.predicate, branch)
     return next(r.snapshot_id for r in iceberg.refs(spark, settings, table) if r.name == branch)
