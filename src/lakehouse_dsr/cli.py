@@ -349,9 +349,15 @@ def expire(
     else:
         for name, t in result.tables.items():
             for r in t.rules:
-                done = ("would change" if result.dry_run else "changed") + f" {r.rows_past} row(s)"
+                done = ("would change" if result.dry_run else "kept" if t.blocked else "changed") + \
+                    f" {r.rows_past} row(s)"
                 how = " (whole files dropped, none rewritten)" if r.metadata_only else ""
                 console.print(f"{name}: {escape(r.rule)} (before {r.cutoff}): {done}{how}")
+            for ref, e in t.refs.items():
+                if e.rows_past:
+                    console.print(f"{name}: {escape(ref)} pinned {e.rows_past} row(s) past a rule: {e.outcome}")
+            if t.blocked:
+                console.print(f"{name} {escape(t.blocked)}")
             if not result.dry_run:
                 console.print(f"{name}: " + ("[green]proven[/]" if t.passed else "[red]rows past a rule remain[/]")
                               + (f": live 0, history {t.history}, storage {t.storage}" if t.purge else ""))

@@ -163,13 +163,19 @@ def _lifecycle(report: dict) -> list[str]:
     if retention:
         parts.append("<h2>Retention</h2>")
         rows = [[t, rule["rule"], rule["cutoff"], f"{rule['rows_past']:,}",
-                 "metadata only" if rule["metadata_only"] else f"{rule['data_files_added']:,} files written",
+                 # (a report leaves out the fields a rule did not set: nothing committed, nothing written)
+                 "metadata only" if rule.get("metadata_only") else f"{rule.get('data_files_added', 0):,} files written",
                  "" if rule["rows_left"] is None else f"{rule['rows_left']:,}",
                  badge("proven" if e["passed"] else "rows left", "ok" if e["passed"] else "bad")]
                 for t, e in retention["tables"].items() for rule in e["rules"]]
         parts.append(table(["table", "rule", "cutoff", "rows past", "rewrite", "rows left", "proof"], rows,
                            numeric=(3, 5)))
         parts += [f'<p class="warn">{esc(t)} not expired: {esc(why)}</p>' for t, why in retention["skipped"].items()]
+        parts += [f'<p class="warn">{esc(t)} {esc(e["blocked"])}</p>' for t, e in retention["tables"].items()
+                  if e.get("blocked")]
+        parts += [f"<p>{esc(t)}: {esc(ref)} pinned {r['rows_past']:,} row(s) past a rule: {esc(r['outcome'])}</p>"
+                  for t, e in retention["tables"].items() for ref, r in e.get("refs", {}).items()
+                  if r["rows_past"] and r["outcome"] != "blocked"]
     return parts
 
 

@@ -12,6 +12,14 @@ snapshots before the clean one expired, orphans removed), then the proof: no row
 live data (a count with the rule's predicate), in the files retained snapshots reference, or in
 any file under the table's location.
 
+Branches and tags (issue 28): each ref's snapshot is read with the rules' predicates; a ref pinning
+no row past a rule is left alone. Those pinning some are settled by `purge.pinned_refs`, as erasure
+settles refs pinning erased rows (stages/refs.py, with `_PastRows` for what no ref may keep):
+`block` expires nothing in the table and names the refs (the pass fails, as an erase request stays
+open); `drop` drops such tags; `rewrite` re-points them to a cleaned copy of their snapshot; under
+both a branch is expired in place (its files holding rows past rewritten, copy-on-write), never
+dropped. The purge then expires the old snapshots, and the proof reads every retained file.
+
 The cutoff is a literal in the SQL text (a date, never an identifier). On a table partitioned by
 the clock (`days(ts)`, `months(ts)` ...) a cutoff on a partition boundary makes Iceberg drop whole
 data files from metadata (its DELETE needs no rewrite when every row of a file matches): cost
@@ -24,12 +32,13 @@ is the subject identifier (a held person cannot be told apart there): nothing a 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from functools import partial
 from typing import Any, cast
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DateType, TimestampNTZType
 
@@ -37,12 +46,14 @@ from ..config import Settings
 from ..datamap.model import ExpiryRule, column_ref
 from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
-from ..lake import iceberg
+from ..lake import iceberg, skipping
 from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
 from ..ledger.ledger import Ledger
-from . import purge, resurrection, verify
+from . import collateral, purge, refs, resurrection, verify
 from .retention_models import (
+    RefExpiry,
+    RefOutcome,
     RetentionPass,
     RetentionStatus,
     RuleExpiry,
@@ -118,6 +129,56 @@ def framed(spark: SparkSession, rows: DataFrame, rules: list[_Rule]) -> DataFram
     return rows
 
 
+@dataclass
+class _PastRows:
+    """Rows past a table's rules as no branch or tag may keep them (refs.Unwanted): a snapshot pins
+    some when a rule's predicate (on the clock of the row, or of the subject as it is now) matches
+    one of its rows. Counts are kept per snapshot id, so the purge's check of a ref this pass has
+    counted reads nothing again."""
+
+    rules: list[_Rule]
+    counts: dict[int, int] = field(default_factory=dict)
+
+    def rows_past(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> int:
+        """Rows of the snapshot past a rule. Cost: one scan of the rules' columns of the snapshot (once)."""
+        if snapshot_id not in self.counts:
+            self.counts[snapshot_id] = iceberg.read_at(spark, settings, table, snapshot_id).where(
+                " OR ".join(f"({r.past})" for r in self.rules)).count()
+        return self.counts[snapshot_id]
+
+    def pinned(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int
+               ) -> refs.Cleaning | None:
+        if not self.rows_past(spark, settings, table, snapshot_id):
+            return None
+        groups = tuple(settings.datamap.mapping(table).groups)
+        past = F.expr(" OR ".join(f"({r.framed_past})" for r in self.rules))
+        # No key value to prune on: every data file of the snapshot is a candidate (the ref's rows are read).
+        return refs.Cleaning(
+            candidates=lambda sid: skipping.plan(spark, settings, table, sid, groups, tuple(None for _ in groups)),
+            unwanted=lambda rows: framed(spark, rows, self.rules).where(past),
+            cleaned=lambda content: expired(spark, content, self.rules))
+
+
+def expired(spark: SparkSession, content: DataFrame, rules: list[_Rule]) -> DataFrame:
+    """`content` (a table's rows) as the rules leave them: rows past a delete rule removed, the
+    columns of a redact rule NULL in rows past it (struct fields inside their struct), every other
+    value as it was; the table's columns only. What the rules' statements commit on main, as rows
+    for a copy-on-write rewrite of a branch's files (refs.rewrite_on_branch)."""
+    rows = framed(spark, content, rules)
+    redactions: dict[str, list[Callable[[Column], Column]]] = {}
+    for r in rules:  # deletes first, as on main
+        past = F.coalesce(F.expr(r.framed_past), F.lit(False))
+        if r.rule.delete:
+            rows = rows.where(~past)
+        for column in r.rule.redact:
+            redactions.setdefault(column, []).append(partial(_null_where, past))
+    return rows.select(*[collateral.erased_value(f, redactions).alias(f.name) for f in content.schema.fields])
+
+
+def _null_where(past: Column, value: Column) -> Column:
+    return F.when(past, F.lit(None)).otherwise(value)
+
+
 def selected(settings: Settings, tables: list[str] | None) -> dict[str, list[ExpiryRule]]:
     """The tables with rules, `tables` only when given (DataMapError naming one that has none)."""
     expiring = settings.datamap.expiring
@@ -151,10 +212,13 @@ def enforce(spark: SparkSession, settings: Settings, ledger: Ledger, holds: Acti
     """Expire what is past each rule of the selected tables (default: all with rules), purge and
     prove. Call after `check_against_catalog` (a clock it refuses changes nothing). Cost per table:
     one count per rule (a scan of the clock and redacted columns, pruned by partitions and file
-    bounds); for each rule with rows past, one DELETE (metadata only when whole files expire) or
-    UPDATE (rewrites, or marks, the files holding rows past); then the purge (see purge_table) and
-    the proof: one count per rule, and when old files or delete files remain after the purge, one
-    scan of those columns in the retained files and one in every file under the location.
+    bounds), and one per snapshot a branch or tag points at (none without refs); for each rule with
+    rows past, one DELETE (metadata only when whole files expire) or UPDATE (rewrites, or marks, the
+    files holding rows past); for each ref pinning rows past (not under block), a read and a write of
+    its files holding them (a dropped tag: one metadata commit); then the purge (see purge_table) and
+    the proof: one count per rule and per rewritten ref, and when old files or delete files remain
+    after the purge, one scan of those columns in the retained files and one in every file under the
+    location.
     `paused`: other tables to skip -> why (a collateral hold keeps its pre-erase snapshots)."""
     chosen = selected(settings, tables)
     skipped = {t: h.why for t in chosen if (h := holds.table(t)) is not None}
@@ -172,8 +236,9 @@ def enforce(spark: SparkSession, settings: Settings, ledger: Ledger, holds: Acti
 def _held_subjects_past(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule], holds: ActiveHolds
                         ) -> str | None:
     """Why `table` must not expire anything while subject holds are active (None: it may). Cost, only
-    with a subject hold active: one scan of the subject key columns of the rows past a rule, each
-    distinct value hashed once per key the holds were made with."""
+    with a subject hold active: one scan of the subject key columns of the rows past a rule (of the
+    current snapshot and of each branch's and tag's), each distinct value hashed once per key the
+    holds were made with."""
     held = [h for h in holds.holds if h.kind == "subject"]
     if not held:
         return None
@@ -183,10 +248,16 @@ def _held_subjects_past(spark: SparkSession, settings: Settings, table: str, rul
         keys = ", ".join(g.identifier for g in settings.datamap.mapping(table).groups)
         return (f"not expired while a subject is under a legal hold: its keys ({keys}) cannot be matched with a "
                 f"held {subject}")
-    past = spark.table(settings.table(table)).where(" OR ".join(f"({r.past})" for r in rules))
+    where = " OR ".join(f"({r.past})" for r in rules)
+    # main's rows past a rule, and each branch's and tag's: a ref cleaned of them would lose a held person's
+    snapshots = sorted({ref.snapshot_id for ref in iceberg.refs(spark, settings, table)})
+    values = verify.key_values(spark.table(settings.table(table)).where(where), groups)
+    for snapshot_id in snapshots:
+        values = values.unionByName(verify.key_values(
+            iceberg.read_at(spark, settings, table, snapshot_id).where(where), groups))
     hashes = spark.createDataFrame([(h.hold_id, subject, h.subject_hash, h.key_id) for h in held],
                                    "request_id string, key_type string, key_hash string, key_id string")
-    found = verify.find_hashed(spark, verify.key_values(past, groups), hashes, holds.keys)
+    found = verify.find_hashed(spark, values, hashes, holds.keys)
     return "; ".join(h.why for h in held if found.get(h.hold_id)) or None
 
 
@@ -194,6 +265,13 @@ def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, 
            dry_run: bool) -> TableExpiry:
     name = settings.table(table)
     start = iceberg.current_snapshot(spark, settings, table)
+    unwanted = _PastRows(rules)
+    # Each branch and tag, by the rows past a rule its snapshot holds (a temporary branch an interrupted
+    # tag rewrite left is not counted: the purge removes it).
+    pinning = {ref: unwanted.rows_past(spark, settings, table, ref.snapshot_id)
+               for ref in iceberg.refs(spark, settings, table) if not ref.name.startswith(refs.TEMPORARY)}
+    if settings.purge.pinned_refs == "block" and any(pinning.values()):
+        return _blocked(spark, name, rules, pinning, dry_run)
     done: list[RuleExpiry] = []
     for r in rules:
         began = time.perf_counter()
@@ -214,19 +292,74 @@ def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, 
                                            and not fields["delete_files_added"])
         done.append(RuleExpiry(**fields, seconds=round(time.perf_counter() - began, 3)))
     if dry_run:
-        return TableExpiry(rules=done, passed=True)
+        return TableExpiry(rules=done, refs={refs.label(ref): RefExpiry(
+            rows_past=n, outcome=_would(settings, ref, n), snapshot_id=ref.snapshot_id) for ref, n in pinning.items()},
+            passed=True)
     committed = any(d.snapshot_id is not None for d in done)
-    purged = purge.purge_table(spark, settings, table, line_from=start.snapshot_id if start else None) \
-        if committed else None
+    # A ref pinning rows past a rule is cleaned by the purge even when main had none left to expire.
+    purged = purge.purge_table(spark, settings, table, line_from=start.snapshot_id if start else None,
+                               erased=unwanted) if committed or any(pinning.values()) else None
     if purged is not None and start is not None and purged.own_line:
         _keep_checkpoint(spark, settings, ledger, table, start.snapshot_id, run_id)
     left = [spark.table(name).where(r.past).count() for r in rules]
     done = [d.model_copy(update={"rows_left": n}) for d, n in zip(done, left, strict=True)]
+    settled = _settled(spark, settings, table, unwanted, pinning, purged)
+    refs_clean = all(not e.rows_left and (e.outcome != "kept" or not e.rows_past) for e in settled.values())
     if purged is None:
-        return TableExpiry(rules=done, passed=not any(left))
+        return TableExpiry(rules=done, refs=settled, passed=not any(left) and refs_clean)
     history, storage, one_scan = _physical(spark, settings, table, rules, sum(left))
-    return TableExpiry(rules=done, purge=purged.as_dict(), history=history, storage=storage, one_scan=one_scan,
-                       passed=not any(left) and not history and not storage)
+    return TableExpiry(rules=done, refs=settled, purge=purged.as_dict(), history=history, storage=storage,
+                       one_scan=one_scan, passed=not any(left) and not history and not storage and refs_clean)
+
+
+def _blocked(spark: SparkSession, name: str, rules: list[_Rule], pinning: dict[iceberg.Ref, int], dry_run: bool
+             ) -> TableExpiry:
+    """`pinned_refs: block` and refs pinning rows past a rule: nothing is committed (expiring main
+    alone would leave those rows in the refs' files, and the proof failing); the refs are named and
+    the pass fails, as an erase request stays open under block. Cost: one count per rule."""
+    counts = [spark.table(name).where(r.past).count() for r in rules]
+    holding = ", ".join(f"{refs.label(ref)} ({n} row(s))" for ref, n in pinning.items() if n)
+    why = (f"not expired: {holding} pin rows past a rule and purge.pinned_refs is block (drop or rewrite cleans "
+           f"them: a tag is dropped or re-pointed to a cleaned copy, a branch is expired in place)")
+    return TableExpiry(
+        rules=[RuleExpiry(rule=r.rule.describe(), cutoff=r.cutoff.isoformat(), rows_past=n,
+                          rows_left=None if dry_run else n) for r, n in zip(rules, counts, strict=True)],
+        refs={refs.label(ref): RefExpiry(rows_past=n, outcome="blocked" if n else "clean", snapshot_id=ref.snapshot_id)
+              for ref, n in pinning.items()},
+        blocked=why, passed=dry_run)
+
+
+def _would(settings: Settings, ref: iceberg.Ref, rows_past: int) -> RefOutcome:
+    """What a pass under the current `pinned_refs` does with a ref pinning `rows_past` rows (not block)."""
+    if not rows_past:
+        return "clean"
+    return "dropped" if ref.kind == "TAG" and settings.purge.pinned_refs == "drop" else "rewritten"
+
+
+def _settled(spark: SparkSession, settings: Settings, table: str, unwanted: _PastRows, pinning: dict[iceberg.Ref, int],
+             purged: purge.TablePurge | None) -> dict[str, RefExpiry]:
+    """Each ref counted before the pass, by what the purge did with it (refs.settle), and the rows past
+    a rule its snapshot holds afterwards when it was rewritten (the proof; one count each)."""
+    done: dict[str, RefOutcome] = {}
+    if purged is not None:
+        settled: list[tuple[RefOutcome, list[str]]] = [("kept", purged.refs_kept), ("clean", purged.refs_clean),
+                                                        ("dropped", purged.refs_dropped),
+                                                        ("rewritten", purged.refs_rewritten)]
+        for outcome, labels in settled:
+            done.update(dict.fromkeys(labels, outcome))
+    now = {refs.label(ref): ref for ref in iceberg.refs(spark, settings, table)}
+    out = {}
+    for ref, n in pinning.items():
+        label = refs.label(ref)
+        outcome = done.get(label, "kept" if n else "clean")
+        if outcome == "kept" and not n:
+            outcome = "clean"  # counted clean before the pass (the purge keeps refs unchecked under block)
+        after = now.get(label)
+        left = (unwanted.rows_past(spark, settings, table, after.snapshot_id)
+                if after is not None and outcome == "rewritten" else None)
+        out[label] = RefExpiry(rows_past=n, outcome=outcome, snapshot_id=after.snapshot_id if after else None,
+                               rows_left=left)
+    return out
 
 
 def _physical(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule], live: int

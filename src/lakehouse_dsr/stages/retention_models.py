@@ -4,7 +4,7 @@ They hold counts, dates and rule texts, never an identifier."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,17 +29,39 @@ class RuleExpiry(_Model):
     seconds: float = 0.0
 
 
+RefOutcome = Literal["clean", "kept", "blocked", "dropped", "rewritten"]
+
+
+class RefExpiry(_Model):
+    """One branch or tag of a table in one pass of retention (`purge.pinned_refs` decides)."""
+
+    rows_past: int = Field(description="rows past a rule in the ref's snapshot before this pass (read with the "
+                                       "rules' predicates as of that snapshot)")
+    outcome: RefOutcome = Field(
+        description="clean: pins no row past a rule, left alone; blocked: pins some and pinned_refs is block, so "
+        "the table was not expired; dropped: a tag pinning some, dropped (pinned_refs: drop); rewritten: a branch "
+        "expired in place (the rules committed on it), or a tag re-pointed to a cleaned copy of its snapshot "
+        "(pinned_refs: rewrite); kept: left as it was (not checked by the purge). A dry run: what would be")
+    snapshot_id: int | None = Field(None, description="the ref's snapshot after the pass (null: dropped)")
+    rows_left: int | None = Field(None, description="rows past a rule in that snapshot afterwards (the proof; "
+                                                    "null: not read, as for a ref left alone)")
+
+
 class TableExpiry(_Model):
     """A table's retention in one pass: each rule, the purge and the proof."""
 
     rules: list[RuleExpiry]
+    refs: dict[str, RefExpiry] = Field(default_factory=dict, description="each branch and tag (`tag audit_q3`, "
+                                       "`branch staging`) -> whether it pinned rows past a rule and what was done")
+    blocked: str | None = Field(None, description="why the table was not expired: branches or tags pin rows past "
+                                                  "a rule and purge.pinned_refs is block (nothing committed)")
     purge: dict[str, Any] | None = Field(None, description="the physical purge (as erasure's), when a rule committed")
     history: int | None = Field(None, description="rows past a rule in files of retained snapshots (null: not "
                                                   "checked, nothing committed)")
     storage: int | None = Field(None, description="rows past a rule in any file under the table's location")
     one_scan: bool = Field(False, description="history and storage held only the live files: the live count "
                                               "proved them")
-    passed: bool = Field(description="no row past a rule found where it was looked for")
+    passed: bool = Field(description="no row past a rule found where it was looked for (false when blocked)")
     error: str | None = None
 
 
