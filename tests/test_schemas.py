@@ -41,6 +41,13 @@ def test_the_example_configs_validate_against_the_dsr_yaml_schema(example):
     validator("dsr").validate(raw)
 
 
+def test_the_demo_data_map_validates_against_the_dsr_yaml_schema():
+    raw = yaml.safe_load((ROOT / "src" / "lakehouse_dsr" / "demo" / "datamap.yaml").read_text())
+    validator("dsr").validate({"datamap": raw})
+    with pytest.raises(jsonschema.ValidationError, match="tabels"):
+        validator("dsr").validate({"datamap": {**raw, "tabels": {}}})
+
+
 def test_a_config_with_a_misspelt_section_or_a_wrong_type_fails_the_schema():
     check = validator("dsr")
     raw = yaml.safe_load((ROOT / "examples" / "dsr.yaml").read_text())

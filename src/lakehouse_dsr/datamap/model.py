@@ -26,11 +26,14 @@ datamap:
 
 from __future__ import annotations
 
+import copy
+import importlib.resources
 import re
 from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any, Literal, cast, get_args
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
@@ -666,59 +669,30 @@ class DataMap(BaseModel):
         return out + [m for n in out for m in self.derived_from(n) if m not in out]
 
 
-DAILY_BY_TYPE = ("SELECT event_type, to_date(event_timestamp) AS day, count(*) AS events, "
-                 "count(DISTINCT user_id) AS users FROM demo.events GROUP BY 1, 2")
-TOP_VISITORS = ("SELECT user_id, count(*) AS visits FROM demo.events GROUP BY user_id HAVING count(*) > "
-                "(SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY c) FROM "
-                "(SELECT count(*) AS c FROM demo.events GROUP BY user_id))")
-DEMO_DERIVED = {
-    "demo_silver.user_daily": {"from": ["demo.events"], "key": "user_id", "purpose": "product analytics (daily)",
-                               "recipients": ["analytics team"], "retention": "25 months"},
-    "demo_silver.user_history": {"from": ["demo.users"], "key": "user_id", "kind": "scd2",
-                                 "purpose": "account history", "retention": "while the account exists"},
-    "demo_gold.daily_by_type": {"from": ["demo.events"], "sql": DAILY_BY_TYPE, "group_by": ["event_type", "day"]},
-    "demo_gold.top_visitors": {"from": ["demo.events"], "sql": TOP_VISITORS, "refresh": "full"},
-}
-
-
-DEMO_SHREDDED = {
-    "demo_vault.events": {"key": "user_id", "action": "shred", "encrypted": ["event_details"],
-                          "purpose": "product analytics (pseudonymized copy)", "recipients": ["analytics team"],
-                          "retention": "25 months"},
-}
+# The demo lakehouse's data map is a file of the package (demo/datamap.yaml): what `dsr` maps when no
+# dsr.yaml is found, and what synth.generate builds. Everything below is read from it.
+DEMO_DATAMAP_FILE = importlib.resources.files("lakehouse_dsr") / "demo" / "datamap.yaml"
+_DEMO: dict[str, Any] = yaml.safe_load(DEMO_DATAMAP_FILE.read_text(encoding="utf-8"))
+DEMO_DERIVED: dict[str, dict[str, Any]] = _DEMO["derived"]
+DEMO_SHREDDED: dict[str, dict[str, Any]] = {t: m for t, m in _DEMO["tables"].items() if m.get("action") == "shred"}
+DAILY_BY_TYPE: str = DEMO_DERIVED["demo_gold.daily_by_type"]["sql"]
 
 
 def demo_datamap(derived: bool = True, vault: bool | None = None, expire: bool = False) -> DataMap:
-    """The demo lake's data map; `derived`: with its silver and gold layers, `vault` (default: as
-    `derived`): with the pseudonymized copy of the events (synth.generate builds them); `expire`:
-    with the events' 25 months enforced (`dsr demo` shows it on the embedded lake; other runs of the
-    embedded map, the example configs and the tests leave the demo's data as generated)."""
+    """The demo lake's data map (demo/datamap.yaml, the whole file by default); `derived`: with its
+    silver and gold layers, `vault` (default: as `derived`): with the pseudonymized copy of the events
+    (synth.generate builds them); `expire`: with the events' 25 months enforced (`dsr demo` shows it on
+    the demo's lake; other runs of the demo's map, the example configs and the tests leave the demo's
+    data as generated)."""
     vault = derived if vault is None else vault
-    expiry = [{"after": "25 months", "clock": "event_timestamp", "delete": True}] if expire else []
-    layers = DEMO_DERIVED if not expire else {  # the daily silver keeps what it counts no longer than its source
-        **DEMO_DERIVED, "demo_silver.user_daily": {**DEMO_DERIVED["demo_silver.user_daily"],
-                                                   "expire": [{"after": "25 months", "clock": "day", "delete": True}]}}
-    return DataMap.model_validate(
-        {
-            "derived": layers if derived else {},
-            "subject": "user_id",
-            "identifiers": {"email": {"table": "demo.users", "subject_column": "user_id", "column": "email"}},
-            "tables": {
-                "demo.users": {"key": "user_id", "purpose": "customer account", "recipients": ["support team"],
-                               "retention": "while the account exists"},
-                "demo.events": {"key": "user_id", "purpose": "product analytics", "recipients": ["analytics team"],
-                                "retention": "25 months", "expire": expiry},
-                "demo.newsletter": {"key": "email", "identifier": "email", "purpose": "newsletter (consent)",
-                                    "recipients": ["email service provider"], "retention": "until unsubscribed"},
-                **(DEMO_SHREDDED if vault else {}),
-                "demo.orders": {
-                    "key": "user_id",
-                    "action": "redact",
-                    "redact": ["user_id", "customer_name", "shipping_address"],
-                    "purpose": "order fulfilment; amounts kept for tax law",
-                    "recipients": ["payment processor", "tax authority"],
-                    "retention": "10 years (amounts), personal fields until erasure",
-                },
-            },
-        }
-    )
+    raw = copy.deepcopy(_DEMO)
+    if not derived:
+        raw["derived"] = {}
+    if not vault:
+        raw["tables"] = {t: m for t, m in raw["tables"].items() if t not in DEMO_SHREDDED}
+    if expire:  # the daily silver keeps what it counts no longer than its source
+        rule = {"after": "25 months", "delete": True}
+        raw["tables"]["demo.events"]["expire"] = [{**rule, "clock": "event_timestamp"}]
+        if derived:
+            raw["derived"]["demo_silver.user_daily"]["expire"] = [{**rule, "clock": "day"}]
+    return DataMap.model_validate(raw)
