@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
+from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import layout
 from lakehouse_dsr.lake.spark import build_session
@@ -36,7 +37,8 @@ def main() -> None:
     work = Path(a.workdir)
     users = max(1, a.events // 100)
 
-    settings = settings_from_dict({"catalog": {"properties": {"type": "hadoop", "warehouse": str(work / "wh")}}})
+    settings = settings_from_dict({"catalog": {"properties": {"type": "hadoop", "warehouse": str(work / "wh")}},
+                                   "datamap": demo_datamap()})
     spark = build_session(settings)
     synth.generate(spark, settings, users=users, events=a.events, seed=1)
     subjects = [synth.user_id(1, i) for i in random.Random(1).sample(range(users), a.subjects)]

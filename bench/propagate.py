@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
-from lakehouse_dsr.datamap.model import DAILY_BY_TYPE
+from lakehouse_dsr.datamap.model import DAILY_BY_TYPE, demo_datamap
 from lakehouse_dsr.ingest.stream import ingest
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import key_id, keyed_hash
@@ -161,7 +161,7 @@ def main() -> None:
     a = args.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dsr-propagate-"))
     settings = settings_from_dict({"catalog": {"properties": {"type": "hadoop", "warehouse": str(work / "wh")}},
-                                   "secret_key_file": str(work / "key")})
+                                   "secret_key_file": str(work / "key"), "datamap": demo_datamap()})
     spark = build_session(settings)
     synth.generate(spark, settings, a.users, a.events, 42)
     prop: list[dict] = []

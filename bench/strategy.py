@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
+from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.stages import erase, identity, matching
@@ -34,7 +35,8 @@ def main() -> None:
     args.add_argument("--warehouse", default=tempfile.mkdtemp(prefix="dsr-bench-"))
     a = args.parse_args()
 
-    settings = settings_from_dict({"catalog": {"properties": {"type": "hadoop", "warehouse": a.warehouse}}})
+    settings = settings_from_dict({"catalog": {"properties": {"type": "hadoop", "warehouse": a.warehouse}},
+                                   "datamap": demo_datamap()})
     spark = build_session(settings)
     synth.generate(spark, settings, users=a.users, events=a.events, seed=1)
     subjects = [synth.user_id(1, i) for i in random.Random(1).sample(range(a.users), a.erase)]

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from helpers import SEED, snapshot_ids, write_config
@@ -41,6 +42,9 @@ def test_bad_input_exits_2_and_changes_nothing(spark, configured, tmp_path):
     (tmp_path / "broken.yaml").write_text("catalog: [unclosed\n")
     missing = write_config(settings, tmp_path / "missing.yaml",
                            datamap={"tables": {"demo.events": {"key": "user_id"}, "demo.gone": {"key": "user_id"}}})
+    own = {k: v for k, v in yaml.safe_load(config.read_text()).items() if k != "datamap"}  # no `datamap:` section
+    (tmp_path / "unmapped.yaml").write_text(yaml.safe_dump(own))
+    no_map = "unmapped.yaml has no datamap: section: name the tables that hold personal data there"
     cases = [
         (["-c", str(config), "submit", "--file", "wrong.csv"], "header must be subject_id,type"),
         (["-c", str(config), "submit", "--file", "types.csv"], "line 3: unknown request type 'forget'"),
@@ -52,6 +56,10 @@ def test_bad_input_exits_2_and_changes_nothing(spark, configured, tmp_path):
         (["-c", str(config), "submit", "--type", "erase"], "--subject and --type are required"),
         (["-c", "broken.yaml", "status"], "not valid YAML"),
         (["-c", str(missing), "run"], "table demo.gone cannot be read"),
+        (["-c", "unmapped.yaml", "run"], no_map),  # never the demo's tables instead
+        (["-c", "unmapped.yaml", "verify"], no_map),
+        (["-c", "unmapped.yaml", "expire", "--dry-run"], no_map),
+        (["-c", "unmapped.yaml", "hold", "add", "--table", "demo.events", "--reason", "audit"], no_map),
     ]
     for args, message in cases:
         result = dsr(*args, cwd=tmp_path)
@@ -59,6 +67,8 @@ def test_bad_input_exits_2_and_changes_nothing(spark, configured, tmp_path):
         assert message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
     assert snapshot_ids(spark, settings, TABLES) == before
+    ledger_only = dsr("-c", "unmapped.yaml", "status", "--json", cwd=tmp_path)  # the ledger needs no data map
+    assert ledger_only.returncode == 0 and len(json.loads(ledger_only.stdout)) == 1, ledger_only.stderr
 
 
 def test_happy_path_in_process(spark, configured, tmp_path):

@@ -1,17 +1,24 @@
+import tomllib
+from importlib import resources
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from lakehouse_dsr.config import load_settings, settings_from_dict
 from lakehouse_dsr.datamap import DataMap, demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
 from lakehouse_dsr.inventory.check import check_against_catalog
+from lakehouse_dsr.runner import run
+
+ROOT = Path(__file__).parent.parent
 
 
-def test_default_is_the_embedded_lakehouse(tmp_path, monkeypatch):
+def test_without_a_dsr_yaml_the_demo_configuration_applies(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     s = load_settings()
+    assert s.datamap == demo_datamap()  # the demo's own file, demo/datamap.yaml
     assert s.catalog.name == "lakehouse"
     assert s.catalog.properties == {"type": "hadoop", "warehouse": (tmp_path / "lakehouse").as_uri()}
     assert s.spark.master == "local[*]"
@@ -19,6 +26,45 @@ def test_default_is_the_embedded_lakehouse(tmp_path, monkeypatch):
                                      "demo_vault.events"}
     assert set(s.datamap.shredded) == {"demo_vault.events"}  # the pseudonymized copy of the events
     assert s.key_file() == tmp_path / "dsr-secret.key"
+
+
+def test_the_demo_data_map_is_the_packaged_file():
+    """One source of truth: demo_datamap() is demo/datamap.yaml (the package ships it), and its variants
+    only leave layers out or add the expiry `dsr demo` enforces."""
+    raw = yaml.safe_load((resources.files("lakehouse_dsr") / "demo" / "datamap.yaml").read_text())
+    assert DataMap.model_validate(raw) == demo_datamap()
+    assert list(demo_datamap().tables) == list(raw["tables"]) and list(demo_datamap().derived) == list(raw["derived"])
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "demo/datamap.yaml" in package_data["lakehouse_dsr"]
+    bronze = demo_datamap(derived=False)
+    assert not bronze.derived and not bronze.shredded and set(bronze.tables) == set(raw["tables"]) - {
+        "demo_vault.events"}
+    assert set(demo_datamap(derived=False, vault=True).shredded) == {"demo_vault.events"}
+    expiring = demo_datamap(expire=True)  # `dsr demo`: the events' 25 months, and the daily silver's
+    assert [(t, r.after) for t, m in {**expiring.tables, **expiring.derived}.items() for r in m.expire] == [
+        ("demo.events", "25 months"), ("demo_silver.user_daily", "25 months")]
+
+
+def test_a_config_without_a_datamap_is_refused_where_the_map_is_used(tmp_path):
+    """Never the demo's tables by default: a config of one's own without `datamap:` loads (the ledger and the
+    service need no map), and every use of the map, a run first, refuses it with the section's name."""
+    message = r"mine\.yaml has no datamap: section: name the tables that hold personal data there"
+    raw = {"catalog": {"properties": {"type": "hadoop", "warehouse": "wh"}}, "secret_key_file": "k"}
+    for section in ({}, {"datamap": None}):  # absent, or `datamap:` with nothing under it
+        settings = settings_from_dict({**raw, **section}, base=tmp_path, source="mine.yaml")
+        assert settings.key_file() == tmp_path / "k" and settings.datamap_ is None
+        with pytest.raises(ConfigError, match=message):
+            settings.datamap  # noqa: B018
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=message):
+        load_settings(tmp_path / "mine.yaml").datamap  # noqa: B018
+    with pytest.raises(ConfigError, match=message):
+        run(lambda: pytest.fail("no session: refused first"), settings)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]  # no ledger, no key: nothing changed
+    mapped = settings.replace(datamap=demo_datamap(derived=False))  # a map given later, as a copy
+    assert mapped.datamap == demo_datamap(derived=False) and settings.datamap_ is None
+    assert settings.model_copy(update={"datamap": demo_datamap()}).datamap == demo_datamap()
+    assert "datamap" in mapped.model_dump() and "datamap" not in settings.model_dump(exclude_none=True)
 
 
 def test_yaml_sets_spark_catalog_and_datamap(tmp_path):

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from helpers import HOSTILE, SEED, add_subjects, make_settings, snapshot_ids, write_config
+from helpers import HOSTILE, SEED, add_subjects, datamap_dict, make_settings, snapshot_ids, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import entry
 from lakehouse_dsr.config import Settings, load_settings, settings_from_dict
-from lakehouse_dsr.datamap import DataMap
+from lakehouse_dsr.datamap import DataMap, demo_datamap
 from lakehouse_dsr.exceptions import CatalogUnavailableError, ConfigError, DataMapError, RequestInputError
 from lakehouse_dsr.keys import KEY_ENV
 from lakehouse_dsr.lake.spark import attach
@@ -268,8 +268,8 @@ def test_names_that_would_go_into_sql_must_be_plain(name, place):
 @given(section=st.sampled_from([None, "spark", "catalog", "datamap", "purge", "erase", "export"]),
        key=st.text(TEXT, min_size=1, max_size=20))
 def test_unknown_config_keys_are_named(section, key):
-    model = Settings if section is None else type(getattr(Settings(), section))
-    assume(key not in model.model_fields)
+    model = DataMap if section == "datamap" else Settings if section is None else type(getattr(Settings(), section))
+    assume(key not in {field.alias or name for name, field in model.model_fields.items()})  # as written
     raw = {key: 1} if section is None else {section: {key: 1}}
     with pytest.raises(ConfigError, match="Extra inputs are not permitted") as info:
         settings_from_dict(raw)
@@ -439,7 +439,7 @@ def closed_port() -> int:
 def unreachable(root: Path) -> dict:
     return {"spark": {"master": "local[1]", "conf": {"spark.ui.enabled": "false"}},
             "catalog": {"name": "offline", "properties": {"type": "rest", "uri": f"http://127.0.0.1:{closed_port()}"}},
-            "secret_key_file": str(root / "dsr-secret.key")}
+            "secret_key_file": str(root / "dsr-secret.key"), "datamap": datamap_dict(demo_datamap(derived=False))}
 
 
 def test_unreachable_rest_catalog(spark, tmp_path):
@@ -456,7 +456,8 @@ def test_unreachable_rest_catalog(spark, tmp_path):
 def test_warehouse_that_cannot_be_created(spark, tmp_path):
     (tmp_path / "a-file").write_text("not a directory")
     settings = settings_from_dict({"catalog": {"name": "nowhere", "properties": {
-        "type": "hadoop", "warehouse": str(tmp_path / "a-file" / "wh")}}}, base=tmp_path)
+        "type": "hadoop", "warehouse": str(tmp_path / "a-file" / "wh")}},
+        "datamap": datamap_dict(demo_datamap(derived=False))}, base=tmp_path)
     attach(spark, settings)
     message = "catalog nowhere cannot be reached: the warehouse .* cannot be created: .* is not a directory"
     with pytest.raises(CatalogUnavailableError, match=message):

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import load_settings
+from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, EnvironmentSetupError
 from lakehouse_dsr.lake import connectors
 from lakehouse_dsr.lake import spark as spark_module
@@ -77,6 +78,7 @@ def test_examples_load_and_name_every_variable_they_need(example, monkeypatch, t
         monkeypatch.setenv(name, value)
     settings = load_settings(EXAMPLES / example)
     assert settings.spark.master == "local[*]"
+    assert settings.datamap == demo_datamap()  # the demo's whole map, written out: there is no default one
     conf = spark_module.session_conf(settings)
     assert not (EXAMPLES / "catalog.db").exists()  # computing the conf touches no database
     assert conf["spark.jars"].startswith(str(spark_module.iceberg_jar()))

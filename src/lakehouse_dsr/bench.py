@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 
 from . import synth
 from .config import Settings, settings_from_dict
-from .datamap import DataMap
+from .datamap import DataMap, demo_datamap
 from .lake import iceberg
 from .lake.metrics import StageMeter
 from .ledger.ledger import Ledger
@@ -51,6 +51,7 @@ def events_only_settings(work: Path, name: str, **sections) -> Settings:
     settings = settings_from_dict({
         "catalog": {"name": f"lh_{name}", "properties": {"type": "hadoop", "warehouse": str(work / name / "wh")}},
         "secret_key_file": str(work / "dsr-secret.key"),
+        "datamap": demo_datamap(),
         **sections,
     })
     raw = settings.datamap.model_dump()

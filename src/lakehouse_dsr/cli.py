@@ -68,14 +68,24 @@ class Bars:
 
 
 @app.callback()
-def main(config: ConfigOption = None) -> None:
+def main(ctx: typer.Context, config: ConfigOption = None) -> None:
     _state.clear()
     _state["config"] = config
+    _state["command"] = ctx.invoked_subcommand
+
+
+# Commands that need no data map (the ledger, the intake service, tokens, jars): every other one refuses a
+# config without a `datamap:` section (exit 2) as it loads it, before anything changes.
+WITHOUT_DATAMAP = {"submit", "status", "extend", "certificate", "release", "expire-records", "metrics", "hold",
+                   "rotate-key", "jars", "serve", "operator", "webhooks"}
 
 
 def _settings() -> Settings:
     if "settings" not in _state:
-        _state["settings"] = load_settings(_state.get("config"))
+        settings = load_settings(_state.get("config"))
+        if _state.get("command") not in WITHOUT_DATAMAP:
+            settings.datamap  # noqa: B018  (the ConfigError naming the missing section)
+        _state["settings"] = settings
     return _state["settings"]
 
 

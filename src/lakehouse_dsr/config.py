@@ -1,15 +1,18 @@
 """Load and validate `dsr.yaml`: Spark settings, catalog, data map, purge policy.
 
-Without a file the embedded default applies: `local[*]` Spark, an Iceberg hadoop catalog
-named `lakehouse` with its warehouse at `./lakehouse`, and the demo data map.
+Without a file the demo's configuration applies: `local[*]` Spark, an Iceberg hadoop catalog
+named `lakehouse` with its warehouse at `./lakehouse`, and the demo's data map (demo/datamap.yaml).
+A file of one's own has no data map but its `datamap:` section: without one, the commands that
+read or change mapped tables refuse (Settings.datamap), the others (the ledger, the service) work.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Self, get_args
 
 import yaml
 from pydantic import (
@@ -17,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     WithJsonSchema,
     field_validator,
@@ -229,9 +233,13 @@ class Settings(_Strict):
     is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake, records,
     webhooks."""
 
+    model_config = ConfigDict(serialize_by_alias=True)  # `datamap`, as written, in every dump
+
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
-    datamap: DataMap = Field(default_factory=demo_datamap)
+    # The section as given, None when absent; read through `datamap`, which refuses a config without one.
+    # Never a default: a forgotten section must not map tables that are not the user's (the demo's).
+    datamap_: DataMap | None = Field(default=None, alias="datamap")
     purge: PurgeSettings = Field(default_factory=PurgeSettings)
     erase: EraseSettings = Field(default_factory=EraseSettings)
     export: ExportSettings = Field(default_factory=ExportSettings)
@@ -242,6 +250,16 @@ class Settings(_Strict):
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"
     secret_key_file: Path | None = None
+    _source: str = PrivateAttr(default="the configuration")  # the file's name, for the error of `datamap`
+
+    @property
+    def datamap(self) -> DataMap:
+        """The data map (`datamap:`); ConfigError naming the missing section when the config has none."""
+        if self.datamap_ is None:
+            raise ConfigError(f"{self._source} has no datamap: section: name the tables that hold personal data "
+                              "there (examples/dsr.yaml shows how); the demo's tables are mapped only when no "
+                              "dsr.yaml is found")
+        return self.datamap_
 
     @field_validator("webhooks")
     @classmethod
@@ -281,10 +299,16 @@ class Settings(_Strict):
         again: for code that holds typed values, not for user input (settings_from_dict)."""
         updates = {}
         for name, value in changes.items():
-            current = getattr(self, name)
+            current = self.datamap_ if name == "datamap" else getattr(self, name)
             updates[name] = current.model_copy(update=value) if isinstance(value, dict) and isinstance(
                 current, BaseModel) else value
         return self.model_copy(update=updates)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """As pydantic's, with `datamap` in `update` (the name written) setting the data map."""
+        if update and "datamap" in update:
+            update = {("datamap_" if name == "datamap" else name): value for name, value in update.items()}
+        return super().model_copy(update=update, deep=deep)
 
 
 def _absolutize(settings: Settings, base: Path) -> Settings:
@@ -306,15 +330,22 @@ def _absolutize(settings: Settings, base: Path) -> Settings:
                             export={"directory": absolute(settings.export.directory)})
 
 
+def demo_settings(base: Path | None = None) -> Settings:
+    """The demo's configuration, used when no dsr.yaml is found: every default, and the demo's data map
+    (demo/datamap.yaml); relative paths are read from `base`, default the working directory."""
+    return _absolutize(Settings(datamap=demo_datamap()), base or Path.cwd())
+
+
 def load_settings(path: str | Path | None = None) -> Settings:
-    """Read `path` (or ./dsr.yaml if present); fall back to the embedded default.
+    """Read `path` (or ./dsr.yaml if present); without either, the demo's configuration (demo_settings).
+    A file without a `datamap:` section loads; the commands that need a data map then refuse it.
 
     Raises ConfigError with the offending field for malformed YAML or invalid values.
     """
     if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
         path = DEFAULT_CONFIG_FILE
     if path is None:
-        return _absolutize(Settings(), Path.cwd())
+        return demo_settings()
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"config file {file} does not exist")
@@ -361,4 +392,5 @@ def settings_from_dict(raw: Any, base: Path | None = None, source: str = "config
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
         )
         raise ConfigError(f"{source} is invalid: {problems}") from None
+    settings._source = source
     return _absolutize(settings, base or Path.cwd())

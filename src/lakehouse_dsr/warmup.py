@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import synth
-from .config import settings_from_dict
+from .config import demo_settings
 from .exceptions import EnvironmentSetupError
 from .lake import jvm
 from .lake.spark import build_session
@@ -49,7 +49,7 @@ def record_archive() -> WarmUp:
     staged = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
     work = Path(tempfile.mkdtemp(prefix="dsr-warm-up-"))
     try:
-        settings = settings_from_dict({}, base=work)
+        settings = demo_settings(work)  # the demo's tables, tiny
         spark = build_session(settings, record_classes_to=staged)
         synth.generate(spark, settings, users=40, events=600, seed=1)
         subjects = [synth.user_id(1, i) for i in range(3)]

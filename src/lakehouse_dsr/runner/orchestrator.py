@@ -49,6 +49,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     """
     progress = progress or Silent()
     faults.armed()  # a misspelt failpoint fails before anything changes
+    settings.datamap  # noqa: B018  (so does a config without a `datamap:` section: a ConfigError naming it)
     started = utc_now()
     today = today or started.date()
     report = RunReport(f"run-{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}", started.isoformat())
