@@ -185,6 +185,6 @@ def _package_zip() -> Path:
     archive = folder / "lakehouse_dsr.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for file in sorted(package.rglob("*")):
-            if file.suffix in (".py", ".properties"):
+            if file.suffix in (".py", ".properties", ".yaml"):  # the demo's data map is read on import
                 zf.write(file, file.relative_to(package.parent))
     return archive
