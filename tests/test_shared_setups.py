@@ -134,7 +134,7 @@ def test_executors_get_the_whole_package():
         names = set(zf.namelist())
     package = Path(spark_module.__file__).resolve().parents[1]
     expected = {f"lakehouse_dsr/{p.relative_to(package)}" for p in package.rglob("*.py")} \
-        | {"lakehouse_dsr/log4j2.properties"}
+        | {"lakehouse_dsr/log4j2.properties", "lakehouse_dsr/demo/datamap.yaml"}  # read on import
     assert names == expected
 
 
