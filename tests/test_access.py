@@ -147,3 +147,24 @@ def test_zip_formats_hold_one_member_per_table(spark, lake, fmt):
                     assert header == list(truth[table][0])
                     as_text = sorted(tuple("" if v is None else str(v) for v in row) for row in expected[table])
                     assert sorted(map(tuple, rows)) == as_text, (table, subject[:20])
+
+
+def test_one_run_with_access_and_erase_keeps_each_batch_to_its_own_people(spark, new_lakehouse):
+    """The run resolves both batches' identifiers in one job (runner Context.identifiers): the erasure
+    must get only the erase requests' keys and each package only its own subject's rows."""
+    settings = new_lakehouse()
+    copy, gone = synth.user_id(SEED, 1), synth.user_id(SEED, 2)
+    ledger = Ledger(settings)
+    created = ledger.submit([RequestInput(copy, "access", "gdpr"), RequestInput(gone, "erase", "gdpr")]).created
+    report = run(spark, settings)
+    assert sorted(r.status for r in report.requests) == ["completed", "completed"]
+    meta = Path(settings.catalog.properties["warehouse"].removeprefix("file:")) / "demo" / "events" / "metadata"
+    version = (meta / "version-hint.text").read_text().strip()
+    users = {r["user_id"] for r in StaticTable.from_metadata(str(meta / f"v{version}.metadata.json"))
+             .scan(selected_fields=("user_id",)).to_arrow().to_pylist()}
+    assert copy in users and gone not in users  # read without Spark
+    out = Path(report.export["directory"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{created[0]}.json", "manifest.json"])
+    package = json.loads((out / f"{created[0]}.json").read_text(encoding="utf-8"))
+    assert package["subject"]["user_id"] == [copy]
+    assert package["tables"]["demo.events"] and all(r["user_id"] == copy for r in package["tables"]["demo.events"])
