@@ -34,6 +34,7 @@ def configured(spark, new_lakehouse, tmp_path):
     return settings, write_config(settings, tmp_path / "dsr.yaml")
 
 
+@pytest.mark.slow  # 15 s: every bad input is a whole CLI invocation
 def test_bad_input_exits_2_and_changes_nothing(spark, configured, tmp_path):
     settings, config = configured
     before = snapshot_ids(spark, settings, TABLES)
@@ -108,6 +109,7 @@ def test_happy_path_in_process(spark, configured, tmp_path):
     assert isinstance(unknown.exception, LedgerError) and "req-nope" in str(unknown.exception)
 
 
+@pytest.mark.slow  # 32 s: the whole demo in its own process
 def test_demo_command(tmp_path):
     result = dsr("demo", "--users", "60", "--events", "600", "--erase", "8", "--access", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -7,6 +7,8 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import SEED, ledger_table
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
@@ -23,6 +25,7 @@ def _submit(spark, settings, *indexes) -> list[str]:
     return Ledger(settings).submit(inputs).created
 
 
+@pytest.mark.slow  # 15 s; test_refs.py covers each pinned_refs policy on tiny tables
 def test_tag_pinning_erased_rows_blocks_until_dropped(spark, new_lakehouse):
     settings = new_lakehouse()
     spark.sql(f"ALTER TABLE {settings.table('demo.events')} CREATE TAG audit_2024")
