@@ -139,3 +139,20 @@ def test_a_large_batch_gets_one_id_per_request(ledger):
     created = ledger.submit([RequestInput(f"person-{i}", "access") for i in range(3000)]).created
     assert len(created) == len(set(created)) == 3000
     assert len({r["request_id"] for r in ledger.store.rows("requests", columns=("request_id",))}) == 3000
+
+
+def test_requests_with_ids_are_added_once_by_id_whatever_else_is_open(ledger):
+    """The intake's ingester hands over acknowledged ids; after a crash it may hand some again."""
+    older = [new_request_id(set()) for _ in range(3)]
+    first = ledger.submit([RequestInput(f"p{i}", "erase", request_id=r) for i, r in enumerate(older)])
+    assert first.created == older
+    ledger.submit([RequestInput("someone", "access")])  # another file between them
+    newer = [new_request_id(set()) for _ in range(2)]
+    # The same person's second erase request with an id of its own is added (the person holds a status
+    # token for each); ids already in the ledger, from an older file, are not added again.
+    again = ledger.submit([RequestInput("p0", "erase", request_id=older[0]), RequestInput("p0", "erase",
+                           request_id=newer[0]), RequestInput("p2", "erase", request_id=older[2]),
+                           RequestInput("p9", "access", request_id=newer[1])])
+    assert again.created == newer and again.duplicates == 2
+    ids = [r["request_id"] for r in ledger.store.rows("requests", columns=("request_id",))]
+    assert len(ids) == len(set(ids)) == 6 and set(ids) >= {*older, *newer}

@@ -39,6 +39,9 @@ In = cast(Callable[[str, Iterable[Any]], BooleanExpression], expressions.In)
 EqualTo = cast(Callable[[str, Any], BooleanExpression], expressions.EqualTo)
 LessThan = cast(Callable[[str, Any], BooleanExpression], expressions.LessThan)
 GreaterThan = cast(Callable[[str, Any], BooleanExpression], expressions.GreaterThan)
+GreaterThanOrEqual = cast(Callable[[str, Any], BooleanExpression], expressions.GreaterThanOrEqual)
+LessThanOrEqual = cast(Callable[[str, Any], BooleanExpression], expressions.LessThanOrEqual)
+And = cast(Callable[[BooleanExpression, BooleanExpression], BooleanExpression], expressions.And)
 NotNull = cast(Callable[[str], BooleanExpression], expressions.NotNull)
 
 
