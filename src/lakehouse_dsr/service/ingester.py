@@ -46,6 +46,7 @@ from .webhooks import WebhookWorker
 
 log = logging.getLogger("lakehouse_dsr.service")
 INGEST_BATCH = 5_000
+INGESTER_NICENESS = 10  # added to the server's (nice(2)); its lag is `dsr_intake_ingester_lag_seconds`
 STOP_SECONDS = 3.0  # once asked to stop, no batch starts later than this (the one in hand finishes)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -192,6 +193,9 @@ class Ingester:
 
 
 def _child(settings: Settings, parent: int, pipe: int) -> None:
+    # Below the server's priority: a filing waits on the server, nobody waits on a batch. On a busy host
+    # the scheduler then gives the server its share first, and the ingester the rest.
+    os.nice(INGESTER_NICENESS)
     asked = threading.Event()
     for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, lambda _signal, _frame: asked.set())
