@@ -53,14 +53,15 @@ test-integration: integration-deps
 # The notebook's steps against `dsr run` on identical data, then a wide lake (10, 50, 100 mapped
 # tables of 10k rows: whole `dsr run` processes against per-table SQL), the silver/gold propagation and
 # streaming suppression, the vault (shred against erase, pseudonymize against a copy, export through
-# it, at 1M and BENCH_EVENTS), the intake service under 10,000 filings from 20 clients against a
+# it, at 1M and BENCH_EVENTS), the intake service under 10,000 filings from 20 clients (one instance on
+# SQLite, two on a throwaway PostgreSQL: hence integration-deps) against a
 # commit per request; JSON + charts in bench/results/.
-bench: $(STAMP)
+bench: $(STAMP) integration-deps
 	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
 	$(PY) bench/tables.py
 	$(PY) bench/propagate.py --events $(BENCH_EVENTS)
 	$(PY) bench/vault.py --events $(sort 1000000 $(BENCH_EVENTS))
-	$(PY) bench/intake.py
+	$(PY) bench/intake.py --instances 2 --queue postgresql
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench mkdocs
