@@ -23,6 +23,7 @@ from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import layout
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.stages import access
 
@@ -69,7 +70,7 @@ def main() -> None:
     for layout_name in ("unsorted", "clustered"):
         if layout_name == "clustered":
             start = time.perf_counter()
-            optimized = layout.optimize(spark, settings, "demo.events")
+            optimized = layout.optimize(Lake.of(spark, settings).table("demo.events"), settings.datamap)
             results["optimize events"] = {"seconds": round(time.perf_counter() - start, 2),
                                           "files_before": optimized.files_before, "files_after": optimized.files_after}
             print("optimize", results["optimize events"], flush=True)

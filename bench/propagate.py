@@ -36,7 +36,7 @@ from lakehouse_dsr.datamap.model import DAILY_BY_TYPE, demo_datamap
 from lakehouse_dsr.ingest.stream import ingest
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import key_id, keyed_hash
-from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -70,6 +70,7 @@ def propagation(spark, settings, a, rounds: list[dict]) -> None:
 
 def isolated(spark, settings, a, rounds: list[dict]) -> None:
     """The affected groups' update of daily_by_type against its full recomputation, each alone."""
+    lake = Lake.of(spark, settings)
     rng = random.Random(2)
     key_types = check_against_catalog(spark, settings.datamap, settings.table)
     events = settings.table("demo.events")
@@ -78,7 +79,7 @@ def isolated(spark, settings, a, rounds: list[dict]) -> None:
         keys = spark.createDataFrame([(f"r{i}", "user_id", u) for i, u in enumerate(picked)],
                                      "request_id string, key_type string, key_value string")
         table_keys = matching.key_sets(settings, keys, key_types, ["demo.events"])["demo.events"]
-        before = iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id
+        before = lake.table("demo.events").current_snapshot().snapshot_id
         keys.createOrReplaceTempView("bench_erased")
         spark.sql(f"MERGE INTO {events} t USING bench_erased s ON t.user_id = s.key_value WHEN MATCHED THEN DELETE")
         start = time.perf_counter()

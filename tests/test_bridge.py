@@ -13,6 +13,7 @@ import pytest
 
 from lakehouse_dsr.lake import bridge, iceberg
 from lakehouse_dsr.lake.catalog import open_catalog
+from lakehouse_dsr.lake.iceberg import Lake
 
 EVENTS = "demo.events"
 
@@ -32,7 +33,7 @@ def lake(spark, tmp_path_factory):
 
 def test_snapshots_and_properties_match_pyiceberg(spark, lake):
     table = open_catalog(lake).load_table(EVENTS)
-    current = iceberg.current_snapshot(spark, lake, EVENTS)
+    current = Lake.of(spark, lake).table(EVENTS).current_snapshot()
     expected = table.current_snapshot()
     assert current.snapshot_id == expected.snapshot_id
     assert current.parent_id == expected.parent_snapshot_id
@@ -41,14 +42,14 @@ def test_snapshots_and_properties_match_pyiceberg(spark, lake):
     for key in ("total-records", "total-data-files", "total-delete-files", "deleted-records"):
         assert current.summary.get(key) == expected.summary.get(key), key
     assert current.counts()["total-records"] == int(expected.summary["total-records"])
-    assert iceberg.table_properties(spark, lake, EVENTS) == dict(table.properties)
-    history = iceberg.commits_since(spark, lake, EVENTS, table.snapshots()[0].snapshot_id, expected.snapshot_id)
+    assert Lake.of(spark, lake).table(EVENTS).properties() == dict(table.properties)
+    history = Lake.of(spark, lake).table(EVENTS).commits_since(table.snapshots()[0].snapshot_id, expected.snapshot_id)
     assert [c.snapshot_id for c in history] == [s.snapshot_id for s in table.snapshots()[1:]]
 
 
 def test_live_files_and_listing_match_independent_readers(spark, lake):
     table = open_catalog(lake).load_table(EVENTS)
-    jtable = iceberg.java_table(spark, lake, EVENTS)
+    jtable = Lake.of(spark, lake).table(EVENTS).java()
     live = iceberg._live_files(spark, jtable, jtable.currentSnapshot())
     data = [t.file.file_path for t in table.scan().plan_files()]
     deletes = [d.file_path for t in table.scan().plan_files() for d in t.delete_files]

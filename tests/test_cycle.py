@@ -13,7 +13,7 @@ from pyiceberg.table import StaticTable
 from helpers import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.evidence.html import run_report_page
-from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -216,11 +216,11 @@ def test_reverification_detects_data_that_came_back(spark, cycle):
     results = verify_completed(spark, settings)
     assert set(results) == set(cycle["submitted"]) and not any(results.values())
     victim = cycle["ids"][0]
-    before = iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id
+    before = Lake.of(spark, settings).table("demo.events").current_snapshot().snapshot_id
     spark.createDataFrame([("late-1", victim)], "event_id string, user_id string").selectExpr(
         "event_id", "user_id", "'login' event_type", "timestamp'2024-07-01' event_timestamp", "null page_url",
         "null product_id", "'late backfill' event_details").writeTo(settings.table("demo.events")).append()
-    appended = iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id
+    appended = Lake.of(spark, settings).table("demo.events").current_snapshot().snapshot_id
     try:
         results = verify_completed(spark, settings)
         failing = {rid: reasons for rid, reasons in results.items() if reasons}
@@ -228,7 +228,7 @@ def test_reverification_detects_data_that_came_back(spark, cycle):
         (reasons,) = failing.values()
         assert any("demo.events: 1 rows in the current snapshot" in r for r in reasons)
     finally:  # the module's other tests read this lake: the row, its snapshot and its file go again
-        table = iceberg.procedure_table(settings, "demo.events")
+        table = Lake.of(spark, settings).table("demo.events").procedure_name
         spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot('{table}', {before})")
         spark.sql(f"CALL `{settings.catalog.name}`.system.expire_snapshots(table => '{table}', "
                   f"snapshot_ids => array({appended}))")
@@ -243,13 +243,13 @@ def test_an_erased_person_appended_again_is_erased_again_by_the_next_run(spark, 
         1).selectExpr("event_id", "user_id", "'login' event_type", "timestamp'2024-07-01' event_timestamp",
                       "null page_url", "null product_id", "'replayed' event_details").writeTo(
         settings.table("demo.events")).append()
-    appended = iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id
+    appended = Lake.of(spark, settings).table("demo.events").current_snapshot().snapshot_id
     report = run(spark, settings)
     assert report.resurrections == {"demo.events": {
         "rows": 2, "requests": 1, "files": 1, "commits": [{"snapshot_id": appended, "operation": "append"}],
         "files_read": 1, "whole_table": False}}
     assert report.requests == []  # the completed request keeps its record; the run report has the evidence
-    events = StaticTable.from_metadata(iceberg.java_table(spark, settings, "demo.events").operations().current()
+    events = StaticTable.from_metadata(Lake.of(spark, settings).table("demo.events").java().operations().current()
                                        .metadataFileLocation()).scan(selected_fields=("user_id",)).to_arrow()
     assert victim not in events["user_id"].to_pylist()
     assert report.tables["demo.events"]["verification"]["passed"]

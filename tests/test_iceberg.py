@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 
 _MOR = "'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read'"
 _COW = "'write.delete.mode'='copy-on-write', 'write.update.mode'='copy-on-write'"
@@ -26,7 +26,7 @@ def test_rows_after_commit_equals_a_count(spark, new_lakehouse, mode):
                       f"UPDATE {name} SET v = NULL WHERE id > 90"):
         before = spark.table(name).count()
         spark.sql(statement)
-        commit = iceberg.current_snapshot(spark, settings, "demo.counted").snapshot_id
-        assert iceberg.rows_after_commit(spark, settings, "demo.counted", commit, before) == \
+        commit = Lake.of(spark, settings).table("demo.counted").current_snapshot().snapshot_id
+        assert Lake.of(spark, settings).table("demo.counted").rows_after_commit(commit, before) == \
             spark.table(name).count(), statement
     assert spark.table(name).count() == 75

@@ -15,6 +15,7 @@ from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import Keyring, key_id, keyed_hash
 from lakehouse_dsr.lake import indriver, skipping
 from lakehouse_dsr.lake.catalog import open_catalog
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.stages import collateral, erase, matching, verify
@@ -99,14 +100,14 @@ def test_a_small_table_is_erased_in_the_driver_exactly_as_spark_erases_it(spark,
 def test_what_the_driver_cannot_do_exactly_goes_to_spark(spark, tmp_path):
     settings = lake(spark, tmp_path, "mor", "delete", properties=", 'write.delete.mode'='merge-on-read'")
     keys = table_keys(spark, settings, ERASED)
-    candidates = keys.current_candidates(spark, settings, TABLE)
+    candidates = keys.current_candidates(Lake.of(spark, settings).table(TABLE))
     assert indriver.refusal(spark, candidates, keys.key_columns(), 8 << 20) is None
     assert "bytes of files" in indriver.refusal(spark, candidates, keys.key_columns(), 100)
     nested = [indriver.KeyColumn("profile.user_id", keys.sets[0].values)]
     assert "nested" in indriver.refusal(spark, candidates, nested, 8 << 20)
     # another writer's delete file: the driver does not apply deletes, so Spark reads that table
     spark.sql(f"DELETE FROM {settings.table(TABLE)} WHERE order_id = 1")
-    candidates = keys.current_candidates(spark, settings, TABLE)
+    candidates = keys.current_candidates(Lake.of(spark, settings).table(TABLE))
     assert indriver.refusal(spark, candidates, keys.key_columns(), 8 << 20) == "a file has deletes"
     before = rows(settings)
     meter = StageMeter(spark)
@@ -121,7 +122,7 @@ def test_a_partition_derived_from_a_redacted_column_goes_to_spark(spark, tmp_pat
     spark.sql(f"ALTER TABLE {settings.table(TABLE)} ADD PARTITION FIELD bucket(4, note)")
     spark.sql(f"INSERT INTO {settings.table(TABLE)} VALUES (100, 'u03', 'eu', 'late', 1)")
     keys = table_keys(spark, settings, ERASED)
-    candidates = keys.current_candidates(spark, settings, TABLE)
+    candidates = keys.current_candidates(Lake.of(spark, settings).table(TABLE))
     assert "partition" in indriver.refusal(spark, candidates, keys.key_columns(), 8 << 20)
     result = erase_all(spark, settings, keys)
     assert result.plan.rows_matched == 9

@@ -11,6 +11,7 @@ from helpers import SEED
 from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.lake import layout
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
@@ -32,7 +33,8 @@ def test_optimize_clusters_by_key_and_keeps_rows(spark, new_lakehouse):
     settings = new_lakehouse(users=40, events=3000)
     events = settings.table("demo.events")
     before = Counter(tuple(r) for r in spark.table(events).collect())
-    result = layout.optimize(spark, settings, "demo.events", target_file_size_bytes=20_000)
+    result = layout.optimize(Lake.of(spark, settings).table("demo.events"), settings.datamap,
+                             target_file_size_bytes=20_000)
     assert result.key == "user_id" and result.files_before == 2 and result.bytes_rewritten > 0
     assert Counter(tuple(r) for r in spark.table(events).collect()) == before
     files = _files(spark, settings, "demo.events")
@@ -52,7 +54,8 @@ def test_optimize_clusters_by_key_and_keeps_rows(spark, new_lakehouse):
 
 def test_an_erasure_keeps_a_clustered_table_sorted(spark, new_lakehouse):
     settings = new_lakehouse(users=40, events=3000)
-    layout.optimize(spark, settings, "demo.events", target_file_size_bytes=16_000)  # declares the sort order
+    # declares the sort order
+    layout.optimize(Lake.of(spark, settings).table("demo.events"), settings.datamap, target_file_size_bytes=16_000)
     Ledger(settings).submit([RequestInput(synth.user_id(SEED, i), "erase") for i in range(3)])
     report = run(spark, settings)
     erased = report.tables["demo.events"]["erase"]  # the files holding the people, rewritten in the erase
@@ -67,4 +70,4 @@ def test_an_erasure_keeps_a_clustered_table_sorted(spark, new_lakehouse):
 def test_optimize_unmapped_table_needs_a_key(spark, new_lakehouse):
     settings = new_lakehouse(users=5, events=10)
     with pytest.raises(DataMapError, match="not in the data map"):
-        layout.optimize(spark, settings, "demo.other")
+        layout.optimize(Lake.of(spark, settings).table("demo.other"), settings.datamap)

@@ -13,6 +13,7 @@ from helpers import SEED, ledger_table
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
 from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -149,13 +150,13 @@ def test_manifest_rewrite_and_expiry_leave_only_the_current_snapshots_files(spar
     table = "demo.events"
     name = settings.table(table)
     spark.sql(f"DELETE FROM {name} WHERE event_type = 'click'")  # merge-on-read: adds delete files
-    iceberg.rewrite_files_with_deletes(spark, settings, table, 128 * 1024 * 1024)
+    Lake.of(spark, settings).table(table).rewrite_files_with_deletes(128 * 1024 * 1024)
     rows = spark.table(name).count()
     removed = f"SELECT * FROM {name}.entries WHERE status = 2"  # DELETED entries keep removed files' bounds
     assert spark.sql(removed).count() > 0
-    assert iceberg.rewrite_manifests(spark, settings, table) > 0
+    assert Lake.of(spark, settings).table(table).rewrite_manifests() > 0
     assert spark.sql(removed).count() == 0 and spark.table(name).count() == rows
-    location = iceberg.table_location(spark, settings, table)
+    location = Lake.of(spark, settings).table(table).location()
     before = set(map(iceberg.same_file, iceberg.parquet_files_under(spark, location)))
     current = {iceberg.same_file(r.file_path) for r in spark.sql(f"SELECT file_path FROM {name}.files").collect()}
     snapshots = spark.sql(f"SELECT * FROM {name}.snapshots").count()
@@ -163,7 +164,7 @@ def test_manifest_rewrite_and_expiry_leave_only_the_current_snapshots_files(spar
 
     meter = StageMeter(spark)
     mark = meter.mark()
-    expired = iceberg.expire_snapshots_before_current(spark, settings, table)
+    expired = Lake.of(spark, settings).table(table).expire_snapshots_before_current()
     assert meter.since(mark).stages == 0
 
     after = set(map(iceberg.same_file, iceberg.parquet_files_under(spark, location)))
@@ -172,4 +173,4 @@ def test_manifest_rewrite_and_expiry_leave_only_the_current_snapshots_files(spar
     assert expired.snapshots_expired == snapshots - 1
     assert spark.sql(f"SELECT * FROM {name}.snapshots").count() == 1
     assert spark.table(name).count() == rows
-    assert iceberg.expire_snapshots_before_current(spark, settings, table) == iceberg.ExpireResult(0, 0)
+    assert Lake.of(spark, settings).table(table).expire_snapshots_before_current() == iceberg.ExpireResult(0, 0)

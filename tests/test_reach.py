@@ -25,6 +25,7 @@ from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.inventory.discover import discover
 from lakehouse_dsr.lake import plainfiles
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.plainfiles import adopt
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -176,7 +177,7 @@ def retail(spark, tmp_path_factory):
            "v_id int, who bigint, guest_ref string, contact string, seen_from string, origin6 string, card string, "
            "tel string, born date, visited_at timestamp, qty int, amount decimal(7,2), cnt bigint, note string, "
            "first_name string")
-    adopted = adopt(spark, settings, str(landing / "legacy"), "retail.adopted")
+    adopted = adopt(Lake.of(spark, settings), str(landing / "legacy"), "retail.adopted")
     before = {t: read(settings, t) for t in TABLES}
     landing_before = {p.relative_to(landing): p.read_bytes() for p in landing.rglob("*") if p.is_file()}
     ledger = Ledger(settings)
@@ -453,7 +454,7 @@ def test_bad_files_and_adopt_input_get_one_clear_error_and_change_nothing(spark,
                           (("/tmp/x", "retail.new", "xml"), "unknown format 'xml'"),
                           ((str(tmp_path / "nope"), "retail.new"), "does not exist")):
         with pytest.raises(DataMapError, match=message):
-            adopt(spark, settings, *args)
+            adopt(Lake.of(spark, settings), *args)
     assert spark.catalog.listTables(f"{settings.catalog.name}.retail") == tables_before
 
 

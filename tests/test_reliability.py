@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from helpers import SEED, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerError
-from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import CommitRetries, Lake, with_conflict_retries
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
@@ -79,7 +79,7 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
     assert set(ledger.journal.holds()) == {"demo.events"}
     # The pre-erase snapshot is still there: a rollback restores the bystander.
     held_at = ledger.journal.holds()["demo.events"].snapshot_id
-    assert iceberg.read_at(spark, settings, "demo.events", held_at) \
+    assert Lake.of(spark, settings).table("demo.events").read_at(held_at) \
         .where(F.col("user_id") == BYSTANDER).count() == bystander_rows
 
     # While held, a run erases and purges nothing and says why.
@@ -92,7 +92,7 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
     with pytest.raises(LedgerError, match="reason"):
         ledger.journal.release("demo.events", " ")
     spark.sql(f"CALL {settings.catalog.name}.system.rollback_to_snapshot("
-              f"'{iceberg.procedure_table(settings, 'demo.events')}', {held_at})")
+              f"'{Lake.of(spark, settings).table('demo.events').procedure_name}', {held_at})")
     ledger.journal.release("demo.events", "rolled back to the pre-erase snapshot")
     assert not ledger.journal.holds()
     with pytest.raises(LedgerError, match="not on hold"):
@@ -154,10 +154,12 @@ def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(tmp_pat
                 raise RuntimeError(conflict)
         return statement
 
-    assert iceberg.with_conflict_retries(settings, "an erase", flaky(2))[1] == 3
+    retries = CommitRetries.of(settings.erase)  # the retries a Lake of these settings uses; no session needed
+    assert retries == CommitRetries(2, 0.01)
+    assert with_conflict_retries(retries, "an erase", flaky(2))[1] == 3
     attempts.clear()
     with pytest.raises(CommitConflictError, match="conflicted with concurrent writers 3 times"):
-        iceberg.with_conflict_retries(settings, "an erase", flaky(5))
+        with_conflict_retries(retries, "an erase", flaky(5))
     attempts.clear()
 
     def broken():
@@ -165,7 +167,7 @@ def test_commit_conflicts_are_retried_with_backoff_and_then_fail_clearly(tmp_pat
         raise RuntimeError("AnalysisException: something else")
 
     with pytest.raises(RuntimeError, match="something else"):
-        iceberg.with_conflict_retries(settings, "an erase", broken)
+        with_conflict_retries(retries, "an erase", broken)
     assert len(attempts) == 1  # other errors are not retried
 
 

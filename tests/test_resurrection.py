@@ -12,6 +12,7 @@ from pyiceberg.table import StaticTable
 from helpers import SEED, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.records import expire_records
@@ -38,20 +39,23 @@ def lake(spark, tmp_path_factory):
 
 
 def _append_events(spark, settings, users: list[str], tag: str) -> int:
+    lake = Lake.of(spark, settings)
     rows = [(f"{tag}-{i}", u) for i, u in enumerate(users)]
     spark.createDataFrame(rows, "event_id string, user_id string").selectExpr(
         "event_id", "user_id", "'login' event_type", "timestamp'2024-07-01' event_timestamp", "null page_url",
         "null product_id", "'replayed' event_details").writeTo(settings.table("demo.events")).append()
-    return iceberg.current_snapshot(spark, settings, "demo.events").snapshot_id
+    return lake.table("demo.events").current_snapshot().snapshot_id
 
 
 def _snapshot(spark, settings, snapshot_id: int) -> iceberg.Snapshot:
-    return next(s for s in iceberg.history(spark, settings, "demo.events") if s.snapshot_id == snapshot_id)
+    lake = Lake.of(spark, settings)
+    return next(s for s in lake.table("demo.events").history() if s.snapshot_id == snapshot_id)
 
 
 def _user_ids_on_storage(spark, settings, table: str) -> list[str]:
     """Every user_id in the table's current files, read by pyiceberg (an independent reader)."""
-    metadata = iceberg.java_table(spark, settings, table).operations().current().metadataFileLocation()
+    lake = Lake.of(spark, settings)
+    metadata = lake.table(table).java().operations().current().metadataFileLocation()
     return StaticTable.from_metadata(metadata).scan(selected_fields=("user_id",)).to_arrow()["user_id"].to_pylist()
 
 
@@ -91,8 +95,8 @@ def test_an_erased_person_appended_again_is_erased_again_reading_only_the_new_fi
 
 def test_a_rolled_back_table_is_checked_whole(spark, lake):
     settings = lake["settings"]
-    table = iceberg.procedure_table(settings, "demo.newsletter")
-    start = iceberg.current_snapshot(spark, settings, "demo.newsletter").snapshot_id
+    table = Lake.of(spark, settings).table("demo.newsletter").procedure_name
+    start = Lake.of(spark, settings).table("demo.newsletter").current_snapshot().snapshot_id
     spark.createDataFrame([("someone.new@example.org",)], "email string").selectExpr(
         "email", "timestamp'2024-07-01' subscribed_at", "'weekly' list_name", "'import' source"
     ).writeTo(settings.table("demo.newsletter")).append()
@@ -100,7 +104,7 @@ def test_a_rolled_back_table_is_checked_whole(spark, lake):
     spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot('{table}', {start})")
     checked = resurrection.checkpoints(Ledger(settings).journal.steps())["demo.newsletter"]
     scope = resurrection.scope(spark, settings, "demo.newsletter", checked)
-    assert scope.whole and scope.files == iceberg.summary_count(spark, settings, "demo.newsletter",
+    assert scope.whole and scope.files == Lake.of(spark, settings).table("demo.newsletter").summary_count(
                                                                  "total-data-files")
     report = run(spark, settings)
     assert report.resurrections == {}  # read whole, nobody erased found

@@ -18,7 +18,7 @@ from helpers import make_settings, snapshot_ids, write_config
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.evidence.html import run_report_page
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
-from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.holds import add_hold, release_hold
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -54,7 +54,8 @@ def clicks(spark, tmp_path):
 
 
 def _metadata(spark, settings) -> str:
-    return iceberg.java_table(spark, settings, TABLE).operations().current().metadataFileLocation()
+    lake = Lake.of(spark, settings)
+    return lake.table(TABLE).java().operations().current().metadataFileLocation()
 
 
 def _cutoff(days: int) -> datetime:
@@ -71,8 +72,8 @@ def test_expire_deletes_and_redacts_through_history_and_storage(spark, clicks):
     # 15 days x 2 rows past 45 days; 30 days x 2 past 30 (a dry run deletes nothing before it counts)
     assert [r.rows_past for r in dry.tables[TABLE].rules] == [30, 60]
     assert snapshot_ids(spark, settings, [TABLE])[TABLE] == [s.snapshot_id for s in
-                                                              iceberg.history(spark, settings, TABLE)]
-    assert len(iceberg.history(spark, settings, TABLE)) == 1  # the dry run committed nothing
+                                                              Lake.of(spark, settings).table(TABLE).history()]
+    assert len(Lake.of(spark, settings).table(TABLE).history()) == 1  # the dry run committed nothing
 
     done = expire(spark, settings, today=TODAY)
     delete, redact = done.tables[TABLE].rules

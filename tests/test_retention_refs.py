@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from helpers import make_settings, snapshot_ids, write_config
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.evidence.html import run_report_page
-from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.holds import add_hold, release_hold
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -65,8 +65,9 @@ def _lake(spark, tmp_path, policy: str, merge_on_read: bool = False):
 
 
 def _static(spark, settings) -> StaticTable:
+    lake = Lake.of(spark, settings)
     return StaticTable.from_metadata(
-        iceberg.java_table(spark, settings, TABLE).operations().current().metadataFileLocation())
+        lake.table(TABLE).java().operations().current().metadataFileLocation())
 
 
 def _refs(static: StaticTable) -> dict[str, int]:

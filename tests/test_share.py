@@ -22,7 +22,7 @@ from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, DataMapError, RequestInputError
 from lakehouse_dsr.keys import KEY_ENV, rotate_key
-from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput, add_business_days, due_date, read_requests_csv
@@ -56,13 +56,14 @@ def share_is_its_sql(spark, settings, without: list[str]) -> None:
 def anywhere(spark, settings, subjects: list[str]) -> dict[str, int]:
     """Rows of `subjects` in the share's live data, in each retained snapshot (time travel) and in every
     Parquet file under its location (orphans included)."""
+    lake = Lake.of(spark, settings)
     snapshots = [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {settings.table(SHARE)}.snapshots")
                  .collect()]
-    location = iceberg.table_location(spark, settings, SHARE)
+    location = lake.table(SHARE).location()
     stored = spark.read.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.parquet") \
         .schema("user_id string").parquet(location)
     return {"live": subject_rows(spark.table(settings.table(SHARE)), subjects),
-            "history": sum(subject_rows(iceberg.read_at(spark, settings, SHARE, s), subjects) for s in snapshots),
+            "history": sum(subject_rows(lake.table(SHARE).read_at(s), subjects) for s in snapshots),
             "storage": subject_rows(stored, subjects)}
 
 
@@ -97,9 +98,9 @@ def lake(spark, tmp_path_factory):
                                      "event_id string, user_id string")
         late.selectExpr("event_id", "user_id", "'login' event_type", "timestamp'2024-07-01' event_timestamp",
                         "null page_url", "null product_id", "'late' event_details").writeTo(events).append()
-        iceberg.rewrite_sorted(spark, settings, "demo.events", "user_id", 1 << 27)  # a `replace` commit: same rows
+        Lake.of(spark, settings).table("demo.events").rewrite_sorted("user_id", 1 << 27)  # a `replace`: same rows
         out["refreshed"] = run(spark, settings)
-        out["refresh_commit"] = iceberg.current_snapshot(spark, settings, SHARE).summary
+        out["refresh_commit"] = Lake.of(spark, settings).table(SHARE).current_snapshot().summary
         out["files_after"] = {r.file_path for r in spark.sql(f"SELECT file_path FROM {settings.table(SHARE)}.files")
                               .collect()}
         out["after_refresh"] = anywhere(spark, settings, [a])
@@ -118,7 +119,7 @@ def test_a_share_is_created_by_a_run_without_requests(spark, lake):
     assert report.shares[SHARE]["mode"] == "created" and report.shares[SHARE]["error"] is None
     assert report.shares[SHARE]["rows_added"] == lake["created_rows"] > 0
     assert "shares" in report.seconds and report.requests == []
-    props = iceberg.table_properties(spark, lake["settings"], SHARE)
+    props = Lake.of(spark, lake["settings"]).table(SHARE).properties()
     assert props[share.SOURCE_SNAPSHOT] != "none" and props["write.delete.mode"] == "copy-on-write"
 
 
@@ -159,7 +160,7 @@ def test_opt_in_puts_the_subject_back_whole_at_the_next_refresh(lake):
 def test_a_share_the_catalog_contradicts_fails_the_run_before_anything_changes(spark, lake):
     settings = lake["settings"]
     before = snapshot_ids(spark, settings, [SHARE, "demo.events", "dsr.consent", "dsr.requests"])
-    props = iceberg.table_properties(spark, settings, SHARE)
+    props = Lake.of(spark, settings).table(SHARE).properties()
     cases = [({**SPEC, "key": "email"}, "key 'email' is not a column of the sql's result (has: user_id, event_type"),
              ({**SPEC, "sql": "SELECT user_id FROM demo.users"}, "reads demo.users, which its 'from' does not name"),
              ({**SPEC, "sql": "SELECT user_id, nope FROM demo.events"}, "shares partner.events: "),
@@ -171,7 +172,7 @@ def test_a_share_the_catalog_contradicts_fails_the_run_before_anything_changes(s
             run(spark, bad)
         assert message in str(info.value)
     assert snapshot_ids(spark, settings, [SHARE, "demo.events", "dsr.consent", "dsr.requests"]) == before
-    assert iceberg.table_properties(spark, settings, SHARE) == props
+    assert Lake.of(spark, settings).table(SHARE).properties() == props
 
 
 @pytest.mark.parametrize(("shares", "message"), [

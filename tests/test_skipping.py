@@ -22,8 +22,9 @@ from pyspark.sql import functions as F
 from helpers import SEED, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.inventory.check import check_against_catalog
-from lakehouse_dsr.lake import iceberg, layout, skipping
+from lakehouse_dsr.lake import layout, skipping
 from lakehouse_dsr.lake.catalog import open_catalog
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -63,7 +64,7 @@ def clustered_lake(spark, tmp_path, in_driver_max_bytes: int = 0):
                              datamap={"subject": "user_id", "identifiers": {}, "tables": {EVENTS: {"key": "user_id"}}})
     attach(spark, settings)
     synth.generate(spark, settings, users=60, events=3000, seed=SEED, batches=1)
-    layout.optimize(spark, settings, EVENTS, target_file_size_bytes=4 * 1024)
+    layout.optimize(Lake.of(spark, settings).table(EVENTS), settings.datamap, target_file_size_bytes=4 * 1024)
     assert len(live_files(settings)) >= 10
     return settings
 
@@ -216,7 +217,7 @@ def test_merge_on_read_files_the_check_read_clean_are_not_read_again_while_histo
               "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read')")
     rows = spark.table(settings.table(EVENTS)).count()
     (file,) = live_files(settings)
-    before = iceberg.current_snapshot(spark, settings, EVENTS).snapshot_id
+    before = Lake.of(spark, settings).table(EVENTS).current_snapshot().snapshot_id
     if rolled_back:  # after the erase and its late-rows rounds, when the verification reads the hashes
         real_hashes, calls = verify.stored_hashes, []
 
@@ -224,7 +225,7 @@ def test_merge_on_read_files_the_check_read_clean_are_not_read_again_while_histo
             calls.append(1)
             if len(calls) == 2:  # the first read is the erase's own
                 spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot("
-                          f"'{iceberg.procedure_table(settings, EVENTS)}', {before})")
+                          f"'{Lake.of(spark, settings).table(EVENTS).procedure_name}', {before})")
             return real_hashes(spark, ledger, request_ids)
 
         monkeypatch.setattr(verify, "stored_hashes", roll_back_then_hashes)
@@ -235,17 +236,17 @@ def test_merge_on_read_files_the_check_read_clean_are_not_read_again_while_histo
     assert events["erase"]["delete_files_added"] == 1 and events["erase"]["data_files_rewritten"] == 0
     assert live_files(settings) == {file} and events["erase"]["collateral"]["clean_files"] == 1
     if rolled_back:
-        assert len(calls) == 2 and not iceberg.descends_from(spark, settings, EVENTS, erased_at)
+        assert len(calls) == 2 and not Lake.of(spark, settings).table(EVENTS).descends_from(erased_at)
         assert spark.table(settings.table(EVENTS)).where(F.col("user_id") == ERASED).count() > 0
         assert events["verification"]["live"] > 0 and {r.status for r in report.requests} == {"failed"}
         assert report.cost["verify"]["rows_read"] >= rows  # the file, read again by the verification
     else:
-        assert iceberg.descends_from(spark, settings, EVENTS, erased_at)
+        assert Lake.of(spark, settings).table(EVENTS).descends_from(erased_at)
         assert events["verification"]["passed"] and events["verification"]["live"] == 0
         assert report.cost["verify"]["rows_read"] < 10  # the stored hashes only: the file was not read again
         spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot("
-                  f"'{iceberg.procedure_table(settings, EVENTS)}', {before})")
-        assert not iceberg.descends_from(spark, settings, EVENTS, erased_at)
+                  f"'{Lake.of(spark, settings).table(EVENTS).procedure_name}', {before})")
+        assert not Lake.of(spark, settings).table(EVENTS).descends_from(erased_at)
         assert spark.table(settings.table(EVENTS)).where(F.col("user_id") == ERASED).count() > 0
 
 
@@ -265,7 +266,7 @@ def test_a_concurrent_change_to_another_persons_row_in_a_touched_file_is_caught(
     assert report.tables[EVENTS]["purge"] == {} and {r.status for r in report.requests} == {"failed"}
     # nothing purged: the pre-erase snapshot stays for a rollback, and the other writer's change is kept
     before = report.tables[EVENTS]["erase"]["snapshot_before"]
-    assert iceberg.read_at(spark, settings, EVENTS, before).where(F.col("user_id") == ERASED).count() > 0
+    assert Lake.of(spark, settings).table(EVENTS).read_at(before).where(F.col("user_id") == ERASED).count() > 0
     assert {r.event_details for r in spark.table(settings.table(EVENTS)).where(F.col("user_id") == BYSTANDER)
             .select("event_details").distinct().collect()} == {"changed"}
 

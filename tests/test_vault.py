@@ -19,7 +19,7 @@ from lakehouse_dsr.datamap.model import DataMap, demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import keyed_hash, load_key
-from lakehouse_dsr.lake import iceberg
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -35,7 +35,8 @@ USERS = "demo.users_vault"
 
 def _stored_values(spark, settings, table: str) -> set:
     """Every string and binary value of every Parquet file under a table's location (pyarrow, no Iceberg)."""
-    root = Path(iceberg.table_location(spark, settings, table).removeprefix("file:"))
+    lake = Lake.of(spark, settings)
+    root = Path(lake.table(table).location().removeprefix("file:"))
     values = set()
     for path in root.rglob("*.parquet"):
         for column in pq.read_table(path).columns:
@@ -103,11 +104,11 @@ def test_reidentify_round_trips_and_pseudonyms_are_stable(spark, lake):
                                               (["created_at"], "only string or binary")])
 def test_bad_encrypt_columns_are_refused_and_nothing_is_written(spark, lake, encrypt, message):
     settings = lake["settings"]
-    before = iceberg.current_snapshot(spark, settings, vault.table_name(settings)).snapshot_id
+    before = Lake.of(spark, settings).table(vault.table_name(settings)).current_snapshot().snapshot_id
     with pytest.raises(DataMapError, match=message):
         pseudonymize_table(spark, settings, "demo.users", "demo.users_bad", "user_id", encrypt=encrypt)
     assert not spark.catalog.tableExists(f"{settings.catalog.name}.demo.users_bad")
-    assert iceberg.current_snapshot(spark, settings, vault.table_name(settings)).snapshot_id == before
+    assert Lake.of(spark, settings).table(vault.table_name(settings)).current_snapshot().snapshot_id == before
 
 
 def test_a_pseudonym_with_no_entry_is_an_error(spark, lake):
@@ -120,7 +121,7 @@ def test_a_pseudonym_with_no_entry_is_an_error(spark, lake):
 
 def test_a_wrong_or_missing_master_key_changes_nothing(spark, lake, monkeypatch):
     settings = lake["settings"]
-    before = iceberg.current_snapshot(spark, settings, vault.table_name(settings)).snapshot_id
+    before = Lake.of(spark, settings).table(vault.table_name(settings)).current_snapshot().snapshot_id
     monkeypatch.setenv(VAULT_KEY_ENV, "ab" * 32)
     with pytest.raises(ConfigError, match="wrong vault master key"):
         pseudonymize_table(spark, settings, "demo.orders", "demo.orders_vault", "user_id")
@@ -138,7 +139,7 @@ def test_a_wrong_or_missing_master_key_changes_nothing(spark, lake, monkeypatch)
     finally:
         hidden.rename(key)
     assert not spark.catalog.tableExists(f"{settings.catalog.name}.demo.orders_vault")
-    assert iceberg.current_snapshot(spark, settings, vault.table_name(settings)).snapshot_id == before
+    assert Lake.of(spark, settings).table(vault.table_name(settings)).current_snapshot().snapshot_id == before
 
 
 def test_shred_tables_are_checked_against_the_catalog(spark, lake):
@@ -184,7 +185,7 @@ def test_shred_erases_through_the_vault_and_access_reads_through_it(spark, tmp_p
     values = spark.createDataFrame([(erased,), (kept,)], "value string")
     link = vault.links(spark, settings, values, "user_id", vault.open_keys(spark, settings)).collect()
     pseudonym = {r.value: r.pseudonym for r in link}
-    table_before = iceberg.current_snapshot(spark, settings, EVENTS).snapshot_id
+    table_before = Lake.of(spark, settings).table(EVENTS).current_snapshot().snapshot_id
     rows_before = spark.table(settings.table(EVENTS)).where(F.col("user_id") == pseudonym[erased]).count()
     assert rows_before > 0
 
@@ -201,7 +202,7 @@ def test_shred_erases_through_the_vault_and_access_reads_through_it(spark, tmp_p
     assert entry["purge"]["snapshots_expired"] >= 1
 
     # The table was not rewritten: its rows under the pseudonym are all there.
-    assert iceberg.current_snapshot(spark, settings, EVENTS).snapshot_id == table_before
+    assert Lake.of(spark, settings).table(EVENTS).current_snapshot().snapshot_id == table_before
     left = spark.table(settings.table(EVENTS)).where(F.col("user_id") == pseudonym[erased])
     assert left.count() == rows_before
     # ... and no key the vault holds decrypts them (every entry's data key tried on every row).

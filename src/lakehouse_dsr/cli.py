@@ -492,16 +492,18 @@ def optimize(
 ) -> None:
     """Cluster tables by their subject key: write order, bloom filter, sorted rewrite."""
     from .lake import layout
+    from .lake.iceberg import Lake
 
     settings = _settings()
     tables = table or list(settings.datamap.tables)
-    spark = _spark()
+    lake = Lake.of(_spark(), settings)
     results = []
     with Bars() as bars:
         bars.stage("optimize", len(tables))
         for name in tables:
             bars.step(name)
-            results.append(layout.optimize(spark, settings, name, target_file_size_bytes=target_file_size_mb << 20))
+            results.append(layout.optimize(lake.table(name), settings.datamap,
+                                           target_file_size_bytes=target_file_size_mb << 20))
         bars.done()
     summary = Table(title="clustered by subject key")
     for column in ("table", "key", "files before", "files after", "MB rewritten", "seconds"):
@@ -520,9 +522,10 @@ def adopt(
                    ] = "parquet",
 ) -> None:
     """Bring a plain Parquet/JSON/CSV dataset under Iceberg, so it gets the full erase-purge-verify cycle."""
+    from .lake.iceberg import Lake
     from .lake.plainfiles import adopt as adopt_dataset
 
-    done = adopt_dataset(_spark(), _settings(), path, table, fmt)
+    done = adopt_dataset(Lake.of(_spark(), _settings()), path, table, fmt)
     how = "copied into the table (the original files are untouched: remove them once you no longer need them)" \
         if done.copied else "registered in place (the table now owns those files; a purge deletes rewritten ones)"
     console.print(f"{done.table}: {done.rows} rows from {done.files} {done.format} file(s), {how}")

@@ -1,7 +1,13 @@
 """The table-format seam: every Iceberg procedure, action and metadata table the engine uses.
 
-Other modules call these functions instead of writing Iceberg SQL, so another format (Delta)
-can be added by providing the same operations.
+A `Lake` is bound to a SparkSession and one Iceberg catalog; `lake.table("ns.t")` is an
+`IcebergTable`, a handle whose methods are the seam's operations (its snapshots, refs, files,
+rewrites, expiry, reads at a snapshot), much as pyiceberg's `Table` carries its catalog and
+delta-rs's `DeltaTable` has its operations as methods. Other modules call these instead of
+writing Iceberg SQL, so another format (Delta) can be added by providing the same operations.
+
+The handle holds names, never a loaded table: Iceberg's Java table is loaded through Spark's
+catalog on each call, as commits (ours and other writers') move it on.
 """
 
 from __future__ import annotations
@@ -12,12 +18,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, overload
+from typing import Any, Protocol, TypeVar, cast, overload
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from ..config import Settings
+from ..config import CatalogSettings, EraseSettings
 from ..exceptions import CommitConflictError
 from .bridge import bridge, call, jclass
 
@@ -68,21 +74,518 @@ class Ref:
     snapshot_id: int
 
 
-def java_table(spark: SparkSession, settings: Settings, table: str):
-    """Iceberg's Java Table for `table` (through Spark's catalog: its cache, its FileIO)."""
-    return jclass(spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
-        spark._jsparkSession, f"{settings.catalog.name}.{table}"
-    )
+@dataclass(frozen=True)
+class CommitFiles:
+    """The data files one commit changed, from its own manifests."""
+
+    parent_id: int | None
+    removed: frozenset[str]  # data files it removed (copy-on-write: rewritten)
+    added: frozenset[str]  # data files it added
+    deleted_from: frozenset[str]  # data files its new delete files or deletion vectors apply to
 
 
-def procedure_table(settings: Settings, table: str) -> str:
-    """A procedure's table argument with the catalog spelled out: a bare `ns.t` whose namespace is also
-    a catalog's name would be read as table `t` of that catalog."""
-    return f"`{settings.catalog.name}`.{table}"
+@dataclass(frozen=True)
+class RewriteResult:
+    data_files_rewritten: int
+    data_files_added: int
+    bytes_rewritten: int
+    delete_files_removed: int
 
 
-def _actions(spark: SparkSession):
-    return jclass(spark, "org.apache.iceberg.spark.actions.SparkActions").get(spark._jsparkSession)
+@dataclass(frozen=True)
+class ExpireResult:
+    snapshots_expired: int
+    files_deleted: int  # data and delete files (manifests and manifest lists not counted)
+
+
+@dataclass(frozen=True)
+class Commit:
+    snapshot_id: int
+    operation: str
+    summary: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CommitRetries:
+    """How an operation a concurrent writer's commit invalidated is retried: at most `retries` more
+    attempts, with exponential backoff from `backoff_seconds` (`erase.commit_retries`,
+    `erase.retry_backoff_seconds`)."""
+
+    retries: int = 4
+    backoff_seconds: float = 1.0
+
+    @classmethod
+    def of(cls, erase: EraseSettings) -> CommitRetries:
+        return cls(erase.commit_retries, erase.retry_backoff_seconds)
+
+
+class LakeSettings(Protocol):
+    """The sections of the settings a Lake is made from (`Settings` has them)."""
+
+    @property
+    def catalog(self) -> CatalogSettings: ...
+
+    @property
+    def erase(self) -> EraseSettings: ...
+
+
+@dataclass(frozen=True)
+class Lake:
+    """The lake as the engine sees it: one Iceberg catalog, reached through one SparkSession.
+
+    ```python
+    lake = Lake(spark, "lakehouse")  # or Lake.of(spark, settings)
+    events = lake.table("demo.events")
+    events.current_snapshot(), events.refs()
+    ```
+
+    `catalog` is the catalog's settings (or just its name; the session must have it registered, e.g.
+    by `lakehouse_dsr.attach`); `retries` govern operations retried after a commit conflict. Immutable,
+    and safe to share between threads that share the session.
+    """
+
+    spark: SparkSession
+    catalog: CatalogSettings
+    retries: CommitRetries
+
+    def __init__(self, spark: SparkSession, catalog: CatalogSettings | str | None = None,
+                 retries: CommitRetries | None = None) -> None:
+        object.__setattr__(self, "spark", spark)
+        if catalog is None:
+            catalog = CatalogSettings()
+        elif isinstance(catalog, str):  # validated: the name is spelled into procedure calls
+            catalog = CatalogSettings(name=catalog)
+        object.__setattr__(self, "catalog", catalog)
+        object.__setattr__(self, "retries", retries or CommitRetries())
+
+    @classmethod
+    def of(cls, spark: SparkSession, settings: LakeSettings) -> Lake:
+        """The lake of `settings` (its catalog and erase retries) on `spark`."""
+        return cls(spark, settings.catalog, CommitRetries.of(settings.erase))
+
+    @property
+    def catalog_name(self) -> str:
+        return self.catalog.name
+
+    def table(self, name: str) -> IcebergTable:
+        """The handle of table `name` (`namespace.table`). Nothing is loaded until an operation runs."""
+        return IcebergTable(self, name)
+
+    def quoted(self, name: str) -> str:
+        """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text."""
+        return ".".join(f"`{part}`" for part in [self.catalog.name, *name.split(".")])
+
+    def with_conflict_retries(self, what: str, operation: Callable[[], T]) -> tuple[T, int]:
+        """`with_conflict_retries` with this lake's retries."""
+        return with_conflict_retries(self.retries, what, operation)
+
+    def _actions(self):
+        return jclass(self.spark, "org.apache.iceberg.spark.actions.SparkActions").get(self.spark._jsparkSession)
+
+
+@dataclass(frozen=True)
+class IcebergTable:
+    """One Iceberg table of a Lake: its snapshots, refs, files, rewrites, expiry and reads.
+
+    Each operation loads the table's current state (through Spark's catalog: its cache, its FileIO);
+    the handle itself holds only the lake and the name, so it never serves a stale snapshot.
+    """
+
+    lake: Lake
+    name: str  # namespace.table
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.lake.spark
+
+    @property
+    def identifier(self) -> str:
+        """`catalog.namespace.table`, as Spark's readers and writers and Iceberg's Spark3Util take it."""
+        return f"{self.lake.catalog.name}.{self.name}"
+
+    @property
+    def quoted(self) -> str:
+        """The quoted, fully qualified name for SQL text (`lakehouse`.`ns`.`t`)."""
+        return self.lake.quoted(self.name)
+
+    @property
+    def procedure_name(self) -> str:
+        """A procedure's table argument with the catalog spelled out: a bare `ns.t` whose namespace is also
+        a catalog's name would be read as table `t` of that catalog."""
+        return f"`{self.lake.catalog.name}`.{self.name}"
+
+    def java(self):
+        """Iceberg's Java Table, loaded now (through Spark's catalog: its cache, its FileIO)."""
+        return jclass(self.spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
+            self.spark._jsparkSession, self.identifier
+        )
+
+    def _call_procedure(self, procedure: str, arguments: str):
+        # Data-map names are validated plain identifiers; the catalog name is validated too.
+        return self.spark.sql(
+            f"CALL `{self.lake.catalog.name}`.system.{procedure}(table => '{self.procedure_name}'{arguments})"
+        ).collect()[0]
+
+    # Metadata
+
+    def current_snapshot(self) -> Snapshot | None:
+        return snapshot_of(self.spark, self.java().currentSnapshot())
+
+    def properties(self) -> dict[str, str]:
+        return call(self.spark, "toJson", self.java().properties())
+
+    def location(self) -> str:
+        return str(self.java().location())
+
+    def write_mode(self, operation: str) -> str:
+        """`copy-on-write` or `merge-on-read` for operation delete | update | merge."""
+        return self.properties().get(f"write.{operation}.mode", "copy-on-write")
+
+    def format_version(self) -> int:
+        return int(self.java().operations().current().formatVersion())
+
+    def summary_count(self, key: str) -> int:
+        """A count from the current snapshot's summary (`total-data-files`, `total-delete-files`, ...)."""
+        snap = self.current_snapshot()
+        return int(snap.summary.get(key, "0")) if snap else 0
+
+    def history(self) -> list[Snapshot]:
+        """Every snapshot the table's metadata still holds. Metadata only."""
+        return list(_snapshots_by_id(self.spark, self.java()).values())
+
+    # Refs
+
+    def refs(self) -> list[Ref]:
+        """Branches and tags other than main: each pins its snapshots against expiry. Table metadata only."""
+        found = call(self.spark, "refs", self.java())
+        return sorted((Ref(r["name"], r["kind"], r["snapshot_id"]) for r in found if r["name"] != "main"),
+                      key=lambda r: r.name)
+
+    def drop_ref(self, ref: Ref) -> None:
+        kind = "TAG" if ref.kind == "TAG" else "BRANCH"
+        self.spark.sql(f"ALTER TABLE {self.quoted} DROP {kind} IF EXISTS `{ref.name.replace('`', '``')}`")
+
+    def create_branch(self, name: str, snapshot_id: int) -> None:
+        """Branch `name` at snapshot `snapshot_id`: one metadata commit."""
+        self.java().manageSnapshots().createBranch(name, snapshot_id).commit()
+
+    def move_tag(self, tag: str, snapshot_id: int, drop_branch: str) -> None:
+        """Re-point tag `tag` at `snapshot_id` (its retention kept) and remove branch `drop_branch`, in one
+        metadata commit: a reader sees the tag at its old snapshot or at the new one, never without it."""
+        self.java().manageSnapshots().replaceTag(tag, snapshot_id).removeBranch(drop_branch).commit()
+
+    # Rows
+
+    def read_at(self, snapshot_id: int | None) -> DataFrame:
+        """The table as of a snapshot (the current one when None)."""
+        if snapshot_id is None:
+            return self.spark.table(self.quoted)
+        return self.spark.read.option("snapshot-id", str(snapshot_id)).table(self.identifier)
+
+    def read_appends(self, after_id: int, until_id: int) -> DataFrame:
+        """The rows the append commits after `after_id` up to `until_id` added (Iceberg's incremental read:
+        other commits, such as deletes and rewrites, are skipped). Reads only the appended files."""
+        return (self.spark.read.format("iceberg").option("start-snapshot-id", str(after_id))
+                .option("end-snapshot-id", str(until_id)).load(self.identifier))
+
+    def live_rows(self, snapshot_id: int | None) -> int:
+        """Rows a reader sees at a snapshot. From its summary when that tells exactly (no equality
+        deletes: the records of its data files less its position deletes, one row each: deletion
+        vectors and file-scoped deletes never name a position twice); otherwise a count with deletes
+        applied."""
+        if snapshot_id is None:
+            return 0
+        s = snapshot_at(self.spark, self.java(), snapshot_id).counts()
+        if "total-records" in s and "total-position-deletes" in s and not s.get("total-equality-deletes"):
+            return s["total-records"] - s["total-position-deletes"]
+        return self.read_at(snapshot_id).count()
+
+    def rows_after_commit(self, snapshot_id: int | None, rows_before: int) -> int:
+        """Rows a reader sees at a commit, given the rows before it (no commit: counted now).
+
+        Metadata only when the commit's summary tells exactly: a commit that only added position
+        deletes or deletion vectors removed one live row per new position (a vector replacing an older
+        one for the same file carries the old positions too, counted as removed); a commit between two
+        snapshots without delete files removed the difference of their record totals. Otherwise a
+        count with deletes applied, since dangling delete files would make totals wrong.
+        """
+        if snapshot_id is None:
+            return self.read_at(None).count()
+        jtable = self.java()
+        snap = snapshot_at(self.spark, jtable, snapshot_id)
+        s = snap.counts()
+        if (not s.get("added-data-files") and not s.get("deleted-data-files") and not s.get("added-equality-deletes")
+                and "added-position-deletes" in s):
+            return rows_before - s["added-position-deletes"] + s.get("removed-position-deletes", 0)
+        parent = snapshot_at(self.spark, jtable, snap.parent_id).counts() if snap.parent_id is not None else {}
+        if "total-records" in s and s.get("total-delete-files") == 0 and parent.get("total-delete-files") == 0:
+            return rows_before - (parent["total-records"] - s["total-records"])
+        return self.read_at(snap.snapshot_id).count()
+
+    # Commits of our own
+
+    def overwrite_files(self, old_files: list, rows: DataFrame, read_snapshot_id: int, conflict_filter,
+                        branch: str | None = None) -> None:
+        """Replace `old_files` (Java DataFiles of snapshot `read_snapshot_id`) by `rows` in one
+        `overwrite` commit, as Spark's copy-on-write DELETE would, but for exactly these files.
+
+        `rows` are written through Iceberg's rewrite path (option `rewritten-file-scan-task-set-id`: the
+        new files are staged, not committed), each task's rows in the order they come, as Iceberg's
+        bin-pack compaction writes: no shuffle, no sort (rows read file by file keep a clustered
+        table's order). The commit is validated like a serializable copy-on-write operation: it fails (and the
+        caller retries) when another writer meanwhile added data `conflict_filter` may match, or deleted
+        from the old files. `branch`: commit on that branch instead of main (`read_snapshot_id` is then a
+        snapshot of the branch's line). Cost: one read and one write of the rows.
+        """
+        spark = self.spark
+        set_id = f"dsr-rewrite-{uuid.uuid4().hex}"
+        jtable = self.java()
+        coordinator = jclass(spark, "org.apache.iceberg.spark.FileRewriteCoordinator").get()
+        try:
+            (rows.write.format("iceberg").option("rewritten-file-scan-task-set-id", set_id)
+             .option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
+             .mode("append").save(self.identifier))
+            jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
+            new_files = coordinator.fetchNewFiles(jtable, set_id) or jvm.java.util.ArrayList()
+            replace_files(spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter, branch)
+        finally:
+            coordinator.clearRewrite(jtable, set_id)
+
+    def commit_files(self, snapshot_id: int) -> CommitFiles:
+        """What commit `snapshot_id` changed. Reads only the manifests that commit wrote; a position
+        delete file that is not scoped to one data file (older writers) names its data files only in
+        its rows, so its `file_path` column is read (a small Spark job over that delete file)."""
+        spark = self.spark
+        jtable = self.java()
+        snap, io = jtable.snapshot(snapshot_id), jtable.io()
+        targets = call(spark, "deleteTargets", snap.addedDeleteFiles(io))
+        deleted_from = {referenced for referenced, _ in targets if referenced is not None}
+        unscoped = [location for referenced, location in targets if referenced is None]
+        if unscoped:
+            deleted_from.update(r.file_path for r in spark.read.parquet(*unscoped).select("file_path").distinct()
+                                .collect())
+        return CommitFiles(snap.parentId(), frozenset(call(spark, "locations", snap.removedDataFiles(io))),
+                           frozenset(call(spark, "locations", snap.addedDataFiles(io))), frozenset(deleted_from))
+
+    def own_commit_since(self, after_id: int | None) -> Snapshot | None:
+        """This Spark application's newest commit after `after_id`, found by the `spark.app.id` Iceberg
+        writes into each summary: other writers may have committed after it. Metadata only."""
+        app_id = self.spark.sparkContext.applicationId
+        jtable = self.java()  # one state of the table: its current snapshot and its history
+        current = jtable.currentSnapshot()
+        for snap in _ancestors(_snapshots_by_id(self.spark, jtable), current.snapshotId() if current else None,
+                               after_id):
+            if snap.summary.get("spark.app.id") == app_id and snap.operation != "append":
+                return snap
+        return None
+
+    # Rewrites
+
+    def rewrite_sorted(self, key: str, target_file_size_bytes: int) -> int:
+        """Rewrite all data files sorted by `key`; returns bytes rewritten. Reads and writes the whole table."""
+        row = self._call_procedure(
+            "rewrite_data_files",
+            f", strategy => 'sort', sort_order => '{key} ASC NULLS LAST', options => map("
+            f"'rewrite-all', 'true', 'target-file-size-bytes', '{int(target_file_size_bytes)}')",
+        )
+        return row.rewritten_bytes_count
+
+    def rewrite_files_with_deletes(self, target_file_size_bytes: int) -> RewriteResult:
+        """Rewrite exactly the data files that carry delete files, so deleted rows leave the live files.
+
+        Reads and rewrites only those files (not the whole table); dangling delete files are dropped.
+        A table with a declared sort order (`dsr optimize` sets one) is rewritten in that order, which
+        adds a shuffle of the rewritten rows; an unsorted table is bin-packed (no shuffle). The new
+        files take the commit's sequence number, so the old position deletes no longer apply to any
+        file and are dropped as dangling (with the starting number they would stay in every scan).
+        """
+        strategy = ", strategy => 'sort'" if sorted_by_order(self.java()) else ""
+        row = self._call_procedure(
+            "rewrite_data_files",
+            f"{strategy}, options => map("
+            f"'delete-file-threshold', '1', 'min-file-size-bytes', '0', 'max-file-size-bytes', '{_NO_SIZE_LIMIT}',"
+            f" 'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false',"
+            f" 'target-file-size-bytes', '{int(target_file_size_bytes)}')",
+        )
+        return RewriteResult(
+            row.rewritten_data_files_count,
+            row.added_data_files_count,
+            row.rewritten_bytes_count,
+            row.removed_delete_files_count,
+        )
+
+    def drop_dangling_position_deletes(self) -> int:
+        """Drop position delete files that apply to no live data file; returns how many were removed.
+
+        Iceberg's `remove-dangling-deletes` skips unpartitioned tables, so after a rewrite their old
+        delete files would stay in every scan plan. Reads only the delete files; a commit when any.
+        """
+        row = self._call_procedure("rewrite_position_delete_files", ", options => map('rewrite-all', 'true')")
+        return row.rewritten_delete_files_count - row.added_delete_files_count
+
+    def rewrite_manifests(self) -> int:
+        """Rewrite the current snapshot's manifests keeping only live entries; returns how many were replaced.
+
+        A commit that removes files keeps DELETED entries in its manifests, with the removed files'
+        column bounds (16-character prefixes of values such as erased ids). After this commit and an
+        expiry, no manifest describes removed files. Metadata only: reads and writes manifests. A table
+        without delete manifests is rewritten by Iceberg's core operation in the driver (no Spark job:
+        about a second less per table on a small lake); the Spark action serves the others, as the core
+        rewrite keeps delete manifests as they are.
+        """
+        jtable = self.java()
+        current = jtable.currentSnapshot()
+        if current is None:
+            return 0
+        io = jtable.io()
+        if current.deleteManifests(io).isEmpty():
+            before = current.dataManifests(io).size()
+            jtable.rewriteManifests().clusterBy(bridge(self.spark).oneGroup()).commit()
+            return before
+        result = self.lake._actions().rewriteManifests(jtable).execute()
+        return sum(1 for _ in result.rewrittenManifests())
+
+    # Expiry and orphans
+
+    def expire_snapshots_before_current(self) -> ExpireResult:
+        """Expire every snapshot older than the current one that no branch or tag retains.
+
+        Deletes from storage the data, delete and manifest files only those snapshots referenced.
+        Without branches, tags or retention settings on main, Iceberg's core expiry runs in the driver,
+        no Spark job: it reads the manifest lists and manifests of the snapshots (a few small Avro files
+        per commit), never a data file. Iceberg's Spark action plans the same set difference with Spark
+        jobs over metadata tables (about 1 s of fixed cost per table on a small lake); it serves the rest.
+        """
+        spark = self.spark
+        jtable = self.java()
+        current = snapshot_of(spark, jtable.currentSnapshot())
+        if current is None:
+            return ExpireResult(0, 0)
+        snapshots = call(spark, "snapshots", jtable)
+        older = [s["id"] for s in snapshots if s["ms"] < current.committed_ms]
+        if not older:  # only the current snapshot (or newer ones): nothing to expire
+            return ExpireResult(0, 0)
+        refs = call(spark, "refs", jtable)
+        if len(refs) != 1 or refs[0]["name"] != "main" or refs[0]["min_snapshots_to_keep"] is not None \
+                or refs[0]["max_snapshot_age_ms"] is not None:  # refs, or main's own retention: Iceberg decides
+            result = (self.lake._actions().expireSnapshots(jtable).expireOlderThan(current.committed_ms)
+                      .retainLast(1).execute())
+            deleted = (result.deletedDataFilesCount() + result.deletedPositionDeleteFilesCount()
+                       + result.deletedEqualityDeleteFilesCount())
+        else:
+            deleted = _expire_in_driver(spark, jtable, current.committed_ms, older[0])
+        jtable.refresh()
+        return ExpireResult(len(snapshots) - _snapshot_count(jtable), deleted)
+
+    def remove_orphan_files(self, min_age_minutes: float) -> int:
+        """Delete files under the table location that no metadata references and are older than the window.
+
+        Lists the whole table location and reads all manifests. The window protects writers that are
+        still committing; Iceberg's procedure refuses windows under 24 h, the action does not.
+        """
+        cutoff = int((time.time() - min_age_minutes * 60) * 1000)
+        jtable = self.java()
+        if not self._may_hold_orphans(jtable, cutoff):
+            return 0
+        result = self.lake._actions().deleteOrphanFiles(jtable).olderThan(cutoff).execute()
+        return sum(1 for _ in result.orphanFileLocations())
+
+    def _may_hold_orphans(self, jtable, cutoff_ms: int) -> bool:
+        """Whether some file under the location, older than the cutoff, is not among the files the table's
+        metadata names (data, delete, manifest, manifest-list, metadata and statistics files). Cheap: one
+        listing, and the manifests read in the driver (one snapshot, as the expiry leaves a table without
+        refs) or two metadata-table queries, against the orphan action's distributed listing and
+        anti-join; when in doubt (a file kind not accounted for) it says yes, so the action runs."""
+        spark = self.spark
+        old = [same_file(path) for path, modified_ms in _listing(spark, jtable.location())
+               if modified_ms < cutoff_ms]
+        if not old:
+            return False
+        one_snapshot = _snapshot_count(jtable) == 1
+        if one_snapshot:
+            known = set(_live_files(spark, jtable, jtable.currentSnapshot()))
+        else:
+            name = self.quoted
+            known = {r[0] for r in spark.sql(f"SELECT file_path FROM {name}.all_files UNION ALL "
+                                             f"SELECT path FROM {name}.all_manifests").collect()}
+        known.update(call(spark, "metadataFiles", jtable, one_snapshot))
+        known = {same_file(k) for k in known if k}
+        return any(f not in known and not f.endswith("version-hint.text") for f in old)
+
+    # Files
+
+    def retained_files(self) -> tuple[list[str], set[str]]:
+        """(paths of every data and delete file any retained snapshot references, the current snapshot's
+        among them). Metadata only: a table with one snapshot (as a purge leaves it) has its manifests
+        read in the driver, others take one query over its metadata tables."""
+        jtable = self.java()
+        if _snapshot_count(jtable) == 1:
+            files = _live_files(self.spark, jtable, jtable.currentSnapshot())
+            return files, set(files)
+        name = self.quoted
+        # Deduplicated here, not in Spark: a GROUP BY would add a shuffle stage to a query of a few rows.
+        rows = self.spark.sql(f"SELECT file_path, false AS current FROM {name}.all_files "
+                              f"UNION ALL SELECT file_path, true FROM {name}.files").collect()
+        return list(dict.fromkeys(r.file_path for r in rows)), {r.file_path for r in rows if r.current}
+
+    def history_is_live(self) -> bool:
+        """Whether the retained snapshots and the storage listing hold exactly the current snapshot's
+        files and no delete file (the state a purge leaves): then a scan of live data reads the same
+        rows as a scan of history or of storage would. Metadata and one listing of the location."""
+        paths, current = self.retained_files()
+        current_files = {same_file(p) for p in current}
+        return (not self.summary_count("total-delete-files")
+                and {same_file(p) for p in paths} == current_files
+                and {same_file(p) for p in parquet_files_under(self.spark, self.location())} == current_files)
+
+    # The line of commits
+
+    def commits_between(self, after_id: int | None, before_id: int) -> list[Commit] | None:
+        """Commits after `after_id` and before `before_id` on `before_id`'s line, oldest first.
+
+        None when `after_id` is not an ancestor (the table was rolled back or replaced meanwhile).
+        Metadata only.
+        """
+        snapshots = _snapshots_by_id(self.spark, self.java())
+        start = snapshots[before_id].parent_id
+        chain = list(_ancestors(snapshots, start, after_id))
+        if (chain[-1].parent_id if chain else start) != after_id:  # the line ended or expired first
+            return None
+        return [Commit(s.snapshot_id, s.operation, s.summary) for s in reversed(chain)]
+
+    def commits_since(self, after_id: int, until_id: int) -> list[Commit] | None:
+        """Commits after `after_id` up to `until_id` included, oldest first; None when `after_id` is not an
+        ancestor of `until_id` (expired, rolled back or replaced meanwhile). Metadata only."""
+        if after_id == until_id:
+            return []
+        chain = list(_ancestors(_snapshots_by_id(self.spark, self.java()), until_id, after_id))
+        if not chain or chain[-1].parent_id != after_id:
+            return None
+        return [Commit(s.snapshot_id, s.operation, s.summary) for s in reversed(chain)]
+
+    def descends_from(self, snapshot_id: int) -> bool:
+        """Whether the table's current snapshot is `snapshot_id` or a later commit on its line (not a
+        rollback, a replaced table or a line whose history expired in between). Metadata only."""
+        current = self.current_snapshot()
+        return current is not None and self.commits_since(snapshot_id, current.snapshot_id) is not None
+
+    def own_line_since(self, after_id: int) -> bool:
+        """Whether no writer but this Spark application added rows after snapshot `after_id`: every commit
+        since, up to the current snapshot, is this application's erase (an overwrite or delete carrying
+        its `spark.app.id`) or a `replace`, which by Iceberg's contract moves rows without changing them
+        (a compaction, a purge's rewrite). False when `after_id` is no ancestor any more. Metadata only."""
+        current = self.current_snapshot()
+        if current is None:
+            return False
+        commits = self.commits_since(after_id, current.snapshot_id)
+        app_id = self.spark.sparkContext.applicationId
+        return commits is not None and all(
+            c.operation == "replace"
+            or (c.operation in ("overwrite", "delete") and c.summary.get("spark.app.id") == app_id)
+            for c in commits)
+
+
+# Helpers that take a Java table, a path or a type, not a table of the lake.
 
 
 def snapshot_of(spark: SparkSession, jsnapshot) -> Snapshot | None:
@@ -95,128 +598,12 @@ def snapshot_at(spark: SparkSession, jtable, snapshot_id: int) -> Snapshot:
     return cast(Snapshot, snapshot_of(spark, jtable.snapshot(snapshot_id)))
 
 
-def current_snapshot(spark: SparkSession, settings: Settings, table: str) -> Snapshot | None:
-    return snapshot_of(spark, java_table(spark, settings, table).currentSnapshot())
-
-
-def table_properties(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
-    return call(spark, "toJson", java_table(spark, settings, table).properties())
-
-
-def table_location(spark: SparkSession, settings: Settings, table: str) -> str:
-    return str(java_table(spark, settings, table).location())
-
-
-def write_mode(spark: SparkSession, settings: Settings, table: str, operation: str) -> str:
-    """`copy-on-write` or `merge-on-read` for operation delete | update | merge."""
-    return table_properties(spark, settings, table).get(f"write.{operation}.mode", "copy-on-write")
-
-
-def refs(spark: SparkSession, settings: Settings, table: str) -> list[Ref]:
-    """Branches and tags other than main: each pins its snapshots against expiry. Table metadata only."""
-    found = call(spark, "refs", java_table(spark, settings, table))
-    return sorted((Ref(r["name"], r["kind"], r["snapshot_id"]) for r in found if r["name"] != "main"),
-                  key=lambda r: r.name)
-
-
-def drop_ref(spark: SparkSession, settings: Settings, table: str, ref: Ref) -> None:
-    kind = "TAG" if ref.kind == "TAG" else "BRANCH"
-    spark.sql(f"ALTER TABLE {settings.table(table)} DROP {kind} IF EXISTS `{ref.name.replace('`', '``')}`")
-
-
-def create_branch(spark: SparkSession, settings: Settings, table: str, name: str, snapshot_id: int) -> None:
-    """Branch `name` at snapshot `snapshot_id`: one metadata commit."""
-    java_table(spark, settings, table).manageSnapshots().createBranch(name, snapshot_id).commit()
-
-
-def move_tag(spark: SparkSession, settings: Settings, table: str, tag: str, snapshot_id: int,
-             drop_branch: str) -> None:
-    """Re-point tag `tag` at `snapshot_id` (its retention kept) and remove branch `drop_branch`, in one
-    metadata commit: a reader sees the tag at its old snapshot or at the new one, never without it."""
-    (java_table(spark, settings, table).manageSnapshots().replaceTag(tag, snapshot_id).removeBranch(drop_branch)
-     .commit())
-
-
-def summary_count(spark: SparkSession, settings: Settings, table: str, key: str) -> int:
-    """A count from the current snapshot's summary (`total-data-files`, `total-delete-files`, ...)."""
-    snap = current_snapshot(spark, settings, table)
-    return int(snap.summary.get(key, "0")) if snap else 0
-
-
-def live_rows(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None) -> int:
-    """Rows a reader sees at a snapshot. From its summary when that tells exactly (no equality
-    deletes: the records of its data files less its position deletes, one row each: deletion
-    vectors and file-scoped deletes never name a position twice); otherwise a count with deletes
-    applied."""
-    if snapshot_id is None:
-        return 0
-    s = snapshot_at(spark, java_table(spark, settings, table), snapshot_id).counts()
-    if "total-records" in s and "total-position-deletes" in s and not s.get("total-equality-deletes"):
-        return s["total-records"] - s["total-position-deletes"]
-    return read_at(spark, settings, table, snapshot_id).count()
-
-
-def rows_after_commit(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None,
-                      rows_before: int) -> int:
-    """Rows a reader sees at a commit, given the rows before it (no commit: counted now).
-
-    Metadata only when the commit's summary tells exactly: a commit that only added position
-    deletes or deletion vectors removed one live row per new position (a vector replacing an older
-    one for the same file carries the old positions too, counted as removed); a commit between two
-    snapshots without delete files removed the difference of their record totals. Otherwise a
-    count with deletes applied, since dangling delete files would make totals wrong.
-    """
-    if snapshot_id is None:
-        return read_at(spark, settings, table, None).count()
-    jtable = java_table(spark, settings, table)
-    snap = snapshot_at(spark, jtable, snapshot_id)
-    s = snap.counts()
-    if (not s.get("added-data-files") and not s.get("deleted-data-files") and not s.get("added-equality-deletes")
-            and "added-position-deletes" in s):
-        return rows_before - s["added-position-deletes"] + s.get("removed-position-deletes", 0)
-    parent = snapshot_at(spark, jtable, snap.parent_id).counts() if snap.parent_id is not None else {}
-    if "total-records" in s and s.get("total-delete-files") == 0 and parent.get("total-delete-files") == 0:
-        return rows_before - (parent["total-records"] - s["total-records"])
-    return read_at(spark, settings, table, snap.snapshot_id).count()
-
-
-def format_version(spark: SparkSession, settings: Settings, table: str) -> int:
-    return int(java_table(spark, settings, table).operations().current().formatVersion())
-
-
-def overwrite_files(spark: SparkSession, settings: Settings, table: str, old_files: list, rows: DataFrame,
-                    read_snapshot_id: int, conflict_filter, branch: str | None = None) -> None:
-    """Replace `old_files` (Java DataFiles of snapshot `read_snapshot_id`) by `rows` in one
-    `overwrite` commit, as Spark's copy-on-write DELETE would, but for exactly these files.
-
-    `rows` are written through Iceberg's rewrite path (option `rewritten-file-scan-task-set-id`: the
-    new files are staged, not committed), each task's rows in the order they come, as Iceberg's
-    bin-pack compaction writes: no shuffle, no sort (rows read file by file keep a clustered
-    table's order). The commit is validated like a serializable copy-on-write operation: it fails (and the
-    caller retries) when another writer meanwhile added data `conflict_filter` may match, or deleted
-    from the old files. `branch`: commit on that branch instead of main (`read_snapshot_id` is then a
-    snapshot of the branch's line). Cost: one read and one write of the rows.
-    """
-    set_id = f"dsr-rewrite-{uuid.uuid4().hex}"
-    jtable = java_table(spark, settings, table)
-    coordinator = jclass(spark, "org.apache.iceberg.spark.FileRewriteCoordinator").get()
-    try:
-        (rows.write.format("iceberg").option("rewritten-file-scan-task-set-id", set_id)
-         .option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
-         .mode("append").save(f"{settings.catalog.name}.{table}"))
-        jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
-        new_files = coordinator.fetchNewFiles(jtable, set_id) or jvm.java.util.ArrayList()
-        replace_files(spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter, branch)
-    finally:
-        coordinator.clearRewrite(jtable, set_id)
-
-
 def replace_files(spark: SparkSession, jtable, old_files: list, new_files, read_snapshot_id: int,
                   conflict_filter, branch: str | None = None) -> None:
     """Commit `new_files` (Java DataFiles written, not yet committed) in place of `old_files` as one
     `overwrite` (on `branch`, default main), validated like a serializable copy-on-write operation (see
-    overwrite_files). On a conflict nothing is committed, the new files are deleted, and the error is
-    raised for a retry."""
+    IcebergTable.overwrite_files). On a conflict nothing is committed, the new files are deleted, and
+    the error is raised for a retry."""
     jtable.refresh()
     operation = (jtable.newOverwrite().caseSensitive(False).validateFromSnapshot(read_snapshot_id)
                  .conflictDetectionFilter(conflict_filter).validateNoConflictingData()
@@ -233,154 +620,10 @@ def replace_files(spark: SparkSession, jtable, old_files: list, new_files, read_
         raise
 
 
-@dataclass(frozen=True)
-class CommitFiles:
-    """The data files one commit changed, from its own manifests."""
-
-    parent_id: int | None
-    removed: frozenset[str]  # data files it removed (copy-on-write: rewritten)
-    added: frozenset[str]  # data files it added
-    deleted_from: frozenset[str]  # data files its new delete files or deletion vectors apply to
-
-
-def commit_files(spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> CommitFiles:
-    """What commit `snapshot_id` changed. Reads only the manifests that commit wrote; a position
-    delete file that is not scoped to one data file (older writers) names its data files only in
-    its rows, so its `file_path` column is read (a small Spark job over that delete file)."""
-    jtable = java_table(spark, settings, table)
-    snap, io = jtable.snapshot(snapshot_id), jtable.io()
-    targets = call(spark, "deleteTargets", snap.addedDeleteFiles(io))
-    deleted_from = {referenced for referenced, _ in targets if referenced is not None}
-    unscoped = [location for referenced, location in targets if referenced is None]
-    if unscoped:
-        deleted_from.update(r.file_path for r in spark.read.parquet(*unscoped).select("file_path").distinct()
-                            .collect())
-    return CommitFiles(snap.parentId(), frozenset(call(spark, "locations", snap.removedDataFiles(io))),
-                       frozenset(call(spark, "locations", snap.addedDataFiles(io))), frozenset(deleted_from))
-
-
-def rewrite_sorted(spark: SparkSession, settings: Settings, table: str, key: str, target_file_size_bytes: int) -> int:
-    """Rewrite all data files sorted by `key`; returns bytes rewritten. Reads and writes the whole table."""
-    row = spark.sql(
-        # Data-map names are validated plain identifiers.
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{procedure_table(settings, table)}', "
-        f"strategy => 'sort', sort_order => '{key} ASC NULLS LAST', options => map("
-        f"'rewrite-all', 'true', 'target-file-size-bytes', '{int(target_file_size_bytes)}'))"
-    ).collect()[0]
-    return row.rewritten_bytes_count
-
-
 def sorted_by_order(jtable) -> bool:
     """Whether the Java Table declares a sort order (`dsr optimize` sets one): its files are then
     clustered, and a rewrite must keep each file's rows apart to keep their narrow column bounds."""
     return not jtable.sortOrder().isUnsorted()
-
-
-@dataclass(frozen=True)
-class RewriteResult:
-    data_files_rewritten: int
-    data_files_added: int
-    bytes_rewritten: int
-    delete_files_removed: int
-
-
-def rewrite_files_with_deletes(spark: SparkSession, settings: Settings, table: str,
-                               target_file_size_bytes: int) -> RewriteResult:
-    """Rewrite exactly the data files that carry delete files, so deleted rows leave the live files.
-
-    Reads and rewrites only those files (not the whole table); dangling delete files are dropped.
-    A table with a declared sort order (`dsr optimize` sets one) is rewritten in that order, which
-    adds a shuffle of the rewritten rows; an unsorted table is bin-packed (no shuffle). The new
-    files take the commit's sequence number, so the old position deletes no longer apply to any
-    file and are dropped as dangling (with the starting number they would stay in every scan).
-    """
-    strategy = ", strategy => 'sort'" if sorted_by_order(java_table(spark, settings, table)) else ""
-    row = spark.sql(
-        f"CALL `{settings.catalog.name}`.system.rewrite_data_files("
-        f"table => '{procedure_table(settings, table)}'{strategy}, options => map("
-        f"'delete-file-threshold', '1', 'min-file-size-bytes', '0', 'max-file-size-bytes', '{_NO_SIZE_LIMIT}',"
-        f" 'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false',"
-        f" 'target-file-size-bytes', '{int(target_file_size_bytes)}'))"
-    ).collect()[0]
-    return RewriteResult(
-        row.rewritten_data_files_count,
-        row.added_data_files_count,
-        row.rewritten_bytes_count,
-        row.removed_delete_files_count,
-    )
-
-
-def drop_dangling_position_deletes(spark: SparkSession, settings: Settings, table: str) -> int:
-    """Drop position delete files that apply to no live data file; returns how many were removed.
-
-    Iceberg's `remove-dangling-deletes` skips unpartitioned tables, so after a rewrite their old
-    delete files would stay in every scan plan. Reads only the delete files; a commit when any.
-    """
-    row = spark.sql(
-        f"CALL `{settings.catalog.name}`.system.rewrite_position_delete_files("
-        f"table => '{procedure_table(settings, table)}', "
-        "options => map('rewrite-all', 'true'))"
-    ).collect()[0]
-    return row.rewritten_delete_files_count - row.added_delete_files_count
-
-
-def rewrite_manifests(spark: SparkSession, settings: Settings, table: str) -> int:
-    """Rewrite the current snapshot's manifests keeping only live entries; returns how many were replaced.
-
-    A commit that removes files keeps DELETED entries in its manifests, with the removed files'
-    column bounds (16-character prefixes of values such as erased ids). After this commit and an
-    expiry, no manifest describes removed files. Metadata only: reads and writes manifests. A table
-    without delete manifests is rewritten by Iceberg's core operation in the driver (no Spark job:
-    about a second less per table on a small lake); the Spark action serves the others, as the core
-    rewrite keeps delete manifests as they are.
-    """
-    jtable = java_table(spark, settings, table)
-    current = jtable.currentSnapshot()
-    if current is None:
-        return 0
-    io = jtable.io()
-    if current.deleteManifests(io).isEmpty():
-        before = current.dataManifests(io).size()
-        jtable.rewriteManifests().clusterBy(bridge(spark).oneGroup()).commit()
-        return before
-    result = _actions(spark).rewriteManifests(jtable).execute()
-    return sum(1 for _ in result.rewrittenManifests())
-
-
-@dataclass(frozen=True)
-class ExpireResult:
-    snapshots_expired: int
-    files_deleted: int  # data and delete files (manifests and manifest lists not counted)
-
-
-def expire_snapshots_before_current(spark: SparkSession, settings: Settings, table: str) -> ExpireResult:
-    """Expire every snapshot older than the current one that no branch or tag retains.
-
-    Deletes from storage the data, delete and manifest files only those snapshots referenced.
-    Without branches, tags or retention settings on main, Iceberg's core expiry runs in the driver,
-    no Spark job: it reads the manifest lists and manifests of the snapshots (a few small Avro files
-    per commit), never a data file. Iceberg's Spark action plans the same set difference with Spark
-    jobs over metadata tables (about 1 s of fixed cost per table on a small lake); it serves the rest.
-    """
-    jtable = java_table(spark, settings, table)
-    current = snapshot_of(spark, jtable.currentSnapshot())
-    if current is None:
-        return ExpireResult(0, 0)
-    snapshots = call(spark, "snapshots", jtable)
-    older = [s["id"] for s in snapshots if s["ms"] < current.committed_ms]
-    if not older:  # only the current snapshot (or newer ones): nothing to expire
-        return ExpireResult(0, 0)
-    refs = call(spark, "refs", jtable)
-    if len(refs) != 1 or refs[0]["name"] != "main" or refs[0]["min_snapshots_to_keep"] is not None \
-            or refs[0]["max_snapshot_age_ms"] is not None:  # refs, or main's own retention: Iceberg decides
-        result = (_actions(spark).expireSnapshots(jtable).expireOlderThan(current.committed_ms)
-                  .retainLast(1).execute())
-        deleted = (result.deletedDataFilesCount() + result.deletedPositionDeleteFilesCount()
-                   + result.deletedEqualityDeleteFilesCount())
-    else:
-        deleted = _expire_in_driver(spark, jtable, current.committed_ms, older[0])
-    jtable.refresh()
-    return ExpireResult(len(snapshots) - _snapshot_count(jtable), deleted)
 
 
 def _snapshot_count(jtable) -> int:
@@ -405,68 +648,6 @@ def _expire_in_driver(spark: SparkSession, jtable, before_ms: int, one_expired: 
     # and a file left behind is an orphan that the orphan removal and the storage check both see).
     jclass(spark, "org.apache.iceberg.CatalogUtil").deleteFiles(jtable.io(), paths, "expired", False)
     return sum(1 for path in call(spark, "toJson", paths) if path not in known_metadata)
-
-
-def remove_orphan_files(spark: SparkSession, settings: Settings, table: str, min_age_minutes: float) -> int:
-    """Delete files under the table location that no metadata references and are older than the window.
-
-    Lists the whole table location and reads all manifests. The window protects writers that are
-    still committing; Iceberg's procedure refuses windows under 24 h, the action does not.
-    """
-    cutoff = int((time.time() - min_age_minutes * 60) * 1000)
-    jtable = java_table(spark, settings, table)
-    if not _may_hold_orphans(spark, settings, table, jtable, cutoff):
-        return 0
-    result = _actions(spark).deleteOrphanFiles(jtable).olderThan(cutoff).execute()
-    return sum(1 for _ in result.orphanFileLocations())
-
-
-def _may_hold_orphans(spark: SparkSession, settings: Settings, table: str, jtable, cutoff_ms: int) -> bool:
-    """Whether some file under the location, older than the cutoff, is not among the files the table's
-    metadata names (data, delete, manifest, manifest-list, metadata and statistics files). Cheap: one
-    listing, and the manifests read in the driver (one snapshot, as the expiry leaves a table without
-    refs) or two metadata-table queries, against the orphan action's distributed listing and
-    anti-join; when in doubt (a file kind not accounted for) it says yes, so the action runs."""
-    old = [same_file(path) for path, modified_ms in _listing(spark, jtable.location()) if modified_ms < cutoff_ms]
-    if not old:
-        return False
-    one_snapshot = _snapshot_count(jtable) == 1
-    if one_snapshot:
-        known = set(_live_files(spark, jtable, jtable.currentSnapshot()))
-    else:
-        name = settings.table(table)
-        known = {r[0] for r in spark.sql(f"SELECT file_path FROM {name}.all_files UNION ALL "
-                                         f"SELECT path FROM {name}.all_manifests").collect()}
-    known.update(call(spark, "metadataFiles", jtable, one_snapshot))
-    known = {same_file(k) for k in known if k}
-    return any(f not in known and not f.endswith("version-hint.text") for f in old)
-
-
-def retained_files(spark: SparkSession, settings: Settings, table: str) -> tuple[list[str], set[str]]:
-    """(paths of every data and delete file any retained snapshot references, the current snapshot's
-    among them). Metadata only: a table with one snapshot (as a purge leaves it) has its manifests
-    read in the driver, others take one query over its metadata tables."""
-    jtable = java_table(spark, settings, table)
-    if _snapshot_count(jtable) == 1:
-        files = _live_files(spark, jtable, jtable.currentSnapshot())
-        return files, set(files)
-    name = settings.table(table)
-    # Deduplicated here, not in Spark: a GROUP BY would add a shuffle stage to a query of a few rows.
-    rows = spark.sql(f"SELECT file_path, false AS current FROM {name}.all_files "
-                     f"UNION ALL SELECT file_path, true FROM {name}.files").collect()
-    return list(dict.fromkeys(r.file_path for r in rows)), {r.file_path for r in rows if r.current}
-
-
-def history_is_live(spark: SparkSession, settings: Settings, table: str) -> bool:
-    """Whether the retained snapshots and the storage listing hold exactly the current snapshot's
-    files and no delete file (the state a purge leaves): then a scan of live data reads the same
-    rows as a scan of history or of storage would. Metadata and one listing of the location."""
-    paths, current = retained_files(spark, settings, table)
-    current_files = {same_file(p) for p in current}
-    return (not summary_count(spark, settings, table, "total-delete-files")
-            and {same_file(p) for p in paths} == current_files
-            and {same_file(p) for p in parquet_files_under(spark, table_location(spark, settings, table))}
-            == current_files)
 
 
 def _live_files(spark: SparkSession, jtable, snapshot) -> list[str]:
@@ -520,74 +701,6 @@ def read_columns_from_files(spark: SparkSession, paths: list[str] | str, schema:
     return reader.parquet(*([paths] if isinstance(paths, str) else paths))
 
 
-def read_at(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None) -> DataFrame:
-    """The table as of a snapshot (the current one when None)."""
-    if snapshot_id is None:
-        return spark.table(settings.table(table))
-    return spark.read.option("snapshot-id", str(snapshot_id)).table(f"{settings.catalog.name}.{table}")
-
-
-@dataclass(frozen=True)
-class Commit:
-    snapshot_id: int
-    operation: str
-    summary: dict[str, str]
-
-
-def commits_between(spark: SparkSession, settings: Settings, table: str, after_id: int | None,
-                    before_id: int) -> list[Commit] | None:
-    """Commits after `after_id` and before `before_id` on `before_id`'s line, oldest first.
-
-    None when `after_id` is not an ancestor (the table was rolled back or replaced meanwhile).
-    Metadata only.
-    """
-    snapshots = _snapshots_by_id(spark, java_table(spark, settings, table))
-    start = snapshots[before_id].parent_id
-    chain = list(_ancestors(snapshots, start, after_id))
-    if (chain[-1].parent_id if chain else start) != after_id:  # the line ended or expired first
-        return None
-    return [Commit(s.snapshot_id, s.operation, s.summary) for s in reversed(chain)]
-
-
-def commits_since(spark: SparkSession, settings: Settings, table: str, after_id: int, until_id: int
-                  ) -> list[Commit] | None:
-    """Commits after `after_id` up to `until_id` included, oldest first; None when `after_id` is not an
-    ancestor of `until_id` (expired, rolled back or replaced meanwhile). Metadata only."""
-    if after_id == until_id:
-        return []
-    chain = list(_ancestors(_snapshots_by_id(spark, java_table(spark, settings, table)), until_id, after_id))
-    if not chain or chain[-1].parent_id != after_id:
-        return None
-    return [Commit(s.snapshot_id, s.operation, s.summary) for s in reversed(chain)]
-
-
-def descends_from(spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> bool:
-    """Whether the table's current snapshot is `snapshot_id` or a later commit on its line (not a
-    rollback, a replaced table or a line whose history expired in between). Metadata only."""
-    current = current_snapshot(spark, settings, table)
-    return current is not None and commits_since(spark, settings, table, snapshot_id, current.snapshot_id) is not None
-
-
-def history(spark: SparkSession, settings: Settings, table: str) -> list[Snapshot]:
-    """Every snapshot the table's metadata still holds. Metadata only."""
-    return list(_snapshots_by_id(spark, java_table(spark, settings, table)).values())
-
-
-def own_line_since(spark: SparkSession, settings: Settings, table: str, after_id: int) -> bool:
-    """Whether no writer but this Spark application added rows after snapshot `after_id`: every commit
-    since, up to the current snapshot, is this application's erase (an overwrite or delete carrying
-    its `spark.app.id`) or a `replace`, which by Iceberg's contract moves rows without changing them
-    (a compaction, a purge's rewrite). False when `after_id` is no ancestor any more. Metadata only."""
-    current = current_snapshot(spark, settings, table)
-    if current is None:
-        return False
-    commits = commits_since(spark, settings, table, after_id, current.snapshot_id)
-    app_id = spark.sparkContext.applicationId
-    return commits is not None and all(
-        c.operation == "replace" or (c.operation in ("overwrite", "delete") and c.summary.get("spark.app.id") == app_id)
-        for c in commits)
-
-
 def _snapshots_by_id(spark: SparkSession, jtable) -> dict[int, Snapshot]:
     """Every snapshot in the table's metadata, read in one round trip."""
     return {s["id"]: Snapshot.from_bridge(s) for s in call(spark, "snapshots", jtable)}
@@ -602,33 +715,13 @@ def _ancestors(snapshots: dict[int, Snapshot], start_id: int | None, stop_id: in
         snap = snapshots.get(snap.parent_id) if snap.parent_id is not None else None
 
 
-def read_appends(spark: SparkSession, settings: Settings, table: str, after_id: int, until_id: int) -> DataFrame:
-    """The rows the append commits after `after_id` up to `until_id` added (Iceberg's incremental read:
-    other commits, such as deletes and rewrites, are skipped). Reads only the appended files."""
-    return (spark.read.format("iceberg").option("start-snapshot-id", str(after_id))
-            .option("end-snapshot-id", str(until_id)).load(f"{settings.catalog.name}.{table}"))
-
-
-def own_commit_since(spark: SparkSession, settings: Settings, table: str, after_id: int | None) -> Snapshot | None:
-    """This Spark application's newest commit after `after_id`, found by the `spark.app.id` Iceberg
-    writes into each summary: other writers may have committed after it. Metadata only."""
-    app_id = spark.sparkContext.applicationId
-    jtable = java_table(spark, settings, table)  # one state of the table: its current snapshot and its history
-    current = jtable.currentSnapshot()
-    for snap in _ancestors(_snapshots_by_id(spark, jtable), current.snapshotId() if current else None, after_id):
-        if snap.summary.get("spark.app.id") == app_id and snap.operation != "append":
-            return snap
-    return None
-
-
-def with_conflict_retries(settings: Settings, what: str, operation: Callable[[], T]) -> tuple[T, int]:
+def with_conflict_retries(retries: CommitRetries, what: str, operation: Callable[[], T]) -> tuple[T, int]:
     """Run `operation`, again after a commit conflict with another writer (exponential backoff with
-    jitter, at most `erase.commit_retries` more times); returns (its result, attempts made).
+    jitter, at most `retries.retries` more times); returns (its result, attempts made).
 
     Only for operations that are safe to repeat: each attempt reads the table afresh. Raises
     CommitConflictError when the retries are exhausted; other errors are not retried.
     """
-    retries, backoff = settings.erase.commit_retries, settings.erase.retry_backoff_seconds
     attempt = 1
     while True:
         try:
@@ -636,9 +729,9 @@ def with_conflict_retries(settings: Settings, what: str, operation: Callable[[],
         except Exception as exc:
             if not any(name in str(exc) for name in _CONFLICTS):
                 raise
-            if attempt > retries:
+            if attempt > retries.retries:
                 raise CommitConflictError(
                     f"{what} conflicted with concurrent writers {attempt} times (erase.commit_retries = "
-                    f"{retries}); nothing was committed, the next run retries") from None
-            time.sleep(backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+                    f"{retries.retries}); nothing was committed, the next run retries") from None
+            time.sleep(retries.backoff_seconds * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
             attempt += 1

@@ -11,12 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from pyspark.sql import SparkSession
-
-from ..config import Settings
-from ..datamap import column_ref, is_array
+from ..datamap import DataMap, column_ref, is_array
 from ..exceptions import DataMapError
-from . import iceberg
+from .iceberg import IcebergTable
 
 
 @dataclass
@@ -33,28 +30,28 @@ class OptimizeResult:
 
 
 def optimize(
-    spark: SparkSession, settings: Settings, table: str, key: str | None = None,
-    target_file_size_bytes: int = 128 * 1024 * 1024,
+    handle: IcebergTable, datamap: DataMap, key: str | None = None, target_file_size_bytes: int = 128 * 1024 * 1024,
 ) -> OptimizeResult:
-    """Cluster `table` by its subject key (the data map's, unless `key` is given).
+    """Cluster a table by its subject key (the data map's, unless `key` is given).
 
     Sets the table's write order (later appends arrive sorted), enables a Parquet bloom filter on
     the key, and rewrites every data file sorted by the key into files of about the target size.
     Cost: reads and rewrites the whole table once (a sort: one shuffle of all rows).
     """
     start = time.perf_counter()
+    spark, table = handle.spark, handle.name
     if key is None:
-        mapping = settings.datamap.keyed.get(table)
+        mapping = datamap.keyed.get(table)
         if mapping is None:
             raise DataMapError(f"{table} is not in the data map; pass the key column explicitly")
         flat = [c for c in mapping.key_columns if not is_array(c)]
         if not flat:
             raise DataMapError(f"{table}: its only key is an array, which cannot order a table; pass a key column")
         key = flat[0]  # the first key column: a shared row sits with its first person
-    name = settings.table(table)
-    files_before = iceberg.summary_count(spark, settings, table, "total-data-files")
+    name = handle.quoted
+    files_before = handle.summary_count("total-data-files")
     spark.sql(f"ALTER TABLE {name} WRITE ORDERED BY {column_ref(key)}")
     spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.parquet.bloom-filter-enabled.column.{key}' = 'true')")
-    rewritten = iceberg.rewrite_sorted(spark, settings, table, key, target_file_size_bytes)
-    files_after = iceberg.summary_count(spark, settings, table, "total-data-files")
+    rewritten = handle.rewrite_sorted(key, target_file_size_bytes)
+    files_after = handle.summary_count("total-data-files")
     return OptimizeResult(table, key, files_before, files_after, rewritten, round(time.perf_counter() - start, 3))

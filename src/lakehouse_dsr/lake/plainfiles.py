@@ -18,11 +18,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 
-from ..config import Settings
 from ..datamap import FileMapping
 from ..datamap.model import FILE_FORMATS, FileFormat, check_table_name
 from ..exceptions import DataMapError, first_line
-from .iceberg import procedure_table
+from .iceberg import Lake
 
 _PUBLISHED = re.compile(r"^dsr-[0-9a-f]{8}-(.+)$")
 _TEMP_PREFIX = ".dsr-tmp-"  # hidden: Spark's readers skip names starting with "." or "_"
@@ -148,7 +147,7 @@ class Adopted:
     copied: bool  # False: the table references the original files where they are
 
 
-def adopt(spark: SparkSession, settings: Settings, path: str, table: str, fmt: str = "parquet") -> Adopted:
+def adopt(lake: Lake, path: str, table: str, fmt: str = "parquet") -> Adopted:
     """Bring a plain dataset under Iceberg as `table` (which must not exist), so it gets the full cycle.
 
     Parquet: an empty table with the files' schema, then Iceberg's `add_files` registers the files
@@ -164,7 +163,8 @@ def adopt(spark: SparkSession, settings: Settings, path: str, table: str, fmt: s
         check_table_name(table)
     except ValueError as exc:
         raise DataMapError(str(exc)) from None
-    name = settings.table(table)
+    spark, handle = lake.spark, lake.table(table)
+    name = handle.quoted
     if spark.catalog.tableExists(name):
         raise DataMapError(f"table {table} exists already; adopt into a new table")
     mapping = FileMapping(path=path, format=cast(FileFormat, fmt), key="unused")  # a format, checked above
@@ -176,7 +176,7 @@ def adopt(spark: SparkSession, settings: Settings, path: str, table: str, fmt: s
             raise DataMapError(f"{path} holds sub-folders: add_files registers the files of one folder; adopt each "
                                "folder, or map the dataset under files:")
         spark.createDataFrame([], frame.schema).writeTo(name).tableProperty("format-version", "2").create()
-        spark.sql(f"CALL `{settings.catalog.name}`.system.add_files(table => '{procedure_table(settings, table)}', "
+        spark.sql(f"CALL `{lake.catalog_name}`.system.add_files(table => '{handle.procedure_name}', "
                   f"source_table => '`parquet`.`{path}`')").collect()
     else:
         frame.writeTo(name).tableProperty("format-version", "2").create()

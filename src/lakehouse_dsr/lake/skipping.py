@@ -28,10 +28,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, StringType
 
-from ..config import Settings
 from ..datamap import KeyGroup, column_path
 from . import iceberg
 from .bridge import bridge, call, compiled, jclass
+from .iceberg import IcebergTable
 
 # Iceberg's metrics, manifest and row-group evaluators treat an IN of more than 200 values as
 # "may match" (IN_PREDICATE_LIMIT): larger sets are split into ORed chunks of sorted values.
@@ -100,7 +100,7 @@ def release() -> None:
 class Candidates:
     """The files of one snapshot that may hold a batch's keys, planned on the driver (see the module doc)."""
 
-    table: str
+    source: IcebergTable  # the table the files belong to
     snapshot_id: int | None
     files: int = 0  # candidate data files
     bytes: int = 0
@@ -114,6 +114,11 @@ class Candidates:
     jtable: object = field(default=None, repr=False)  # the Java Table the files were planned from
     # Each file's rows as a reader sees them, from its manifest entry; None for a file with delete files.
     _rows: list[int | None] = field(default_factory=list, repr=False)
+
+    @property
+    def table(self) -> str:
+        """The table's name (`namespace.table`)."""
+        return self.source.name
 
     @property
     def rows(self) -> int | None:
@@ -132,7 +137,7 @@ class Candidates:
         """These candidates restricted to the files at `paths`."""
         kept = [i for i, path in enumerate(self._paths) if path in paths]
         chosen = bridge(spark).pick(self._tasks, json.dumps(kept)) if self._tasks is not None else None
-        return Candidates(self.table, self.snapshot_id, len(kept), sum(self._sizes[i] for i in kept),
+        return Candidates(self.source, self.snapshot_id, len(kept), sum(self._sizes[i] for i in kept),
                           self.total_files, self.total_bytes, self.pruned, self.predicate, chosen,
                           [self._paths[i] for i in kept], [self._sizes[i] for i in kept], self.jtable,
                           [self._rows[i] for i in kept] if self._rows else [])
@@ -153,15 +158,16 @@ class Candidates:
                 "total_bytes": self.total_bytes, "pruned": self.pruned}
 
 
-def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None,
-         groups: tuple[KeyGroup, ...], values: tuple[KeyValues | None, ...]) -> Candidates:
+def plan(table: IcebergTable, snapshot_id: int | None, groups: tuple[KeyGroup, ...],
+         values: tuple[KeyValues | None, ...]) -> Candidates:
     """The candidate files of `table` at `snapshot_id` (None: an empty table) for the key values
     (one KeyValues per key group, None where the group cannot be pruned on). Metadata only, on the
     driver: manifests and their file entries are read, no data file and no Spark job."""
+    spark = table.spark
     predicate = expression(spark, groups, values)
     if snapshot_id is None:
         return Candidates(table, None, predicate=predicate)
-    jtable = iceberg.java_table(spark, settings, table)
+    jtable = table.java()
     summary = iceberg.snapshot_at(spark, jtable, snapshot_id).summary
     scan = jtable.newScan().useSnapshot(snapshot_id).caseSensitive(False)  # as Spark resolves data-map names
     pruned = not predicate.equals(jclass(spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue())
@@ -177,25 +183,26 @@ def plan(spark: SparkSession, settings: Settings, table: str, snapshot_id: int |
                       int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable, rows)
 
 
-def read(spark: SparkSession, settings: Settings, candidates: Candidates, only: set[str] | frozenset[str] | None = None,
-         file_per_task: bool = False) -> DataFrame | None:
+def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, file_per_task: bool = False
+         ) -> DataFrame | None:
     """The candidate files' rows as of the candidates' snapshot (delete files applied), or of the
     files among them whose locations are in `only`; None when there is no such file (no Spark job
     is needed to know the answer). The read skips row groups the keys cannot be in; Spark's
     input_file_name() names each row's file. `file_per_task`: no task reads parts of two files
     (each task's rows are one file's, in the file's order), as a rewrite that keeps order needs."""
+    spark = candidates.source.spark
     if only is not None:
         candidates = candidates.subset(spark, set(only))
     if candidates.empty:
         return None
     set_id = f"dsr-{uuid.uuid4().hex}"
-    jtable = iceberg.java_table(spark, settings, candidates.table)
+    jtable = candidates.source.java()
     manager = jclass(spark, "org.apache.iceberg.spark.ScanTaskSetManager").get()
     manager.stageTasks(jtable, set_id, candidates._tasks)
     _staged.append((manager, jtable, set_id))
     reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
     if file_per_task:  # opening a file costs a whole split: small files are not packed together
         reader = reader.option("split-size", str(_SPLIT)).option("file-open-cost", str(_SPLIT))
-    rows = reader.load(f"{settings.catalog.name}.{candidates.table}")
+    rows = reader.load(candidates.source.identifier)
     # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
     return rows.select(*[F.col(f"`{c}`") for c in call(spark, "columns", jtable)])

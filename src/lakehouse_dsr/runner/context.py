@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -15,6 +16,7 @@ from pyspark.sql import functions as F
 from ..config import Settings
 from ..evidence.report import RunReport
 from ..inventory.check import KeyTypes
+from ..lake.iceberg import Lake
 from ..lake.metrics import IoCost, StageMeter
 from ..ledger.ledger import Ledger
 from ..progress import Progress
@@ -58,8 +60,8 @@ def each_table(settings: Settings, progress: Progress, stage: str, tables: list[
 
 @dataclass(frozen=True)
 class Context:
-    """One run's session, settings, ledger, the catalog's key types (checked before anything
-    changed), the vault's keys when a table is pseudonymized, the report whose meters count each
+    """One run's session, settings, lake (lake/iceberg.py), ledger, the catalog's key types (checked
+    before anything changed), the vault's keys when a table is pseudonymized, the report whose meters count each
     stage, and the progress display."""
 
     spark: SparkSession
@@ -75,6 +77,11 @@ class Context:
     @property
     def run_id(self) -> str:
         return self.report.run_id
+
+    @cached_property
+    def lake(self) -> Lake:
+        """The run's lake: its catalog on its session, with the erase retries."""
+        return Lake.of(self.spark, self.settings)
 
     def timed(self, stage: str) -> AbstractContextManager[None]:
         """`timed` for this run's report, with Spark's I/O."""

@@ -20,7 +20,6 @@ from .. import faults
 from ..datamap import DataMap
 from ..exceptions import CommitConflictError, first_line
 from ..keys import key_id
-from ..lake import iceberg
 from ..lake.hmac import with_keyed_hash
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
@@ -57,7 +56,7 @@ class ErasureBatch:
 
     def __init__(self, ctx: Context, work: Work):
         self.ctx, self.work = ctx, work
-        self.spark, self.settings, self.ledger = ctx.spark, ctx.settings, ctx.ledger
+        self.spark, self.settings, self.ledger, self.lake = ctx.spark, ctx.settings, ctx.ledger, ctx.lake
         self.request_ids = sorted(work.erase)
         self._hashes: DataFrame | None = None
         self._hash_keys: verify.HashKeys | None = None
@@ -345,7 +344,7 @@ class ErasureBatch:
         return self._hashes, self._hash_keys
 
     def _changed_since(self, table: str, erasure: erase.TableErasure) -> bool:
-        current = iceberg.current_snapshot(self.spark, self.settings, table)
+        current = self.lake.table(table).current_snapshot()
         ours = erasure.snapshot_id if erasure.snapshot_id is not None else erasure.plan.snapshot_before
         return current is not None and current.snapshot_id != ours
 
@@ -387,10 +386,8 @@ class ErasureBatch:
             return purge.TablePurge(table, error=f"not purged: {self.work.legal_tables[table]}")
         start = time.perf_counter()
         try:
-            result = iceberg.with_conflict_retries(self.settings, f"table {table}: the purge",
-                                                   lambda: purge.purge_table(self.spark, self.settings, table,
-                                                                             self._checked_at.get(table),
-                                                                             self._proven))[0]
+            result = self.lake.with_conflict_retries(f"table {table}: the purge", lambda: purge.purge_table(
+                self.spark, self.settings, table, self._checked_at.get(table), self._proven))[0]
         except CommitConflictError as exc:
             result = purge.TablePurge(table, error=str(exc))
         result.seconds = round(time.perf_counter() - start, 3)

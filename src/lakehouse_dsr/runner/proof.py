@@ -8,7 +8,6 @@ from dataclasses import replace
 
 from pyspark.sql import DataFrame
 
-from ..lake import iceberg
 from ..stages import erase, matching, propagate, purge, shred, verify
 from . import rules
 from .context import Context
@@ -26,13 +25,13 @@ class Prover:
     def __init__(self, ctx: Context, erasures: dict[str, erase.TableErasure], shredded: shred.Shred | None,
                  request_ids: list[str], proven: list[str], physical: bool, hashes: DataFrame,
                  purge_table: Callable[[str], purge.TablePurge], prune: dict[str, matching.TableKeys]):
-        self.ctx, self.spark, self.settings = ctx, ctx.spark, ctx.settings
+        self.ctx, self.spark, self.settings, self.lake = ctx, ctx.spark, ctx.settings, ctx.lake
         self.erasures, self.shredded, self.request_ids, self.proven = erasures, shredded, request_ids, proven
         self.physical, self.hashes, self.purge_table, self.prune = physical, hashes, purge_table, prune
         self.hash_keys = verify.keys_for(self.settings, hashes, ctx.ledger.keyring)  # once, for every table
         self.clean = {t: e.collateral.clean_files for t, e in erasures.items()
                       if e.collateral and e.collateral.clean_files and t in prune and e.snapshot_id is not None
-                      and iceberg.descends_from(self.spark, self.settings, t, e.snapshot_id)}
+                      and self.lake.table(t).descends_from(e.snapshot_id)}
         self.live: dict[str, dict[str, int]] = {}
         self.repurged: dict[str, purge.TablePurge] = {}
 

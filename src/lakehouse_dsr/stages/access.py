@@ -31,7 +31,8 @@ from .. import faults
 from ..config import EXPORT_FORMATS, Settings
 from ..inventory.check import KeyTypes, check_against_catalog
 from ..keys import private_dir, write_private
-from ..lake import iceberg, plainfiles, skipping
+from ..lake import plainfiles, skipping
+from ..lake.iceberg import Lake
 from ..vault import vault
 from ..vault.pseudonymize import PROPERTY
 from . import identity, matching
@@ -135,7 +136,7 @@ def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: Ta
     if table in settings.datamap.files:
         source = _source(spark, settings, table)
     else:
-        source = skipping.read(spark, settings, keys.current_candidates(spark, settings, table))
+        source = skipping.read(keys.current_candidates(Lake.of(spark, settings).table(table)))
         if source is None:
             return spark.createDataFrame([], "request_id string, table_name string, row string")
     marked = matching.mark(source, keys).where(matching.any_hit(keys))
@@ -182,7 +183,7 @@ def _shredded_rows(spark: SparkSession, settings: Settings, table: str, links: D
 def _decrypted_types(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
     """{encrypted column: the type it had before encryption} (recorded by dsr pseudonymize; string
     when the table does not say)."""
-    recorded = json.loads(iceberg.table_properties(spark, settings, table).get(PROPERTY, "{}")).get("encrypted", {})
+    recorded = json.loads(Lake.of(spark, settings).table(table).properties().get(PROPERTY, "{}")).get("encrypted", {})
     return {c: recorded.get(c, "string") for c in settings.datamap.shredded[table].encrypted}
 
 

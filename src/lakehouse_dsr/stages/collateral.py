@@ -37,6 +37,7 @@ from ..config import Settings
 from ..datamap import column_ref
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
+from ..lake.iceberg import Lake
 from . import matching
 from .matching import Redaction, TableKeys
 
@@ -317,22 +318,23 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> Collate
     """A commit's check up to its fingerprints: a result already (other writers' commits in between,
     files beyond the keys' reach, rows gone from files that got deletes), or what is left to read."""
     table, table_keys, erase_snapshot = commit.table, commit.keys, commit.snapshot_id
-    between = iceberg.commits_between(spark, settings, table, commit.snapshot_before, erase_snapshot)
+    handle = Lake.of(spark, settings).table(table)
+    between = handle.commits_between(commit.snapshot_before, erase_snapshot)
     if between is None or any(c.operation not in ("append", "replace") for c in between):
         ops = sorted({c.operation for c in between or []} - {"append", "replace"})
         return CollateralResult(False, False, "cannot prove: the table changed by other than appends while it was "
                                 f"erased ({', '.join(ops) or 'history rewritten'}); nothing purged, retried next run")
-    changed = iceberg.commit_files(spark, settings, table, erase_snapshot)
-    before = table_keys.candidates(spark, settings, table, changed.parent_id)
+    changed = handle.commit_files(erase_snapshot)
+    before = table_keys.candidates(handle, changed.parent_id)
     beyond = (changed.removed | changed.deleted_from) - set(before.paths())
     if beyond:  # metadata proves those files held no requested key
         return CollateralResult(False, True, f"the erase commit changed {len(beyond)} file(s) that hold no requested "
                                 f"key (snapshot {erase_snapshot})")
     kept = changed.deleted_from - changed.removed  # still live, with new deletes
     redacting = settings.datamap.table_mapping(table).action == "redact"
-    others_before, requested_kept = _kept_before(spark, settings, before, kept, table_keys, redacting)
-    after = table_keys.candidates(spark, settings, table, erase_snapshot)
-    others_after, requested_after = _count_split(skipping.read(spark, settings, after, kept), table_keys)
+    others_before, requested_kept = _kept_before(before, kept, table_keys, redacting)
+    after = table_keys.candidates(handle, erase_snapshot)
+    others_after, requested_after = _count_split(skipping.read(after, kept), table_keys)
     if others_before != others_after:
         return CollateralResult(False, True, f"{others_before - others_after} rows not requested were deleted from "
                                 f"files the erase commit attached deletes to (snapshot {erase_snapshot})")
@@ -341,17 +343,17 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> Collate
         in_driver = _fingerprinted_in_driver(spark, settings, commit, changed, before)
         if in_driver is not None:
             return in_driver
-    removed = skipping.read(spark, settings, before, set(changed.removed)) if seen is None else None
-    added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(settings.table(table)).schema
+    removed = skipping.read(before, set(changed.removed)) if seen is None else None
+    added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(handle.quoted).schema
                                             ) if changed.added else None  # new files: no deletes yet
     return _Reads(removed, added, changed.added, requested_kept, seen, kept if not requested_after else frozenset())
 
 
-def _kept_before(spark: SparkSession, settings: Settings, before: skipping.Candidates, kept: frozenset[str],
-                 table_keys: TableKeys, redacting: bool) -> tuple[int, Fingerprint]:
+def _kept_before(before: skipping.Candidates, kept: frozenset[str], table_keys: TableKeys, redacting: bool
+                 ) -> tuple[int, Fingerprint]:
     """(rows not requested, requested rows as redacted) of the files that got deletes, before the
     commit: a redaction on merge-on-read deletes those rows and adds them redacted in new files."""
-    rows = skipping.read(spark, settings, before, kept)
+    rows = skipping.read(before, kept)
     if rows is None:
         return 0, Fingerprint()
     if not redacting:
@@ -377,7 +379,7 @@ def check_counts(spark: SparkSession, settings: Settings, table: str, snapshot_b
 
     Counts cannot tell which writer added a row, so other commits in between make it inconclusive.
     """
-    if iceberg.commits_between(spark, settings, table, snapshot_before, erase_snapshot) != []:
+    if Lake.of(spark, settings).table(table).commits_between(snapshot_before, erase_snapshot) != []:
         return CollateralResult(False, False, "cannot prove by counts: other writers committed while it was "
                                               "erased; nothing purged, retried next run")
     if rows_after != expected_rows:

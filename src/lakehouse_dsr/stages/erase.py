@@ -18,6 +18,7 @@ from ..config import Settings
 from ..datamap import TableMapping, column_ref, is_array
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
+from ..lake.iceberg import Lake
 from ..lake.skipping import Candidates
 from . import collateral, matching
 from .collateral import CollateralResult, Observed
@@ -136,7 +137,7 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
 
     `rewrite_files` (`rewrite`: format v1/v2, and copy-on-write for this change or a purge in this
     run): only the files the plan found matches in are read and rewritten (without the requested
-    rows, or with their groups nulled), in one overwrite commit (iceberg.overwrite_files). Spark's
+    rows, or with their groups nulled), in one overwrite commit (IcebergTable.overwrite_files). Spark's
     MERGE plans its own scan and reads the key columns of every file first, since data skipping
     cannot reach it without values in its text. On a merge-on-read table whose purge runs in the
     same run, delete files would be rewritten by the purge minutes later: rewriting the files at
@@ -168,7 +169,8 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
 
 
 def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
-    return {op: iceberg.write_mode(spark, settings, table, op) for op in ("delete", "update", "merge")}
+    handle = Lake.of(spark, settings).table(table)
+    return {op: handle.write_mode(op) for op in ("delete", "update", "merge")}
 
 
 def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool = False) -> TablePlan:
@@ -189,9 +191,10 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
     """`plan` for several tables in a few Spark jobs over unions of their scans (lake/batching.py): on
     a wide lake of small tables, a job per table would cost more than the reading."""
     in_driver: dict[str, list] = {}
+    lake = Lake.of(spark, settings)
 
     def scan(table: str) -> tuple[skipping.Candidates, DataFrame | None]:
-        candidates = keys[table].current_candidates(spark, settings, table)
+        candidates = keys[table].current_candidates(lake.table(table))
         if _in_driver(spark, settings, candidates, keys[table]):
             found = indriver.attempt(f"{table}: the plan",
                                      lambda: indriver.plan(spark, candidates, keys[table].key_columns()))
@@ -199,7 +202,7 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
                 in_driver[table] = [Row(dsr_table=table, request_ids=ids, dsr_file=path, count=count)
                                     for path, ids, count in found]
                 return candidates, None
-        rows = skipping.read(spark, settings, candidates)
+        rows = skipping.read(candidates)
         if rows is None:
             return candidates, None
         # One group per file and combination of requests naming a row. The other rows are counted from
@@ -230,16 +233,17 @@ def _in_driver(spark: SparkSession, settings: Settings, candidates: skipping.Can
 
 def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool,
           candidates: skipping.Candidates, groups: list) -> TablePlan:
+    handle = Lake.of(spark, settings).table(table)
     snapshot_id = candidates.snapshot_id
     mapping = settings.datamap.table_mapping(table)
     modes = write_modes(spark, settings, table)
-    rewrite = iceberg.format_version(spark, settings, table) <= 2
+    rewrite = handle.format_version() <= 2
     strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes, mapping.simple,
                                rewrite and (purging or modes["delete" if mapping.action == "delete" else "update"]
                                             == "copy-on-write"))
     mode = "copy-on-write" if strategy == "rewrite_files" else modes[strategy.split("_")[0]]
     return TablePlan.from_groups(table, mapping, groups, strategy, mode, snapshot_id,
-                                 iceberg.live_rows(spark, settings, table, snapshot_id), candidates)
+                                 handle.live_rows(snapshot_id), candidates)
 
 
 def _view(df: DataFrame) -> str:
@@ -275,8 +279,8 @@ def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: Table
     an erased subject, an array key loses only the erased elements, or the row is deleted."""
     mapping = settings.datamap.table_mapping(table_plan.table)
     width = range(len(keys.groups))
-    candidates = keys.candidates(spark, settings, table_plan.table, table_plan.snapshot_before)
-    rows = cast(DataFrame, skipping.read(spark, settings, candidates)).select(  # not empty: the plan found matches
+    candidates = keys.candidates(Lake.of(spark, settings).table(table_plan.table), table_plan.snapshot_before)
+    rows = cast(DataFrame, skipping.read(candidates)).select(  # not empty: the plan found matches
         *[F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)])
     marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in width])
     source = marked.where(matching.any_hit(keys)).select(
@@ -308,7 +312,8 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     leaves their rows; with `observe` (the collateral check's keys), the rows read are fingerprinted
     on the way. Safe to repeat after a conflict: each attempt starts from the current snapshot."""
     table = table_plan.table
-    now = keys.current_candidates(spark, settings, table)
+    handle = Lake.of(spark, settings).table(table)
+    now = keys.current_candidates(handle)
     matched, planned = set(table_plan.matched_files), set(table_plan.candidate_files)
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
     action = settings.datamap.table_mapping(table).action
@@ -325,13 +330,13 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     # A sorted table's files are rewritten one per task, each in its order (bounds stay narrow for
     # data skipping); other tables' files are packed into the read's splits, as compaction would:
     # at 10M unsorted events, 40 files in 4 tasks took 12.2 s against 15.7 s in 40.
-    rows = cast(DataFrame, skipping.read(spark, settings, chosen,  # `chosen` is not empty
+    rows = cast(DataFrame, skipping.read(chosen,  # `chosen` is not empty
                                          file_per_task=iceberg.sorted_by_order(chosen.jtable)))
     observation = None
     if observe is not None:
         rows, observation = collateral.observe(rows, observe)
-    iceberg.overwrite_files(spark, settings, table, chosen.data_files(spark),
-                            collateral.erased_rows(rows, keys, action), read_snapshot_id, now.predicate)
+    handle.overwrite_files(chosen.data_files(spark), collateral.erased_rows(rows, keys, action), read_snapshot_id,
+                           now.predicate)
     return collateral.observed(observation, chosen.paths()) if observation else None
 
 
@@ -347,28 +352,28 @@ def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: 
     A redaction over several key columns first reads the key columns of the plan's candidate files
     once, for the requested key tuples.
     """
+    lake = Lake.of(spark, settings)
+    handle = lake.table(table_plan.table)
     result = TableErasure(table_plan)
     if table_plan.rows_matched == 0:
         result.rows_after = table_plan.rows_before
         return result
     if table_plan.strategy == "rewrite_files":
-        result.observed, result.attempts = iceberg.with_conflict_retries(
-            settings, f"table {table_plan.table}: the erase commit",
-            lambda: _rewrite_files(spark, settings, table_plan, keys, observe))
-        result.took(iceberg.own_commit_since(spark, settings, table_plan.table, table_plan.snapshot_before))
-        result.rows_after = iceberg.rows_after_commit(spark, settings, table_plan.table, result.snapshot_id,
-                                                      table_plan.rows_before)
+        result.observed, result.attempts = lake.with_conflict_retries(
+            f"table {table_plan.table}: the erase commit", lambda: _rewrite_files(spark, settings, table_plan, keys,
+                                                                                 observe))
+        result.took(handle.own_commit_since(table_plan.snapshot_before))
+        result.rows_after = handle.rows_after_commit(result.snapshot_id, table_plan.rows_before)
         return result
     views: list[str] = []
     try:
         statement = _statement(spark, settings, table_plan, keys, views)
-        result.attempts = iceberg.with_conflict_retries(settings, f"table {table_plan.table}: the erase commit",
-                                                        lambda: spark.sql(statement))[1]
+        result.attempts = lake.with_conflict_retries(f"table {table_plan.table}: the erase commit",
+                                                     lambda: spark.sql(statement))[1]
     finally:
         for view in views:
             spark.catalog.dropTempView(view)
-    result.took(iceberg.own_commit_since(spark, settings, table_plan.table, table_plan.snapshot_before))
+    result.took(handle.own_commit_since(table_plan.snapshot_before))
     # Counted at the erase commit, so a concurrent append cannot pass for collateral damage.
-    result.rows_after = iceberg.rows_after_commit(spark, settings, table_plan.table, result.snapshot_id,
-                                                  table_plan.rows_before)
+    result.rows_after = handle.rows_after_commit(result.snapshot_id, table_plan.rows_before)
     return result

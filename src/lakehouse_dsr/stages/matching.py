@@ -6,14 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from ..config import Settings
 from ..datamap import KeyGroup, column_path, column_ref, is_array
 from ..inventory.check import KeyTypes
-from ..lake import iceberg, indriver, skipping
+from ..lake import indriver, skipping
+from ..lake.iceberg import IcebergTable
 
 
 def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) -> DataFrame:
@@ -75,15 +76,14 @@ class TableKeys:
         """Each group's values for data skipping (None: that group cannot be pruned on)."""
         return tuple(s.values for s in self.sets)
 
-    def candidates(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int | None
-                   ) -> skipping.Candidates:
+    def candidates(self, table: IcebergTable, snapshot_id: int | None) -> skipping.Candidates:
         """The files of `table` at `snapshot_id` that may hold these keys (metadata only)."""
-        return skipping.plan(spark, settings, table, snapshot_id, self.groups, self.values)
+        return skipping.plan(table, snapshot_id, self.groups, self.values)
 
-    def current_candidates(self, spark: SparkSession, settings: Settings, table: str) -> skipping.Candidates:
+    def current_candidates(self, table: IcebergTable) -> skipping.Candidates:
         """`candidates` at the table's current snapshot (none for an empty table)."""
-        snapshot = iceberg.current_snapshot(spark, settings, table)
-        return self.candidates(spark, settings, table, snapshot.snapshot_id if snapshot else None)
+        snapshot = table.current_snapshot()
+        return self.candidates(table, snapshot.snapshot_id if snapshot else None)
 
     def key_columns(self) -> list[indriver.KeyColumn]:
         """The groups as the driver's reader takes them (lake/indriver.py)."""

@@ -32,6 +32,7 @@ from ..config import Settings
 from ..datamap import lineage
 from ..exceptions import first_line
 from ..lake import iceberg
+from ..lake.iceberg import Lake
 from . import matching
 from .collateral import erased_value
 from .erase import TableErasure, TablePlan
@@ -53,7 +54,7 @@ def erased_rows(spark: SparkSession, settings: Settings, table: str, change: Ups
     """The rows an erasure changed, as they were and (redaction) as they became. Cost: one scan of
     the pre-erase snapshot (the columns the aggregate uses) with a broadcast join per key column."""
     keys = cast(TableKeys, change.keys)  # a source erased by key (a recomputed one is never traced)
-    rows = iceberg.read_at(spark, settings, table, change.snapshot_before)
+    rows = Lake.of(spark, settings).table(table).read_at(change.snapshot_before)
     marked = matching.mark(rows, keys).where(matching.any_hit(keys))
     before = marked.select(*[F.col(f"`{c}`") for c in rows.columns])
     if change.action == "delete":
@@ -83,9 +84,11 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
     current sources restricted to the affected groups (Spark pushes the restriction below the
     GROUP BY), the table's rows in those groups; full: the aggregate over the current sources.
     """
+    lake = Lake.of(spark, settings)
+    handle = lake.table(table)
     start = time.perf_counter()
     mapping = settings.datamap.aggregates[table]
-    snapshot = iceberg.current_snapshot(spark, settings, table)
+    snapshot = handle.current_snapshot()
     target = spark.table(settings.table(table))
     query = _query(spark, settings, table)
     current = lineage.bound(spark, query, lambda t: spark.table(settings.table(t)))  # analyzed once, for the checks
@@ -104,7 +107,7 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
             subtract = lineage.subtraction(current, mapping.group_by, _erased_by(settings, source))
     strategy = "full_refresh" if reason else "subtract_groups" if subtract else "affected_groups"
     plan = TablePlan(table=table, key="", identifier="", action="recompute", strategy=strategy,
-                     write_mode=iceberg.write_mode(spark, settings, table, "merge"), rows_before=target.count(),
+                     write_mode=handle.write_mode("merge"), rows_before=target.count(),
                      rows_matched=0, matches_by_request={}, snapshot_before=snapshot.snapshot_id if snapshot else None,
                      reason=reason)
     result = TableErasure(plan)
@@ -113,7 +116,7 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
             result.groups = _subtract(spark, settings, table, query, target, mapping.group_by, subtract, erased)
             plan.rows_matched = result.groups.count()
         elif reason:
-            iceberg.with_conflict_retries(settings, f"table {table}: the recomputation", lambda: _recomputed(
+            lake.with_conflict_retries(f"table {table}: the recomputation", lambda: _recomputed(
                 spark, settings, query, target).writeTo(settings.table(table)).overwrite(F.lit(True)))
         else:
             result.groups = _affected_groups(spark, settings, query, mapping.group_by, erased)
@@ -122,9 +125,9 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
                 _replace_groups(spark, settings, table, query, target, mapping.group_by, result.groups)
     except Exception as exc:  # recorded; verification then shows what is left
         result.error = first_line(exc, with_type=True)
-    result.took(iceberg.own_commit_since(spark, settings, table, plan.snapshot_before))
+    result.took(handle.own_commit_since(plan.snapshot_before))
     result.rows_after = plan.rows_before if result.snapshot_id is None else \
-        iceberg.rows_after_commit(spark, settings, table, result.snapshot_id, plan.rows_before)
+        handle.rows_after_commit(result.snapshot_id, plan.rows_before)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 
@@ -167,7 +170,7 @@ def _merge(spark: SparkSession, settings: Settings, table: str, source: DataFram
     source.createOrReplaceTempView(view)
     statement = f"MERGE INTO {settings.table(table)} AS t USING {view} AS s {clauses}"
     try:
-        iceberg.with_conflict_retries(settings, f"table {table}: {what}", lambda: spark.sql(statement))
+        Lake.of(spark, settings).with_conflict_retries(f"table {table}: {what}", lambda: spark.sql(statement))
     finally:
         spark.catalog.dropTempView(view)
 
@@ -229,7 +232,7 @@ def catch_up(spark: SparkSession, settings: Settings, table: str, erasure: Table
     _replace_groups(spark, settings, table, _query(spark, settings, table), target, mapping.group_by, groups)
     erasure.plan.strategy = "affected_groups"
     erasure.plan.reason = "subtracted, then recomputed: the table was behind its sources"
-    committed = iceberg.own_commit_since(spark, settings, table, erasure.snapshot_id)
+    committed = Lake.of(spark, settings).table(table).own_commit_since(erasure.snapshot_id)
     erasure.snapshot_id = committed.snapshot_id if committed else erasure.snapshot_id
 
 
@@ -241,6 +244,7 @@ def verify_aggregate(spark: SparkSession, settings: Settings, table: str, erasur
     snapshots keep) and storage holds no file the current snapshot does not reference (`storage`).
     Every request of the batch fails when it does not hold. Cost: the recomputation of those groups
     and a read of the table's rows in them; metadata and one listing of the table location."""
+    handle = Lake.of(spark, settings).table(table)
     result = TableVerification(table, physical=physical)
     if erasure is not None and (erasure.snapshot_id is not None or erasure.error):
         group_by = settings.datamap.aggregates[table].group_by
@@ -255,10 +259,10 @@ def verify_aggregate(spark: SparkSession, settings: Settings, table: str, erasur
                             "erased sources")
     if not physical:
         return result
-    paths, current = iceberg.retained_files(spark, settings, table)
+    paths, current = handle.retained_files()
     live_files = {iceberg.same_file(p) for p in current}
     result.history = len({iceberg.same_file(p) for p in paths} - live_files)
-    location = iceberg.table_location(spark, settings, table)
+    location = handle.location()
     result.storage = len({iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} - live_files)
     result.one_scan = not result.history and not result.storage
     for request_id in request_ids if result.history or result.storage else []:

@@ -22,6 +22,7 @@ from pyspark.sql.types import ArrayType, MapType
 
 from ..config import PurgeSettings, Settings
 from ..lake import iceberg
+from ..lake.iceberg import Lake
 from . import refs
 
 
@@ -89,35 +90,33 @@ def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: 
     `line_from`: the snapshot whose line `TablePurge.own_line` is decided from (None: not decided).
     `erased`: the rows no ref may keep, erased subjects' (refs.ErasedHashes) or past a retention
     rule (stages/retention.py); None: no ref can be told clean, so every one is kept."""
+    handle = Lake.of(spark, settings).table(table)
     result = TablePurge(table)
-    if iceberg.summary_count(spark, settings, table, "total-delete-files"):
-        rewrite = iceberg.rewrite_files_with_deletes(spark, settings, table,
-                                                     settings.purge.target_file_size_mb * 1024 * 1024)
+    if handle.summary_count("total-delete-files"):
+        rewrite = handle.rewrite_files_with_deletes(settings.purge.target_file_size_mb * 1024 * 1024)
         result.data_files_rewritten = rewrite.data_files_rewritten
         result.bytes_rewritten = rewrite.bytes_rewritten
         result.delete_files_removed = rewrite.delete_files_removed
-        if iceberg.summary_count(spark, settings, table, "total-position-deletes"):
-            if iceberg.type_holds(spark.table(settings.table(table)).schema, ArrayType, MapType):
+        if handle.summary_count("total-position-deletes"):
+            if iceberg.type_holds(spark.table(handle.quoted).schema, ArrayType, MapType):
                 # Iceberg 1.10's position-delete rewrite fails on such tables (apache/iceberg#14619). The
                 # dangling files hold file paths and positions only, no values: kept, they cost scan planning.
                 result.dangling_deletes_kept = True
             else:
-                result.delete_files_removed += iceberg.drop_dangling_position_deletes(spark, settings, table)
-    result.manifests_rewritten = iceberg.rewrite_manifests(spark, settings, table)
-    current = iceberg.current_snapshot(spark, settings, table)
+                result.delete_files_removed += handle.drop_dangling_position_deletes()
+    result.manifests_rewritten = handle.rewrite_manifests()
+    current = handle.current_snapshot()
     settled = {"kept": result.refs_kept, "clean": result.refs_clean, "dropped": result.refs_dropped,
                "rewritten": result.refs_rewritten}
-    for ref in refs.without_leftovers(spark, settings, table):
+    for ref in refs.without_leftovers(handle):
         if current and ref.snapshot_id == current.snapshot_id:
             continue  # points at the clean snapshot: pins nothing old
         settled[refs.settle(spark, settings, table, ref, erased)].append(refs.label(ref))
-    kept = iceberg.current_snapshot(spark, settings, table)
+    kept = handle.current_snapshot()
     result.kept_snapshot = kept.snapshot_id if kept else None
-    result.own_line = line_from is not None and iceberg.own_line_since(spark, settings, table, line_from)
-    expired = iceberg.expire_snapshots_before_current(spark, settings, table)
+    result.own_line = line_from is not None and handle.own_line_since(line_from)
+    expired = handle.expire_snapshots_before_current()
     result.snapshots_expired = expired.snapshots_expired
     result.files_deleted = expired.files_deleted
-    result.orphans_removed = iceberg.remove_orphan_files(
-        spark, settings, table, settings.purge.orphan_min_age_minutes
-    )
+    result.orphans_removed = handle.remove_orphan_files(settings.purge.orphan_min_age_minutes)
     return result

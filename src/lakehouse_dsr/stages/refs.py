@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from ..config import Settings
 from ..inventory.check import KeyTypes
 from ..lake import iceberg, skipping
+from ..lake.iceberg import IcebergTable, Lake
 from . import collateral, matching, verify
 from .matching import TableKeys
 
@@ -86,12 +87,12 @@ def label(ref: iceberg.Ref) -> str:
     return f"{ref.kind.lower()} {ref.name}"
 
 
-def without_leftovers(spark: SparkSession, settings: Settings, table: str) -> list[iceberg.Ref]:
+def without_leftovers(table: IcebergTable) -> list[iceberg.Ref]:
     """The table's refs, after removing the temporary branches an interrupted tag rewrite left."""
     kept = []
-    for ref in iceberg.refs(spark, settings, table):
+    for ref in table.refs():
         if ref.kind == "BRANCH" and ref.name.startswith(TEMPORARY):
-            iceberg.drop_ref(spark, settings, table, ref)
+            table.drop_ref(ref)
         else:
             kept.append(ref)
     return kept
@@ -112,16 +113,17 @@ def settle(spark: SparkSession, settings: Settings, table: str, ref: iceberg.Ref
     cleaning = erased.pinned(spark, settings, table, ref.snapshot_id)
     if cleaning is None:
         return "clean"
+    handle = Lake.of(spark, settings).table(table)
     if ref.kind == "BRANCH":
-        rewrite_on_branch(spark, settings, table, ref.name, ref.snapshot_id, cleaning)
+        rewrite_on_branch(handle, ref.name, ref.snapshot_id, cleaning)
         return "rewritten"
     if settings.purge.pinned_refs == "drop":
-        iceberg.drop_ref(spark, settings, table, ref)
+        handle.drop_ref(ref)
         return "dropped"
     temporary = TEMPORARY + ref.name
-    iceberg.create_branch(spark, settings, table, temporary, ref.snapshot_id)
-    cleaned = rewrite_on_branch(spark, settings, table, temporary, ref.snapshot_id, cleaning)
-    iceberg.move_tag(spark, settings, table, ref.name, cleaned, temporary)
+    handle.create_branch(temporary, ref.snapshot_id)
+    cleaned = rewrite_on_branch(handle, temporary, ref.snapshot_id, cleaning)
+    handle.move_tag(ref.name, cleaned, temporary)
     return "rewritten"
 
 
@@ -132,7 +134,7 @@ def pinned_keys(spark: SparkSession, settings: Settings, table: str, snapshot_id
     plaintext (requests waiting for a batched purge) are found too. Cost: one scan of the snapshot's
     key columns; the values found are kept in Spark (a local checkpoint), never collected here."""
     groups = settings.datamap.mapping(table).groups
-    values = verify.key_values(iceberg.read_at(spark, settings, table, snapshot_id), groups)
+    values = verify.key_values(Lake.of(spark, settings).table(table).read_at(snapshot_id), groups)
     found = verify.found_values(values, erased.hashes, erased.keys.keys).localCheckpoint()
     if found.isEmpty():
         return None
@@ -143,25 +145,26 @@ def key_cleaning(spark: SparkSession, settings: Settings, table: str, keys: Tabl
     """The erasure of `keys` as a Cleaning: candidate files by data skipping on the keys, rows
     marked by them, and the rows the table's action leaves (collateral.erased_rows)."""
     action = settings.datamap.table_mapping(table).action
-    return Cleaning(candidates=lambda snapshot_id: keys.candidates(spark, settings, table, snapshot_id),
+    handle = Lake.of(spark, settings).table(table)
+    return Cleaning(candidates=lambda snapshot_id: keys.candidates(handle, snapshot_id),
                     unwanted=lambda rows: matching.mark(rows, keys).where(matching.any_hit(keys)),
                     cleaned=lambda content: collateral.erased_rows(content, keys, action))
 
 
-def rewrite_on_branch(spark: SparkSession, settings: Settings, table: str, branch: str, snapshot_id: int,
-                      cleaning: Cleaning) -> int:
+def rewrite_on_branch(table: IcebergTable, branch: str, snapshot_id: int, cleaning: Cleaning) -> int:
     """Commit on `branch` (whose head is `snapshot_id`) the files of that snapshot holding unwanted
     rows rewritten as `cleaning` leaves them; returns the branch's new head. A conflicting commit
     on the branch meanwhile fails it (the purge is retried). Cost: a scan of the candidate files
     (data skipping) for the files holding unwanted rows, then one read and one write of those files."""
+    spark = table.spark
     candidates = cleaning.candidates(snapshot_id)
-    rows = skipping.read(spark, settings, candidates)
+    rows = skipping.read(candidates)
     if rows is not None:
         found = cleaning.unwanted(rows.withColumn("dsr_file", F.input_file_name()))
         holding = {r.dsr_file for r in found.select("dsr_file").distinct().collect()}
         chosen = candidates.subset(spark, holding)
-        content = skipping.read(spark, settings, chosen, file_per_task=True)
+        content = skipping.read(chosen, file_per_task=True)
         if content is not None:
-            iceberg.overwrite_files(spark, settings, table, chosen.data_files(spark), cleaning.cleaned(content),
-                                    snapshot_id, chosen.predicate, branch)
-    return next(r.snapshot_id for r in iceberg.refs(spark, settings, table) if r.name == branch)
+            table.overwrite_files(chosen.data_files(spark), cleaning.cleaned(content), snapshot_id,
+                                  chosen.predicate, branch)
+    return next(r.snapshot_id for r in table.refs() if r.name == branch)

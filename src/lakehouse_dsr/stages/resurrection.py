@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..lake import iceberg, plainfiles, skipping
+from ..lake.iceberg import Lake
 from ..ledger.journal import Step
 from . import verify
 from .purge import TablePurge
@@ -88,14 +89,14 @@ def scope(spark: SparkSession, settings: Settings, table: str, checkpoint: Check
     """The files of `table` to check (see the module doc); `plan=False` (nobody erased yet): none, only
     the current snapshot is noted. Metadata only: the current snapshot's manifests are read on the
     driver (not even those when the table has not moved since its checkpoint), no Spark job."""
-    current = iceberg.current_snapshot(spark, settings, table)
+    handle = Lake.of(spark, settings).table(table)
+    current = handle.current_snapshot()
     if current is None or not plan or (checkpoint is not None and checkpoint.snapshot_id == current.snapshot_id):
         return Scope(table, current)
     groups = tuple(settings.datamap.mapping(table).groups)
-    everything = skipping.plan(spark, settings, table, current.snapshot_id, groups, (None,) * len(groups))
+    everything = skipping.plan(handle, current.snapshot_id, groups, (None,) * len(groups))
     sequences = dict(zip(everything.paths(), everything.sequence_numbers(spark), strict=True))
-    whole = checkpoint is None or iceberg.commits_since(spark, settings, table, checkpoint.snapshot_id,
-                                                        current.snapshot_id) is None
+    whole = checkpoint is None or handle.commits_since(checkpoint.snapshot_id, current.snapshot_id) is None
     if whole:
         return Scope(table, current, True, everything, sequences)
     assert checkpoint is not None
@@ -138,7 +139,7 @@ def find(spark: SparkSession, settings: Settings, scopes: list[Scope], hashes: D
         if s.paths:
             rows = plainfiles.reader(spark, settings.datamap.files[s.table]).load(list(s.paths))
         elif s.candidates:
-            rows = skipping.read(spark, settings, s.candidates)
+            rows = skipping.read(s.candidates)
         if rows is None:
             continue
         groups = settings.datamap.mapping(s.table).groups
@@ -171,7 +172,8 @@ def evidence(spark: SparkSession, settings: Settings, scope: Scope, found: Found
     """A table's resurrection as the run report records it: the commits that brought the rows back
     (snapshot id and operation, from the files' sequence numbers), the rows found, and what the
     check read."""
-    commits = {s.sequence_number: s for s in iceberg.history(spark, settings, scope.table)} if scope.snapshot else {}
+    commits = ({s.sequence_number: s for s in Lake.of(spark, settings).table(scope.table).history()}
+               if scope.snapshot else {})
     brought = sorted({q for f in found.by_file.get(scope.table, {}) if (q := scope.sequences.get(f)) is not None})
     return {"rows": sum(found.by_request.get(scope.table, {}).values()),
             "requests": len(found.by_request.get(scope.table, {})),
@@ -188,14 +190,15 @@ def checkpoint_after(spark: SparkSession, settings: Settings, scope: Scope, purg
     rewrites were committed (for a purged table: decided by the purge before its expiry, then
     from the snapshot it kept). Otherwise only what was live at the check is: the next run reads
     every file newer than that, this run's rewrites included."""
+    handle = Lake.of(spark, settings).table(scope.table)
     start = scope.snapshot
-    end = iceberg.current_snapshot(spark, settings, scope.table)
+    end = handle.current_snapshot()
     if start is None or end is None or start.sequence_number is None or end.sequence_number is None:
         return None
     if purged is not None and purged.kept_snapshot is not None:
-        own = purged.own_line and iceberg.own_line_since(spark, settings, scope.table, purged.kept_snapshot)
+        own = purged.own_line and handle.own_line_since(purged.kept_snapshot)
     else:
-        own = iceberg.own_line_since(spark, settings, scope.table, start.snapshot_id)
+        own = handle.own_line_since(start.snapshot_id)
     return Checkpoint(end.snapshot_id, end.sequence_number if own else start.sequence_number)
 
 

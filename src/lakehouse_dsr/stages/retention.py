@@ -47,6 +47,7 @@ from ..datamap.model import ExpiryRule, column_ref
 from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
 from ..lake import iceberg, skipping
+from ..lake.iceberg import Lake
 from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
 from ..ledger.ledger import Ledger
@@ -142,7 +143,7 @@ class _PastRows:
     def rows_past(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> int:
         """Rows of the snapshot past a rule. Cost: one scan of the rules' columns of the snapshot (once)."""
         if snapshot_id not in self.counts:
-            self.counts[snapshot_id] = iceberg.read_at(spark, settings, table, snapshot_id).where(
+            self.counts[snapshot_id] = Lake.of(spark, settings).table(table).read_at(snapshot_id).where(
                 " OR ".join(f"({r.past})" for r in self.rules)).count()
         return self.counts[snapshot_id]
 
@@ -152,9 +153,10 @@ class _PastRows:
             return None
         groups = tuple(settings.datamap.mapping(table).groups)
         past = F.expr(" OR ".join(f"({r.framed_past})" for r in self.rules))
+        handle = Lake.of(spark, settings).table(table)
         # No key value to prune on: every data file of the snapshot is a candidate (the ref's rows are read).
         return refs.Cleaning(
-            candidates=lambda sid: skipping.plan(spark, settings, table, sid, groups, tuple(None for _ in groups)),
+            candidates=lambda sid: skipping.plan(handle, sid, groups, tuple(None for _ in groups)),
             unwanted=lambda rows: framed(spark, rows, self.rules).where(past),
             cleaned=lambda content: expired(spark, content, self.rules))
 
@@ -239,6 +241,7 @@ def _held_subjects_past(spark: SparkSession, settings: Settings, table: str, rul
     with a subject hold active: one scan of the subject key columns of the rows past a rule (of the
     current snapshot and of each branch's and tag's), each distinct value hashed once per key the
     holds were made with."""
+    handle = Lake.of(spark, settings).table(table)
     held = [h for h in holds.holds if h.kind == "subject"]
     if not held:
         return None
@@ -250,11 +253,11 @@ def _held_subjects_past(spark: SparkSession, settings: Settings, table: str, rul
                 f"held {subject}")
     where = " OR ".join(f"({r.past})" for r in rules)
     # main's rows past a rule, and each branch's and tag's: a ref cleaned of them would lose a held person's
-    snapshots = sorted({ref.snapshot_id for ref in iceberg.refs(spark, settings, table)})
+    snapshots = sorted({ref.snapshot_id for ref in handle.refs()})
     values = verify.key_values(spark.table(settings.table(table)).where(where), groups)
     for snapshot_id in snapshots:
         values = values.unionByName(verify.key_values(
-            iceberg.read_at(spark, settings, table, snapshot_id).where(where), groups))
+            handle.read_at(snapshot_id).where(where), groups))
     hashes = spark.createDataFrame([(h.hold_id, subject, h.subject_hash, h.key_id) for h in held],
                                    "request_id string, key_type string, key_hash string, key_id string")
     found = verify.find_hashed(spark, values, hashes, holds.keys)
@@ -263,13 +266,15 @@ def _held_subjects_past(spark: SparkSession, settings: Settings, table: str, rul
 
 def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, rules: list[_Rule], run_id: str,
            dry_run: bool) -> TableExpiry:
+    lake = Lake.of(spark, settings)
+    handle = lake.table(table)
     name = settings.table(table)
-    start = iceberg.current_snapshot(spark, settings, table)
+    start = handle.current_snapshot()
     unwanted = _PastRows(rules)
     # Each branch and tag, by the rows past a rule its snapshot holds (a temporary branch an interrupted
     # tag rewrite left is not counted: the purge removes it).
     pinning = {ref: unwanted.rows_past(spark, settings, table, ref.snapshot_id)
-               for ref in iceberg.refs(spark, settings, table) if not ref.name.startswith(refs.TEMPORARY)}
+               for ref in handle.refs() if not ref.name.startswith(refs.TEMPORARY)}
     if settings.purge.pinned_refs == "block" and any(pinning.values()):
         return _blocked(spark, name, rules, pinning, dry_run)
     done: list[RuleExpiry] = []
@@ -278,11 +283,11 @@ def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, 
         past = spark.table(name).where(r.past).count()
         fields: dict[str, Any] = {"rule": r.rule.describe(), "cutoff": r.cutoff.isoformat(), "rows_past": past}
         if past and not dry_run:
-            before = iceberg.current_snapshot(spark, settings, table)
+            before = handle.current_snapshot()
             # the same predicate again after a conflict: safe to repeat
-            iceberg.with_conflict_retries(settings, f"{table}: {r.rule.describe()}",
+            lake.with_conflict_retries(f"{table}: {r.rule.describe()}",
                                           partial(spark.sql, r.statement.format(t=name)))
-            commit = iceberg.own_commit_since(spark, settings, table, before.snapshot_id if before else None)
+            commit = handle.own_commit_since(before.snapshot_id if before else None)
             if commit is not None:
                 counts = commit.counts()
                 fields.update(snapshot_id=commit.snapshot_id, data_files_deleted=counts.get("deleted-data-files", 0),
@@ -355,7 +360,7 @@ def _settled(spark: SparkSession, settings: Settings, table: str, unwanted: _Pas
                                                         ("rewritten", purged.refs_rewritten)]
         for outcome, labels in settled:
             done.update(dict.fromkeys(labels, outcome))
-    now = {refs.label(ref): ref for ref in iceberg.refs(spark, settings, table)}
+    now = {refs.label(ref): ref for ref in Lake.of(spark, settings).table(table).refs()}
     out = {}
     for ref, n in pinning.items():
         label = refs.label(ref)
@@ -375,7 +380,8 @@ def _physical(spark: SparkSession, settings: Settings, table: str, rules: list[_
     """(rows past a rule in the retained files, in every file under the location, one scan): read
     straight from the Parquet files (deleted rows included), unless the purge left exactly the live
     files and no delete file, where the live count stands for both."""
-    if iceberg.history_is_live(spark, settings, table):
+    handle = Lake.of(spark, settings).table(table)
+    if handle.history_is_live():
         return live, live, True
     schema = spark.table(settings.table(table)).schema
     columns = schema_of({c: field_at(schema, c).dataType for r in rules for c in r.columns})
@@ -384,8 +390,8 @@ def _physical(spark: SparkSession, settings: Settings, table: str, rules: list[_
     def count(rows: DataFrame) -> int:
         return rows.where(past).count()
 
-    paths, _ = iceberg.retained_files(spark, settings, table)
-    location = iceberg.table_location(spark, settings, table)
+    paths, _ = handle.retained_files()
+    location = handle.location()
     history = count(iceberg.read_columns_from_files(spark, paths, columns)) if paths else 0
     return history, count(iceberg.read_columns_from_files(spark, location, columns, recursive=True)), False
 
@@ -397,7 +403,7 @@ def _keep_checkpoint(spark: SparkSession, settings: Settings, ledger: Ledger, ta
     Only when the table was checked at the snapshot retention started from; the checked sequence
     number stays, so files retention rewrote are read again (they hold only checked rows)."""
     checked = resurrection.checkpoints(ledger.journal.steps()).get(table)
-    current = iceberg.current_snapshot(spark, settings, table)
+    current = Lake.of(spark, settings).table(table).current_snapshot()
     if checked is not None and checked.snapshot_id == start_id and current is not None:
         ledger.journal.record([Step(run_id, table, resurrection.CHECKED, current.snapshot_id,
                                     {"sequence": checked.sequence})])
@@ -418,7 +424,7 @@ def status(spark: SparkSession, settings: Settings, holds: ActiveHolds, today: d
         live = _live_status(spark, settings, table, built)
         holding = _oldest_holding(spark, settings, table, built, [past for _, past, _, _ in live])
         hold = holds.table(table)
-        snapshots = iceberg.history(spark, settings, table)
+        snapshots = Lake.of(spark, settings).table(table).history()
         oldest_ms = min((s.committed_ms for s in snapshots), default=None)
         statuses = []
         for r, (oldest, past, nxt, size), held in zip(built, live, holding, strict=True):
@@ -474,11 +480,12 @@ def _oldest_holding(spark: SparkSession, settings: Settings, table: str, rules: 
     (read raw: a row deleted only by a delete file is still held), with the refs pointing at it;
     None: no retained snapshot holds one. When history is the live files alone and no delete file
     (as a purge leaves it), the live count answers: the current snapshot holds them, or none does."""
-    current = iceberg.current_snapshot(spark, settings, table)
-    refs = [*iceberg.refs(spark, settings, table),
+    handle = Lake.of(spark, settings).table(table)
+    current = handle.current_snapshot()
+    refs = [*handle.refs(),
             *([iceberg.Ref("main", "BRANCH", current.snapshot_id)] if current is not None else [])]
-    jtable = iceberg.java_table(spark, settings, table)
-    snapshots = sorted(iceberg.history(spark, settings, table), key=lambda s: (s.committed_ms, s.snapshot_id))
+    jtable = handle.java()
+    snapshots = sorted(handle.history(), key=lambda s: (s.committed_ms, s.snapshot_id))
 
     def holding(snapshot: iceberg.Snapshot) -> SnapshotHolding:
         return SnapshotHolding(snapshot_id=snapshot.snapshot_id, committed_at=_at(snapshot.committed_ms),
@@ -486,9 +493,9 @@ def _oldest_holding(spark: SparkSession, settings: Settings, table: str, rules: 
 
     if not snapshots:
         return [None for _ in rules]
-    if iceberg.history_is_live(spark, settings, table):
+    if handle.history_is_live():
         return [holding(current) if past and current is not None else None for past in live_past]
-    paths, _ = iceberg.retained_files(spark, settings, table)
+    paths, _ = handle.retained_files()
     paths = [p for p in paths if p.endswith(".parquet")]  # data and position-delete files (the latter: no column)
     if not paths:
         return [None for _ in rules]

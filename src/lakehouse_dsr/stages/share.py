@@ -41,6 +41,7 @@ from ..exceptions import first_line
 from ..keys import keyed_hash
 from ..lake import iceberg
 from ..lake.hmac import join_on_key, with_keyring_hashes
+from ..lake.iceberg import Lake
 from ..ledger import consent
 from ..ledger.ledger import Ledger, Outcome
 from ..progress import Progress
@@ -186,15 +187,16 @@ def _maintain(spark: SparkSession, settings: Settings, name: str, shared: Query,
               prove: bool, source_held: bool) -> ShareRefresh:
     """Take out, refresh, purge and verify one share (see the module docstring); an error is recorded
     in the result, and the requests it concerns stay open with it."""
+    lake = Lake.of(spark, settings)
     start = time.perf_counter()
     result = ShareRefresh(name)
     share = settings.datamap.shares[name]
     table = settings.table(name)
     try:
         exists = spark.catalog.tableExists(table)
-        source = iceberg.current_snapshot(spark, settings, share.source)
+        source = lake.table(share.source).current_snapshot()
         result.source_snapshot = source.snapshot_id if source else None
-        whole = share_sql.over(spark, shared, iceberg.read_at(spark, settings, share.source, result.source_snapshot))
+        whole = share_sql.over(spark, shared, lake.table(share.source).read_at(result.source_snapshot))
         if source_held:
             result.mode, result.reason = "held", f"its source {share.source} is on hold (dsr release)"
         elif exists:  # decided before the take-out, which is a commit of ours
@@ -217,7 +219,7 @@ def _maintain(spark: SparkSession, settings: Settings, name: str, shared: Query,
                                                       subjects.excluded, subjects.keys)
             result.verification.seconds = round(time.perf_counter() - began, 3)
             result.verification.details["method"] = METHOD
-        current = iceberg.current_snapshot(spark, settings, name)
+        current = lake.table(name).current_snapshot()
         result.snapshot_id = current.snapshot_id if current else None
         if not source_held:
             _record(spark, settings, name, result)
@@ -230,6 +232,7 @@ def _maintain(spark: SparkSession, settings: Settings, name: str, shared: Query,
 def _take_out(spark: SparkSession, settings: Settings, name: str, subjects: _Subjects, result: ShareRefresh) -> None:
     """One DELETE of the share's rows of excluded and returning subjects (a copy-on-write commit that
     rewrites only the files holding them); none when the share holds none of them."""
+    lake = Lake.of(spark, settings)
     key = settings.datamap.shares[name].key
     named = _named(spark, spark.table(settings.table(name)), key, subjects.leaving, subjects)
     result.removed = _per_request(named)
@@ -238,11 +241,11 @@ def _take_out(spark: SparkSession, settings: Settings, name: str, subjects: _Sub
     view = f"dsr_share_{uuid.uuid4().hex[:12]}"
     named.select("dsr_value").distinct().createOrReplaceTempView(view)
     try:  # the values travel as a view; the SQL text holds names only
-        iceberg.with_conflict_retries(settings, f"share {name}: taking rows out", lambda: spark.sql(
+        lake.with_conflict_retries(f"share {name}: taking rows out", lambda: spark.sql(
             f"DELETE FROM {settings.table(name)} WHERE `{key}` IN (SELECT dsr_value FROM {view})"))
     finally:
         spark.catalog.dropTempView(view)
-    summary = cast(iceberg.Snapshot, iceberg.current_snapshot(spark, settings, name)).summary  # our DELETE's
+    summary = cast(iceberg.Snapshot, lake.table(name).current_snapshot()).summary  # our DELETE's
     # copy-on-write: the files holding the rows went (deleted-records), rewritten without them (added-records)
     result.rows_removed = int(summary.get("deleted-records", 0)) - int(summary.get("added-records", 0))
     result.data_files_rewritten = int(summary.get("deleted-data-files", 0))
@@ -272,7 +275,7 @@ def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, 
     previous = _previous_source(spark, settings, name)
     if previous != at:
         # incremental: both snapshots are known (_full_refresh_reason), or both None and equal
-        appended = share_sql.over(spark, shared, iceberg.read_appends(spark, settings, share.source,
+        appended = share_sql.over(spark, shared, Lake.of(spark, settings).table(share.source).read_appends(
                                                                       cast(int, previous), cast(int, at)))
         leaving = subjects.leaving if subjects.any_excluded or subjects.any_returning else None
         parts.append(_without(spark, appended, share.key, leaving, subjects))
@@ -290,7 +293,7 @@ def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, 
 
 
 def _count_added(spark: SparkSession, settings: Settings, name: str, result: ShareRefresh) -> None:
-    summary = cast(iceberg.Snapshot, iceberg.current_snapshot(spark, settings, name)).summary  # we just wrote
+    summary = cast(iceberg.Snapshot, Lake.of(spark, settings).table(name).current_snapshot()).summary  # we just wrote
     result.rows_added = int(summary.get("added-records", 0))
     result.data_files_added = int(summary.get("added-data-files", 0))
 
@@ -300,7 +303,7 @@ def _digest(sql: str) -> str:
 
 
 def _previous_source(spark: SparkSession, settings: Settings, name: str) -> int | None:
-    value = iceberg.table_properties(spark, settings, name).get(SOURCE_SNAPSHOT, "none")
+    value = Lake.of(spark, settings).table(name).properties().get(SOURCE_SNAPSHOT, "none")
     return None if value == "none" else int(value)
 
 
@@ -308,13 +311,14 @@ def _full_refresh_reason(spark: SparkSession, settings: Settings, name: str, who
                          ) -> str | None:
     """Why appending what the source's appends added since the last refresh would not give the exact
     share (None: it would). Metadata and plan inspection only."""
+    lake = Lake.of(spark, settings)
     share = settings.datamap.shares[name]
-    props = iceberg.table_properties(spark, settings, name)
+    props = lake.table(name).properties()
     if SQL_DIGEST not in props:
         return "no refresh recorded"
     if props[SQL_DIGEST] != _digest(share.sql):
         return "its sql changed"
-    current = iceberg.current_snapshot(spark, settings, name)
+    current = lake.table(name).current_snapshot()
     if props.get(SHARE_SNAPSHOT) != str(current.snapshot_id if current else None):
         return "the share changed after its last refresh (an interrupted run, or another writer)"
     row_wise = share_sql.full_refresh_reason(whole)
@@ -323,7 +327,7 @@ def _full_refresh_reason(spark: SparkSession, settings: Settings, name: str, who
     previous = _previous_source(spark, settings, name)
     if previous is None or at is None:
         return None if previous == at else "the source had no snapshot at the last refresh, or has none now"
-    commits = iceberg.commits_since(spark, settings, share.source, previous, at)
+    commits = lake.table(share.source).commits_since(previous, at)
     if commits is None:
         return (f"source snapshot {previous}, the last one refreshed from, is no longer in its history "
                 "(expired by a purge, or rolled back)")

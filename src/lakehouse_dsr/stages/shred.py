@@ -26,6 +26,7 @@ from ..datamap.model import PSEUDONYM_PREFIX, TableMapping, column_ref
 from ..exceptions import first_line
 from ..lake import iceberg
 from ..lake.hmac import with_keyring_hashes
+from ..lake.iceberg import Lake
 from ..vault import vault
 from ..vault.risk import assess
 from .erase import TableErasure, TablePlan
@@ -55,6 +56,7 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
     snapshots reference (the vault is one row per subject), one copy-on-write MERGE rewriting the
     files that held the entries, an expiry of the vault's old snapshots and an orphan listing.
     """
+    lake = Lake.of(spark, settings)
     start = time.perf_counter()
     mappings = settings.datamap.shredded
     types = sorted({_shred_key(m)[1] for m in mappings.values()})
@@ -62,7 +64,7 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
                                  vault_keys.ring.keys())
     entries = _captured(spark, settings, probes)
     table = vault.table_name(settings)
-    before = iceberg.current_snapshot(spark, settings, table)
+    before = lake.table(table).current_snapshot()
     result = Shred({}, entries, probes, before.snapshot_id if before else None)
     per_request: dict[tuple[str, str], int] = {}
     found: dict[str, int] = {}
@@ -76,16 +78,16 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
         view = f"dsr_shred_{id(entries):x}"
         entries.select("pseudonym").distinct().createOrReplaceTempView(view)
         try:
-            iceberg.with_conflict_retries(settings, "the vault: shredding", lambda: spark.sql(
+            lake.with_conflict_retries("the vault: shredding", lambda: spark.sql(
                 f"DELETE FROM {settings.table(table)} WHERE pseudonym IN (SELECT pseudonym FROM {view})"))
         finally:
             spark.catalog.dropTempView(view)
-        commit = iceberg.current_snapshot(spark, settings, table)
+        commit = lake.table(table).current_snapshot()
         result.snapshot_id = commit.snapshot_id if commit else None
     seconds = round(time.perf_counter() - start, 3)
     for name, mapping in mappings.items():
         key, identifier = _shred_key(mapping)
-        current = iceberg.current_snapshot(spark, settings, name)
+        current = lake.table(name).current_snapshot()
         matches = {rid: n for (rid, ident), n in per_request.items() if ident == identifier}
         plan = TablePlan(name, key, identifier, "shred", "vault", "none", 0, sum(matches.values()),
                          matches, current.snapshot_id if current else None,
@@ -121,7 +123,7 @@ def _captured(spark: SparkSession, settings: Settings, probes: DataFrame) -> Dat
                                       "live boolean")
     if not vault.exists(spark, settings):
         return empty
-    paths, current = iceberg.retained_files(spark, settings, vault.table_name(settings))
+    paths, current = Lake.of(spark, settings).table(vault.table_name(settings)).retained_files()
     if not paths:
         return empty
     stored = iceberg.read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND))).withColumn(
@@ -169,7 +171,7 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
         for r in plain:
             check.fail(r.request_id, f"{table}: {r['count']} stored rows hold the subject's identifier in plaintext")
     erasure = result.erasures.get(table)
-    current = iceberg.current_snapshot(spark, settings, table)
+    current = Lake.of(spark, settings).table(table).current_snapshot()
     check.details = {
         "method": "crypto-shred: vault entry deleted and purged",
         "vault_entries_deleted": result.deleted.get(identifier, 0),
@@ -186,9 +188,10 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
 
 def _prove_vault(spark: SparkSession, settings: Settings, table: str, check: TableVerification,
                  probes: DataFrame, entries: DataFrame) -> None:
+    lake = Lake.of(spark, settings)
     name = vault.table_name(settings)
-    paths, current = iceberg.retained_files(spark, settings, name)
-    location = iceberg.table_location(spark, settings, name)
+    paths, current = lake.table(name).retained_files()
+    location = lake.table(name).location()
     same = {iceberg.same_file(p) for p in current}
     check.one_scan = ({iceberg.same_file(p) for p in paths} == same
                       and {iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} == same)
@@ -224,7 +227,7 @@ def _files_without_pseudonym_bounds(spark: SparkSession, settings: Settings, tab
                      ).collect()
     known = {iceberg.same_file(r.file_path) for r in rows}
     unproven = list(dict.fromkeys(r.file_path for r in rows if not r.proven))
-    location = iceberg.table_location(spark, settings, table)
+    location = Lake.of(spark, settings).table(table).location()
     return unproven + [p for p in iceberg.parquet_files_under(spark, location) if iceberg.same_file(p) not in known]
 
 

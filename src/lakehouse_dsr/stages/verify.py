@@ -29,6 +29,7 @@ from ..keys import Keyring, as_keyring, key_id, keys_in_use
 from ..lake import iceberg, indriver, plainfiles, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hmac import join_on_key, with_keyring_hashes
+from ..lake.iceberg import IcebergTable, Lake
 from ..ledger.ledger import Ledger
 from .matching import TableKeys
 
@@ -108,6 +109,7 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
     table no file of which can hold the keys adds nothing to the job, and a small one is checked in
     the driver (lake/indriver.py: the same keyed hashes, no Spark job)."""
     found: dict[str, dict[str, int]] = {table: {} for table in tables}
+    lake = Lake.of(spark, settings)
     lookups: list = []  # the hashes and keys in the driver's JVM, made once for the tables that need them
     lock = threading.Lock()
 
@@ -125,14 +127,14 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
         if keys is None:
             rows = spark.table(settings.table(table))
         else:
-            candidates = _live_candidates(spark, settings, table, keys, (proven or {}).get(table))
+            candidates = _live_candidates(lake.table(table), keys, (proven or {}).get(table))
             if indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None:
                 live = indriver.attempt(f"{table}: the live check", lambda: indriver.live_found(
                     spark, candidates, keys.key_columns(), [g.identifier for g in keys.groups], lookup()))
                 if live is not None:
                     found[table] = live
                     return None
-            rows = skipping.read(spark, settings, candidates)  # the files planned above, not planned again
+            rows = skipping.read(candidates)  # the files planned above, not planned again
         if rows is None:
             return None
         values = key_values(rows, settings.datamap.mapping(table).groups)
@@ -146,22 +148,21 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
     return found
 
 
-def _live_rows(spark: SparkSession, settings: Settings, table: str, prune: TableKeys | None,
-               proven: frozenset[str] | None = None) -> DataFrame | None:
+def _live_rows(table: IcebergTable, prune: TableKeys | None, proven: frozenset[str] | None = None
+               ) -> DataFrame | None:
     """The current snapshot's rows (only the files that may hold `prune`'s keys and are not `proven`;
     None when no file is left)."""
     if prune is None:
-        return spark.table(settings.table(table))
-    return skipping.read(spark, settings, _live_candidates(spark, settings, table, prune, proven))
+        return table.spark.table(table.quoted)
+    return skipping.read(_live_candidates(table, prune, proven))
 
 
-def _live_candidates(spark: SparkSession, settings: Settings, table: str, prune: TableKeys,
-                     proven: frozenset[str] | None) -> skipping.Candidates:
+def _live_candidates(table: IcebergTable, prune: TableKeys, proven: frozenset[str] | None) -> skipping.Candidates:
     """The current snapshot's files that may hold `prune`'s keys (metadata only), without those
     proven free of them already (`proven`): a data file never changes, and deletes attached to it
     since can only remove rows."""
-    candidates = prune.current_candidates(spark, settings, table)
-    return candidates.subset(spark, set(candidates.paths()) - proven) if proven else candidates
+    candidates = prune.current_candidates(table)
+    return candidates.subset(table.spark, set(candidates.paths()) - proven) if proven else candidates
 
 
 @dataclass(frozen=True)
@@ -266,20 +267,21 @@ def verify_table(
     rows by input file was measured slower (10M events: 12.0 s against 6.8 s), as every file holds
     most subjects and grouping by (value, file) keeps millions of groups.
     """
+    handle = Lake.of(spark, settings).table(table)
     result, keys = _started(settings, table, hashes, key, physical=physical)
     if live is None:
-        current = _live_rows(spark, settings, table, prune, proven)
+        current = _live_rows(handle, prune, proven)
         live = find_hashed(spark, key_values(current, groups), hashes, keys) if current is not None else {}
     result.live = _record(result, live, "rows in the current snapshot")
     if not physical:
         return result
 
-    result.one_scan = iceberg.history_is_live(spark, settings, table)
+    result.one_scan = handle.history_is_live()
     if result.one_scan:
         history = storage = live
     else:
-        paths, _ = iceberg.retained_files(spark, settings, table)
-        location = iceberg.table_location(spark, settings, table)
+        paths, _ = handle.retained_files()
+        location = handle.location()
         schema = schema_of(types)
         history = find_hashed(spark, key_values(iceberg.read_columns_from_files(spark, paths, schema), groups),
                               hashes, keys) if paths else {}
@@ -288,8 +290,8 @@ def verify_table(
     result.history = _record(result, history, "rows in files retained by snapshots (time travel)")
     result.storage = _record(result, storage, "rows in files on storage (incl. unreferenced/orphan files)")
 
-    for ref in iceberg.refs(spark, settings, table):
-        pinned = iceberg.read_at(spark, settings, table, ref.snapshot_id)
+    for ref in handle.refs():
+        pinned = handle.read_at(ref.snapshot_id)
         found = find_hashed(spark, key_values(pinned, groups), hashes, keys)
         label = f"{ref.kind.lower()} {ref.name}"
         result.refs[label] = _record(

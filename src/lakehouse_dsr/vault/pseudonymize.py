@@ -21,7 +21,7 @@ from pyspark.sql.types import BinaryType, StringType
 from ..config import Settings
 from ..datamap.model import PSEUDONYMIZED_PROPERTY, check_table_name
 from ..exceptions import DataMapError, DsrError
-from ..lake import iceberg
+from ..lake.iceberg import Lake
 from . import vault
 
 # Up to this many subjects in a batch (about 100 bytes each), their links are broadcast to the rows
@@ -169,7 +169,7 @@ def pseudonymize_table(spark: SparkSession, settings: Settings, source: str, tar
     meta = json.dumps({"key": key, "identifier": identifier, "encrypted": encrypted})
     (out.writeTo(settings.table(target)).using("iceberg").tableProperty("format-version", "2")
      .tableProperty(PROPERTY, meta).create())
-    written = iceberg.current_snapshot(spark, settings, target)
+    written = Lake.of(spark, settings).table(target).current_snapshot()
     rows = int(written.summary.get("total-records", 0)) if written else 0
     return Pseudonymized(source, target, key, identifier, encrypted, rows, created)
 

@@ -29,8 +29,8 @@ from ..config import Settings
 from ..datamap.model import PSEUDONYM_PREFIX
 from ..exceptions import ConfigError
 from ..keys import Keyring, as_keyring, load_key
-from ..lake import iceberg
 from ..lake.hmac import join_on_key, with_keyed_hash, with_keyring_hashes
+from ..lake.iceberg import Lake
 from .keys import MasterKeys, drop_retired, load_master_keys, new_master_key
 
 _COLUMNS = ("identifier string, key_hash string, key_id string, pseudonym string, wrapped_key binary, "
@@ -58,7 +58,7 @@ def _create(spark: SparkSession, settings: Settings) -> None:
 
 def rows(spark: SparkSession, settings: Settings, snapshot_id: int | None = None) -> DataFrame:
     """The vault's entries as stored (wrapped keys), now or at a snapshot."""
-    return iceberg.read_at(spark, settings, table_name(settings), snapshot_id)
+    return Lake.of(spark, settings).table(table_name(settings)).read_at(snapshot_id)
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ def ensure_entries(spark: SparkSession, settings: Settings, values: DataFrame, i
     created. Cost: one HMAC per distinct value and key, an anti-join with the vault, and a rewrite of
     nothing (inserts only); a concurrent creator of the same entry makes the commit conflict and it
     is recomputed (lake/iceberg.with_conflict_retries)."""
+    lake = Lake.of(spark, settings)
     _create(spark, settings)
     distinct = values.select(F.col("value").cast("string").alias("value")).where(F.col("value").isNotNull()).distinct()
 
@@ -163,7 +164,7 @@ def ensure_entries(spark: SparkSession, settings: Settings, values: DataFrame, i
             spark.catalog.dropTempView(view)
         return created
 
-    return iceberg.with_conflict_retries(settings, "the vault: new entries", attempt)[0]
+    return lake.with_conflict_retries("the vault: new entries", attempt)[0]
 
 
 @dataclass
@@ -179,9 +180,10 @@ def purge_history(spark: SparkSession, settings: Settings) -> VaultPurge:
     copy-on-write delete replaced), and remove unreferenced files older than the orphan window.
     No delete files and no column statistics exist here, so nothing else can hold an old entry.
     Cost: reads the vault's metadata, lists its location."""
+    lake = Lake.of(spark, settings)
     table = table_name(settings)
-    expired = iceberg.expire_snapshots_before_current(spark, settings, table)
-    orphans = iceberg.remove_orphan_files(spark, settings, table, settings.purge.orphan_min_age_minutes)
+    expired = lake.table(table).expire_snapshots_before_current()
+    orphans = lake.table(table).remove_orphan_files(settings.purge.orphan_min_age_minutes)
     return VaultPurge(expired.snapshots_expired, expired.files_deleted, orphans)
 
 
@@ -220,7 +222,7 @@ def rotate_master_key(spark: SparkSession, settings: Settings) -> MasterRotation
             view = f"dsr_vault_rewrap_{id(fresh):x}"
             fresh.createOrReplaceTempView(view)
             try:
-                iceberg.with_conflict_retries(settings, "the vault: re-wrapping", lambda: spark.sql(
+                Lake.of(spark, settings).with_conflict_retries("the vault: re-wrapping", lambda: spark.sql(
                     f"MERGE INTO {settings.table(table_name(settings))} t USING {view} s ON t.pseudonym = s.pseudonym "
                     "WHEN MATCHED THEN UPDATE SET t.wrapped_key = s.wrapped_key, t.master_key_id = s.master_key_id"))
             finally:
