@@ -130,7 +130,7 @@ class ErasureBatch:
             found = resurrection.find(self.spark, self.settings, reading, hashes,
                                       verify.keys_for(self.settings, hashes, self.ledger.keyring))
             # read now: the purge expires the commits that brought them back
-            self._came_back = {s.table: resurrection.evidence(self.spark, self.settings, s, found)
+            self._came_back = {s.table: resurrection.evidence(self.lake, s, found)
                                for s in reading if s.table in found.by_request}
         return list(scopes.values()), found
 
@@ -147,7 +147,7 @@ class ErasureBatch:
         before, listed = resurrection.checkpoints(self.work.steps), resurrection.dataset_checkpoints(self.work.steps)
         files = self.settings.datamap.files
         datasets = [s for s in scopes if s.table in files]
-        after = {s.table: resurrection.checkpoint_after(self.spark, self.settings, s, purges.get(s.table))
+        after = {s.table: resurrection.checkpoint_after(self.lake, s, purges.get(s.table))
                  for s in scopes if s.table not in files}
         moved = [*(Step(self.ctx.run_id, t, resurrection.CHECKED, c.snapshot_id, {"sequence": c.sequence})
                    for t, c in after.items() if c is not None and c != before.get(t)),
@@ -304,7 +304,7 @@ class ErasureBatch:
             except Exception as exc:  # recorded; verification then shows what is left
                 erasure = erase.TableErasure(plans[table], error=first_line(exc, with_type=True))
             if erasure.snapshot_id is not None and not content:
-                erasure.collateral = collateral.check_counts(spark, settings, table, erasure.plan.snapshot_before,
+                erasure.collateral = collateral.check_counts(self.lake.table(table), erasure.plan.snapshot_before,
                                                              erasure.snapshot_id, erasure.plan.expected_rows_after,
                                                              erasure.rows_after)
             erasure.seconds = round(time.perf_counter() - start, 3)

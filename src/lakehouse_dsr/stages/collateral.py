@@ -37,7 +37,7 @@ from ..config import Settings
 from ..datamap import column_ref
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
-from ..lake.iceberg import Lake
+from ..lake.iceberg import IcebergTable, Lake
 from . import matching
 from .matching import Redaction, TableKeys
 
@@ -373,13 +373,13 @@ def _count_split(rows: DataFrame | None, table_keys: TableKeys) -> tuple[int, in
     return int(totals["other"] or 0), int(totals["requested"] or 0)
 
 
-def check_counts(spark: SparkSession, settings: Settings, table: str, snapshot_before: int | None,
-                 erase_snapshot: int, expected_rows: int, rows_after: int) -> CollateralResult:
+def check_counts(table: IcebergTable, snapshot_before: int | None, erase_snapshot: int, expected_rows: int,
+                 rows_after: int) -> CollateralResult:
     """The cheap check (`erase.collateral_check: count`): rows after the commit, from its metadata.
 
     Counts cannot tell which writer added a row, so other commits in between make it inconclusive.
     """
-    if Lake.of(spark, settings).table(table).commits_between(snapshot_before, erase_snapshot) != []:
+    if table.commits_between(snapshot_before, erase_snapshot) != []:
         return CollateralResult(False, False, "cannot prove by counts: other writers committed while it was "
                                               "erased; nothing purged, retried next run")
     if rows_after != expected_rows:

@@ -18,7 +18,7 @@ from ..config import Settings
 from ..datamap import TableMapping, column_ref, is_array
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
-from ..lake.iceberg import Lake
+from ..lake.iceberg import IcebergTable, Lake
 from ..lake.skipping import Candidates
 from . import collateral, matching
 from .collateral import CollateralResult, Observed
@@ -168,9 +168,8 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
     return f"{natural}_where_exists"
 
 
-def write_modes(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
-    handle = Lake.of(spark, settings).table(table)
-    return {op: handle.write_mode(op) for op in ("delete", "update", "merge")}
+def write_modes(table: IcebergTable) -> dict[str, str]:
+    return {op: table.write_mode(op) for op in ("delete", "update", "merge")}
 
 
 def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool = False) -> TablePlan:
@@ -236,7 +235,7 @@ def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, 
     handle = Lake.of(spark, settings).table(table)
     snapshot_id = candidates.snapshot_id
     mapping = settings.datamap.table_mapping(table)
-    modes = write_modes(spark, settings, table)
+    modes = write_modes(handle)
     rewrite = handle.format_version() <= 2
     strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes, mapping.simple,
                                rewrite and (purging or modes["delete" if mapping.action == "delete" else "update"]

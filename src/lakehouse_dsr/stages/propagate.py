@@ -32,7 +32,7 @@ from ..config import Settings
 from ..datamap import lineage
 from ..exceptions import first_line
 from ..lake import iceberg
-from ..lake.iceberg import Lake
+from ..lake.iceberg import IcebergTable, Lake
 from . import matching
 from .collateral import erased_value
 from .erase import TableErasure, TablePlan
@@ -50,11 +50,11 @@ class Upstream:
     action: str = "delete"
 
 
-def erased_rows(spark: SparkSession, settings: Settings, table: str, change: Upstream) -> DataFrame:
+def erased_rows(table: IcebergTable, change: Upstream) -> DataFrame:
     """The rows an erasure changed, as they were and (redaction) as they became. Cost: one scan of
     the pre-erase snapshot (the columns the aggregate uses) with a broadcast join per key column."""
     keys = cast(TableKeys, change.keys)  # a source erased by key (a recomputed one is never traced)
-    rows = Lake.of(spark, settings).table(table).read_at(change.snapshot_before)
+    rows = table.read_at(change.snapshot_before)
     marked = matching.mark(rows, keys).where(matching.any_hit(keys))
     before = marked.select(*[F.col(f"`{c}`") for c in rows.columns])
     if change.action == "delete":
@@ -144,7 +144,7 @@ def _subtract(spark: SparkSession, settings: Settings, table: str, query: lineag
     deleted. Returns the groups (kept). Cost: the erased rows' read (`erased_rows`), their GROUP BY,
     and a join with the table's rows in those groups; no other source row is read."""
     (source, change), = changes.items()
-    erased = erased_rows(spark, settings, source, change)
+    erased = erased_rows(Lake.of(spark, settings).table(source), change)
     lost = lineage.aggregated(spark, lineage.bound(spark, query, lambda t: erased))
     names = {c: f"dsr_{i}" for i, c in enumerate(lost.columns)}
     lost = lost.select(*[F.col(f"`{c}`").alias(name) for c, name in names.items()])
@@ -156,21 +156,22 @@ def _subtract(spark: SparkSession, settings: Settings, table: str, query: lineag
     groups = changed.select(*[f"`{c}`" for c in group_by]).distinct().localCheckpoint(eager=True)
     on = " AND ".join(f"t.`{c}` <=> s.`{c}`" for c in group_by)
     sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in subtract.columns)
-    _merge(spark, settings, table, changed, f"ON {on} WHEN MATCHED AND s.dsr_op = 'd' THEN DELETE "
+    _merge(Lake.of(spark, settings).table(table), changed, f"ON {on} WHEN MATCHED AND s.dsr_op = 'd' THEN DELETE "
            f"WHEN MATCHED THEN UPDATE SET {sets}", "the groups' new counts")
     return groups
 
 
-def _merge(spark: SparkSession, settings: Settings, table: str, source: DataFrame, clauses: str, what: str) -> None:
+def _merge(table: IcebergTable, source: DataFrame, clauses: str, what: str) -> None:
     """`MERGE INTO table AS t USING source AS s <clauses>`: one commit (none when `source`, which is
     kept, is empty). The source passes as a temporary view: its values never enter the SQL text."""
     if source.isEmpty():
         return
+    spark = table.spark
     view = f"dsr_changes_{uuid.uuid4().hex[:12]}"
     source.createOrReplaceTempView(view)
-    statement = f"MERGE INTO {settings.table(table)} AS t USING {view} AS s {clauses}"
+    statement = f"MERGE INTO {table.quoted} AS t USING {view} AS s {clauses}"
     try:
-        Lake.of(spark, settings).with_conflict_retries(f"table {table}: {what}", lambda: spark.sql(statement))
+        table.lake.with_conflict_retries(f"table {table.name}: {what}", lambda: spark.sql(statement))
     finally:
         spark.catalog.dropTempView(view)
 
@@ -194,7 +195,7 @@ def _affected_groups(spark: SparkSession, settings: Settings, query: lineage.Que
     empty = lambda t: spark.table(settings.table(t)).limit(0)  # noqa: E731
     found = None
     for source, change in changes.items():
-        erased = erased_rows(spark, settings, source, change)
+        erased = erased_rows(Lake.of(spark, settings).table(source), change)
         def frames(t: str, s: str = source, e: DataFrame = erased) -> DataFrame:
             return e if t == s else empty(t)
 
@@ -217,7 +218,7 @@ def _replace_groups(spark: SparkSession, settings: Settings, table: str, query: 
     new = fresh.join(held, _same(columns, fresh, held), "left_anti").withColumn("dsr_op", F.lit("i"))
     quoted = [f"`{c}`" for c in columns]
     on = " AND ".join(f"t.{c} <=> s.{c}" for c in quoted)
-    _merge(spark, settings, table, gone.unionByName(new).localCheckpoint(eager=True),
+    _merge(Lake.of(spark, settings).table(table), gone.unionByName(new).localCheckpoint(eager=True),
            f"ON {on} AND s.dsr_op = 'd' WHEN MATCHED THEN DELETE WHEN NOT MATCHED AND s.dsr_op = 'i' THEN INSERT "
            f"({', '.join(quoted)}) VALUES ({', '.join(f's.{c}' for c in quoted)})", "the recomputed groups")
 

@@ -168,12 +168,11 @@ def find(spark: SparkSession, settings: Settings, scopes: list[Scope], hashes: D
     return Found(keys, by_request, by_file)
 
 
-def evidence(spark: SparkSession, settings: Settings, scope: Scope, found: Found) -> dict:
+def evidence(lake: Lake, scope: Scope, found: Found) -> dict:
     """A table's resurrection as the run report records it: the commits that brought the rows back
     (snapshot id and operation, from the files' sequence numbers), the rows found, and what the
     check read."""
-    commits = ({s.sequence_number: s for s in Lake.of(spark, settings).table(scope.table).history()}
-               if scope.snapshot else {})
+    commits = {s.sequence_number: s for s in lake.table(scope.table).history()} if scope.snapshot else {}
     brought = sorted({q for f in found.by_file.get(scope.table, {}) if (q := scope.sequences.get(f)) is not None})
     return {"rows": sum(found.by_request.get(scope.table, {}).values()),
             "requests": len(found.by_request.get(scope.table, {})),
@@ -183,14 +182,13 @@ def evidence(spark: SparkSession, settings: Settings, scope: Scope, found: Found
             "files_read": scope.files, "whole_table": scope.whole}
 
 
-def checkpoint_after(spark: SparkSession, settings: Settings, scope: Scope, purged: TablePurge | None
-                     ) -> Checkpoint | None:
+def checkpoint_after(lake: Lake, scope: Scope, purged: TablePurge | None) -> Checkpoint | None:
     """The table's checkpoint once the run is over (None: nothing to record). Everything live at the
     end is checked when, since the check's snapshot, only this run's erases and row-preserving
     rewrites were committed (for a purged table: decided by the purge before its expiry, then
     from the snapshot it kept). Otherwise only what was live at the check is: the next run reads
     every file newer than that, this run's rewrites included."""
-    handle = Lake.of(spark, settings).table(scope.table)
+    handle = lake.table(scope.table)
     start = scope.snapshot
     end = handle.current_snapshot()
     if start is None or end is None or start.sequence_number is None or end.sequence_number is None:

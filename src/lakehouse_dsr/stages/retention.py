@@ -47,7 +47,7 @@ from ..datamap.model import ExpiryRule, column_ref
 from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
 from ..lake import iceberg, skipping
-from ..lake.iceberg import Lake
+from ..lake.iceberg import IcebergTable, Lake
 from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
 from ..ledger.ledger import Ledger
@@ -140,20 +140,20 @@ class _PastRows:
     rules: list[_Rule]
     counts: dict[int, int] = field(default_factory=dict)
 
-    def rows_past(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> int:
+    def rows_past(self, table: IcebergTable, snapshot_id: int) -> int:
         """Rows of the snapshot past a rule. Cost: one scan of the rules' columns of the snapshot (once)."""
         if snapshot_id not in self.counts:
-            self.counts[snapshot_id] = Lake.of(spark, settings).table(table).read_at(snapshot_id).where(
+            self.counts[snapshot_id] = table.read_at(snapshot_id).where(
                 " OR ".join(f"({r.past})" for r in self.rules)).count()
         return self.counts[snapshot_id]
 
     def pinned(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int
                ) -> refs.Cleaning | None:
-        if not self.rows_past(spark, settings, table, snapshot_id):
+        handle = Lake.of(spark, settings).table(table)
+        if not self.rows_past(handle, snapshot_id):
             return None
         groups = tuple(settings.datamap.mapping(table).groups)
         past = F.expr(" OR ".join(f"({r.framed_past})" for r in self.rules))
-        handle = Lake.of(spark, settings).table(table)
         # No key value to prune on: every data file of the snapshot is a candidate (the ref's rows are read).
         return refs.Cleaning(
             candidates=lambda sid: skipping.plan(handle, sid, groups, tuple(None for _ in groups)),
@@ -273,7 +273,7 @@ def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, 
     unwanted = _PastRows(rules)
     # Each branch and tag, by the rows past a rule its snapshot holds (a temporary branch an interrupted
     # tag rewrite left is not counted: the purge removes it).
-    pinning = {ref: unwanted.rows_past(spark, settings, table, ref.snapshot_id)
+    pinning = {ref: unwanted.rows_past(handle, ref.snapshot_id)
                for ref in handle.refs() if not ref.name.startswith(refs.TEMPORARY)}
     if settings.purge.pinned_refs == "block" and any(pinning.values()):
         return _blocked(spark, name, rules, pinning, dry_run)
@@ -305,14 +305,14 @@ def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, 
     purged = purge.purge_table(spark, settings, table, line_from=start.snapshot_id if start else None,
                                erased=unwanted) if committed or any(pinning.values()) else None
     if purged is not None and start is not None and purged.own_line:
-        _keep_checkpoint(spark, settings, ledger, table, start.snapshot_id, run_id)
+        _keep_checkpoint(handle, ledger, start.snapshot_id, run_id)
     left = _rows_past(spark, name, rules)
     done = [d.model_copy(update={"rows_left": n}) for d, n in zip(done, left, strict=True)]
     settled = _settled(spark, settings, table, unwanted, pinning, purged)
     refs_clean = all(not e.rows_left and (e.outcome != "kept" or not e.rows_past) for e in settled.values())
     if purged is None:
         return TableExpiry(rules=done, refs=settled, passed=not any(left) and refs_clean)
-    history, storage, one_scan = _physical(spark, settings, table, rules, sum(left))
+    history, storage, one_scan = _physical(handle, rules, sum(left))
     return TableExpiry(rules=done, refs=settled, purge=purged.as_dict(), history=history, storage=storage,
                        one_scan=one_scan, passed=not any(left) and not history and not storage and refs_clean)
 
@@ -368,44 +368,42 @@ def _settled(spark: SparkSession, settings: Settings, table: str, unwanted: _Pas
         if outcome == "kept" and not n:
             outcome = "clean"  # counted clean before the pass (the purge keeps refs unchecked under block)
         after = now.get(label)
-        left = (unwanted.rows_past(spark, settings, table, after.snapshot_id)
+        left = (unwanted.rows_past(Lake.of(spark, settings).table(table), after.snapshot_id)
                 if after is not None and outcome == "rewritten" else None)
         out[label] = RefExpiry(rows_past=n, outcome=outcome, snapshot_id=after.snapshot_id if after else None,
                                rows_left=left)
     return out
 
 
-def _physical(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule], live: int
-              ) -> tuple[int, int, bool]:
+def _physical(table: IcebergTable, rules: list[_Rule], live: int) -> tuple[int, int, bool]:
     """(rows past a rule in the retained files, in every file under the location, one scan): read
     straight from the Parquet files (deleted rows included), unless the purge left exactly the live
     files and no delete file, where the live count stands for both."""
-    handle = Lake.of(spark, settings).table(table)
-    if handle.history_is_live():
+    spark = table.spark
+    if table.history_is_live():
         return live, live, True
-    schema = spark.table(settings.table(table)).schema
+    schema = spark.table(table.quoted).schema
     columns = schema_of({c: field_at(schema, c).dataType for r in rules for c in r.columns})
     past = F.expr(" OR ".join(f"({r.past})" for r in rules))
 
     def count(rows: DataFrame) -> int:
         return rows.where(past).count()
 
-    paths, _ = handle.retained_files()
-    location = handle.location()
+    paths, _ = table.retained_files()
+    location = table.location()
     history = count(iceberg.read_columns_from_files(spark, paths, columns)) if paths else 0
     return history, count(iceberg.read_columns_from_files(spark, location, columns, recursive=True)), False
 
 
-def _keep_checkpoint(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, start_id: int,
-                     run_id: str) -> None:
+def _keep_checkpoint(table: IcebergTable, ledger: Ledger, start_id: int, run_id: str) -> None:
     """The resurrection check's checkpoint, moved past retention's own commits: the purge's expiry
     removed the checked snapshot, and without this the next run would read the whole table again.
     Only when the table was checked at the snapshot retention started from; the checked sequence
     number stays, so files retention rewrote are read again (they hold only checked rows)."""
-    checked = resurrection.checkpoints(ledger.journal.steps()).get(table)
-    current = Lake.of(spark, settings).table(table).current_snapshot()
+    checked = resurrection.checkpoints(ledger.journal.steps()).get(table.name)
+    current = table.current_snapshot()
     if checked is not None and checked.snapshot_id == start_id and current is not None:
-        ledger.journal.record([Step(run_id, table, resurrection.CHECKED, current.snapshot_id,
+        ledger.journal.record([Step(run_id, table.name, resurrection.CHECKED, current.snapshot_id,
                                     {"sequence": checked.sequence})])
 
 

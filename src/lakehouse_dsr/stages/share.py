@@ -41,7 +41,7 @@ from ..exceptions import first_line
 from ..keys import keyed_hash
 from ..lake import iceberg
 from ..lake.hmac import join_on_key, with_keyring_hashes
-from ..lake.iceberg import Lake
+from ..lake.iceberg import IcebergTable, Lake
 from ..ledger import consent
 from ..ledger.ledger import Ledger, Outcome
 from ..progress import Progress
@@ -269,10 +269,10 @@ def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, 
         for prop, value in _TABLE_PROPERTIES.items():
             writer = writer.tableProperty(prop, value)
         writer.createOrReplace()  # one commit; the old content stays in history until the purge
-        _count_added(spark, settings, name, result)
+        _count_added(Lake.of(spark, settings).table(name), result)
         return
     parts = []
-    previous = _previous_source(spark, settings, name)
+    previous = _previous_source(Lake.of(spark, settings).table(name))
     if previous != at:
         # incremental: both snapshots are known (_full_refresh_reason), or both None and equal
         appended = share_sql.over(spark, shared, Lake.of(spark, settings).table(share.source).read_appends(
@@ -289,11 +289,11 @@ def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, 
         result.mode = "unchanged"
         return
     rows.writeTo(settings.table(name)).append()
-    _count_added(spark, settings, name, result)
+    _count_added(Lake.of(spark, settings).table(name), result)
 
 
-def _count_added(spark: SparkSession, settings: Settings, name: str, result: ShareRefresh) -> None:
-    summary = cast(iceberg.Snapshot, Lake.of(spark, settings).table(name).current_snapshot()).summary  # we just wrote
+def _count_added(table: IcebergTable, result: ShareRefresh) -> None:
+    summary = cast(iceberg.Snapshot, table.current_snapshot()).summary  # we just wrote
     result.rows_added = int(summary.get("added-records", 0))
     result.data_files_added = int(summary.get("added-data-files", 0))
 
@@ -302,8 +302,8 @@ def _digest(sql: str) -> str:
     return hashlib.sha256(sql.encode("utf-8")).hexdigest()
 
 
-def _previous_source(spark: SparkSession, settings: Settings, name: str) -> int | None:
-    value = Lake.of(spark, settings).table(name).properties().get(SOURCE_SNAPSHOT, "none")
+def _previous_source(table: IcebergTable) -> int | None:
+    value = table.properties().get(SOURCE_SNAPSHOT, "none")
     return None if value == "none" else int(value)
 
 
@@ -324,7 +324,7 @@ def _full_refresh_reason(spark: SparkSession, settings: Settings, name: str, who
     row_wise = share_sql.full_refresh_reason(whole)
     if row_wise:
         return row_wise
-    previous = _previous_source(spark, settings, name)
+    previous = _previous_source(Lake.of(spark, settings).table(name))
     if previous is None or at is None:
         return None if previous == at else "the source had no snapshot at the last refresh, or has none now"
     commits = lake.table(share.source).commits_since(previous, at)

@@ -26,7 +26,7 @@ from ..datamap.model import PSEUDONYM_PREFIX, TableMapping, column_ref
 from ..exceptions import first_line
 from ..lake import iceberg
 from ..lake.hmac import with_keyring_hashes
-from ..lake.iceberg import Lake
+from ..lake.iceberg import IcebergTable, Lake
 from ..vault import vault
 from ..vault.risk import assess
 from .erase import TableErasure, TablePlan
@@ -163,7 +163,7 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
     probes = result.probes.where(F.col("key_type") == identifier)
     entries = result.entries.where(F.col("identifier") == identifier)
     _prove_vault(spark, settings, table, check, probes, entries)
-    unproven = _files_without_pseudonym_bounds(spark, settings, table, key)
+    unproven = _files_without_pseudonym_bounds(Lake.of(spark, settings).table(table), key)
     if unproven:
         stored = iceberg.read_columns_from_files(spark, unproven, _schema([key]))
         plain = stored.join(F.broadcast(probes.select("request_id", F.col("key_value").alias(key))),
@@ -213,11 +213,11 @@ def _prove_vault(spark: SparkSession, settings: Settings, table: str, check: Tab
         setattr(check, where, sum(n for (_, w), n in found.items() if w == counted))
 
 
-def _files_without_pseudonym_bounds(spark: SparkSession, settings: Settings, table: str, key: str) -> list[str]:
+def _files_without_pseudonym_bounds(table: IcebergTable, key: str) -> list[str]:
     """Data and delete files of `table` whose key values are not all proven pseudonyms by their column
     bounds (every retained snapshot's files), plus Parquet files on storage no snapshot references.
     Metadata and one listing; only paths reach the driver."""
-    name = settings.table(table)
+    spark, name = table.spark, table.quoted
     metrics = f"readable_metrics.{column_ref(key)}"
     proven = (f"({metrics}.value_count = {metrics}.null_value_count) OR ({metrics}.lower_bound >= "
               f"'{PSEUDONYM_PREFIX}' AND {metrics}.upper_bound >= '{PSEUDONYM_PREFIX}' AND "
@@ -227,7 +227,7 @@ def _files_without_pseudonym_bounds(spark: SparkSession, settings: Settings, tab
                      ).collect()
     known = {iceberg.same_file(r.file_path) for r in rows}
     unproven = list(dict.fromkeys(r.file_path for r in rows if not r.proven))
-    location = Lake.of(spark, settings).table(table).location()
+    location = table.location()
     return unproven + [p for p in iceberg.parquet_files_under(spark, location) if iceberg.same_file(p) not in known]
 
 
