@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import ExitStack
 from datetime import date, datetime
 from pathlib import Path
@@ -61,6 +63,8 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     if not work.needs_lease:
         report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
         return report
+    if callable(spark) and work.needs_spark:
+        spark = _started(spark)  # its JVM starts while the lease is taken and the ledger read again
     lease = Lease(ledger.store, report.run_id, settings.run.lease_seconds)
     waited: list[str] = []
 
@@ -79,7 +83,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
             work = _noted(report, read_work(ledger, settings, today, holder.interrupted))  # as it is now we hold it
             if work.ids:
                 lease.working_on(work.ids)
-        if not work.ids and not work.purge_now and not work.shares and not work.unchecked and not work.retention:
+        if not work.needs_spark:
             report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
             if work.legal_subjects:  # requests newly held: recorded without Spark
                 _finish(ledger, lease, report, work, [], started)
@@ -94,6 +98,22 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         _finish(ledger, lease, report, work, outcomes, started)
     report.document()  # checked against its published schema before anyone reads it
     return report
+
+
+def _started(make: Callable[[], SparkSession]) -> Callable[[], SparkSession]:
+    """`make()` begun now on a thread of its own; the function returned waits for its session (or raises
+    what it raised). Starting Spark (its JVM, the catalog) takes seconds, most of them waiting on the
+    JVM, and overlaps with the ledger reads that still come before the first Spark job."""
+    started: Future[SparkSession] = Future()
+
+    def start() -> None:
+        try:
+            started.set_result(make())
+        except BaseException as exc:  # noqa: BLE001  (handed to whoever waits for the session)
+            started.set_exception(exc)
+
+    threading.Thread(target=start, name="dsr-spark-start", daemon=True).start()
+    return started.result
 
 
 def _noted(report: RunReport, work: Work) -> Work:

@@ -47,8 +47,12 @@ class Work:
 
     @property
     def needs_lease(self) -> bool:
-        return bool(self.ids or self.purge_now or self.ledger_purge or self.shares or self.legal_subjects
-                    or self.unchecked or self.retention)
+        return self.needs_spark or bool(self.ledger_purge or self.legal_subjects)
+
+    @property
+    def needs_spark(self) -> bool:
+        """Requests to act on, a purge due, shares to refresh, an unchecked table or retention rules."""
+        return bool(self.ids or self.purge_now or self.shares or self.unchecked or self.retention)
 
 
 def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tuple[str, ...] = ()) -> Work:
