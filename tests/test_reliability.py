@@ -54,7 +54,8 @@ def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
 
 
 @pytest.mark.parametrize(("mode", "in_driver_max_bytes"), [
-    ("content", 8 << 20),  # the tiny tables are rewritten and checked in the driver
+    # the tiny tables rewritten and checked in the driver (make test-slow: 12 s)
+    pytest.param("content", 8 << 20, marks=pytest.mark.slow),
     ("content", 0),  # Spark's rewrite and check, as for large tables
     pytest.param("count", 8 << 20, marks=pytest.mark.slow)])
 def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(spark, new_lakehouse, monkeypatch,
