@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.inventory.check import check_against_catalog
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.stages import erase, identity, matching
 
@@ -76,8 +77,9 @@ def main() -> None:
                 keyset = matching.key_sets(trial_settings, identity.resolve(spark, trial_settings, batch), types,
                                            ["sales.web_sales"])["sales.web_sales"]
                 start = time.perf_counter()
-                plan = erase.plan(spark, trial_settings, "sales.web_sales", keyset)
-                erase.apply(spark, trial_settings, plan, keyset)
+                stage = (Lake.of(spark, trial_settings), trial_settings.datamap, trial_settings.erase)
+                plan = erase.plan(*stage, "sales.web_sales", keyset)
+                erase.apply(*stage, plan, keyset)
                 seconds = round(time.perf_counter() - start, 2)
                 name = f"{action}, {label}"
                 timings.setdefault(name, []).append(seconds)

@@ -22,6 +22,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.inventory.check import check_against_catalog
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.stages import erase, identity, matching
 
@@ -59,9 +60,10 @@ def main() -> None:
                           f"AS SELECT * FROM {settings.table('demo.events')}")
                 trial_settings = settings.model_copy(deep=True)
                 trial_settings.datamap.tables[clone] = trial_settings.datamap.tables["demo.events"]
-                plan = replace(erase.plan(spark, trial_settings, clone, key_set), strategy=strategy)
+                stage = (Lake.of(spark, trial_settings), trial_settings.datamap, trial_settings.erase)
+                plan = replace(erase.plan(*stage, clone, key_set), strategy=strategy)
                 start = time.perf_counter()
-                result = erase.apply(spark, trial_settings, plan, key_set)
+                result = erase.apply(*stage, plan, key_set)
                 seconds = time.perf_counter() - start - _count_seconds(spark, trial_settings, clone)
                 name = f"{mode} {strategy}"
                 timings.setdefault(name, []).append(round(seconds, 2))

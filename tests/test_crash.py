@@ -19,6 +19,7 @@ from pyspark.sql.types import StringType
 from helpers import SEED, dsr_run, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.stages.verify import verify_completed, verify_table
@@ -62,8 +63,8 @@ def check_final_state(spark, settings, other_events: int) -> None:
     completed = spark.createDataFrame([(r["request_id"], "user_id", r["subject_hash"])
                                        for r in ledger.requests(("completed",))],
                                       "request_id string, key_type string, key_hash string")
-    plaintext = verify_table(spark, settings, ledger.requests_table, [KeyGroup("subject_id", "user_id")],
-                             {"subject_id": StringType()}, completed, ledger.key)
+    plaintext = verify_table(Lake.of(spark, settings), settings.key_file(), ledger.requests_table,
+                             [KeyGroup("subject_id", "user_id")], {"subject_id": StringType()}, completed, ledger.key)
     assert plaintext.live == plaintext.history == plaintext.storage == 0
     assert len(export_runs(settings)) == 1  # the run that completed the access request; killed runs' removed
 

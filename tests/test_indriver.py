@@ -64,8 +64,9 @@ def file_order(settings) -> dict[str, list[int]]:
 
 
 def erase_all(spark, settings, keys: matching.TableKeys) -> erase.TableErasure:
-    plan = erase.plan(spark, settings, TABLE, keys, purging=True)  # purging: rewrite the files
-    result = erase.apply(spark, settings, plan, keys)
+    # purging: rewrite the files
+    plan = erase.plan(Lake.of(spark, settings), settings.datamap, settings.erase, TABLE, keys, purging=True)
+    result = erase.apply(Lake.of(spark, settings), settings.datamap, settings.erase, plan, keys)
     skipping.release()
     return result
 
@@ -134,11 +135,12 @@ def test_the_collateral_check_of_a_small_rewrite_runs_in_the_driver_and_catches_
         settings = lake(spark, tmp_path, f"check-{action}", action)
         requested, wider = table_keys(spark, settings, ERASED), table_keys(spark, settings, [*ERASED, "u05"])
         for keys, ok in ((requested, True), (wider, False)):  # `wider`: the erase takes a bystander too
-            plan = erase.plan(spark, settings, TABLE, keys, purging=True)
-            result = erase.apply(spark, settings, plan, keys)
+            plan = erase.plan(Lake.of(spark, settings), settings.datamap, settings.erase, TABLE, keys, purging=True)
+            result = erase.apply(Lake.of(spark, settings), settings.datamap, settings.erase, plan, keys)
             meter = StageMeter(spark)
             mark = meter.mark()
-            verdict = collateral.check(spark, settings, TABLE, requested, plan.snapshot_before, result.snapshot_id)
+            verdict = collateral.check(Lake.of(spark, settings), settings.datamap, settings.erase, TABLE, requested,
+                                       plan.snapshot_before, result.snapshot_id)
             cost = meter.since(mark)
             assert cost.stages == 0 and cost.driver_files > 0  # fingerprinted in the driver
             assert verdict.ok is ok and verdict.conclusive, (action, verdict)
@@ -152,9 +154,10 @@ def test_the_driver_check_passes_whatever_the_hashes_add_up_to(spark, tmp_path):
     settings = lake(spark, tmp_path, "wrap", "redact")
     for subject in ("u01", "u02", "u04", "u06", "u08", "u09"):
         keys = table_keys(spark, settings, [subject])
-        plan = erase.plan(spark, settings, TABLE, keys, purging=True)
-        result = erase.apply(spark, settings, plan, keys)
-        verdict = collateral.check(spark, settings, TABLE, keys, plan.snapshot_before, result.snapshot_id)
+        plan = erase.plan(Lake.of(spark, settings), settings.datamap, settings.erase, TABLE, keys, purging=True)
+        result = erase.apply(Lake.of(spark, settings), settings.datamap, settings.erase, plan, keys)
+        verdict = collateral.check(Lake.of(spark, settings), settings.datamap, settings.erase, TABLE, keys,
+                                   plan.snapshot_before, result.snapshot_id)
         assert verdict.ok, (subject, verdict)
         skipping.release()
 
@@ -171,10 +174,11 @@ def test_the_live_check_of_a_small_table_runs_in_the_driver_and_finds_what_spark
         settings = lake(spark, tmp_path, f"live-{name}", "delete", limit)
         hashes = spark.createDataFrame(stored, "request_id string, key_type string, key_hash string, key_id string")
         keys = table_keys(spark, settings, ["u03", "u07", "u05"])
-        hash_keys = verify.keys_for(settings, hashes, Keyring(new, (old,)))
+        hash_keys = verify.keys_for(settings.key_file(), hashes, Keyring(new, (old,)))
         meter = StageMeter(spark)
         mark = meter.mark()
-        found[name] = verify.live_found(spark, settings, [TABLE], hashes, hash_keys, {TABLE: keys})
+        found[name] = verify.live_found(Lake.of(spark, settings), settings.datamap, settings.erase, [TABLE], hashes,
+                                        hash_keys, {TABLE: keys}, parallel_tables=settings.run.parallel_tables)
         cost = meter.since(mark)
         # the driver reads the three files itself (Spark only collects the ledger's hashes, once per run)
         assert cost.driver_files == (3 if name == "driver" else 0), cost

@@ -29,6 +29,7 @@ from pyspark.sql.types import StringType
 from helpers import HOSTILE, SEED, USER_KEY, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -374,8 +375,8 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
     spark.catalog.refreshTable(keys)  # written by the control plane (pyiceberg) since this session looked
     spark.sql(f"UPDATE {keys} SET key_id = NULL")
     assert {r.key_id for r in user_ids().collect()} == {None}
-    live = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, user_ids(),
-                         Ledger(settings).keyring, physical=False)
+    live = verify_table(Lake.of(spark, settings), settings.key_file(), "demo.events", USER_KEY,
+                        {"user_id": StringType()}, user_ids(), Ledger(settings).keyring, physical=False)
     assert (live.live, set(live.failing)) == (1, {done_before})
     # request ids and key ids only in SQL text, never an identifier
     spark.sql(f"UPDATE {keys} SET key_id = '{rotation.old_id}' WHERE request_id = '{done_before}'")
@@ -383,8 +384,8 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
 
     # Destroying the retired key shreds the proof: the request can no longer be verified, and says so.
     retired_file(settings.key_file()).unlink()
-    live = verify_table(spark, settings, "demo.events", USER_KEY, {"user_id": StringType()}, user_ids(),
-                         Ledger(settings).key, physical=False)
+    live = verify_table(Lake.of(spark, settings), settings.key_file(), "demo.events", USER_KEY,
+                        {"user_id": StringType()}, user_ids(), Ledger(settings).key, physical=False)
     assert live.failing == {done_before: [f"demo.events: hashed under key {rotation.old_id}, which no keyring "
                                           "holds any more: cannot be verified"]}
 

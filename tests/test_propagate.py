@@ -19,6 +19,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup, demo_datamap, lineage
 from lakehouse_dsr.datamap.model import DEMO_DERIVED, DataMap, DerivedMapping
 from lakehouse_dsr.exceptions import DataMapError
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -134,8 +135,8 @@ def test_one_run_erases_bronze_silver_and_gold(spark, layered):
     # No erased id left in silver or gold: live rows, every retained snapshot, every stored file.
     hashes = stored_hashes(spark, ledger, [r.request_id for r in report.requests])
     for table in ["demo_silver.user_daily", "demo_silver.user_history", "demo_gold.top_visitors"]:
-        found = verify_table(spark, settings, table, [KeyGroup("user_id", "user_id")], {"user_id": StringType()},
-                             hashes, ledger.keyring)
+        found = verify_table(Lake.of(spark, settings), settings.key_file(), table, [KeyGroup("user_id", "user_id")],
+                             {"user_id": StringType()}, hashes, ledger.keyring)
         assert found.live == found.history == found.storage == 0, table
     for table in ["demo_gold.daily_by_type", "demo_gold.type_totals"]:  # old figures gone from history too
         assert len(snapshot_ids(spark, settings, [table])[table]) == 1, table

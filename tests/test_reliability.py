@@ -35,19 +35,19 @@ def append_events(spark, settings, user_ids: list[str], tag: str) -> None:
     ).writeTo(settings.table("demo.events")).append()
 
 
-def wrap_apply(monkeypatch, table: str, before=None, after=None) -> None:
-    """Run `before(spark, settings, keys)` / `after()` around the real erase of `table` (first call
-    only); TableKeys that `before` returns replace the batch's in the statement."""
+def wrap_apply(monkeypatch, settings, table: str, before=None, after=None) -> None:
+    """Run `before(spark, settings, keys)` / `after(spark, settings)` around the real erase of `table`
+    (first call only); TableKeys that `before` returns replace the batch's in the statement."""
     real, calls = erase.apply, []
 
-    def apply(spark, settings, table_plan, keys, **options):  # options (the check's keys) pass unchanged
+    def apply(lake, datamap, erasing, table_plan, keys, **options):  # options (the check's keys) pass unchanged
         first = table_plan.table == table and not calls
         if first:
             calls.append(1)
-            keys = (before(spark, settings, keys) if before else None) or keys
-        result = real(spark, settings, table_plan, keys, **options)
+            keys = (before(lake.spark, settings, keys) if before else None) or keys
+        result = real(lake, datamap, erasing, table_plan, keys, **options)
         if first and after:
-            after(spark, settings)
+            after(lake.spark, settings)
         return result
 
     monkeypatch.setattr(erase, "apply", apply)
@@ -70,7 +70,7 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
         extra = spark.createDataFrame([(BYSTANDER, ["bug"])], "key_value string, request_ids array<string>")
         return keys.replace(0, KeySet(keys.sets[0].requesters.unionByName(extra), keys.sets[0].size + 1))
 
-    wrap_apply(monkeypatch, "demo.events", before)
+    wrap_apply(monkeypatch, settings, "demo.events", before)
     report = run(spark, settings)
 
     assert "demo.events" in report.collateral_failures and report.needs_attention
@@ -116,7 +116,7 @@ def test_concurrent_appends_during_the_erase_are_kept_and_late_rows_erased(spark
     def after(spark, settings):  # lands after the erase commit: a later round must catch it
         append_events(spark, settings, [BYSTANDER] * 3 + [ERASED[1]] * 2, "after")
 
-    wrap_apply(monkeypatch, "demo.events", during, after)
+    wrap_apply(monkeypatch, settings, "demo.events", during, after)
     report = run(spark, settings)
 
     assert {r.status for r in report.requests} == {"completed"}, [r.reason for r in report.requests]
@@ -137,7 +137,7 @@ def test_redacting_table_with_a_concurrent_append_of_a_requested_subject(spark, 
             "uuid() order_id", "user_id", "cast(1.00 as decimal(10,2)) amount", "'N' customer_name",
             "'S' shipping_address", "timestamp'2024-06-01' ordered_at").writeTo(settings.table("demo.orders")).append()
 
-    wrap_apply(monkeypatch, "demo.orders", during)
+    wrap_apply(monkeypatch, settings, "demo.orders", during)
     report = run(spark, settings)
     assert report.tables["demo.orders"]["erase"]["collateral"]["ok"]
     assert {r.status for r in report.requests} == {"completed"}, [r.reason for r in report.requests]

@@ -87,7 +87,7 @@ def test_the_plan_reads_only_the_files_that_can_hold_the_keys(spark, clustered):
     keys = table_keys(spark, clustered, [ERASED])
     meter = StageMeter(spark)
     mark = meter.mark()
-    plan = erase.plan(spark, clustered, EVENTS, keys)
+    plan = erase.plan(Lake.of(spark, clustered), clustered.datamap, clustered.erase, EVENTS, keys)
     cost = meter.since(mark)
     expected = spark.table(clustered.table(EVENTS)).where(F.col("user_id") == ERASED).count()
     assert plan.rows_matched == expected > 0
@@ -105,7 +105,7 @@ def test_the_driver_reads_only_the_files_that_can_hold_the_keys(spark, tmp_path)
     keys = table_keys(spark, settings, [ERASED])
     meter = StageMeter(spark)
     mark = meter.mark()
-    plan = erase.plan(spark, settings, EVENTS, keys)
+    plan = erase.plan(Lake.of(spark, settings), settings.datamap, settings.erase, EVENTS, keys)
     cost = meter.since(mark)
     assert cost.stages == 0 and cost.driver_files == len(holding) < plan.skipping["total_files"]
     assert set(plan.matched_files) == set(holding) and plan.rows_scanned == sum(holding.values()) == cost.rows_read
@@ -115,15 +115,16 @@ def test_a_table_no_file_can_match_costs_no_spark_job(spark, clustered, tmp_path
     keys = table_keys(spark, clustered, [ABSENT])
     meter = StageMeter(spark)
     mark = meter.mark()
-    plan = erase.plan(spark, clustered, EVENTS, keys)
-    result = erase.apply(spark, clustered, plan, keys)
+    plan = erase.plan(Lake.of(spark, clustered), clustered.datamap, clustered.erase, EVENTS, keys)
+    result = erase.apply(Lake.of(spark, clustered), clustered.datamap, clustered.erase, plan, keys)
     assert meter.since(mark).stages == 0
     assert plan.rows_matched == 0 and plan.skipping["files"] == 0 and result.snapshot_id is None
     hashes = spark.createDataFrame([("r0", "user_id", "0" * 64, None)],
                                    "request_id string, key_type string, key_hash string, key_id string")
-    key = verify.keys_for(clustered, hashes, Ledger(clustered).key)  # once per run, for every table
+    key = verify.keys_for(clustered.key_file(), hashes, Ledger(clustered).key)  # once per run, for every table
     mark = meter.mark()
-    proof = verify.verify_table(spark, clustered, EVENTS, clustered.datamap.mapping(EVENTS).groups,
+    proof = verify.verify_table(Lake.of(spark, clustered), clustered.key_file(), EVENTS,
+                                clustered.datamap.mapping(EVENTS).groups,
                                 check_against_catalog(spark, clustered.datamap, clustered.table)[EVENTS],
                                 hashes, key, physical=False, prune=keys)
     assert meter.since(mark).stages == 0 and proof.live == 0 and proof.passed
@@ -259,7 +260,7 @@ def test_a_concurrent_change_to_another_persons_row_in_a_touched_file_is_caught(
     def during(spark, settings, keys):  # another writer changes a bystander's rows between plan and commit
         spark.sql(f"UPDATE {settings.table(EVENTS)} SET event_details = 'changed' WHERE user_id = '{BYSTANDER}'")
 
-    wrap_apply(monkeypatch, EVENTS, during)
+    wrap_apply(monkeypatch, settings, EVENTS, during)
     report = run(spark, settings)
     assert EVENTS in report.collateral_failures
     assert "cannot prove" in report.collateral_failures[EVENTS]

@@ -84,7 +84,7 @@ class ErasureBatch:
         proven = self.request_ids + (sorted(work.waiting) if purge_now else [])
         prior = self.ledger.evidence(sorted(work.waiting)) if purge_now and work.waiting else {}
         hashes = verify.stored_hashes(self.spark, self.ledger, proven + self._resurrected_ids(found))
-        self._proven = refs.ErasedHashes(hashes, verify.keys_for(self.settings, hashes, self.ledger.keyring),
+        self._proven = refs.ErasedHashes(hashes, verify.keys_for(self.settings.key_file(), hashes, self.ledger.keyring),
                                          self.ctx.key_types)
         purges = self._purge(erased, prior, resumed, scopes) if purge_now else {}
         erasures, purges = self._with_shred(erased, purges)
@@ -128,7 +128,7 @@ class ErasureBatch:
         with self.ctx.timed("resurrection"):
             hashes = verify.stored_hashes(self.spark, self.ledger, completed)
             found = resurrection.find(self.spark, self.settings, reading, hashes,
-                                      verify.keys_for(self.settings, hashes, self.ledger.keyring))
+                                      verify.keys_for(self.settings.key_file(), hashes, self.ledger.keyring))
             # read now: the purge expires the commits that brought them back
             self._came_back = {s.table: resurrection.evidence(self.lake, s, found)
                                for s in reading if s.table in found.by_request}
@@ -290,17 +290,20 @@ class ErasureBatch:
         commits checked for collateral damage together (the content check's fingerprints in one job).
         Each table's `seconds` is its commit and count check; the shared plan and check are the stage's.
         Tables under a legal hold are left out."""
-        spark, settings = self.spark, self.settings
+        settings = self.settings
         tables = [t for t in tables if t not in self.work.legal_tables]
         if not tables:
             return {}
-        plans = erase.plan_many(spark, settings, tables, key_sets, self.work.purge_now)
+        datamap = settings.datamap
+        plans = erase.plan_many(self.lake, datamap, settings.erase, tables, key_sets, self.work.purge_now,
+                                parallel_tables=settings.run.parallel_tables)
         content = settings.erase.collateral_check == "content"
 
         def commit(table: str) -> erase.TableErasure:
             start, keys = time.perf_counter(), key_sets[table]
             try:
-                erasure = erase.apply(spark, settings, plans[table], keys, observe=keys if content else None)
+                erasure = erase.apply(self.lake, datamap, settings.erase, plans[table], keys,
+                                      observe=keys if content else None)
             except Exception as exc:  # recorded; verification then shows what is left
                 erasure = erase.TableErasure(plans[table], error=first_line(exc, with_type=True))
             if erasure.snapshot_id is not None and not content:
@@ -314,7 +317,8 @@ class ErasureBatch:
         if content:
             committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed)
                          for t, e in erasures.items() if e.snapshot_id is not None]
-            for table, result in collateral.check_many(spark, settings, committed).items():
+            for table, result in collateral.check_many(self.lake, datamap, settings.erase, committed,
+                                                       parallel_tables=settings.run.parallel_tables).items():
                 erasures[table].collateral = result
         return erasures
 
@@ -328,7 +332,8 @@ class ErasureBatch:
             if not moved:
                 return
             hashes, hash_keys = self._stored_hashes()
-            found = verify.live_found(self.spark, self.settings, moved, hashes, hash_keys, erased.key_sets)
+            found = verify.live_found(self.lake, self.settings.datamap, self.settings.erase, moved, hashes, hash_keys,
+                                      erased.key_sets, parallel_tables=self.settings.run.parallel_tables)
             late = [t for t in moved if found[t]]
             if not late:
                 return
@@ -340,7 +345,7 @@ class ErasureBatch:
         them (looked up when first needed)."""
         assert self._hashes is not None, "the batch's identifiers are resolved first"
         if self._hash_keys is None:
-            self._hash_keys = verify.keys_for(self.settings, self._hashes, self.ledger.keyring)
+            self._hash_keys = verify.keys_for(self.settings.key_file(), self._hashes, self.ledger.keyring)
         return self._hashes, self._hash_keys
 
     def _changed_since(self, table: str, erasure: erase.TableErasure) -> bool:

@@ -28,7 +28,7 @@ class Prover:
         self.ctx, self.spark, self.settings, self.lake = ctx, ctx.spark, ctx.settings, ctx.lake
         self.erasures, self.shredded, self.request_ids, self.proven = erasures, shredded, request_ids, proven
         self.physical, self.hashes, self.purge_table, self.prune = physical, hashes, purge_table, prune
-        self.hash_keys = verify.keys_for(self.settings, hashes, ctx.ledger.keyring)  # once, for every table
+        self.hash_keys = verify.keys_for(self.settings.key_file(), hashes, ctx.ledger.keyring)  # once, for every table
         self.clean = {t: e.collateral.clean_files for t, e in erasures.items()
                       if e.collateral and e.collateral.clean_files and t in prune and e.snapshot_id is not None
                       and self.lake.table(t).descends_from(e.snapshot_id)}
@@ -43,8 +43,9 @@ class Prover:
         keyed = [t for t in tables if t in datamap.keyed]
         with self.ctx.timed("verify"):
             if len(keyed) > 1:  # every keyed table's live check in one Spark job
-                self.live.update(verify.live_found(self.spark, self.settings, keyed, self.hashes, self.hash_keys,
-                                                   self.prune, self.clean))
+                self.live.update(verify.live_found(self.lake, datamap, self.settings.erase, keyed, self.hashes,
+                                                   self.hash_keys, self.prune, self.clean,
+                                                   parallel_tables=self.settings.run.parallel_tables))
             stage = "verify" if self.physical else "verify live data (purge not run)"
             verifications = self.ctx.each_table(stage, [*tables, *datamap.files,
                                                         *(datamap.shredded if self.shredded is not None else [])],
@@ -80,7 +81,10 @@ class Prover:
             return propagate.verify_aggregate(self.spark, self.settings, table, self.erasures.get(table),
                                               self.proven, physical)
         prune, clean = self.prune.get(table), self.clean.get(table)
-        return verify.verify_tables(self.spark, self.settings, self.hashes, self.hash_keys, self.ctx.key_types,
-                                    [table], physical, {table: prune} if prune else None,
+        settings = self.settings
+        return verify.verify_tables(self.lake, settings.datamap, settings.erase, settings.key_file(), self.hashes,
+                                    self.hash_keys, self.ctx.key_types, [table], physical,
+                                    {table: prune} if prune else None,
                                     {table: found} if found is not None else None,
-                                    {table: clean} if clean else None)[0]
+                                    {table: clean} if clean else None,
+                                    parallel_tables=settings.run.parallel_tables)[0]

@@ -33,8 +33,8 @@ from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StructField, StructType
 
-from ..config import Settings
-from ..datamap import column_ref
+from ..config import EraseSettings
+from ..datamap import DataMap, column_ref
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.iceberg import IcebergTable, Lake
@@ -229,7 +229,7 @@ class Commit:
     seen: Observed | None = None
 
 
-def check(spark: SparkSession, settings: Settings, table: str, table_keys: TableKeys,
+def check(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, table_keys: TableKeys,
           snapshot_before: int | None, erase_snapshot: int, seen: Observed | None = None) -> CollateralResult:
     """Prove that the erase commit changed only the requested subjects' rows (see the module doc).
 
@@ -240,24 +240,28 @@ def check(spark: SparkSession, settings: Settings, table: str, table_keys: Table
     (copy-on-write), every column of the old files before and of the new files after, hashed;
     the old files' fingerprints come from `seen` when the rewrite observed exactly those files.
     """
-    return check_many(spark, settings, [Commit(table, table_keys, snapshot_before, erase_snapshot, seen)])[table]
+    return check_many(lake, datamap, erase, [Commit(table, table_keys, snapshot_before, erase_snapshot, seen)],
+                      parallel_tables=1)[table]
 
 
-def check_many(spark: SparkSession, settings: Settings, commits: list[Commit]) -> dict[str, CollateralResult]:
+def check_many(lake: Lake, datamap: DataMap, erase: EraseSettings, commits: list[Commit], *, parallel_tables: int
+               ) -> dict[str, CollateralResult]:
     """`check` for several tables' erase commits, with the rewritten and added files of all of them
     fingerprinted in a few Spark jobs (lake/batching.py): on a wide lake of small tables, a job per
-    table would cost more than the reading."""
+    table would cost more than the reading. `parallel_tables` (`run.parallel_tables`): commits
+    prepared, and fingerprints collected, at once."""
     results: dict[str, CollateralResult] = {}
     pending: dict[str, tuple[Commit, _Reads]] = {}
-    prepared_all = map_in_threads(lambda commit: _prepare(spark, settings, commit), commits,
-                                  settings.run.parallel_tables)
+    prepared_all = map_in_threads(
+        lambda commit: _prepare(lake.table(commit.table), datamap.table_mapping(commit.table).action, erase, commit),
+        commits, parallel_tables)
     for commit, prepared in zip(commits, prepared_all, strict=True):
         if isinstance(prepared, CollateralResult):
             results[commit.table] = prepared
         else:
             pending[commit.table] = (commit, prepared)
     sums = _split_many({table: (reads.removed, reads.added, commit.keys) for table, (commit, reads) in pending.items()},
-                       settings.run.parallel_tables)
+                       parallel_tables)
     for table, (commit, reads) in pending.items():
         sides = sums[table]
         expected = (sides.other + sides.redacted if reads.seen is None
@@ -275,17 +279,17 @@ def _verdict(commit: Commit, expected: Fingerprint, found: Fingerprint) -> Colla
                      f"{expected.describe()}, found {found.describe()} at snapshot {commit.snapshot_id}")
 
 
-def _fingerprinted_in_driver(spark: SparkSession, settings: Settings, commit: Commit, changed: iceberg.CommitFiles,
-                             before: skipping.Candidates) -> CollateralResult | None:
+def _fingerprinted_in_driver(spark: SparkSession, action: str, erase: EraseSettings, commit: Commit,
+                             changed: iceberg.CommitFiles, before: skipping.Candidates) -> CollateralResult | None:
     """The check of a small rewrite, fingerprinted in the driver (lake/indriver.py): the replaced files
     as the commit's parent held them, the added files as the commit holds them, each read back from
     storage. None when Spark must read them (too large, deletes, nested columns)."""
     keys = commit.keys.key_columns()
     removed = before.subset(spark, set(changed.removed))
     parent_id = changed.parent_id
-    if parent_id is None or indriver.refusal(spark, removed, keys, settings.erase.in_driver_max_bytes):
+    if parent_id is None or indriver.refusal(spark, removed, keys, erase.in_driver_max_bytes):
         return None
-    delete = settings.datamap.table_mapping(commit.table).action == "delete"
+    delete = action == "delete"
     old = indriver.attempt(f"{commit.table}: the collateral check", lambda: indriver.fingerprint(
         spark, before.jtable, parent_id, changed.removed, keys, delete))
     new = old and indriver.attempt(f"{commit.table}: the collateral check", lambda: indriver.fingerprint(
@@ -314,11 +318,10 @@ class _Reads:
     kept_clean: frozenset[str] = frozenset()  # files that got deletes and hold no requested row after them
 
 
-def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> CollateralResult | _Reads:
+def _prepare(handle: IcebergTable, action: str, erase: EraseSettings, commit: Commit) -> CollateralResult | _Reads:
     """A commit's check up to its fingerprints: a result already (other writers' commits in between,
     files beyond the keys' reach, rows gone from files that got deletes), or what is left to read."""
-    table, table_keys, erase_snapshot = commit.table, commit.keys, commit.snapshot_id
-    handle = Lake.of(spark, settings).table(table)
+    table_keys, erase_snapshot, spark = commit.keys, commit.snapshot_id, handle.spark
     between = handle.commits_between(commit.snapshot_before, erase_snapshot)
     if between is None or any(c.operation not in ("append", "replace") for c in between):
         ops = sorted({c.operation for c in between or []} - {"append", "replace"})
@@ -331,7 +334,7 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> Collate
         return CollateralResult(False, True, f"the erase commit changed {len(beyond)} file(s) that hold no requested "
                                 f"key (snapshot {erase_snapshot})")
     kept = changed.deleted_from - changed.removed  # still live, with new deletes
-    redacting = settings.datamap.table_mapping(table).action == "redact"
+    redacting = action == "redact"
     others_before, requested_kept = _kept_before(before, kept, table_keys, redacting)
     after = table_keys.candidates(handle, erase_snapshot)
     others_after, requested_after = _count_split(skipping.read(after, kept), table_keys)
@@ -340,7 +343,7 @@ def _prepare(spark: SparkSession, settings: Settings, commit: Commit) -> Collate
                                 f"files the erase commit attached deletes to (snapshot {erase_snapshot})")
     seen = commit.seen if commit.seen is not None and commit.seen.files == changed.removed else None
     if not kept and seen is None and changed.removed:
-        in_driver = _fingerprinted_in_driver(spark, settings, commit, changed, before)
+        in_driver = _fingerprinted_in_driver(spark, action, erase, commit, changed, before)
         if in_driver is not None:
             return in_driver
     removed = skipping.read(before, set(changed.removed)) if seen is None else None

@@ -14,8 +14,8 @@ from typing import cast
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from ..config import Settings
-from ..datamap import TableMapping, column_ref, is_array
+from ..config import EraseSettings
+from ..datamap import DataMap, TableMapping, column_ref, is_array
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.iceberg import IcebergTable, Lake
@@ -172,7 +172,8 @@ def write_modes(table: IcebergTable) -> dict[str, str]:
     return {op: table.write_mode(op) for op in ("delete", "update", "merge")}
 
 
-def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool = False) -> TablePlan:
+def plan(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, keys: TableKeys, purging: bool = False
+         ) -> TablePlan:
     """Count matches per request and the files holding them, and pick the strategy (`purging`: the
     purge follows in this run, see choose_strategy).
 
@@ -182,19 +183,20 @@ def plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, p
     job. The table's row count comes from its snapshot summary. The driver receives one row per
     file and combination of matching requests (request ids, the file's name and a count; never a value).
     """
-    return plan_many(spark, settings, [table], {table: keys}, purging)[table]
+    return plan_many(lake, datamap, erase, [table], {table: keys}, purging, parallel_tables=1)[table]
 
 
-def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: dict[str, TableKeys],
-              purging: bool = False) -> dict[str, TablePlan]:
+def plan_many(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[str], keys: dict[str, TableKeys],
+              purging: bool = False, *, parallel_tables: int) -> dict[str, TablePlan]:
     """`plan` for several tables in a few Spark jobs over unions of their scans (lake/batching.py): on
-    a wide lake of small tables, a job per table would cost more than the reading."""
+    a wide lake of small tables, a job per table would cost more than the reading. `parallel_tables`
+    (`run.parallel_tables`): tables scanned, and scans collected, at once."""
     in_driver: dict[str, list] = {}
-    lake = Lake.of(spark, settings)
+    spark = lake.spark
 
     def scan(table: str) -> tuple[skipping.Candidates, DataFrame | None]:
         candidates = keys[table].current_candidates(lake.table(table))
-        if _in_driver(spark, settings, candidates, keys[table]):
+        if _in_driver(spark, erase, candidates, keys[table]):
             found = indriver.attempt(f"{table}: the plan",
                                      lambda: indriver.plan(spark, candidates, keys[table].key_columns()))
             if found is not None:
@@ -215,29 +217,29 @@ def plan_many(spark: SparkSession, settings: Settings, tables: list[str], keys: 
                                          matching.request_ids(keys[table]).alias("request_ids"),
                                          F.when(hit, F.col(_FILE)).alias(_FILE))
 
-    scans = dict(zip(tables, map_in_threads(scan, tables, settings.run.parallel_tables), strict=True))
+    scans = dict(zip(tables, map_in_threads(scan, tables, parallel_tables), strict=True))
     groups: dict[str, list] = {table: in_driver.get(table, []) for table in tables}
     per_file = lambda union: union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count"))  # noqa: E731
     for g in collect_union([part for _, part in scans.values() if part is not None], per_file,
-                           settings.run.parallel_tables):
+                           parallel_tables):
         groups[g.dsr_table].append(g)
-    return {table: _plan(spark, settings, table, keys[table], purging, scans[table][0], groups[table])
+    return {table: _plan(lake.table(table), datamap.table_mapping(table), erase, keys[table], purging,
+                         scans[table][0], groups[table])
             for table in tables}
 
 
-def _in_driver(spark: SparkSession, settings: Settings, candidates: skipping.Candidates, keys: TableKeys) -> bool:
+def _in_driver(spark: SparkSession, erase: EraseSettings, candidates: skipping.Candidates, keys: TableKeys) -> bool:
     """Whether `candidates` are small and plain enough to read and rewrite in the driver (lake/indriver.py)."""
-    return indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None
+    return indriver.refusal(spark, candidates, keys.key_columns(), erase.in_driver_max_bytes) is None
 
 
-def _plan(spark: SparkSession, settings: Settings, table: str, keys: TableKeys, purging: bool,
+def _plan(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, keys: TableKeys, purging: bool,
           candidates: skipping.Candidates, groups: list) -> TablePlan:
-    handle = Lake.of(spark, settings).table(table)
+    table = handle.name
     snapshot_id = candidates.snapshot_id
-    mapping = settings.datamap.table_mapping(table)
     modes = write_modes(handle)
     rewrite = handle.format_version() <= 2
-    strategy = choose_strategy(mapping.action, keys.size, settings.erase.broadcast_max_keys, modes, mapping.simple,
+    strategy = choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, modes, mapping.simple,
                                rewrite and (purging or modes["delete" if mapping.action == "delete" else "update"]
                                             == "copy-on-write"))
     mode = "copy-on-write" if strategy == "rewrite_files" else modes[strategy.split("_")[0]]
@@ -251,13 +253,12 @@ def _view(df: DataFrame) -> str:
     return view
 
 
-def _statement(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
-               views: list[str]) -> str:
+def _statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
+               keys: TableKeys, views: list[str]) -> str:
     """The plan's one SQL statement; identifiers stay in temporary views (`views` collects their names)."""
     if table_plan.strategy == "merge_key_tuples":
-        return _merge_key_tuples(spark, settings, table_plan, keys, views)
-    mapping = settings.datamap.table_mapping(table_plan.table)
-    target, key = settings.table(table_plan.table), f"t.{column_ref(cast(str, mapping.key))}"  # one flat key column
+        return _merge_key_tuples(handle, mapping, erase, table_plan, keys, views)
+    target, key = handle.quoted, f"t.{column_ref(cast(str, mapping.key))}"  # one flat key column
     views.append(_view(keys.sets[0].hits))
     nulls = ", ".join(f"t.{column_ref(c)} = NULL" for c in sorted(mapping.redacted_columns))
     exists = f"EXISTS (SELECT 1 FROM {views[0]} s WHERE s.key_value = {key})"
@@ -270,15 +271,14 @@ def _statement(spark: SparkSession, settings: Settings, table_plan: TablePlan, k
     }[table_plan.strategy]
 
 
-def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
-                      views: list[str]) -> str:
+def _merge_key_tuples(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
+                      keys: TableKeys, views: list[str]) -> str:
     """MERGE on the requested rows' distinct key tuples (read from the key columns of the plan's
     snapshot), each with which of its keys were requested: every target row matches at most one
     tuple (null-safe equality), so each group's columns are nulled exactly where its own key named
     an erased subject, an array key loses only the erased elements, or the row is deleted."""
-    mapping = settings.datamap.table_mapping(table_plan.table)
     width = range(len(keys.groups))
-    candidates = keys.candidates(Lake.of(spark, settings).table(table_plan.table), table_plan.snapshot_before)
+    candidates = keys.candidates(handle, table_plan.snapshot_before)
     rows = cast(DataFrame, skipping.read(candidates)).select(  # not empty: the plan found matches
         *[F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)])
     marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in width])
@@ -287,7 +287,7 @@ def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: Table
         *[matching.erased_elements(i, F.col(f"dsr_k{i}")).alias(f"dsr_e{i}")
           for i, g in enumerate(keys.groups) if g.is_array]).distinct().localCheckpoint()
     views.append(_view(source))
-    hint = f"/*+ BROADCAST({views[-1]}) */ " if keys.size <= settings.erase.broadcast_max_keys else ""
+    hint = f"/*+ BROADCAST({views[-1]}) */ " if keys.size <= erase.broadcast_max_keys else ""
     on = " AND ".join(f"t.{column_ref(g.column)} <=> s.dsr_k{i}" for i, g in enumerate(keys.groups))
     sets = []
     for column in sorted(mapping.redacted_columns):
@@ -300,26 +300,24 @@ def _merge_key_tuples(spark: SparkSession, settings: Settings, table_plan: Table
             hit = " OR ".join(f"s.dsr_h{i}" for i, g in enumerate(keys.groups) if column in g.redact)
             sets.append(f"{target_column} = CASE WHEN {hit} THEN NULL ELSE {target_column} END")
     action = "DELETE" if mapping.action == "delete" else f"UPDATE SET {', '.join(sets)}"
-    return (f"MERGE INTO {settings.table(table_plan.table)} AS t USING (SELECT {hint}* FROM {views[-1]}) AS s "
+    return (f"MERGE INTO {handle.quoted} AS t USING (SELECT {hint}* FROM {views[-1]}) AS s "
             f"ON {on} WHEN MATCHED THEN {action}")
 
 
-def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
+def _rewrite_files(handle: IcebergTable, action: str, erase: EraseSettings, table_plan: TablePlan, keys: TableKeys,
                    observe: TableKeys | None) -> collateral.Observed | None:
     """The `rewrite_files` commit at the current snapshot: the plan's files holding matches, and any
     candidate file added since the plan (appends may hold requested rows), rewritten as the erasure
     leaves their rows; with `observe` (the collateral check's keys), the rows read are fingerprinted
     on the way. Safe to repeat after a conflict: each attempt starts from the current snapshot."""
-    table = table_plan.table
-    handle = Lake.of(spark, settings).table(table)
+    table, spark = table_plan.table, handle.spark
     now = keys.current_candidates(handle)
     matched, planned = set(table_plan.matched_files), set(table_plan.candidate_files)
     chosen = now.subset(spark, {p for p in now.paths() if p in matched or p not in planned})
-    action = settings.datamap.table_mapping(table).action
     if chosen.empty:  # another writer removed them meanwhile: verification shows what is left
         return None
     read_snapshot_id = cast(int, now.snapshot_id)  # files to rewrite: the table has a snapshot
-    if _in_driver(spark, settings, chosen, keys):  # the check reads the old files itself
+    if _in_driver(spark, erase, chosen, keys):  # the check reads the old files itself
         new_files = indriver.attempt(f"{table}: the rewrite",
                                      lambda: indriver.rewrite(spark, chosen, keys.key_columns(), action == "delete"))
         if new_files is not None:
@@ -339,7 +337,7 @@ def _rewrite_files(spark: SparkSession, settings: Settings, table_plan: TablePla
     return collateral.observed(observation, chosen.paths()) if observation else None
 
 
-def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: TableKeys,
+def apply(lake: Lake, datamap: DataMap, erase: EraseSettings, table_plan: TablePlan, keys: TableKeys,
           observe: TableKeys | None = None) -> TableErasure:
     """Run the plan as one commit. Skips tables without matches (no empty commits). `observe`: the
     keys the collateral check marks rows by, for a rewrite to fingerprint what it reads.
@@ -351,27 +349,27 @@ def apply(spark: SparkSession, settings: Settings, table_plan: TablePlan, keys: 
     A redaction over several key columns first reads the key columns of the plan's candidate files
     once, for the requested key tuples.
     """
-    lake = Lake.of(spark, settings)
     handle = lake.table(table_plan.table)
+    mapping = datamap.table_mapping(table_plan.table)
     result = TableErasure(table_plan)
     if table_plan.rows_matched == 0:
         result.rows_after = table_plan.rows_before
         return result
     if table_plan.strategy == "rewrite_files":
         result.observed, result.attempts = lake.with_conflict_retries(
-            f"table {table_plan.table}: the erase commit", lambda: _rewrite_files(spark, settings, table_plan, keys,
-                                                                                 observe))
+            f"table {table_plan.table}: the erase commit", lambda: _rewrite_files(handle, mapping.action, erase,
+                                                                                 table_plan, keys, observe))
         result.took(handle.own_commit_since(table_plan.snapshot_before))
         result.rows_after = handle.rows_after_commit(result.snapshot_id, table_plan.rows_before)
         return result
     views: list[str] = []
     try:
-        statement = _statement(spark, settings, table_plan, keys, views)
+        statement = _statement(handle, mapping, erase, table_plan, keys, views)
         result.attempts = lake.with_conflict_retries(f"table {table_plan.table}: the erase commit",
-                                                     lambda: spark.sql(statement))[1]
+                                                     lambda: lake.spark.sql(statement))[1]
     finally:
         for view in views:
-            spark.catalog.dropTempView(view)
+            lake.spark.catalog.dropTempView(view)
     result.took(handle.own_commit_since(table_plan.snapshot_before))
     # Counted at the erase commit, so a concurrent append cannot pass for collateral damage.
     result.rows_after = handle.rows_after_commit(result.snapshot_id, table_plan.rows_before)

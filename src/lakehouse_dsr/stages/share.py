@@ -153,7 +153,7 @@ def _subjects(spark: SparkSession, settings: Settings, ledger: Ledger, erasing: 
     excluded = spark.createDataFrame(out + erased, _HASHES)
     stored = spark.createDataFrame(out + erased + back, _HASHES)
     return _Subjects(excluded, spark.createDataFrame(back, _HASHES), bool(out or erased), bool(back),
-                     verify.keys_for(settings, stored, ring))
+                     verify.keys_for(settings.key_file(), stored, ring))
 
 
 def _named(spark: SparkSession, rows: DataFrame, key: str, hashes: DataFrame, subjects: _Subjects) -> DataFrame:
@@ -215,8 +215,8 @@ def _maintain(spark: SparkSession, settings: Settings, name: str, shared: Query,
         if prove and subjects.any_excluded:
             began = time.perf_counter()
             key_type = spark.table(table).schema[share.key].dataType
-            result.verification = verify.verify_table(spark, settings, name, share.groups, {share.key: key_type},
-                                                      subjects.excluded, subjects.keys)
+            result.verification = verify.verify_table(lake, settings.key_file(), name, share.groups,
+                                                      {share.key: key_type}, subjects.excluded, subjects.keys)
             result.verification.seconds = round(time.perf_counter() - began, 3)
             result.verification.details["method"] = METHOD
         current = lake.table(name).current_snapshot()

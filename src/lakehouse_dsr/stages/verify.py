@@ -16,13 +16,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from ..config import Settings
-from ..datamap import KeyGroup, column_ref
+from ..config import EraseSettings, Settings
+from ..datamap import DataMap, KeyGroup, column_ref
 from ..exceptions import LedgerError
 from ..inventory.check import KeyTypes, check_against_catalog, schema_of
 from ..keys import Keyring, as_keyring, key_id, keys_in_use
@@ -100,16 +101,17 @@ def _found(grouped: DataFrame, hashes: DataFrame, key: bytes | dict[str, bytes],
     )
 
 
-def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashes: DataFrame, key: HashKeys,
-               prune: dict[str, TableKeys] | None = None, proven: dict[str, frozenset[str]] | None = None
-               ) -> dict[str, dict[str, int]]:
+def live_found(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[str], hashes: DataFrame,
+               key: HashKeys, prune: dict[str, TableKeys] | None = None,
+               proven: dict[str, frozenset[str]] | None = None, *, parallel_tables: int) -> dict[str, dict[str, int]]:
     """{table: {request id: rows}}: the live check of many tables (verify_table's first scan) in one
     Spark job over the union of their key columns, instead of a job per table: on a wide lake of
     small tables each job's fixed cost is most of the work. `prune`, `proven`: see verify_table; a
     table no file of which can hold the keys adds nothing to the job, and a small one is checked in
-    the driver (lake/indriver.py: the same keyed hashes, no Spark job)."""
+    the driver (lake/indriver.py: the same keyed hashes, no Spark job); `parallel_tables`
+    (`run.parallel_tables`): tables planned, and scans collected, at once."""
     found: dict[str, dict[str, int]] = {table: {} for table in tables}
-    lake = Lake.of(spark, settings)
+    spark = lake.spark
     lookups: list = []  # the hashes and keys in the driver's JVM, made once for the tables that need them
     lock = threading.Lock()
 
@@ -125,10 +127,10 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
         keys = (prune or {}).get(table)
         rows: DataFrame | None
         if keys is None:
-            rows = spark.table(settings.table(table))
+            rows = spark.table(lake.quoted(table))
         else:
             candidates = _live_candidates(lake.table(table), keys, (proven or {}).get(table))
-            if indriver.refusal(spark, candidates, keys.key_columns(), settings.erase.in_driver_max_bytes) is None:
+            if indriver.refusal(spark, candidates, keys.key_columns(), erase.in_driver_max_bytes) is None:
                 live = indriver.attempt(f"{table}: the live check", lambda: indriver.live_found(
                     spark, candidates, keys.key_columns(), [g.identifier for g in keys.groups], lookup()))
                 if live is not None:
@@ -137,13 +139,13 @@ def live_found(spark: SparkSession, settings: Settings, tables: list[str], hashe
             rows = skipping.read(candidates)  # the files planned above, not planned again
         if rows is None:
             return None
-        values = key_values(rows, settings.datamap.mapping(table).groups)
+        values = key_values(rows, datamap.mapping(table).groups)
         return values.select(F.lit(table).alias("dsr_table"), "dsr_group", "key_type", "dsr_value")
 
-    parts = [p for p in map_in_threads(part, tables, settings.run.parallel_tables) if p is not None]
+    parts = [p for p in map_in_threads(part, tables, parallel_tables) if p is not None]
     per_table = lambda union: _found(  # noqa: E731
         union.groupBy("dsr_table", "dsr_group", "key_type", "dsr_value").count(), hashes, key.keys, ["dsr_table"])
-    for r in collect_union(parts, per_table, settings.run.parallel_tables):
+    for r in collect_union(parts, per_table, parallel_tables):
         found[r.dsr_table][r.request_id] = int(r.n)
     return found
 
@@ -173,16 +175,17 @@ class HashKeys:
     lost: dict[str, str]  # request id -> id of a key that made its hashes and that no keyring holds
 
 
-def keys_for(settings: Settings, hashes: DataFrame, key: bytes | Keyring | HashKeys) -> HashKeys:
-    """The keys of the ring (a bare `key` is the active one; retired keys come from the keyring file)
-    that made `hashes`, and the requests whose hashes were made by a key in no keyring any more.
+def keys_for(key_file: Path, hashes: DataFrame, key: bytes | Keyring | HashKeys) -> HashKeys:
+    """The keys of the ring (a bare `key` is the active one; retired keys come from the keyring file
+    beside `key_file`, `Settings.key_file()`) that made `hashes`, and the requests whose hashes were
+    made by a key in no keyring any more.
 
     Cost: one distinct over the (small) hashes' key ids (none when given HashKeys); only the keys in
     use are hashed with.
     """
     if isinstance(key, HashKeys):
         return key
-    ring = as_keyring(key, settings.key_file())
+    ring = as_keyring(key, key_file)
     if "key_id" not in hashes.columns:
         return HashKeys(ring.keys(), {})
     used = {r.key_id for r in hashes.select("key_id").distinct().collect()}
@@ -240,14 +243,15 @@ class TableVerification:
 
 
 def verify_table(
-    spark: SparkSession, settings: Settings, table: str, groups: list[KeyGroup], types: dict[str, DataType],
+    lake: Lake, key_file: Path, table: str, groups: list[KeyGroup], types: dict[str, DataType],
     hashes: DataFrame, key: bytes | Keyring | HashKeys, physical: bool = True,
     prune: TableKeys | None = None, live: dict[str, int] | None = None, proven: frozenset[str] | None = None,
 ) -> TableVerification:
     """Run the live, history, storage and ref checks over every key column of one table.
 
     `groups`: the key columns and the identifier each holds; `types`: their Spark types
-    (inventory.check). `physical=False` runs the live check only: one scan of the key columns in the
+    (inventory.check); `key_file`: `Settings.key_file()`, beside which the keyring file lies.
+    `physical=False` runs the live check only: one scan of the key columns in the
     current snapshot. `key`: the keyring, or the active key (the retired ones are then read from
     the keyring file), or the keys `keys_for` resolved already for a set of hashes including these.
     A request whose hashes were made by a key in no keyring any more (destroyed) cannot be proven:
@@ -267,8 +271,8 @@ def verify_table(
     rows by input file was measured slower (10M events: 12.0 s against 6.8 s), as every file holds
     most subjects and grouping by (value, file) keeps millions of groups.
     """
-    handle = Lake.of(spark, settings).table(table)
-    result, keys = _started(settings, table, hashes, key, physical=physical)
+    spark, handle = lake.spark, lake.table(table)
+    result, keys = _started(key_file, table, hashes, key, physical=physical)
     if live is None:
         current = _live_rows(handle, prune, proven)
         live = find_hashed(spark, key_values(current, groups), hashes, keys) if current is not None else {}
@@ -301,12 +305,12 @@ def verify_table(
     return result
 
 
-def _started(settings: Settings, table: str, hashes: DataFrame, key: bytes | Keyring | HashKeys, **flags
+def _started(key_file: Path, table: str, hashes: DataFrame, key: bytes | Keyring | HashKeys, **flags
              ) -> tuple[TableVerification, dict[str, bytes]]:
     """A table's verification before any scan, with the keys to hash under: requests whose hashes a
     destroyed key made already fail, as they cannot be proven."""
     result = TableVerification(table, **flags)
-    resolved = keys_for(settings, hashes, key)
+    resolved = keys_for(key_file, hashes, key)
     for request_id, lost_key in sorted(resolved.lost.items()):
         result.fail(request_id, f"{table}: hashed under key {lost_key}, which no keyring holds any more: "
                     "cannot be verified")
@@ -320,35 +324,35 @@ def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
 
 
 def verify_tables(
-    spark: SparkSession, settings: Settings, hashes: DataFrame, key: bytes | Keyring | HashKeys,
-    key_types: KeyTypes, tables: list[str] | None = None, physical: bool = True,
+    lake: Lake, datamap: DataMap, erase: EraseSettings, key_file: Path, hashes: DataFrame,
+    key: bytes | Keyring | HashKeys, key_types: KeyTypes, tables: list[str] | None = None, physical: bool = True,
     prune: dict[str, TableKeys] | None = None, live: dict[str, dict[str, int]] | None = None,
-    proven: dict[str, frozenset[str]] | None = None,
+    proven: dict[str, frozenset[str]] | None = None, *, parallel_tables: int,
 ) -> list[TableVerification]:
     """Verify tables holding subject keys, file datasets and shares (default: all; aggregates hold no
     keys and are proven in the run that recomputes them, stages/propagate.py) against (request_id,
     key_type, key_hash) rows (`prune`, `proven`: each table's plaintext keys and files proven free of
     them, see verify_table). The live checks of the tables run as one Spark job (`live_found`)
-    unless `live` brings their findings."""
-    key = keys_for(settings, hashes, key)  # once for all tables
-    tables = tables or [*settings.datamap.keyed_order(), *settings.datamap.files,
-                        *(s for s in settings.datamap.shares if s in key_types)]  # created shares
-    keyed = [t for t in tables if t not in settings.datamap.files]
+    unless `live` brings their findings (`erase`, `parallel_tables`: as live_found's)."""
+    key = keys_for(key_file, hashes, key)  # once for all tables
+    tables = tables or [*datamap.keyed_order(), *datamap.files,
+                        *(s for s in datamap.shares if s in key_types)]  # created shares
+    keyed = [t for t in tables if t not in datamap.files]
     if live is None and len(keyed) > 1:
-        live = live_found(spark, settings, keyed, hashes, key, prune, proven)
-    return [verify_dataset(spark, settings, table, hashes, key) if table in settings.datamap.files
-            else verify_table(spark, settings, table, settings.datamap.mapping(table).groups, key_types[table], hashes,
+        live = live_found(lake, datamap, erase, keyed, hashes, key, prune, proven, parallel_tables=parallel_tables)
+    return [verify_dataset(lake, datamap, key_file, table, hashes, key) if table in datamap.files
+            else verify_table(lake, key_file, table, datamap.mapping(table).groups, key_types[table], hashes,
                               key, physical, (prune or {}).get(table), (live or {}).get(table),
                               (proven or {}).get(table))
             for table in tables]
 
 
-def verify_dataset(spark: SparkSession, settings: Settings, name: str, hashes: DataFrame,
+def verify_dataset(lake: Lake, datamap: DataMap, key_file: Path, name: str, hashes: DataFrame,
                    key: bytes | Keyring | HashKeys) -> TableVerification:
     """A `files:` dataset's live data, history and storage are the same files: one read of every
     file's key columns proves all three."""
-    mapping = settings.datamap.files[name]
-    result, keys = _started(settings, name, hashes, key, physical=True, one_scan=True)
+    spark, mapping = lake.spark, datamap.files[name]
+    result, keys = _started(key_file, name, hashes, key, physical=True, one_scan=True)
     found = find_hashed(spark, key_values(plainfiles.read_dataset(spark, mapping), mapping.groups), hashes, keys)
     result.live = result.history = result.storage = _record(result, found, f"rows in files under {mapping.path}")
     return result
@@ -373,7 +377,9 @@ def verify_completed(spark: SparkSession, settings: Settings, request_ids: list[
         return results
     key_types = check_against_catalog(spark, settings.datamap, settings.table)
     hashes = stored_hashes(spark, ledger, ids)
-    for table_result in verify_tables(spark, settings, hashes, ledger.keyring, key_types):
+    proven = verify_tables(Lake.of(spark, settings), settings.datamap, settings.erase, settings.key_file(), hashes,
+                           ledger.keyring, key_types, parallel_tables=settings.run.parallel_tables)
+    for table_result in proven:
         for rid, reasons in table_result.failing.items():
             results[rid].extend(reasons)
     ledger.audit([(rid, None, "reverified", {"passed": not reasons}) for rid, reasons in results.items()])
