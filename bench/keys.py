@@ -74,10 +74,10 @@ def main() -> None:
                 spark.sql(f"CREATE TABLE {settings.table('sales.web_sales')} USING iceberg "
                           f"TBLPROPERTIES ('format-version'='2') AS SELECT * FROM {settings.table('sales.source')}")
                 types = check_against_catalog(spark, trial_settings.datamap, trial_settings.table)
-                keyset = matching.key_sets(trial_settings, identity.resolve(spark, trial_settings, batch), types,
+                stage = (Lake.of(spark, trial_settings), trial_settings.datamap, trial_settings.erase)
+                keyset = matching.key_sets(trial_settings.datamap, identity.resolve(*stage[:2], batch), types,
                                            ["sales.web_sales"])["sales.web_sales"]
                 start = time.perf_counter()
-                stage = (Lake.of(spark, trial_settings), trial_settings.datamap, trial_settings.erase)
                 plan = erase.plan(*stage, "sales.web_sales", keyset)
                 erase.apply(*stage, plan, keyset)
                 seconds = round(time.perf_counter() - start, 2)

@@ -78,7 +78,7 @@ def isolated(spark, settings, a, rounds: list[dict]) -> None:
         picked = [synth.user_id(42, i) for i in rng.sample(range(a.users), a.erase)]
         keys = spark.createDataFrame([(f"r{i}", "user_id", u) for i, u in enumerate(picked)],
                                      "request_id string, key_type string, key_value string")
-        table_keys = matching.key_sets(settings, keys, key_types, ["demo.events"])["demo.events"]
+        table_keys = matching.key_sets(settings.datamap, keys, key_types, ["demo.events"])["demo.events"]
         before = lake.table("demo.events").current_snapshot().snapshot_id
         keys.createOrReplaceTempView("bench_erased")
         spark.sql(f"MERGE INTO {events} t USING bench_erased s ON t.user_id = s.key_value WHEN MATCHED THEN DELETE")

@@ -43,9 +43,9 @@ def main() -> None:
     subjects = [synth.user_id(1, i) for i in random.Random(1).sample(range(a.users), a.erase)]
     batch = spark.createDataFrame([(f"r{i}", s) for i, s in enumerate(subjects)],
                                   "request_id string, subject_id string")
-    keys = identity.resolve(spark, settings, batch)
+    keys = identity.resolve(Lake.of(spark, settings), settings.datamap, batch)
     key_types = check_against_catalog(spark, settings.datamap, settings.table)
-    key_set = matching.key_sets(settings, keys, key_types, ["demo.events"])["demo.events"]
+    key_set = matching.key_sets(settings.datamap, keys, key_types, ["demo.events"])["demo.events"]
     files = spark.sql(f"SELECT count(*) n FROM {settings.table('demo.events')}.files").first().n
 
     timings: dict[str, list[float]] = {}

@@ -45,7 +45,7 @@ def table_keys(spark, settings, subjects: list[str]) -> matching.TableKeys:
     keys = spark.createDataFrame([(f"r{i}", "user_id", s) for i, s in enumerate(subjects)],
                                  "request_id string, key_type string, key_value string")
     types = check_against_catalog(spark, settings.datamap, settings.table)
-    return matching.key_sets(settings, keys, types, [TABLE])[TABLE]
+    return matching.key_sets(settings.datamap, keys, types, [TABLE])[TABLE]
 
 
 def rows(settings) -> list[dict]:

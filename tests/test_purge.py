@@ -138,7 +138,7 @@ def test_a_catalog_named_like_the_namespace_is_purged_in_its_own_tables(spark, n
     assert report.tables["demo.events"]["verification"]["passed"]
     # delete files for the purge's procedures (the run rewrote the files holding the subject at once)
     spark.sql(f"DELETE FROM {settings.table('demo.events')} WHERE event_type = 'click'")
-    purged = purge.purge_table(spark, settings, "demo.events")
+    purged = purge.purge_table(Lake.of(spark, settings), settings.datamap, settings.purge, "demo.events")
     assert purged.data_files_rewritten >= 1 and purged.delete_files_removed >= 1 and not purged.error
 
 

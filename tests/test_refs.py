@@ -16,6 +16,7 @@ from pyiceberg.table import StaticTable
 from helpers import SEED, add_subjects, datamap_dict, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import demo_datamap
+from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -113,7 +114,7 @@ def test_a_temporary_branch_left_by_an_interrupted_rewrite_is_removed(spark, new
     spark.sql(f"ALTER TABLE {events} CREATE BRANCH `{refs.TEMPORARY}audit_q3`")
     add_subjects(spark, settings, [ERASED], "gone")
 
-    result = purge.purge_table(spark, settings, "demo.events")
+    result = purge.purge_table(Lake.of(spark, settings), settings.datamap, settings.purge, "demo.events")
     assert result.refs_kept == ["tag audit_q3"] and not result.refs_rewritten and not result.refs_dropped
     assert sorted(_refs(_static(settings))) == ["audit_q3"]
 

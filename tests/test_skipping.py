@@ -78,7 +78,7 @@ def table_keys(spark, settings, subjects: list[str]) -> matching.TableKeys:
     keys = spark.createDataFrame([(f"r{i}", "user_id", s) for i, s in enumerate(subjects)],
                                  "request_id string, key_type string, key_value string")
     types = check_against_catalog(spark, settings.datamap, settings.table)
-    return matching.key_sets(settings, keys, types, [EVENTS])[EVENTS]
+    return matching.key_sets(settings.datamap, keys, types, [EVENTS])[EVENTS]
 
 
 def test_the_plan_reads_only_the_files_that_can_hold_the_keys(spark, clustered):

@@ -95,7 +95,7 @@ class Context:
         resolves every request of the run, so the export and the erasure share one Spark job (on a
         small lake, each job's fixed cost is what a run waits for); later calls select from it."""
         if not self._resolved:
-            self._resolved.append(identity.resolve(self.spark, self.settings, self.batch(self.requests)))
+            self._resolved.append(identity.resolve(self.lake, self.settings.datamap, self.batch(self.requests)))
         keys = self._resolved[0]
         if set(request_ids) == set(self.requests):
             return keys

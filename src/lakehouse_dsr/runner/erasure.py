@@ -217,7 +217,7 @@ class ErasureBatch:
         datamap, ctx = self.settings.datamap, self.ctx
         erased = Erased()
         with ctx.timed("erase"):
-            erased.key_sets = matching.key_sets(self.settings, keys, ctx.key_types, [*datamap.keyed, *datamap.files])
+            erased.key_sets = matching.key_sets(datamap, keys, ctx.key_types, [*datamap.keyed, *datamap.files])
             waves = datamap.erase_waves()
             for wave in waves[:len(waves) - len(datamap.derived_levels())]:
                 erased.erasures.update(self._erase_tables("erase", wave, erased.key_sets))
@@ -392,7 +392,8 @@ class ErasureBatch:
         start = time.perf_counter()
         try:
             result = self.lake.with_conflict_retries(f"table {table}: the purge", lambda: purge.purge_table(
-                self.spark, self.settings, table, self._checked_at.get(table), self._proven))[0]
+                self.lake, self.settings.datamap, self.settings.purge, table, self._checked_at.get(table),
+                self._proven))[0]
         except CommitConflictError as exc:
             result = purge.TablePurge(table, error=str(exc))
         result.seconds = round(time.perf_counter() - start, 3)

@@ -78,13 +78,13 @@ def export(
         raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(EXPORT_FORMATS)})")
     if key_types is None:
         key_types = check_against_catalog(spark, settings.datamap, settings.table)
-    keys = keys if keys is not None else identity.resolve(spark, settings, requests)
+    keys = keys if keys is not None else identity.resolve(Lake.of(spark, settings), settings.datamap, requests)
     shredded = list(settings.datamap.shredded)
     tables = [*settings.datamap.keyed, *settings.datamap.files, *shredded]
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
     out = private_dir(Path(out_dir))
 
-    table_keys = matching.key_sets(settings, keys, key_types, [t for t in tables if t not in shredded])
+    table_keys = matching.key_sets(settings.datamap, keys, key_types, [t for t in tables if t not in shredded])
     per_table = [_matching_rows(spark, settings, table, table_keys[table]) for table in tables if table in table_keys]
     links = {}
     if shredded:

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..config import Settings
+from ..datamap import DataMap
+from ..lake.iceberg import Lake
 
 
-def resolve(spark: SparkSession, settings: Settings, batch: DataFrame) -> DataFrame:
+def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
     """(request_id, key_type, key_value) for a batch of (request_id, subject_id).
 
     One broadcast join per linked identifier against its source table (reads two columns of it).
     The result is checkpointed, so erasing the source tables afterwards cannot change it; it stays
     inside Spark (executor memory/disk), never on the driver.
     """
-    dm = settings.datamap
+    dm, spark = datamap, lake.spark
     batch = batch.select("request_id", F.col("subject_id").cast("string").alias("subject_id"))
     parts = [batch.select("request_id", F.lit(dm.subject).alias("key_type"), F.col("subject_id").alias("key_value"))]
     for name, link in dm.identifiers.items():
-        source = spark.table(settings.table(link.table)).select(
+        source = spark.table(lake.quoted(link.table)).select(
             F.col(link.subject_column).cast("string").alias("dsr_subject"),
             F.col(link.column).cast("string").alias("key_value"),
         )

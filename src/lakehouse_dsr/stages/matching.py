@@ -10,8 +10,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from ..config import Settings
-from ..datamap import KeyGroup, column_path, column_ref, is_array
+from ..datamap import DataMap, KeyGroup, column_path, column_ref, is_array
 from ..inventory.check import KeyTypes
 from ..lake import indriver, skipping
 from ..lake.iceberg import IcebergTable
@@ -93,13 +92,13 @@ class TableKeys:
         return TableKeys(self.groups, tuple(keys if i == index else s for i, s in enumerate(self.sets)))
 
 
-def key_sets(settings: Settings, keys: DataFrame, key_types: KeyTypes, tables: list[str]) -> dict[str, TableKeys]:
+def key_sets(datamap: DataMap, keys: DataFrame, key_types: KeyTypes, tables: list[str]) -> dict[str, TableKeys]:
     """Each table's TableKeys, with one KeySet per (identifier, key type): a hundred tables keyed by
     user_id share one."""
     built: dict[tuple[str, str], KeySet] = {}
     out = {}
     for table in tables:
-        groups = tuple(settings.datamap.mapping(table).groups)
+        groups = tuple(datamap.mapping(table).groups)
         sets = []
         for group in groups:
             key_type = key_types[table][group.column]

@@ -17,10 +17,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import date, timedelta
 
-from pyspark.sql import SparkSession
 from pyspark.sql.types import ArrayType, MapType
 
-from ..config import PurgeSettings, Settings
+from ..config import PurgeSettings
+from ..datamap import DataMap
 from ..lake import iceberg
 from ..lake.iceberg import Lake
 from . import refs
@@ -81,7 +81,7 @@ def purge_due(deadlines: Iterable[date], today: date) -> bool:
     return any(d <= today for d in deadlines)
 
 
-def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: int | None = None,
+def purge_table(lake: Lake, datamap: DataMap, purge: PurgeSettings, table: str, line_from: int | None = None,
                 erased: refs.Unwanted | None = None) -> TablePurge:
     """Purge one table. Cost: rewrites only files with delete files; expiry and orphan removal read
     metadata and list the table location; deletes files no retained snapshot needs; under
@@ -89,16 +89,18 @@ def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: 
     snapshot, and a rewrite of the files holding erased rows in those that hold some (refs.settle).
     `line_from`: the snapshot whose line `TablePurge.own_line` is decided from (None: not decided).
     `erased`: the rows no ref may keep, erased subjects' (refs.ErasedHashes) or past a retention
-    rule (stages/retention.py); None: no ref can be told clean, so every one is kept."""
-    handle = Lake.of(spark, settings).table(table)
+    rule (stages/retention.py); None: no ref can be told clean, so every one is kept. `datamap`: the
+    mapping a ref's unwanted rows are found and cleaned by; `purge`: the file size, the refs policy
+    and the orphans' age."""
+    handle = lake.table(table)
     result = TablePurge(table)
     if handle.summary_count("total-delete-files"):
-        rewrite = handle.rewrite_files_with_deletes(settings.purge.target_file_size_mb * 1024 * 1024)
+        rewrite = handle.rewrite_files_with_deletes(purge.target_file_size_mb * 1024 * 1024)
         result.data_files_rewritten = rewrite.data_files_rewritten
         result.bytes_rewritten = rewrite.bytes_rewritten
         result.delete_files_removed = rewrite.delete_files_removed
         if handle.summary_count("total-position-deletes"):
-            if iceberg.type_holds(spark.table(handle.quoted).schema, ArrayType, MapType):
+            if iceberg.type_holds(lake.spark.table(handle.quoted).schema, ArrayType, MapType):
                 # Iceberg 1.10's position-delete rewrite fails on such tables (apache/iceberg#14619). The
                 # dangling files hold file paths and positions only, no values: kept, they cost scan planning.
                 result.dangling_deletes_kept = True
@@ -111,12 +113,12 @@ def purge_table(spark: SparkSession, settings: Settings, table: str, line_from: 
     for ref in refs.without_leftovers(handle):
         if current and ref.snapshot_id == current.snapshot_id:
             continue  # points at the clean snapshot: pins nothing old
-        settled[refs.settle(spark, settings, table, ref, erased)].append(refs.label(ref))
+        settled[refs.settle(handle, datamap, purge, ref, erased)].append(refs.label(ref))
     kept = handle.current_snapshot()
     result.kept_snapshot = kept.snapshot_id if kept else None
     result.own_line = line_from is not None and handle.own_line_since(line_from)
     expired = handle.expire_snapshots_before_current()
     result.snapshots_expired = expired.snapshots_expired
     result.files_deleted = expired.files_deleted
-    result.orphans_removed = handle.remove_orphan_files(settings.purge.orphan_min_age_minutes)
+    result.orphans_removed = handle.remove_orphan_files(purge.orphan_min_age_minutes)
     return result

@@ -29,13 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..config import Settings
+from ..config import PurgeSettings
+from ..datamap import DataMap
 from ..inventory.check import KeyTypes
 from ..lake import iceberg, skipping
-from ..lake.iceberg import IcebergTable, Lake
+from ..lake.iceberg import IcebergTable
 from . import collateral, matching, verify
 from .matching import TableKeys
 
@@ -56,10 +57,10 @@ class ErasedHashes:
     keys: verify.HashKeys
     key_types: KeyTypes
 
-    def pinned(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> Cleaning | None:
+    def pinned(self, table: IcebergTable, datamap: DataMap, snapshot_id: int) -> Cleaning | None:
         """How the snapshot's erased rows are cleaned (None: it holds none). Cost: see pinned_keys."""
-        keys = pinned_keys(spark, settings, table, snapshot_id, self)
-        return None if keys is None else key_cleaning(spark, settings, table, keys)
+        keys = pinned_keys(table, datamap, snapshot_id, self)
+        return None if keys is None else key_cleaning(table, datamap.table_mapping(table.name).action, keys)
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,9 @@ class Cleaning:
 class Unwanted(Protocol):
     """Rows no branch or tag may keep (erased subjects', or past a retention rule)."""
 
-    def pinned(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int) -> Cleaning | None:
-        """How the snapshot's unwanted rows are cleaned; None when it holds none."""
+    def pinned(self, table: IcebergTable, datamap: DataMap, snapshot_id: int) -> Cleaning | None:
+        """How the snapshot's unwanted rows in `table` (mapped in `datamap`) are cleaned; None when it
+        holds none."""
         ...
 
 
@@ -98,9 +100,9 @@ def without_leftovers(table: IcebergTable) -> list[iceberg.Ref]:
     return kept
 
 
-def settle(spark: SparkSession, settings: Settings, table: str, ref: iceberg.Ref,
+def settle(table: IcebergTable, datamap: DataMap, purge: PurgeSettings, ref: iceberg.Ref,
            erased: Unwanted | None) -> Outcome:
-    """Apply `purge.pinned_refs` to one ref not at the current snapshot (see the module doc).
+    """Apply `purge.pinned_refs` to one ref of `table` not at the current snapshot (see the module doc).
     `erased` None (the caller knows no hashes): the ref cannot be told clean, so it is kept.
 
     Cost: nothing under `block` or without `erased`; otherwise what `erased.pinned` reads (for
@@ -108,45 +110,41 @@ def settle(spark: SparkSession, settings: Settings, table: str, ref: iceberg.Ref
     unwanted rows one more of its candidate files and a read and a write of the files holding them
     (a dropped tag: one metadata commit instead).
     """
-    if settings.purge.pinned_refs == "block" or erased is None:
+    if purge.pinned_refs == "block" or erased is None:
         return "kept"
-    cleaning = erased.pinned(spark, settings, table, ref.snapshot_id)
+    cleaning = erased.pinned(table, datamap, ref.snapshot_id)
     if cleaning is None:
         return "clean"
-    handle = Lake.of(spark, settings).table(table)
     if ref.kind == "BRANCH":
-        rewrite_on_branch(handle, ref.name, ref.snapshot_id, cleaning)
+        rewrite_on_branch(table, ref.name, ref.snapshot_id, cleaning)
         return "rewritten"
-    if settings.purge.pinned_refs == "drop":
-        handle.drop_ref(ref)
+    if purge.pinned_refs == "drop":
+        table.drop_ref(ref)
         return "dropped"
     temporary = TEMPORARY + ref.name
-    handle.create_branch(temporary, ref.snapshot_id)
-    cleaned = rewrite_on_branch(handle, temporary, ref.snapshot_id, cleaning)
-    handle.move_tag(ref.name, cleaned, temporary)
+    table.create_branch(temporary, ref.snapshot_id)
+    cleaned = rewrite_on_branch(table, temporary, ref.snapshot_id, cleaning)
+    table.move_tag(ref.name, cleaned, temporary)
     return "rewritten"
 
 
-def pinned_keys(spark: SparkSession, settings: Settings, table: str, snapshot_id: int,
-                erased: ErasedHashes) -> TableKeys | None:
+def pinned_keys(table: IcebergTable, datamap: DataMap, snapshot_id: int, erased: ErasedHashes) -> TableKeys | None:
     """The erased subjects' key values found in the snapshot, as the table's TableKeys (None: it holds
     none of their rows). Found by hash, so subjects whose identifiers this run no longer holds in
     plaintext (requests waiting for a batched purge) are found too. Cost: one scan of the snapshot's
     key columns; the values found are kept in Spark (a local checkpoint), never collected here."""
-    groups = settings.datamap.mapping(table).groups
-    values = verify.key_values(Lake.of(spark, settings).table(table).read_at(snapshot_id), groups)
+    groups = datamap.mapping(table.name).groups
+    values = verify.key_values(table.read_at(snapshot_id), groups)
     found = verify.found_values(values, erased.hashes, erased.keys.keys).localCheckpoint()
     if found.isEmpty():
         return None
-    return matching.key_sets(settings, found, erased.key_types, [table])[table]
+    return matching.key_sets(datamap, found, erased.key_types, [table.name])[table.name]
 
 
-def key_cleaning(spark: SparkSession, settings: Settings, table: str, keys: TableKeys) -> Cleaning:
+def key_cleaning(table: IcebergTable, action: str, keys: TableKeys) -> Cleaning:
     """The erasure of `keys` as a Cleaning: candidate files by data skipping on the keys, rows
-    marked by them, and the rows the table's action leaves (collateral.erased_rows)."""
-    action = settings.datamap.table_mapping(table).action
-    handle = Lake.of(spark, settings).table(table)
-    return Cleaning(candidates=lambda snapshot_id: keys.candidates(handle, snapshot_id),
+    marked by them, and the rows the table's action (`delete` | `redact`) leaves (collateral.erased_rows)."""
+    return Cleaning(candidates=lambda snapshot_id: keys.candidates(table, snapshot_id),
                     unwanted=lambda rows: matching.mark(rows, keys).where(matching.any_hit(keys)),
                     cleaned=lambda content: collateral.erased_rows(content, keys, action))
 

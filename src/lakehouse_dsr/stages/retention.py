@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DateType, TimestampNTZType
 
 from ..config import Settings
-from ..datamap.model import ExpiryRule, column_ref
+from ..datamap.model import DataMap, ExpiryRule, column_ref
 from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
 from ..lake import iceberg, skipping
@@ -147,12 +147,11 @@ class _PastRows:
                 " OR ".join(f"({r.past})" for r in self.rules)).count()
         return self.counts[snapshot_id]
 
-    def pinned(self, spark: SparkSession, settings: Settings, table: str, snapshot_id: int
-               ) -> refs.Cleaning | None:
-        handle = Lake.of(spark, settings).table(table)
+    def pinned(self, table: IcebergTable, datamap: DataMap, snapshot_id: int) -> refs.Cleaning | None:
+        handle, spark = table, table.spark
         if not self.rows_past(handle, snapshot_id):
             return None
-        groups = tuple(settings.datamap.mapping(table).groups)
+        groups = tuple(datamap.mapping(table.name).groups)
         past = F.expr(" OR ".join(f"({r.framed_past})" for r in self.rules))
         # No key value to prune on: every data file of the snapshot is a candidate (the ref's rows are read).
         return refs.Cleaning(
@@ -302,7 +301,8 @@ def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, 
             passed=True)
     committed = any(d.snapshot_id is not None for d in done)
     # A ref pinning rows past a rule is cleaned by the purge even when main had none left to expire.
-    purged = purge.purge_table(spark, settings, table, line_from=start.snapshot_id if start else None,
+    purged = purge.purge_table(lake, settings.datamap, settings.purge, table,
+                               line_from=start.snapshot_id if start else None,
                                erased=unwanted) if committed or any(pinning.values()) else None
     if purged is not None and start is not None and purged.own_line:
         _keep_checkpoint(handle, ledger, start.snapshot_id, run_id)

@@ -210,7 +210,7 @@ def _maintain(spark: SparkSession, settings: Settings, name: str, shared: Query,
             _refresh(spark, settings, name, shared, whole, subjects, result)
         if prove or result.rows_removed:
             began = time.perf_counter()
-            result.purge = purge.purge_table(spark, settings, name)
+            result.purge = purge.purge_table(lake, settings.datamap, settings.purge, name)
             result.purge.seconds = round(time.perf_counter() - began, 3)
         if prove and subjects.any_excluded:
             began = time.perf_counter()
