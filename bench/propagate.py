@@ -83,7 +83,7 @@ def isolated(spark, settings, a, rounds: list[dict]) -> None:
         keys.createOrReplaceTempView("bench_erased")
         spark.sql(f"MERGE INTO {events} t USING bench_erased s ON t.user_id = s.key_value WHEN MATCHED THEN DELETE")
         start = time.perf_counter()
-        done = propagate.refresh(spark, settings, "demo_gold.daily_by_type",
+        done = propagate.refresh(Lake.of(spark, settings), settings.datamap, "demo_gold.daily_by_type",
                                  {"demo.events": propagate.Upstream(before, table_keys, "delete")})
         groups_s = time.perf_counter() - start
         start = time.perf_counter()

@@ -261,7 +261,7 @@ class ErasureBatch:
                     changes = self._changes(table, erased)
                     if not changes and table not in stale:
                         return None  # nothing it reads changed
-                    return propagate.refresh(self.spark, self.settings, table, changes, table in stale)
+                    return propagate.refresh(self.lake, datamap, table, changes, table in stale)
                 done = self.ctx.each_table("propagate", [t for t in level if t not in datamap.keyed
                                                          and t not in self.work.legal_tables], derive)
                 erased.erasures.update({t: e for t, e in done.items() if e is not None})

@@ -69,7 +69,7 @@ class Prover:
         e = self.erasures.get(table)
         checked = self.check(table, self.physical, self.live.get(table))
         if checked.live and e is not None and e.plan.strategy == "subtract_groups":
-            propagate.catch_up(self.spark, self.settings, table, e)
+            propagate.catch_up(self.lake, self.settings.datamap, table, e)
             checked = self.check(table, self.physical)
         if self.physical and not checked.live and (checked.history or checked.storage):
             self.repurged[table] = self.purge_table(table)
@@ -78,7 +78,7 @@ class Prover:
 
     def check(self, table: str, physical: bool, found: dict[str, int] | None = None) -> verify.TableVerification:
         if table in self.settings.datamap.aggregates:
-            return propagate.verify_aggregate(self.spark, self.settings, table, self.erasures.get(table),
+            return propagate.verify_aggregate(self.lake, self.settings.datamap, table, self.erasures.get(table),
                                               self.proven, physical)
         prune, clean = self.prune.get(table), self.clean.get(table)
         settings = self.settings

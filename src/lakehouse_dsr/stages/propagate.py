@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import cast
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType
 
-from ..config import Settings
-from ..datamap import lineage
+from ..datamap import DataMap, lineage
 from ..exceptions import first_line
 from ..lake import iceberg
 from ..lake.iceberg import IcebergTable, Lake
@@ -74,7 +73,7 @@ def _in_groups(df: DataFrame, groups: DataFrame | None, group_by: list[str]) -> 
     return df if groups is None else df.join(F.broadcast(groups), _same(group_by, df, groups), "left_semi")
 
 
-def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[str, Upstream | None],
+def refresh(lake: Lake, datamap: DataMap, table: str, changes: dict[str, Upstream | None],
             stale: bool = False) -> TableErasure:
     """Bring one aggregate in line with its erased sources in at most one commit.
 
@@ -84,14 +83,14 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
     current sources restricted to the affected groups (Spark pushes the restriction below the
     GROUP BY), the table's rows in those groups; full: the aggregate over the current sources.
     """
-    lake = Lake.of(spark, settings)
+    spark = lake.spark
     handle = lake.table(table)
     start = time.perf_counter()
-    mapping = settings.datamap.aggregates[table]
+    mapping = datamap.aggregates[table]
     snapshot = handle.current_snapshot()
-    target = spark.table(settings.table(table))
-    query = _query(spark, settings, table)
-    current = lineage.bound(spark, query, lambda t: spark.table(settings.table(t)))  # analyzed once, for the checks
+    target = spark.table(lake.quoted(table))
+    query = _query(lake, datamap, table)
+    current = lineage.bound(spark, query, lambda t: spark.table(lake.quoted(t)))  # analyzed once, for the checks
     reason = "a source erased by an earlier, interrupted run" if stale else None
     if reason is None:
         reason = lineage.shape(current, mapping.group_by).reason if mapping.refresh == "groups" else "refresh: full"
@@ -104,7 +103,7 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
     if reason is None and len(changes) == 1:
         (source, change), = erased.items()
         if change.action == "delete":
-            subtract = lineage.subtraction(current, mapping.group_by, _erased_by(settings, source))
+            subtract = lineage.subtraction(current, mapping.group_by, _erased_by(datamap, source))
     strategy = "full_refresh" if reason else "subtract_groups" if subtract else "affected_groups"
     plan = TablePlan(table=table, key="", identifier="", action="recompute", strategy=strategy,
                      write_mode=handle.write_mode("merge"), rows_before=target.count(),
@@ -113,16 +112,16 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
     result = TableErasure(plan)
     try:
         if subtract:
-            result.groups = _subtract(spark, settings, table, query, target, mapping.group_by, subtract, erased)
+            result.groups = _subtract(lake, datamap, table, query, target, mapping.group_by, subtract, erased)
             plan.rows_matched = result.groups.count()
         elif reason:
             lake.with_conflict_retries(f"table {table}: the recomputation", lambda: _recomputed(
-                spark, settings, query, target).writeTo(settings.table(table)).overwrite(F.lit(True)))
+                lake, datamap, query, target).writeTo(lake.quoted(table)).overwrite(F.lit(True)))
         else:
-            result.groups = _affected_groups(spark, settings, query, mapping.group_by, erased)
+            result.groups = _affected_groups(lake, datamap, query, mapping.group_by, erased)
             plan.rows_matched = result.groups.count()
             if plan.rows_matched:
-                _replace_groups(spark, settings, table, query, target, mapping.group_by, result.groups)
+                _replace_groups(lake, datamap, table, query, target, mapping.group_by, result.groups)
     except Exception as exc:  # recorded; verification then shows what is left
         result.error = first_line(exc, with_type=True)
     result.took(handle.own_commit_since(plan.snapshot_before))
@@ -132,19 +131,20 @@ def refresh(spark: SparkSession, settings: Settings, table: str, changes: dict[s
     return result
 
 
-def _erased_by(settings: Settings, source: str) -> str | None:
+def _erased_by(datamap: DataMap, source: str) -> str | None:
     """The column a delete erases every row of an erased value by: a source's one flat key column."""
-    mapping = settings.datamap.table_mapping(source)
+    mapping = datamap.table_mapping(source)
     return mapping.key if mapping.simple and mapping.action == "delete" and "." not in cast(str, mapping.key) else None
 
 
-def _subtract(spark: SparkSession, settings: Settings, table: str, query: lineage.Query, target: DataFrame,
+def _subtract(lake: Lake, datamap: DataMap, table: str, query: lineage.Query, target: DataFrame,
               group_by: list[str], subtract: lineage.Subtraction, changes: dict[str, Upstream]) -> DataFrame:
     """Each group the erased rows fed loses their counts, in one MERGE; a group left with no rows is
     deleted. Returns the groups (kept). Cost: the erased rows' read (`erased_rows`), their GROUP BY,
     and a join with the table's rows in those groups; no other source row is read."""
+    spark = lake.spark
     (source, change), = changes.items()
-    erased = erased_rows(Lake.of(spark, settings).table(source), change)
+    erased = erased_rows(lake.table(source), change)
     lost = lineage.aggregated(spark, lineage.bound(spark, query, lambda t: erased))
     names = {c: f"dsr_{i}" for i, c in enumerate(lost.columns)}
     lost = lost.select(*[F.col(f"`{c}`").alias(name) for c, name in names.items()])
@@ -156,7 +156,7 @@ def _subtract(spark: SparkSession, settings: Settings, table: str, query: lineag
     groups = changed.select(*[f"`{c}`" for c in group_by]).distinct().localCheckpoint(eager=True)
     on = " AND ".join(f"t.`{c}` <=> s.`{c}`" for c in group_by)
     sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in subtract.columns)
-    _merge(Lake.of(spark, settings).table(table), changed, f"ON {on} WHEN MATCHED AND s.dsr_op = 'd' THEN DELETE "
+    _merge(lake.table(table), changed, f"ON {on} WHEN MATCHED AND s.dsr_op = 'd' THEN DELETE "
            f"WHEN MATCHED THEN UPDATE SET {sets}", "the groups' new counts")
     return groups
 
@@ -176,26 +176,28 @@ def _merge(table: IcebergTable, source: DataFrame, clauses: str, what: str) -> N
         spark.catalog.dropTempView(view)
 
 
-def _query(spark: SparkSession, settings: Settings, table: str) -> lineage.Query:
-    return lineage.parse(spark, table, settings.datamap.aggregates[table],
-                         {*settings.datamap.tables, *settings.datamap.derived}, settings.catalog.name)
+def _query(lake: Lake, datamap: DataMap, table: str) -> lineage.Query:
+    return lineage.parse(lake.spark, table, datamap.aggregates[table],
+                         {*datamap.tables, *datamap.derived}, lake.catalog_name)
 
 
-def _recomputed(spark: SparkSession, settings: Settings, query: lineage.Query, target: DataFrame,
+def _recomputed(lake: Lake, datamap: DataMap, query: lineage.Query, target: DataFrame,
                 groups: DataFrame | None = None, group_by: list[str] | None = None) -> DataFrame:
     """The aggregate over the current sources in the table's column types, in `groups` only (None: all)."""
-    fresh = lineage.bound(spark, query, lambda t: spark.table(settings.table(t)))
+    spark = lake.spark
+    fresh = lineage.bound(spark, query, lambda t: spark.table(lake.quoted(t)))
     fresh = fresh.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in target.schema.fields])
     return _in_groups(fresh, groups, group_by or [])
 
 
-def _affected_groups(spark: SparkSession, settings: Settings, query: lineage.Query, group_by: list[str],
+def _affected_groups(lake: Lake, datamap: DataMap, query: lineage.Query, group_by: list[str],
                      changes: dict[str, Upstream]) -> DataFrame:
     """The groups the erased rows fed (kept: small, and read by the commit and the verification)."""
-    empty = lambda t: spark.table(settings.table(t)).limit(0)  # noqa: E731
+    spark = lake.spark
+    empty = lambda t: spark.table(lake.quoted(t)).limit(0)  # noqa: E731
     found = None
     for source, change in changes.items():
-        erased = erased_rows(Lake.of(spark, settings).table(source), change)
+        erased = erased_rows(lake.table(source), change)
         def frames(t: str, s: str = source, e: DataFrame = erased) -> DataFrame:
             return e if t == s else empty(t)
 
@@ -207,37 +209,38 @@ def _affected_groups(spark: SparkSession, settings: Settings, query: lineage.Que
     return found.distinct().localCheckpoint(eager=True)
 
 
-def _replace_groups(spark: SparkSession, settings: Settings, table: str, query: lineage.Query,
+def _replace_groups(lake: Lake, datamap: DataMap, table: str, query: lineage.Query,
                     target: DataFrame, group_by: list[str], groups: DataFrame) -> None:
     """One MERGE: rows of the affected groups that the recomputation does not reproduce are deleted
     (matched on every column, null-safe), recomputed rows the table lacks are inserted."""
     columns = target.columns
-    fresh = _recomputed(spark, settings, query, target, groups, group_by)
+    fresh = _recomputed(lake, datamap, query, target, groups, group_by)
     held = _in_groups(target, groups, group_by)
     gone = held.join(fresh, _same(columns, held, fresh), "left_anti").withColumn("dsr_op", F.lit("d"))
     new = fresh.join(held, _same(columns, fresh, held), "left_anti").withColumn("dsr_op", F.lit("i"))
     quoted = [f"`{c}`" for c in columns]
     on = " AND ".join(f"t.{c} <=> s.{c}" for c in quoted)
-    _merge(Lake.of(spark, settings).table(table), gone.unionByName(new).localCheckpoint(eager=True),
+    _merge(lake.table(table), gone.unionByName(new).localCheckpoint(eager=True),
            f"ON {on} AND s.dsr_op = 'd' WHEN MATCHED THEN DELETE WHEN NOT MATCHED AND s.dsr_op = 'i' THEN INSERT "
            f"({', '.join(quoted)}) VALUES ({', '.join(f's.{c}' for c in quoted)})", "the recomputed groups")
 
 
-def catch_up(spark: SparkSession, settings: Settings, table: str, erasure: TableErasure) -> None:
+def catch_up(lake: Lake, datamap: DataMap, table: str, erasure: TableErasure) -> None:
     """After a subtraction that verification found short of a recomputation (the table had fallen
     behind its sources: rows appended since it was last built), recompute those groups from the
     sources, in one more commit."""
-    mapping = settings.datamap.aggregates[table]
-    target = spark.table(settings.table(table))
+    spark = lake.spark
+    mapping = datamap.aggregates[table]
+    target = spark.table(lake.quoted(table))
     groups = cast(DataFrame, erasure.groups)  # a subtraction keeps the groups it changed
-    _replace_groups(spark, settings, table, _query(spark, settings, table), target, mapping.group_by, groups)
+    _replace_groups(lake, datamap, table, _query(lake, datamap, table), target, mapping.group_by, groups)
     erasure.plan.strategy = "affected_groups"
     erasure.plan.reason = "subtracted, then recomputed: the table was behind its sources"
-    committed = Lake.of(spark, settings).table(table).own_commit_since(erasure.snapshot_id)
+    committed = lake.table(table).own_commit_since(erasure.snapshot_id)
     erasure.snapshot_id = committed.snapshot_id if committed else erasure.snapshot_id
 
 
-def verify_aggregate(spark: SparkSession, settings: Settings, table: str, erasure: TableErasure | None,
+def verify_aggregate(lake: Lake, datamap: DataMap, table: str, erasure: TableErasure | None,
                      request_ids: list[str], physical: bool = True) -> TableVerification:
     """An aggregate is proven when the groups this run replaced (all of them after a full refresh)
     equal a recomputation from the current sources row for row (`live`: rows that differ), and,
@@ -245,13 +248,14 @@ def verify_aggregate(spark: SparkSession, settings: Settings, table: str, erasur
     snapshots keep) and storage holds no file the current snapshot does not reference (`storage`).
     Every request of the batch fails when it does not hold. Cost: the recomputation of those groups
     and a read of the table's rows in them; metadata and one listing of the table location."""
-    handle = Lake.of(spark, settings).table(table)
+    spark = lake.spark
+    handle = lake.table(table)
     result = TableVerification(table, physical=physical)
     if erasure is not None and (erasure.snapshot_id is not None or erasure.error):
-        group_by = settings.datamap.aggregates[table].group_by
-        target = spark.table(settings.table(table))
+        group_by = datamap.aggregates[table].group_by
+        target = spark.table(lake.quoted(table))
         groups = None if erasure.plan.strategy == "full_refresh" else erasure.groups
-        fresh = _recomputed(spark, settings, _query(spark, settings, table), target, groups, group_by)
+        fresh = _recomputed(lake, datamap, _query(lake, datamap, table), target, groups, group_by)
         held = _in_groups(target, groups, group_by)
         result.live = held.exceptAll(fresh).count() + fresh.exceptAll(held).count()
         if result.live:
