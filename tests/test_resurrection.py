@@ -103,7 +103,7 @@ def test_a_rolled_back_table_is_checked_whole(spark, lake):
     run(spark, settings)  # checks the appended row (nobody erased in it) and moves the checkpoint past it
     spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot('{table}', {start})")
     checked = resurrection.checkpoints(Ledger(settings).journal.steps())["demo.newsletter"]
-    scope = resurrection.scope(spark, settings, "demo.newsletter", checked)
+    scope = resurrection.scope(Lake.of(spark, settings), settings.datamap, "demo.newsletter", checked)
     assert scope.whole and scope.files == Lake.of(spark, settings).table("demo.newsletter").summary_count(
                                                                  "total-data-files")
     report = run(spark, settings)

@@ -117,8 +117,8 @@ class ErasureBatch:
 
         def scope(t: str) -> resurrection.Scope:
             if t in datamap.files:
-                return resurrection.dataset_scope(self.spark, self.settings, t, listed.get(t), plan=bool(completed))
-            return resurrection.scope(self.spark, self.settings, t, checked.get(t), plan=bool(completed))
+                return resurrection.dataset_scope(self.spark, datamap, t, listed.get(t), plan=bool(completed))
+            return resurrection.scope(self.lake, datamap, t, checked.get(t), plan=bool(completed))
 
         scopes = self.ctx.each_table("check for erased people added again", tables, scope)
         self._checked_at = {t: s.snapshot.snapshot_id for t, s in scopes.items() if s.snapshot is not None}
@@ -127,7 +127,7 @@ class ErasureBatch:
             return list(scopes.values()), resurrection.Found()
         with self.ctx.timed("resurrection"):
             hashes = verify.stored_hashes(self.spark, self.ledger, completed)
-            found = resurrection.find(self.spark, self.settings, reading, hashes,
+            found = resurrection.find(self.spark, datamap, reading, hashes,
                                       verify.keys_for(self.settings.key_file(), hashes, self.ledger.keyring))
             # read now: the purge expires the commits that brought them back
             self._came_back = {s.table: resurrection.evidence(self.lake, s, found)
@@ -224,7 +224,7 @@ class ErasureBatch:
             if datamap.files:
                 datasets = [d for d in datamap.files if d not in self.work.legal_tables]
                 erased.erasures.update(ctx.each_table("erase files", datasets, lambda d: files.erase_dataset(
-                    self.spark, self.settings, d, erased.key_sets[d])))
+                    self.spark, datamap, d, erased.key_sets[d])))
             self._late_rounds(erased, list(datamap.keyed))
         return erased
 

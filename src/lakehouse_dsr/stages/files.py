@@ -13,7 +13,7 @@ from collections import Counter
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from ..config import Settings
+from ..datamap import DataMap
 from ..exceptions import first_line
 from ..lake import plainfiles
 from . import collateral, matching
@@ -24,7 +24,7 @@ from .matching import TableKeys
 _FILE = "dsr_file"
 
 
-def erase_dataset(spark: SparkSession, settings: Settings, name: str, keys: TableKeys) -> TableErasure:
+def erase_dataset(spark: SparkSession, datamap: DataMap, name: str, keys: TableKeys) -> TableErasure:
     """Rewrite only the files holding an erased subject; one new file per old one.
 
     Cost: one read of the dataset's key columns (with each row's file name) to find the files and
@@ -34,7 +34,7 @@ def erase_dataset(spark: SparkSession, settings: Settings, name: str, keys: Tabl
     them (redact), counted from the new file.
     """
     start = time.perf_counter()
-    mapping = settings.datamap.files[name]
+    mapping = datamap.files[name]
     plainfiles.recover(spark, mapping.path)
     rows = plainfiles.read_dataset(spark, mapping).withColumn(_FILE, F.input_file_name())
     groups = (matching.mark(rows, keys).select(matching.request_ids(keys).alias("request_ids"), _FILE)

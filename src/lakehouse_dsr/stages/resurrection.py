@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..config import Settings
+from ..datamap import DataMap
 from ..lake import iceberg, plainfiles, skipping
 from ..lake.iceberg import Lake
 from ..ledger.journal import Step
@@ -84,16 +84,15 @@ class Scope:
         return self.candidates is not None or bool(self.paths)
 
 
-def scope(spark: SparkSession, settings: Settings, table: str, checkpoint: Checkpoint | None, plan: bool = True
-          ) -> Scope:
+def scope(lake: Lake, datamap: DataMap, table: str, checkpoint: Checkpoint | None, plan: bool = True) -> Scope:
     """The files of `table` to check (see the module doc); `plan=False` (nobody erased yet): none, only
     the current snapshot is noted. Metadata only: the current snapshot's manifests are read on the
     driver (not even those when the table has not moved since its checkpoint), no Spark job."""
-    handle = Lake.of(spark, settings).table(table)
+    spark, handle = lake.spark, lake.table(table)
     current = handle.current_snapshot()
     if current is None or not plan or (checkpoint is not None and checkpoint.snapshot_id == current.snapshot_id):
         return Scope(table, current)
-    groups = tuple(settings.datamap.mapping(table).groups)
+    groups = tuple(datamap.mapping(table).groups)
     everything = skipping.plan(handle, current.snapshot_id, groups, (None,) * len(groups))
     sequences = dict(zip(everything.paths(), everything.sequence_numbers(spark), strict=True))
     whole = checkpoint is None or handle.commits_since(checkpoint.snapshot_id, current.snapshot_id) is None
@@ -105,11 +104,11 @@ def scope(spark: SparkSession, settings: Settings, table: str, checkpoint: Check
                  {p: sequences[p] for p in new})
 
 
-def dataset_scope(spark: SparkSession, settings: Settings, name: str, checked: frozenset[str] | None,
+def dataset_scope(spark: SparkSession, datamap: DataMap, name: str, checked: frozenset[str] | None,
                   plan: bool = True) -> Scope:
     """The files of `files:` dataset `name` to check: those not on its checkpoint (all without one);
     none with `plan=False`. Cost: one listing of the dataset's folder."""
-    root = settings.datamap.files[name].path
+    root = datamap.files[name].path
     listing = tuple(plainfiles.data_files(spark, root))
     new = listing if checked is None else tuple(f for f in listing if under(root, f) not in checked)
     return Scope(name, None, checked is None, listing=tuple(under(root, f) for f in listing), paths=new if plan else ())
@@ -128,7 +127,7 @@ class Found:
         return bool(self.by_request)
 
 
-def find(spark: SparkSession, settings: Settings, scopes: list[Scope], hashes: DataFrame, hash_keys: verify.HashKeys
+def find(spark: SparkSession, datamap: DataMap, scopes: list[Scope], hashes: DataFrame, hash_keys: verify.HashKeys
          ) -> Found:
     """Key values of the scopes' files that hash to a completed erase request's stored hash. Cost: one
     Spark job over the key columns of those files (each distinct value hashed once per key in use);
@@ -137,12 +136,12 @@ def find(spark: SparkSession, settings: Settings, scopes: list[Scope], hashes: D
     for s in scopes:
         rows: DataFrame | None = None
         if s.paths:
-            rows = plainfiles.reader(spark, settings.datamap.files[s.table]).load(list(s.paths))
+            rows = plainfiles.reader(spark, datamap.files[s.table]).load(list(s.paths))
         elif s.candidates:
             rows = skipping.read(s.candidates)
         if rows is None:
             continue
-        groups = settings.datamap.mapping(s.table).groups
+        groups = datamap.mapping(s.table).groups
         values = verify.key_values(rows.withColumn(_FILE, F.input_file_name()), groups, carry=[_FILE])
         parts.append(values.select(F.lit(s.table).alias("dsr_table"), _FILE, "key_type", "dsr_value"))
     if not parts:
