@@ -175,6 +175,10 @@ class Lake:
         """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text."""
         return ".".join(f"`{part}`" for part in [self.catalog.name, *name.split(".")])
 
+    def quoted_namespace(self, namespace: str) -> str:
+        """Fully qualified, quoted name of a namespace of this catalog, for SQL text."""
+        return f"`{self.catalog.name}`.`{namespace}`"
+
     def with_conflict_retries(self, what: str, operation: Callable[[], T]) -> tuple[T, int]:
         """`with_conflict_retries` with this lake's retries."""
         return with_conflict_retries(self.retries, what, operation)

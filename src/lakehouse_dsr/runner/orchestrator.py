@@ -159,7 +159,8 @@ def _process(ctx: Context, work: Work, today: date) -> list[Outcome]:
                                                      active_holds(ctx.ledger, today), today, ctx.run_id)
     if work.shares or work.consent:
         with ctx.timed("shares"):
-            outcomes, shared = share.process(ctx.spark, ctx.settings, ctx.ledger, work.consent, outcomes,
+            outcomes, shared = share.process(ctx.lake, ctx.settings.datamap, ctx.settings.purge, ctx.ledger,
+                                             work.consent, outcomes,
                                              {*work.erase, *work.waiting}, set(report.held), ctx.progress,
                                              report.run_id)
         report.shares = {name: s.as_dict() for name, s in shared.items()}

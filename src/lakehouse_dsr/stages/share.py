@@ -29,12 +29,14 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..config import Settings
+from ..config import PurgeSettings
+from ..datamap import DataMap
 from ..datamap import shares as share_sql
 from ..datamap.lineage import Query
 from ..exceptions import first_line
@@ -107,7 +109,7 @@ class _Subjects:
         return self.excluded.unionByName(self.returning)
 
 
-def process(spark: SparkSession, settings: Settings, ledger: Ledger, requests: dict[str, dict],
+def process(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: Ledger, requests: dict[str, dict],
             outcomes: list[Outcome], erase_ids: set[str], held: set[str], progress: Progress, run_id: str
             ) -> tuple[list[Outcome], dict[str, ShareRefresh]]:
     """Record the consent `requests` ask for (open opt_out/opt_in ledger rows by request id), bring every
@@ -118,33 +120,36 @@ def process(spark: SparkSession, settings: Settings, ledger: Ledger, requests: d
     Cost per share: one DELETE and one append (or one replace) commit; when there are requests to
     prove, one scan of the share's key column for the rows to take out, the purge and the verification
     (scans of the key column in live data, history and storage). An incremental refresh reads only the
-    source's appended files; a full one the source's current snapshot.
+    source's appended files; a full one the source's current snapshot. `purge_settings`: how a
+    share is purged (purge.purge_table).
     """
+    spark = lake.spark
     overridden = consent.record(ledger, [
         consent.ConsentChange(rid, r["subject_id"], r["request_type"] == "opt_out", r["received_at"])
         for rid, r in requests.items()])
     erasing = sorted(o.request_id for o in outcomes if o.request_id in erase_ids)
     results: dict[str, ShareRefresh] = {}
-    if settings.datamap.shares:
+    if datamap.shares:
         returning = {rid: r["subject_id"] for rid, r in requests.items()
                      if r["request_type"] == "opt_in" and rid not in overridden}
-        subjects = _subjects(spark, settings, ledger, erasing, returning)
+        subjects = _subjects(spark, datamap, ledger, erasing, returning)
         prove = bool(requests or erasing)
-        catalog = settings.catalog.name
-        progress.stage("shares", len(settings.datamap.shares))
-        for name, share in settings.datamap.shares.items():
+        catalog = lake.catalog_name
+        progress.stage("shares", len(datamap.shares))
+        for name, share in datamap.shares.items():
             progress.step(name)
-            shared = share_sql.query(spark, settings.datamap, name, catalog)
-            results[name] = _maintain(spark, settings, name, shared, subjects, prove, share.source in held)
+            shared = share_sql.query(spark, datamap, name, catalog)
+            results[name] = _maintain(lake, datamap, purge_settings, ledger.settings.key_file(), name, shared, subjects,
+                                      prove, share.source in held)
         progress.done()
     return _outcomes(requests, overridden, outcomes, set(erasing), results, run_id), results
 
 
-def _subjects(spark: SparkSession, settings: Settings, ledger: Ledger, erasing: list[str],
+def _subjects(spark: SparkSession, datamap: DataMap, ledger: Ledger, erasing: list[str],
               returning: dict[str, str]) -> _Subjects:
     """The run's `_Subjects`. Cost: one read of the opted-out consent rows and one of the erase
     requests' stored hashes; one HMAC per opt-in in the driver (its id is in the open request)."""
-    subject = settings.datamap.subject
+    subject = datamap.subject
     out = [(r["request_id"], subject, r["subject_hash"], r["key_id"]) for r in consent.opted_out(ledger)]
     erased = [(h["request_id"], subject, h["key_hash"], h["key_id"]) for h in ledger.key_hashes(erasing)
               if h["key_type"] == subject]
@@ -153,7 +158,7 @@ def _subjects(spark: SparkSession, settings: Settings, ledger: Ledger, erasing: 
     excluded = spark.createDataFrame(out + erased, _HASHES)
     stored = spark.createDataFrame(out + erased + back, _HASHES)
     return _Subjects(excluded, spark.createDataFrame(back, _HASHES), bool(out or erased), bool(back),
-                     verify.keys_for(settings.key_file(), stored, ring))
+                     verify.keys_for(ledger.settings.key_file(), stored, ring))
 
 
 def _named(spark: SparkSession, rows: DataFrame, key: str, hashes: DataFrame, subjects: _Subjects) -> DataFrame:
@@ -183,15 +188,15 @@ def _without(spark: SparkSession, rows: DataFrame, key: str, hashes: DataFrame |
     return rows if hashes is None else _rows_of(rows, key, _named(spark, rows, key, hashes, subjects), "left_anti")
 
 
-def _maintain(spark: SparkSession, settings: Settings, name: str, shared: Query, subjects: _Subjects,
-              prove: bool, source_held: bool) -> ShareRefresh:
+def _maintain(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, key_file: Path, name: str,
+              shared: Query, subjects: _Subjects, prove: bool, source_held: bool) -> ShareRefresh:
     """Take out, refresh, purge and verify one share (see the module docstring); an error is recorded
     in the result, and the requests it concerns stay open with it."""
-    lake = Lake.of(spark, settings)
+    spark = lake.spark
     start = time.perf_counter()
     result = ShareRefresh(name)
-    share = settings.datamap.shares[name]
-    table = settings.table(name)
+    share = datamap.shares[name]
+    table = lake.quoted(name)
     try:
         exists = spark.catalog.tableExists(table)
         source = lake.table(share.source).current_snapshot()
@@ -200,41 +205,41 @@ def _maintain(spark: SparkSession, settings: Settings, name: str, shared: Query,
         if source_held:
             result.mode, result.reason = "held", f"its source {share.source} is on hold (dsr release)"
         elif exists:  # decided before the take-out, which is a commit of ours
-            result.reason = _full_refresh_reason(spark, settings, name, whole, result.source_snapshot)
+            result.reason = _full_refresh_reason(lake, datamap, name, whole, result.source_snapshot)
             result.mode = "full" if result.reason else "incremental"
         else:
             result.mode = "created"
         if exists and prove and (subjects.any_excluded or subjects.any_returning):
-            _take_out(spark, settings, name, subjects, result)
+            _take_out(lake, datamap, name, subjects, result)
         if not source_held:
-            _refresh(spark, settings, name, shared, whole, subjects, result)
+            _refresh(lake, datamap, name, shared, whole, subjects, result)
         if prove or result.rows_removed:
             began = time.perf_counter()
-            result.purge = purge.purge_table(lake, settings.datamap, settings.purge, name)
+            result.purge = purge.purge_table(lake, datamap, purge_settings, name)
             result.purge.seconds = round(time.perf_counter() - began, 3)
         if prove and subjects.any_excluded:
             began = time.perf_counter()
             key_type = spark.table(table).schema[share.key].dataType
-            result.verification = verify.verify_table(lake, settings.key_file(), name, share.groups,
+            result.verification = verify.verify_table(lake, key_file, name, share.groups,
                                                       {share.key: key_type}, subjects.excluded, subjects.keys)
             result.verification.seconds = round(time.perf_counter() - began, 3)
             result.verification.details["method"] = METHOD
         current = lake.table(name).current_snapshot()
         result.snapshot_id = current.snapshot_id if current else None
         if not source_held:
-            _record(spark, settings, name, result)
+            _record(lake, datamap, name, result)
     except Exception as exc:  # the share's requests stay open with the reason; the next run starts over
         result.error = first_line(exc, with_type=True)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 
 
-def _take_out(spark: SparkSession, settings: Settings, name: str, subjects: _Subjects, result: ShareRefresh) -> None:
+def _take_out(lake: Lake, datamap: DataMap, name: str, subjects: _Subjects, result: ShareRefresh) -> None:
     """One DELETE of the share's rows of excluded and returning subjects (a copy-on-write commit that
     rewrites only the files holding them); none when the share holds none of them."""
-    lake = Lake.of(spark, settings)
-    key = settings.datamap.shares[name].key
-    named = _named(spark, spark.table(settings.table(name)), key, subjects.leaving, subjects)
+    spark = lake.spark
+    key = datamap.shares[name].key
+    named = _named(spark, spark.table(lake.quoted(name)), key, subjects.leaving, subjects)
     result.removed = _per_request(named)
     if not result.removed:
         return
@@ -242,7 +247,7 @@ def _take_out(spark: SparkSession, settings: Settings, name: str, subjects: _Sub
     named.select("dsr_value").distinct().createOrReplaceTempView(view)
     try:  # the values travel as a view; the SQL text holds names only
         lake.with_conflict_retries(f"share {name}: taking rows out", lambda: spark.sql(
-            f"DELETE FROM {settings.table(name)} WHERE `{key}` IN (SELECT dsr_value FROM {view})"))
+            f"DELETE FROM {lake.quoted(name)} WHERE `{key}` IN (SELECT dsr_value FROM {view})"))
     finally:
         spark.catalog.dropTempView(view)
     summary = cast(iceberg.Snapshot, lake.table(name).current_snapshot()).summary  # our DELETE's
@@ -252,11 +257,12 @@ def _take_out(spark: SparkSession, settings: Settings, name: str, subjects: _Sub
     result.bytes_rewritten = int(summary.get("removed-files-size", 0))
 
 
-def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, whole: DataFrame,
+def _refresh(lake: Lake, datamap: DataMap, name: str, shared: Query, whole: DataFrame,
              subjects: _Subjects, result: ShareRefresh) -> None:
     """Create the share, recompute it whole, or append what is new (`result.mode`), leaving out the
     excluded subjects; `whole`: the share's rows computed from the source at `result.source_snapshot`."""
-    share = settings.datamap.shares[name]
+    spark = lake.spark
+    share = datamap.shares[name]
     at = result.source_snapshot
     back = _named(spark, whole, share.key, subjects.returning, subjects) if subjects.any_returning else None
     if back is not None:
@@ -264,18 +270,18 @@ def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, 
     excluded = subjects.excluded if subjects.any_excluded else None
     if result.mode != "incremental":
         rows = _without(spark, whole, share.key, excluded, subjects)
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.namespace(name.split('.')[0])}")
-        writer = rows.writeTo(settings.table(name)).using("iceberg")
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {lake.quoted_namespace(name.split('.')[0])}")
+        writer = rows.writeTo(lake.quoted(name)).using("iceberg")
         for prop, value in _TABLE_PROPERTIES.items():
             writer = writer.tableProperty(prop, value)
         writer.createOrReplace()  # one commit; the old content stays in history until the purge
-        _count_added(Lake.of(spark, settings).table(name), result)
+        _count_added(lake.table(name), result)
         return
     parts = []
-    previous = _previous_source(Lake.of(spark, settings).table(name))
+    previous = _previous_source(lake.table(name))
     if previous != at:
         # incremental: both snapshots are known (_full_refresh_reason), or both None and equal
-        appended = share_sql.over(spark, shared, Lake.of(spark, settings).table(share.source).read_appends(
+        appended = share_sql.over(spark, shared, lake.table(share.source).read_appends(
                                                                       cast(int, previous), cast(int, at)))
         leaving = subjects.leaving if subjects.any_excluded or subjects.any_returning else None
         parts.append(_without(spark, appended, share.key, leaving, subjects))
@@ -288,8 +294,8 @@ def _refresh(spark: SparkSession, settings: Settings, name: str, shared: Query, 
     if rows.isEmpty():  # no commit for nothing
         result.mode = "unchanged"
         return
-    rows.writeTo(settings.table(name)).append()
-    _count_added(Lake.of(spark, settings).table(name), result)
+    rows.writeTo(lake.quoted(name)).append()
+    _count_added(lake.table(name), result)
 
 
 def _count_added(table: IcebergTable, result: ShareRefresh) -> None:
@@ -307,12 +313,11 @@ def _previous_source(table: IcebergTable) -> int | None:
     return None if value == "none" else int(value)
 
 
-def _full_refresh_reason(spark: SparkSession, settings: Settings, name: str, whole: DataFrame, at: int | None
+def _full_refresh_reason(lake: Lake, datamap: DataMap, name: str, whole: DataFrame, at: int | None
                          ) -> str | None:
     """Why appending what the source's appends added since the last refresh would not give the exact
     share (None: it would). Metadata and plan inspection only."""
-    lake = Lake.of(spark, settings)
-    share = settings.datamap.shares[name]
+    share = datamap.shares[name]
     props = lake.table(name).properties()
     if SQL_DIGEST not in props:
         return "no refresh recorded"
@@ -324,7 +329,7 @@ def _full_refresh_reason(spark: SparkSession, settings: Settings, name: str, who
     row_wise = share_sql.full_refresh_reason(whole)
     if row_wise:
         return row_wise
-    previous = _previous_source(Lake.of(spark, settings).table(name))
+    previous = _previous_source(lake.table(name))
     if previous is None or at is None:
         return None if previous == at else "the source had no snapshot at the last refresh, or has none now"
     commits = lake.table(share.source).commits_since(previous, at)
@@ -335,13 +340,13 @@ def _full_refresh_reason(spark: SparkSession, settings: Settings, name: str, who
     return f"the source had {', '.join(other)} commits since the last refresh" if other else None
 
 
-def _record(spark: SparkSession, settings: Settings, name: str, result: ShareRefresh) -> None:
+def _record(lake: Lake, datamap: DataMap, name: str, result: ShareRefresh) -> None:
     """Record in the share's properties the source snapshot it now reflects, its own snapshot (a later
     commit by anyone voids the record) and its sql's digest. A metadata commit: no new snapshot."""
     props = {SOURCE_SNAPSHOT: "none" if result.source_snapshot is None else str(result.source_snapshot),
-             SHARE_SNAPSHOT: str(result.snapshot_id), SQL_DIGEST: _digest(settings.datamap.shares[name].sql)}
+             SHARE_SNAPSHOT: str(result.snapshot_id), SQL_DIGEST: _digest(datamap.shares[name].sql)}
     pairs = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())  # digits, hex and names only
-    spark.sql(f"ALTER TABLE {settings.table(name)} SET TBLPROPERTIES ({pairs})")
+    lake.spark.sql(f"ALTER TABLE {lake.quoted(name)} SET TBLPROPERTIES ({pairs})")
 
 
 def _entry(result: ShareRefresh, request_id: str, action: str) -> dict:
