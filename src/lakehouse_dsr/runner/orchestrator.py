@@ -155,7 +155,7 @@ def _process(ctx: Context, work: Work, today: date) -> list[Outcome]:
         report.purge_schedule = rules.schedule(ctx.settings.purge.policy, erased.purged, erased.waiting)
         if work.retention and not report.collateral_failures:
             with ctx.timed("retention"):
-                report.retention = retention.enforce(ctx.spark, ctx.settings, ctx.ledger,
+                report.retention = retention.enforce(ctx.lake, ctx.settings.datamap, ctx.settings.purge, ctx.ledger,
                                                      active_holds(ctx.ledger, today), today, ctx.run_id)
     if work.shares or work.consent:
         with ctx.timed("shares"):

@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from ..config import Settings
 from ..inventory.check import check_against_catalog
+from ..lake.iceberg import Lake
 from ..ledger.holds import active_holds
 from ..ledger.lease import Lease
 from ..ledger.ledger import Ledger
@@ -28,16 +29,18 @@ def expire(spark: SparkSession, settings: Settings, dry_run: bool = False, table
     stages/retention.enforce."""
     now = utc_now()
     today = today or now.date()
-    retention.selected(settings, tables)  # an unknown --table fails before Spark reads anything
+    retention.selected(settings.datamap, tables)  # an unknown --table fails before Spark reads anything
     check_against_catalog(spark, settings.datamap, settings.table)
     ledger = Ledger(settings)
+    lake, datamap = Lake.of(spark, settings), settings.datamap
     run_id = f"expire-{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
     if dry_run:
-        return retention.enforce(spark, settings, ledger, active_holds(ledger, today), today, run_id, True, tables)
+        return retention.enforce(lake, datamap, settings.purge, ledger, active_holds(ledger, today), today, run_id,
+                                 True, tables)
     with Lease(ledger.store, run_id, settings.run.lease_seconds).held(settings.run.concurrent == "wait"):
         collateral = {t: f"collateral hold: {s.detail.get('reason', '')} (dsr release lifts it)"
                       for t, s in ledger.journal.holds(ledger.journal.steps()).items()}
-        return retention.enforce(spark, settings, ledger, active_holds(ledger, today), today, run_id,
+        return retention.enforce(lake, datamap, settings.purge, ledger, active_holds(ledger, today), today, run_id,
                                  tables=tables, paused=collateral)
 
 
@@ -45,6 +48,7 @@ def status(spark: SparkSession, settings: Settings, tables: list[str] | None = N
            ) -> RetentionStatus:
     """The conformance report of `dsr retention`; changes nothing (checked like `expire`)."""
     today = today or utc_now().date()
-    retention.selected(settings, tables)
+    retention.selected(settings.datamap, tables)
     check_against_catalog(spark, settings.datamap, settings.table)
-    return retention.status(spark, settings, active_holds(Ledger(settings), today), today, tables)
+    return retention.status(Lake.of(spark, settings), settings.datamap, active_holds(Ledger(settings), today), today,
+                            tables)

@@ -42,7 +42,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DateType, TimestampNTZType
 
-from ..config import Settings
+from ..config import PurgeSettings
 from ..datamap.model import DataMap, ExpiryRule, column_ref
 from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
@@ -180,9 +180,9 @@ def _null_where(past: Column, value: Column) -> Column:
     return F.when(past, F.lit(None)).otherwise(value)
 
 
-def selected(settings: Settings, tables: list[str] | None) -> dict[str, list[ExpiryRule]]:
+def selected(datamap: DataMap, tables: list[str] | None) -> dict[str, list[ExpiryRule]]:
     """The tables with rules, `tables` only when given (DataMapError naming one that has none)."""
-    expiring = settings.datamap.expiring
+    expiring = datamap.expiring
     unknown = [t for t in tables or [] if t not in expiring]
     if unknown:
         raise DataMapError(f"--table: {', '.join(unknown)} has no 'expire' rules in the data map "
@@ -190,26 +190,27 @@ def selected(settings: Settings, tables: list[str] | None) -> dict[str, list[Exp
     return {t: rules for t, rules in expiring.items() if not tables or t in tables}
 
 
-def _rules(spark: SparkSession, settings: Settings, table: str, rules: list[ExpiryRule], today: date
+def _rules(lake: Lake, datamap: DataMap, table: str, rules: list[ExpiryRule], today: date
            ) -> list[_Rule]:
     """The table's rules with their predicates, deletes first (the data-map check has typed the clocks)."""
+    spark = lake.spark
     ordered = sorted(rules, key=lambda r: not r.delete)  # indexes of `framed` columns follow this order
-    schema = spark.table(settings.table(table)).schema
+    schema = spark.table(lake.quoted(table)).schema
     built = []
     for i, r in enumerate(ordered):
         of = r.subject_clock
         if of is None:
             built.append(_Rule.of(r, field_at(schema, cast(str, r.clock)).dataType, today))
         else:
-            clock_type = field_at(spark.table(settings.table(of.table)).schema, of.column).dataType
-            built.append(_Rule.of(r, clock_type, today, i, settings.datamap.subject_clock_keys(table, of),
-                                  settings.table(of.table)))
+            clock_type = field_at(spark.table(lake.quoted(of.table)).schema, of.column).dataType
+            built.append(_Rule.of(r, clock_type, today, i, datamap.subject_clock_keys(table, of),
+                                  lake.quoted(of.table)))
     return built
 
 
-def enforce(spark: SparkSession, settings: Settings, ledger: Ledger, holds: ActiveHolds, today: date, run_id: str,
-            dry_run: bool = False, tables: list[str] | None = None, paused: dict[str, str] | None = None
-            ) -> RetentionPass:
+def enforce(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: Ledger, holds: ActiveHolds,
+            today: date, run_id: str, dry_run: bool = False, tables: list[str] | None = None,
+            paused: dict[str, str] | None = None) -> RetentionPass:
     """Expire what is past each rule of the selected tables (default: all with rules), purge and
     prove. Call after `check_against_catalog` (a clock it refuses changes nothing). Cost per table:
     one count per rule (a scan of the clock and redacted columns, pruned by partitions and file
@@ -221,39 +222,40 @@ def enforce(spark: SparkSession, settings: Settings, ledger: Ledger, holds: Acti
     after the purge, one scan of those columns in the retained files and one in every file under the
     location.
     `paused`: other tables to skip -> why (a collateral hold keeps its pre-erase snapshots)."""
-    chosen = selected(settings, tables)
+    chosen = selected(datamap, tables)
     skipped = {t: h.why for t in chosen if (h := holds.table(t)) is not None}
     skipped.update({t: why for t, why in (paused or {}).items() if t in chosen})
-    built = {t: _rules(spark, settings, t, rules, today) for t, rules in chosen.items() if t not in skipped}
+    built = {t: _rules(lake, datamap, t, rules, today) for t, rules in chosen.items() if t not in skipped}
     skipped.update({t: why for t, rules in built.items()
-                    if (why := _held_subjects_past(spark, settings, t, rules, holds)) is not None})
-    results = {t: _table(spark, settings, ledger, t, rules, run_id, dry_run)
+                    if (why := _held_subjects_past(lake, datamap, t, rules, holds)) is not None})
+    results = {t: _table(lake, datamap, purge_settings, ledger, t, rules, run_id, dry_run)
                for t, rules in built.items() if t not in skipped}
     return RetentionPass(run_id=run_id, dry_run=dry_run, today=today.isoformat(), tables=results, skipped=skipped,
                          subject_holds=sum(1 for h in holds.holds if h.kind == "subject"),
                          passed=all(r.passed for r in results.values()))
 
 
-def _held_subjects_past(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule], holds: ActiveHolds
+def _held_subjects_past(lake: Lake, datamap: DataMap, table: str, rules: list[_Rule], holds: ActiveHolds
                         ) -> str | None:
     """Why `table` must not expire anything while subject holds are active (None: it may). Cost, only
     with a subject hold active: one scan of the subject key columns of the rows past a rule (of the
     current snapshot and of each branch's and tag's), each distinct value hashed once per key the
     holds were made with."""
-    handle = Lake.of(spark, settings).table(table)
+    spark = lake.spark
+    handle = lake.table(table)
     held = [h for h in holds.holds if h.kind == "subject"]
     if not held:
         return None
-    subject = settings.datamap.subject
-    groups = [g for g in settings.datamap.mapping(table).groups if g.identifier == subject]
+    subject = datamap.subject
+    groups = [g for g in datamap.mapping(table).groups if g.identifier == subject]
     if not groups:
-        keys = ", ".join(g.identifier for g in settings.datamap.mapping(table).groups)
+        keys = ", ".join(g.identifier for g in datamap.mapping(table).groups)
         return (f"not expired while a subject is under a legal hold: its keys ({keys}) cannot be matched with a "
                 f"held {subject}")
     where = " OR ".join(f"({r.past})" for r in rules)
     # main's rows past a rule, and each branch's and tag's: a ref cleaned of them would lose a held person's
     snapshots = sorted({ref.snapshot_id for ref in handle.refs()})
-    values = verify.key_values(spark.table(settings.table(table)).where(where), groups)
+    values = verify.key_values(spark.table(lake.quoted(table)).where(where), groups)
     for snapshot_id in snapshots:
         values = values.unionByName(verify.key_values(
             handle.read_at(snapshot_id).where(where), groups))
@@ -263,18 +265,18 @@ def _held_subjects_past(spark: SparkSession, settings: Settings, table: str, rul
     return "; ".join(h.why for h in held if found.get(h.hold_id)) or None
 
 
-def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, rules: list[_Rule], run_id: str,
-           dry_run: bool) -> TableExpiry:
-    lake = Lake.of(spark, settings)
+def _table(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: Ledger, table: str,
+           rules: list[_Rule], run_id: str, dry_run: bool) -> TableExpiry:
+    spark = lake.spark
     handle = lake.table(table)
-    name = settings.table(table)
+    name = lake.quoted(table)
     start = handle.current_snapshot()
     unwanted = _PastRows(rules)
     # Each branch and tag, by the rows past a rule its snapshot holds (a temporary branch an interrupted
     # tag rewrite left is not counted: the purge removes it).
     pinning = {ref: unwanted.rows_past(handle, ref.snapshot_id)
                for ref in handle.refs() if not ref.name.startswith(refs.TEMPORARY)}
-    if settings.purge.pinned_refs == "block" and any(pinning.values()):
+    if purge_settings.pinned_refs == "block" and any(pinning.values()):
         return _blocked(spark, name, rules, pinning, dry_run)
     done: list[RuleExpiry] = []
     for r in rules:
@@ -297,18 +299,18 @@ def _table(spark: SparkSession, settings: Settings, ledger: Ledger, table: str, 
         done.append(RuleExpiry(**fields, seconds=round(time.perf_counter() - began, 3)))
     if dry_run:
         return TableExpiry(rules=done, refs={refs.label(ref): RefExpiry(
-            rows_past=n, outcome=_would(settings, ref, n), snapshot_id=ref.snapshot_id) for ref, n in pinning.items()},
-            passed=True)
+            rows_past=n, outcome=_would(purge_settings, ref, n), snapshot_id=ref.snapshot_id)
+            for ref, n in pinning.items()}, passed=True)
     committed = any(d.snapshot_id is not None for d in done)
     # A ref pinning rows past a rule is cleaned by the purge even when main had none left to expire.
-    purged = purge.purge_table(lake, settings.datamap, settings.purge, table,
+    purged = purge.purge_table(lake, datamap, purge_settings, table,
                                line_from=start.snapshot_id if start else None,
                                erased=unwanted) if committed or any(pinning.values()) else None
     if purged is not None and start is not None and purged.own_line:
         _keep_checkpoint(handle, ledger, start.snapshot_id, run_id)
     left = _rows_past(spark, name, rules)
     done = [d.model_copy(update={"rows_left": n}) for d, n in zip(done, left, strict=True)]
-    settled = _settled(spark, settings, table, unwanted, pinning, purged)
+    settled = _settled(lake, table, unwanted, pinning, purged)
     refs_clean = all(not e.rows_left and (e.outcome != "kept" or not e.rows_past) for e in settled.values())
     if purged is None:
         return TableExpiry(rules=done, refs=settled, passed=not any(left) and refs_clean)
@@ -342,14 +344,14 @@ def _blocked(spark: SparkSession, name: str, rules: list[_Rule], pinning: dict[i
         blocked=why, passed=dry_run)
 
 
-def _would(settings: Settings, ref: iceberg.Ref, rows_past: int) -> RefOutcome:
+def _would(purge_settings: PurgeSettings, ref: iceberg.Ref, rows_past: int) -> RefOutcome:
     """What a pass under the current `pinned_refs` does with a ref pinning `rows_past` rows (not block)."""
     if not rows_past:
         return "clean"
-    return "dropped" if ref.kind == "TAG" and settings.purge.pinned_refs == "drop" else "rewritten"
+    return "dropped" if ref.kind == "TAG" and purge_settings.pinned_refs == "drop" else "rewritten"
 
 
-def _settled(spark: SparkSession, settings: Settings, table: str, unwanted: _PastRows, pinning: dict[iceberg.Ref, int],
+def _settled(lake: Lake, table: str, unwanted: _PastRows, pinning: dict[iceberg.Ref, int],
              purged: purge.TablePurge | None) -> dict[str, RefExpiry]:
     """Each ref counted before the pass, by what the purge did with it (refs.settle), and the rows past
     a rule its snapshot holds afterwards when it was rewritten (the proof; one count each)."""
@@ -360,7 +362,7 @@ def _settled(spark: SparkSession, settings: Settings, table: str, unwanted: _Pas
                                                         ("rewritten", purged.refs_rewritten)]
         for outcome, labels in settled:
             done.update(dict.fromkeys(labels, outcome))
-    now = {refs.label(ref): ref for ref in Lake.of(spark, settings).table(table).refs()}
+    now = {refs.label(ref): ref for ref in lake.table(table).refs()}
     out = {}
     for ref, n in pinning.items():
         label = refs.label(ref)
@@ -368,7 +370,7 @@ def _settled(spark: SparkSession, settings: Settings, table: str, unwanted: _Pas
         if outcome == "kept" and not n:
             outcome = "clean"  # counted clean before the pass (the purge keeps refs unchecked under block)
         after = now.get(label)
-        left = (unwanted.rows_past(Lake.of(spark, settings).table(table), after.snapshot_id)
+        left = (unwanted.rows_past(lake.table(table), after.snapshot_id)
                 if after is not None and outcome == "rewritten" else None)
         out[label] = RefExpiry(rows_past=n, outcome=outcome, snapshot_id=after.snapshot_id if after else None,
                                rows_left=left)
@@ -407,7 +409,7 @@ def _keep_checkpoint(table: IcebergTable, ledger: Ledger, start_id: int, run_id:
                                     {"sequence": checked.sequence})])
 
 
-def status(spark: SparkSession, settings: Settings, holds: ActiveHolds, today: date,
+def status(lake: Lake, datamap: DataMap, holds: ActiveHolds, today: date,
            tables: list[str] | None = None) -> RetentionStatus:
     """Per table and rule: the oldest row, the rows and bytes past it, the oldest retained snapshot
     still holding rows past it, when more rows pass it and what clears them. Cost per table: one
@@ -417,12 +419,12 @@ def status(spark: SparkSession, settings: Settings, holds: ActiveHolds, today: d
     reference, read raw (deleted rows included), and the manifests of retained snapshots, oldest
     first, until each rule's oldest is found."""
     out = {}
-    for table, rules in selected(settings, tables).items():
-        built = _rules(spark, settings, table, rules, today)
-        live = _live_status(spark, settings, table, built)
-        holding = _oldest_holding(spark, settings, table, built, [past for _, past, _, _ in live])
+    for table, rules in selected(datamap, tables).items():
+        built = _rules(lake, datamap, table, rules, today)
+        live = _live_status(lake, table, built)
+        holding = _oldest_holding(lake, table, built, [past for _, past, _, _ in live])
         hold = holds.table(table)
-        snapshots = Lake.of(spark, settings).table(table).history()
+        snapshots = lake.table(table).history()
         oldest_ms = min((s.committed_ms for s in snapshots), default=None)
         statuses = []
         for r, (oldest, past, nxt, size), held in zip(built, live, holding, strict=True):
@@ -436,20 +438,21 @@ def status(spark: SparkSession, settings: Settings, holds: ActiveHolds, today: d
             oldest_snapshot_at=_at(oldest_ms) if oldest_ms is not None else None)
     return RetentionStatus(today=today.isoformat(), tables=out,
                            subject_holds=sum(1 for h in holds.holds if h.kind == "subject"),
-                           kept_longer=settings.datamap.kept_longer_than_sources())
+                           kept_longer=datamap.kept_longer_than_sources())
 
 
 def _at(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
-def _live_status(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule]
+def _live_status(lake: Lake, table: str, rules: list[_Rule]
                  ) -> list[tuple[str | None, int, date | None, int]]:
     """Per rule (oldest clock as text, rows past, first clock day not past, bytes past): one scan of
     live data grouped by data file, joined with the data files' sizes and row counts (metadata).
     Bytes past: each data file's size times its share of rows past (rows past / rows in the file,
     deleted rows included): exact for a file wholly past, an estimate for one straddling the rule."""
-    name = settings.table(table)
+    spark = lake.spark
+    name = lake.quoted(table)
     rows = framed(spark, spark.table(name).select(F.col("_file").alias("dsr_file"), "*"), rules)
     per_file = []
     for i, r in enumerate(rules):
@@ -472,13 +475,14 @@ def _live_status(spark: SparkSession, settings: Settings, table: str, rules: lis
             for i in range(len(rules))]
 
 
-def _oldest_holding(spark: SparkSession, settings: Settings, table: str, rules: list[_Rule], live_past: list[int]
+def _oldest_holding(lake: Lake, table: str, rules: list[_Rule], live_past: list[int]
                     ) -> list[SnapshotHolding | None]:
     """Per rule, the oldest retained snapshot referencing a data file that holds a row past the rule
     (read raw: a row deleted only by a delete file is still held), with the refs pointing at it;
     None: no retained snapshot holds one. When history is the live files alone and no delete file
     (as a purge leaves it), the live count answers: the current snapshot holds them, or none does."""
-    handle = Lake.of(spark, settings).table(table)
+    spark = lake.spark
+    handle = lake.table(table)
     current = handle.current_snapshot()
     refs = [*handle.refs(),
             *([iceberg.Ref("main", "BRANCH", current.snapshot_id)] if current is not None else [])]
@@ -497,7 +501,7 @@ def _oldest_holding(spark: SparkSession, settings: Settings, table: str, rules: 
     paths = [p for p in paths if p.endswith(".parquet")]  # data and position-delete files (the latter: no column)
     if not paths:
         return [None for _ in rules]
-    schema = spark.table(settings.table(table)).schema
+    schema = spark.table(lake.quoted(table)).schema
     columns = schema_of({c: field_at(schema, c).dataType for r in rules for c in r.columns})
     raw = iceberg.read_columns_from_files(spark, paths, columns).select(
         F.input_file_name().alias("dsr_file"), *[F.col(f"`{c}`") for c in columns.fieldNames()])
