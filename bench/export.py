@@ -58,7 +58,7 @@ def main() -> None:
         return sum(1 for _ in out.rglob("*.parquet"))
 
     def dsr(which, out: Path) -> int:
-        result = access.export(spark, which, requests, out, "json", key_types)
+        result = access.export(Lake.of(spark, which), which.datamap, requests, out, "json", key_types)
         return len(result.packages)
 
     variants = {

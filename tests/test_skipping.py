@@ -132,7 +132,7 @@ def test_a_table_no_file_can_match_costs_no_spark_job(spark, clustered, tmp_path
     requests = spark.createDataFrame([("r0", ABSENT, "gdpr")],
                                      "request_id string, subject_id string, regulation string")
     mark = meter.mark()
-    result = export(spark, clustered, requests, tmp_path / "out")
+    result = export(Lake.of(spark, clustered), clustered.datamap, requests, tmp_path / "out")
     # what Spark counts as read is the batch's own few rows (its checkpoints), none of the table's 3,000
     assert meter.since(mark).rows_read < 10 and len(result.packages) == 1
     skipping.release()

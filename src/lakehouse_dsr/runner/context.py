@@ -83,6 +83,11 @@ class Context:
         """The run's lake: its catalog on its session, with the erase retries."""
         return Lake.of(self.spark, self.settings)
 
+    @cached_property
+    def vault_table(self) -> vault.VaultTable:
+        """The vault's table in the run's lake (read by the export and the shred stages)."""
+        return vault.VaultTable(self.lake, vault.table_name(self.settings))
+
     def timed(self, stage: str) -> AbstractContextManager[None]:
         """`timed` for this run's report, with Spark's I/O."""
         return timed(self.report, stage, self.spark)

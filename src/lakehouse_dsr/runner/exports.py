@@ -33,8 +33,8 @@ def export_requests(ctx: Context, requests: dict[str, dict]) -> Exported:
         try:
             batch = ctx.batch(requests)
             keys = ctx.identifiers(request_ids)
-            result = access.export(ctx.spark, settings, batch, out_dir, settings.export.format, ctx.key_types, keys,
-                                   ctx.vault_keys)
+            result = access.export(ctx.lake, settings.datamap, batch, out_dir, settings.export.format, ctx.key_types,
+                                   keys, ctx.vault_keys, ctx.vault_table)
             checked = access.checked_packages(result)
         except Exception as exc:  # every request of the batch stays open with the reason
             return Exported([Outcome(rid, "failed", f"export failed: {first_line(exc, with_type=True)}")

@@ -24,11 +24,12 @@ from typing import cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from .. import faults
-from ..config import EXPORT_FORMATS, Settings
+from ..config import EXPORT_FORMATS
+from ..datamap import DataMap
 from ..inventory.check import KeyTypes, check_against_catalog
 from ..keys import private_dir, write_private
 from ..lake import plainfiles, skipping
@@ -62,8 +63,9 @@ class ExportResult:
 
 
 def export(
-    spark: SparkSession, settings: Settings, requests: DataFrame, out_dir: Path, fmt: str = "json",
+    lake: Lake, datamap: DataMap, requests: DataFrame, out_dir: Path, fmt: str = "json",
     key_types: KeyTypes | None = None, keys: DataFrame | None = None, vault_keys: vault.Keys | None = None,
+    vault_table: vault.VaultTable | None = None,
 ) -> ExportResult:
     """Write one package per request of `requests` (request_id, subject_id, regulation) under `out_dir`.
 
@@ -72,25 +74,28 @@ def export(
     request. Also writes `manifest.json`.
     `action: shred` tables are read through the vault: the subject's rows are found by their
     pseudonym and exported re-identified and decrypted; a subject with no vault entry gets a note
-    that the table's rows cannot be linked to them (`unlinkable`).
+    that the table's rows cannot be linked to them (`unlinkable`): a data map with such tables needs
+    `vault_keys` (vault.open_keys) and `vault_table` (vault.VaultTable).
     """
+    spark = lake.spark
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(EXPORT_FORMATS)})")
     if key_types is None:
-        key_types = check_against_catalog(spark, settings.datamap, settings.table)
-    keys = keys if keys is not None else identity.resolve(Lake.of(spark, settings), settings.datamap, requests)
-    shredded = list(settings.datamap.shredded)
-    tables = [*settings.datamap.keyed, *settings.datamap.files, *shredded]
+        key_types = check_against_catalog(spark, datamap, lake.quoted)
+    keys = keys if keys is not None else identity.resolve(lake, datamap, requests)
+    shredded = list(datamap.shredded)
+    tables = [*datamap.keyed, *datamap.files, *shredded]
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
     out = private_dir(Path(out_dir))
 
-    table_keys = matching.key_sets(settings.datamap, keys, key_types, [t for t in tables if t not in shredded])
-    per_table = [_matching_rows(spark, settings, table, table_keys[table]) for table in tables if table in table_keys]
+    table_keys = matching.key_sets(datamap, keys, key_types, [t for t in tables if t not in shredded])
+    per_table = [_matching_rows(lake, datamap, table, table_keys[table]) for table in tables if table in table_keys]
     links = {}
     if shredded:
-        vault_keys = vault_keys or vault.open_keys(spark, settings)
-        links = {t: _vault_links(spark, settings, t, keys, vault_keys) for t in shredded}
-        per_table += [_shredded_rows(spark, settings, t, links[t]) for t in shredded]
+        if vault_keys is None or vault_table is None:
+            raise ValueError("shredded tables are exported through the vault: pass vault_keys and vault_table")
+        links = {t: _vault_links(vault_table, datamap, t, keys, vault_keys) for t in shredded}
+        per_table += [_shredded_rows(lake, datamap, t, links[t]) for t in shredded]
     rows = per_table[0]
     for part in per_table[1:]:
         rows = rows.unionByName(part)
@@ -109,7 +114,7 @@ def export(
             linked[0] = linked[0].unionByName(part)
         packages = packages.join(linked[0].distinct().groupBy("request_id").agg(
             F.collect_list("table_name").alias("linked")), "request_id", "left")
-    columns = {t: _column_types(spark, settings, t)
+    columns = {t: _column_types(lake, datamap, t)
                + ([] if t in shredded or table_keys[t].single else [(MATCHED_KEYS, "array<string>")]) for t in tables}
     # The failpoint kills the driver from the executor, mid-export.
     kill_pid = os.getpid() if faults.armed() == "during_export" else None
@@ -117,26 +122,28 @@ def export(
     results = packages.repartition(max(1, spark.sparkContext.defaultParallelism)).rdd.mapPartitions(writer).collect()
     result = ExportResult(str(out), str(out / "manifest.json"),
                           sorted((Package(*r) for r in results), key=lambda p: p.request_id))
-    _write_manifest(settings, result, fmt, generated_at, tables)
+    _write_manifest(datamap, result, fmt, generated_at, tables)
     return result
 
 
-def _source(spark: SparkSession, settings: Settings, name: str) -> DataFrame:
+def _source(lake: Lake, datamap: DataMap, name: str) -> DataFrame:
     """A mapped table, or every file of a `files:` dataset."""
-    if name in settings.datamap.files:
-        return plainfiles.read_dataset(spark, settings.datamap.files[name])
-    return spark.table(settings.table(name))
+    spark = lake.spark
+    if name in datamap.files:
+        return plainfiles.read_dataset(spark, datamap.files[name])
+    return spark.table(lake.quoted(name))
 
 
-def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: TableKeys) -> DataFrame:
+def _matching_rows(lake: Lake, datamap: DataMap, table: str, keys: TableKeys) -> DataFrame:
     """(request_id, table_name, row): each row once per request it names, through any key column;
     with several key columns the row's JSON also says which matched (`dsr_matched_keys`). Reads
     only the files of a table that may hold the batch's keys (lake/skipping.py); none when no file can."""
+    spark = lake.spark
     source: DataFrame | None
-    if table in settings.datamap.files:
-        source = _source(spark, settings, table)
+    if table in datamap.files:
+        source = _source(lake, datamap, table)
     else:
-        source = skipping.read(keys.current_candidates(Lake.of(spark, settings).table(table)))
+        source = skipping.read(keys.current_candidates(lake.table(table)))
         if source is None:
             return spark.createDataFrame([], "request_id string, table_name string, row string")
     marked = matching.mark(source, keys).where(matching.any_hit(keys))
@@ -150,22 +157,23 @@ def _matching_rows(spark: SparkSession, settings: Settings, table: str, keys: Ta
             .select("request_id", F.lit(table).alias("table_name"), as_json.alias("row")))
 
 
-def _vault_links(spark: SparkSession, settings: Settings, table: str, keys: DataFrame, vault_keys: vault.Keys
-                 ) -> DataFrame:
+def _vault_links(vault_table: vault.VaultTable, datamap: DataMap, table: str, keys: DataFrame,
+                 vault_keys: vault.Keys) -> DataFrame:
     """(request_id, value, pseudonym, data_key) for the batch's identifiers of the type `table` holds
     that have a vault entry. Cost: one HMAC per identifier and key, a join with the vault."""
-    identifier = cast(str, settings.datamap.shredded[table].identifier)  # filled in by the DataMap
+    identifier = cast(str, datamap.shredded[table].identifier)  # filled in by the DataMap
     values = keys.where(F.col("key_type") == identifier).select("request_id", F.col("key_value").alias("value"))
-    found = vault.links(spark, settings, values.select("value").distinct(), identifier, vault_keys)
+    found = vault_table.links(values.select("value").distinct(), identifier, vault_keys)
     return values.join(found, "value").localCheckpoint()  # read twice: for the rows and for the notes
 
 
-def _shredded_rows(spark: SparkSession, settings: Settings, table: str, links: DataFrame) -> DataFrame:
+def _shredded_rows(lake: Lake, datamap: DataMap, table: str, links: DataFrame) -> DataFrame:
     """(request_id, table_name, row) of a shred table: the subject's rows found by pseudonym (broadcast
     join with the batch's links), the key back to the identifier and encrypted columns decrypted."""
-    key = cast(str, settings.datamap.shredded[table].key)  # a shred table has one `key:` column
-    source = spark.table(settings.table(table))
-    types = _decrypted_types(spark, settings, table)
+    spark = lake.spark
+    key = cast(str, datamap.shredded[table].key)  # a shred table has one `key:` column
+    source = spark.table(lake.quoted(table))
+    types = _decrypted_types(lake, datamap, table)
     joined = source.join(F.broadcast(links), source[key] == links["pseudonym"])
     values = []
     for column in source.columns:
@@ -180,17 +188,17 @@ def _shredded_rows(spark: SparkSession, settings: Settings, table: str, links: D
     return joined.select("request_id", F.lit(table).alias("table_name"), as_json.alias("row"))
 
 
-def _decrypted_types(spark: SparkSession, settings: Settings, table: str) -> dict[str, str]:
+def _decrypted_types(lake: Lake, datamap: DataMap, table: str) -> dict[str, str]:
     """{encrypted column: the type it had before encryption} (recorded by dsr pseudonymize; string
     when the table does not say)."""
-    recorded = json.loads(Lake.of(spark, settings).table(table).properties().get(PROPERTY, "{}")).get("encrypted", {})
-    return {c: recorded.get(c, "string") for c in settings.datamap.shredded[table].encrypted}
+    recorded = json.loads(lake.table(table).properties().get(PROPERTY, "{}")).get("encrypted", {})
+    return {c: recorded.get(c, "string") for c in datamap.shredded[table].encrypted}
 
 
-def _column_types(spark: SparkSession, settings: Settings, table: str) -> list[tuple[str, str]]:
-    decrypted = _decrypted_types(spark, settings, table) if table in settings.datamap.shredded else {}
+def _column_types(lake: Lake, datamap: DataMap, table: str) -> list[tuple[str, str]]:
+    decrypted = _decrypted_types(lake, datamap, table) if table in datamap.shredded else {}
     return [(f.name, decrypted.get(f.name, f.dataType.simpleString()))
-            for f in _source(spark, settings, table).schema.fields]
+            for f in _source(lake, datamap, table).schema.fields]
 
 
 class _PackageWriter:
@@ -279,12 +287,12 @@ def _arrow_type(spark_type: str) -> pa.DataType | None:
     return types.get(spark_type, pa.string())
 
 
-def _write_manifest(settings: Settings, result: ExportResult, fmt: str, generated_at: str, tables: list[str]) -> None:
+def _write_manifest(datamap: DataMap, result: ExportResult, fmt: str, generated_at: str, tables: list[str]) -> None:
     manifest = {
         "generated_at": generated_at,
         "format": fmt,
         "requests": [p.__dict__ for p in result.packages],
-        "tables": {t: settings.datamap.table_mapping(t).disclosure() for t in tables},
+        "tables": {t: datamap.table_mapping(t).disclosure() for t in tables},
     }
     write_private(Path(result.manifest), json.dumps(manifest, indent=2, ensure_ascii=False))
 

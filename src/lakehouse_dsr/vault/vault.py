@@ -46,7 +46,62 @@ def table_name(settings: Settings) -> str:
 
 
 def exists(spark: SparkSession, settings: Settings) -> bool:
-    return spark.catalog.tableExists(f"{settings.catalog.name}.{table_name(settings)}")
+    return VaultTable.of(spark, settings).exists()
+
+
+@dataclass(frozen=True)
+class VaultTable:
+    """The vault's table in a lake (`namespace.vault`, table_name): what the stages reading or
+    purging it need, without the settings (`VaultTable.of(spark, settings)`, or the run's lake and
+    `table_name(settings)`). The module's functions taking (spark, settings) call these."""
+
+    lake: Lake
+    name: str  # namespace.table
+
+    @classmethod
+    def of(cls, spark: SparkSession, settings: Settings) -> VaultTable:
+        return cls(Lake.of(spark, settings), table_name(settings))
+
+    @property
+    def quoted(self) -> str:
+        return self.lake.quoted(self.name)
+
+    def exists(self) -> bool:
+        return self.lake.spark.catalog.tableExists(f"{self.lake.catalog_name}.{self.name}")
+
+    def rows(self, snapshot_id: int | None = None) -> DataFrame:
+        """The vault's entries as stored (wrapped keys), now or at a snapshot."""
+        return self.lake.table(self.name).read_at(snapshot_id)
+
+    def unwrapped(self, keys: Keys, entries: DataFrame | None = None) -> DataFrame:
+        """Vault entries (all, or `entries`: vault rows) with `data_key` unwrapped. Cost: one AES-GCM
+        decryption per entry; the master keys join as a broadcast row."""
+        entries = self.rows() if entries is None else entries
+        return (entries.join(F.broadcast(_masters(self.lake.spark, keys.masters)), "master_key_id")
+                .withColumn("data_key", gcm_decrypt(F.col("wrapped_key"), F.col("master_key"), F.col("pseudonym")))
+                .drop("master_key", "wrapped_key"))
+
+    def links(self, values: DataFrame, identifier: str, keys: Keys) -> DataFrame:
+        """(value, pseudonym, data_key) for the identifier values in `values` (column `value`, strings)
+        that have an entry. Cost: one HMAC per value and key of the ring; the entries of that identifier
+        type are joined (broadcast) on hash and key id."""
+        if not self.exists():
+            return values.select("value", F.lit(None).cast("string").alias("pseudonym"),
+                                 F.lit(None).cast("binary").alias("data_key")).limit(0)
+        hashed = with_keyring_hashes(self.lake.spark, values.select("value"), "value", keys.ring.keys())
+        stored = self.rows().where(F.col("identifier") == identifier).select(
+            "key_hash", "key_id", "pseudonym", "wrapped_key", "master_key_id")
+        found = join_on_key(hashed, stored).select("value", "pseudonym", "wrapped_key", "master_key_id")
+        return self.unwrapped(keys, found).select("value", "pseudonym", "data_key")
+
+    def purge_history(self, orphan_min_age_minutes: float) -> VaultPurge:
+        """Expire every snapshot but the current one, deleting the files only they held (the files a
+        copy-on-write delete replaced), and remove unreferenced files older than the orphan window.
+        No delete files and no column statistics exist here, so nothing else can hold an old entry.
+        Cost: reads the vault's metadata, lists its location."""
+        expired = self.lake.table(self.name).expire_snapshots_before_current()
+        orphans = self.lake.table(self.name).remove_orphan_files(orphan_min_age_minutes)
+        return VaultPurge(expired.snapshots_expired, expired.files_deleted, orphans)
 
 
 def _create(spark: SparkSession, settings: Settings) -> None:
@@ -58,7 +113,7 @@ def _create(spark: SparkSession, settings: Settings) -> None:
 
 def rows(spark: SparkSession, settings: Settings, snapshot_id: int | None = None) -> DataFrame:
     """The vault's entries as stored (wrapped keys), now or at a snapshot."""
-    return Lake.of(spark, settings).table(table_name(settings)).read_at(snapshot_id)
+    return VaultTable.of(spark, settings).rows(snapshot_id)
 
 
 @dataclass(frozen=True)
@@ -103,26 +158,13 @@ def gcm_decrypt(value: Column, key: Column, aad: Column) -> Column:
 
 
 def unwrapped(spark: SparkSession, settings: Settings, keys: Keys, entries: DataFrame | None = None) -> DataFrame:
-    """Vault entries (all, or `entries`: vault rows) with `data_key` unwrapped. Cost: one AES-GCM
-    decryption per entry; the master keys join as a broadcast row."""
-    entries = rows(spark, settings) if entries is None else entries
-    return (entries.join(F.broadcast(_masters(spark, keys.masters)), "master_key_id")
-            .withColumn("data_key", gcm_decrypt(F.col("wrapped_key"), F.col("master_key"), F.col("pseudonym")))
-            .drop("master_key", "wrapped_key"))
+    """Vault entries (all, or `entries`: vault rows) with `data_key` unwrapped (VaultTable.unwrapped)."""
+    return VaultTable.of(spark, settings).unwrapped(keys, entries)
 
 
 def links(spark: SparkSession, settings: Settings, values: DataFrame, identifier: str, keys: Keys) -> DataFrame:
-    """(value, pseudonym, data_key) for the identifier values in `values` (column `value`, strings)
-    that have an entry. Cost: one HMAC per value and key of the ring; the entries of that identifier
-    type are joined (broadcast) on hash and key id."""
-    if not exists(spark, settings):
-        return values.select("value", F.lit(None).cast("string").alias("pseudonym"),
-                             F.lit(None).cast("binary").alias("data_key")).limit(0)
-    hashed = with_keyring_hashes(spark, values.select("value"), "value", keys.ring.keys())
-    stored = rows(spark, settings).where(F.col("identifier") == identifier).select(
-        "key_hash", "key_id", "pseudonym", "wrapped_key", "master_key_id")
-    found = join_on_key(hashed, stored).select("value", "pseudonym", "wrapped_key", "master_key_id")
-    return unwrapped(spark, settings, keys, found).select("value", "pseudonym", "data_key")
+    """(value, pseudonym, data_key) for the identifier values in `values` that have an entry (VaultTable.links)."""
+    return VaultTable.of(spark, settings).links(values, identifier, keys)
 
 
 def ensure_entries(spark: SparkSession, settings: Settings, values: DataFrame, identifier: str, keys: Keys) -> int:
@@ -176,15 +218,8 @@ class VaultPurge:
 
 
 def purge_history(spark: SparkSession, settings: Settings) -> VaultPurge:
-    """Expire every snapshot but the current one, deleting the files only they held (the files a
-    copy-on-write delete replaced), and remove unreferenced files older than the orphan window.
-    No delete files and no column statistics exist here, so nothing else can hold an old entry.
-    Cost: reads the vault's metadata, lists its location."""
-    lake = Lake.of(spark, settings)
-    table = table_name(settings)
-    expired = lake.table(table).expire_snapshots_before_current()
-    orphans = lake.table(table).remove_orphan_files(settings.purge.orphan_min_age_minutes)
-    return VaultPurge(expired.snapshots_expired, expired.files_deleted, orphans)
+    """VaultTable.purge_history with `purge.orphan_min_age_minutes`."""
+    return VaultTable.of(spark, settings).purge_history(settings.purge.orphan_min_age_minutes)
 
 
 @dataclass(frozen=True)
