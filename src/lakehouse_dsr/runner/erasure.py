@@ -238,11 +238,12 @@ class ErasureBatch:
                 self.ctx.progress.stage("shred", 1)
                 self.ctx.progress.step("vault entries")
                 assert self.ctx.vault_keys is not None, "the run opens the vault's keys when a table is shredded"
-                shredded = shred.shred(self.spark, self.settings, keys, self.ctx.vault_keys)
-        self._journal(erasures, shredded=(vault.table_name(self.settings), shredded) if shredded else None)
+                shredded = shred.shred(self.lake, self.settings.datamap, self.ctx.vault_table, keys,
+                                       self.ctx.vault_keys)
+        self._journal(erasures, shredded=(self.ctx.vault_table.name, shredded) if shredded else None)
         if shredded is not None:
             with self.ctx.timed("shred"):
-                shred.purge_vault(self.spark, self.settings, shredded)
+                shred.purge_vault(self.ctx.vault_table, self.settings.purge, shredded)
                 self.ctx.progress.done()
         return shredded
 

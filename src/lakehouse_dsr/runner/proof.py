@@ -65,7 +65,8 @@ class Prover:
         still holds them (left over from an interrupted run) is purged now and checked again."""
         if table in self.settings.datamap.shredded:
             assert self.shredded is not None, "shredded tables are proven after a shred"
-            return shred.verify(self.spark, self.settings, table, self.shredded, self.request_ids)
+            return shred.verify(self.lake, self.settings.datamap, self.ctx.vault_table, table, self.shredded,
+                                self.request_ids)
         e = self.erasures.get(table)
         checked = self.check(table, self.physical, self.live.get(table))
         if checked.live and e is not None and e.plan.strategy == "subtract_groups":

@@ -16,19 +16,19 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from .. import faults
-from ..config import Settings
-from ..datamap.model import PSEUDONYM_PREFIX, TableMapping, column_ref
+from ..config import PurgeSettings
+from ..datamap.model import PSEUDONYM_PREFIX, DataMap, TableMapping, column_ref
 from ..exceptions import first_line
 from ..lake import iceberg
 from ..lake.hmac import with_keyring_hashes
 from ..lake.iceberg import IcebergTable, Lake
 from ..vault import vault
-from ..vault.risk import assess
+from ..vault.risk import assess_table
 from .erase import TableErasure, TablePlan
 from .verify import TableVerification
 
@@ -48,7 +48,8 @@ class Shred:
     deleted: dict[str, int] = field(default_factory=dict)  # identifier type -> entries this run deleted
 
 
-def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: vault.Keys) -> Shred:
+def shred(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, keys: DataFrame, vault_keys: vault.Keys
+          ) -> Shred:
     """Delete the vault entries of the batch's subjects (`keys`: identity.resolve's request_id,
     key_type, key_value) for the identifier types the shred tables hold, then purge the vault.
 
@@ -56,14 +57,14 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
     snapshots reference (the vault is one row per subject), one copy-on-write MERGE rewriting the
     files that held the entries, an expiry of the vault's old snapshots and an orphan listing.
     """
-    lake = Lake.of(spark, settings)
+    spark = lake.spark
     start = time.perf_counter()
-    mappings = settings.datamap.shredded
+    mappings = datamap.shredded
     types = sorted({_shred_key(m)[1] for m in mappings.values()})
     probes = with_keyring_hashes(spark, keys.where(F.col("key_type").isin(*types)), "key_value",
                                  vault_keys.ring.keys())
-    entries = _captured(spark, settings, probes)
-    table = vault.table_name(settings)
+    entries = _captured(vault_table, probes)
+    table = vault_table.name
     before = lake.table(table).current_snapshot()
     result = Shred({}, entries, probes, before.snapshot_id if before else None)
     per_request: dict[tuple[str, str], int] = {}
@@ -79,7 +80,7 @@ def shred(spark: SparkSession, settings: Settings, keys: DataFrame, vault_keys: 
         entries.select("pseudonym").distinct().createOrReplaceTempView(view)
         try:
             lake.with_conflict_retries("the vault: shredding", lambda: spark.sql(
-                f"DELETE FROM {settings.table(table)} WHERE pseudonym IN (SELECT pseudonym FROM {view})"))
+                f"DELETE FROM {vault_table.quoted} WHERE pseudonym IN (SELECT pseudonym FROM {view})"))
         finally:
             spark.catalog.dropTempView(view)
         commit = lake.table(table).current_snapshot()
@@ -105,25 +106,26 @@ def _shred_key(mapping: TableMapping) -> tuple[str, str]:
     return cast(str, mapping.key), cast(str, mapping.identifier)
 
 
-def purge_vault(spark: SparkSession, settings: Settings, result: Shred) -> None:
+def purge_vault(vault_table: vault.VaultTable, purge: PurgeSettings, result: Shred) -> None:
     """The vault's own purge: its older snapshots (which still hold the deleted entries) expire."""
     faults.failpoint("during_shred")
     start = time.perf_counter()
-    result.purge = vault.purge_history(spark, settings)
+    result.purge = vault_table.purge_history(purge.orphan_min_age_minutes)
     result.purge.seconds = round(time.perf_counter() - start, 3)
     faults.failpoint("after_shred")
 
 
-def _captured(spark: SparkSession, settings: Settings, probes: DataFrame) -> DataFrame:
+def _captured(vault_table: vault.VaultTable, probes: DataFrame) -> DataFrame:
     """(request_id, identifier, pseudonym, key_check, live) of every entry of the probed identifiers
     held by a file some retained vault snapshot references: the live ones (in a file of the current
     snapshot: the vault has no delete files), and those a killed run deleted while its history is
     kept. One read of those files; kept on the executors (one row per subject and identifier)."""
+    spark = vault_table.lake.spark
     empty = spark.createDataFrame([], "request_id string, identifier string, pseudonym string, key_check string, "
                                       "live boolean")
-    if not vault.exists(spark, settings):
+    if not vault_table.exists():
         return empty
-    paths, current = Lake.of(spark, settings).table(vault.table_name(settings)).retained_files()
+    paths, current = vault_table.lake.table(vault_table.name).retained_files()
     if not paths:
         return empty
     stored = iceberg.read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND))).withColumn(
@@ -138,8 +140,8 @@ def _schema(columns) -> StructType:
     return StructType([StructField(c, StringType()) for c in columns])
 
 
-def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, request_ids: list[str]
-           ) -> TableVerification:
+def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: str, result: Shred,
+           request_ids: list[str]) -> TableVerification:
     """Prove a shred for one table:
 
     - live, history, storage: no vault row (current snapshot; every file a retained snapshot
@@ -157,13 +159,14 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
     kept, now unlinkable). Cost: metadata and one listing per table, one small read of the vault;
     no read of the table's rows unless a file lacks key bounds (and, with min_k, one aggregation).
     """
-    mapping = settings.datamap.shredded[table]
+    spark = lake.spark
+    mapping = datamap.shredded[table]
     key, identifier = _shred_key(mapping)
     check = TableVerification(table, physical=True)
     probes = result.probes.where(F.col("key_type") == identifier)
     entries = result.entries.where(F.col("identifier") == identifier)
-    _prove_vault(spark, settings, table, check, probes, entries)
-    unproven = _files_without_pseudonym_bounds(Lake.of(spark, settings).table(table), key)
+    _prove_vault(vault_table, table, check, probes, entries)
+    unproven = _files_without_pseudonym_bounds(lake.table(table), key)
     if unproven:
         stored = iceberg.read_columns_from_files(spark, unproven, _schema([key]))
         plain = stored.join(F.broadcast(probes.select("request_id", F.col("key_value").alias(key))),
@@ -171,7 +174,7 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
         for r in plain:
             check.fail(r.request_id, f"{table}: {r['count']} stored rows hold the subject's identifier in plaintext")
     erasure = result.erasures.get(table)
-    current = Lake.of(spark, settings).table(table).current_snapshot()
+    current = lake.table(table).current_snapshot()
     check.details = {
         "method": "crypto-shred: vault entry deleted and purged",
         "vault_entries_deleted": result.deleted.get(identifier, 0),
@@ -182,21 +185,20 @@ def verify(spark: SparkSession, settings: Settings, table: str, result: Shred, r
         "rows_kept": int(current.summary.get("total-records", 0)) if current else 0,
     }
     if mapping.min_k:
-        _check_k(spark, settings, table, check, request_ids)
+        _check_k(lake, datamap, table, check, request_ids)
     return check
 
 
-def _prove_vault(spark: SparkSession, settings: Settings, table: str, check: TableVerification,
+def _prove_vault(vault_table: vault.VaultTable, table: str, check: TableVerification,
                  probes: DataFrame, entries: DataFrame) -> None:
-    lake = Lake.of(spark, settings)
-    name = vault.table_name(settings)
+    lake, spark, name = vault_table.lake, vault_table.lake.spark, vault_table.name
     paths, current = lake.table(name).retained_files()
     location = lake.table(name).location()
     same = {iceberg.same_file(p) for p in current}
     check.one_scan = ({iceberg.same_file(p) for p in paths} == same
                       and {iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} == same)
     schema = _schema(_FOUND)
-    sources: dict[str, DataFrame | None] = {"live": vault.rows(spark, settings).select(*_FOUND)}
+    sources: dict[str, DataFrame | None] = {"live": vault_table.rows().select(*_FOUND)}
     if not check.one_scan:
         sources["history"] = iceberg.read_columns_from_files(spark, paths, schema) if paths else None
         sources["storage"] = iceberg.read_columns_from_files(spark, location, schema, recursive=True)
@@ -243,13 +245,14 @@ def _vault_hits(rows: DataFrame, probes: DataFrame, entries: DataFrame) -> dict[
     return {(r.request_id, r.dsr_where): r["count"] for r in hits.groupBy("request_id", "dsr_where").count().collect()}
 
 
-def _check_k(spark: SparkSession, settings: Settings, table: str, check: TableVerification,
+def _check_k(lake: Lake, datamap: DataMap, table: str, check: TableVerification,
              request_ids: list[str]) -> None:
-    mapping = settings.datamap.shredded[table]
+    mapping = datamap.shredded[table]
     k: int | None
     reason: str | None
     try:
-        report = assess(spark, settings, table, mapping.quasi_identifiers, k=cast(int, mapping.min_k))  # has min_k
+        report = assess_table(lake, datamap, table, mapping.quasi_identifiers,
+                              k=cast(int, mapping.min_k))  # has min_k
     except Exception as exc:
         reason = f"{table}: k-anonymity cannot be measured ({first_line(exc)})"
         k = None

@@ -18,9 +18,10 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
-from ..datamap import column_ref
+from ..datamap import DataMap, column_ref
 from ..exceptions import DataMapError, DsrError
 from ..inventory.check import field_at
+from ..lake.iceberg import Lake
 
 # more quasi-identifiers: single columns and pairs only (each subset: one more roll-up of the classes)
 ALL_SUBSETS_UP_TO = 4
@@ -85,26 +86,34 @@ def _checked(df: DataFrame, table: str, quasi: list[str], sensitive: str | None,
         raise DataMapError("; ".join(problems))
 
 
-def _subject_column(settings: Settings, table: str, subject: str | None) -> str | None:
+def _subject_column(datamap: DataMap, table: str, subject: str | None) -> str | None:
     """`subject`, else the table's first flat key column in the data map, else None (no subject counts)."""
     if subject:
         return subject
-    mapping = settings.datamap.keyed.get(table)
+    mapping = datamap.keyed.get(table)
     flat = [c for c in (mapping.key_columns if mapping else []) if not c.endswith("[]")]
     return flat[0] if flat else None
 
 
 def assess(spark: SparkSession, settings: Settings, table: str, quasi: list[str], k: int = 5,
            sensitive: str | None = None, subject: str | None = None) -> RiskReport:
-    """k-anonymity (and l-diversity for `sensitive`) of `table` over the `quasi` columns.
+    """k-anonymity (and l-diversity for `sensitive`) of `table` over the `quasi` columns (assess_table
+    in the lake and data map of `settings`)."""
+    return assess_table(Lake.of(spark, settings), settings.datamap, table, quasi, k, sensitive, subject)
+
+
+def assess_table(lake: Lake, datamap: DataMap, table: str, quasi: list[str], k: int = 5,
+                 sensitive: str | None = None, subject: str | None = None) -> RiskReport:
+    """k-anonymity (and l-diversity for `sensitive`) of `table` over the `quasi` columns (`subject`:
+    the column counting people, default the table's first flat key column in `datamap`).
 
     Cost: one aggregation of the table by the quasi-identifiers (classes kept in Spark, only their
     size distribution reaches the driver); with a subject column, one more scan joined with the
     classes for the subject counts; `riskiest` rolls the classes up per subset of the
     quasi-identifiers (all subsets up to four columns; beyond, single columns and pairs).
     """
-    df = spark.table(settings.table(table))
-    subject = _subject_column(settings, table, subject)
+    df = lake.spark.table(lake.quoted(table))
+    subject = _subject_column(datamap, table, subject)
     _checked(df, table, quasi, sensitive, subject, k)
     named = df.select(*[F.col(column_ref(c)).alias(f"dsr_q{i}") for i, c in enumerate(quasi)],
                       *([F.col(column_ref(sensitive)).alias("dsr_s")] if sensitive else []),
