@@ -40,16 +40,17 @@ def timed(report: RunReport, stage: str, spark: SparkSession | None = None) -> I
             report.cost[stage] = IoCost(**report.cost.get(stage, {})).add(meter.since(mark)).as_dict()
 
 
-def each_table(settings: Settings, progress: Progress, stage: str, tables: list[str], work: Callable[[str], T]
+def each_table(parallel_tables: int, progress: Progress, stage: str, tables: list[str], work: Callable[[str], T]
                ) -> dict[str, T]:
-    """`work(table)` for every table, `run.parallel_tables` at a time on threads sharing the session:
-    tables are independent, so their small Spark jobs, commits and procedure calls overlap instead of
-    queueing (Spark schedules concurrent jobs side by side). Results in the order of `tables`."""
+    """`work(table)` for every table, `parallel_tables` (`run.parallel_tables`) at a time on threads
+    sharing the session: tables are independent, so their small Spark jobs, commits and procedure calls
+    overlap instead of queueing (Spark schedules concurrent jobs side by side). Results in the order of
+    `tables`."""
     if not tables:
         return {}
     progress.stage(stage, len(tables))
     done: dict[str, T] = {}
-    with ThreadPoolExecutor(min(settings.run.parallel_tables, len(tables)), thread_name_prefix="dsr-table") as pool:
+    with ThreadPoolExecutor(min(parallel_tables, len(tables)), thread_name_prefix="dsr-table") as pool:
         futures = {pool.submit(work, table): table for table in tables}
         for future in as_completed(futures):
             progress.step(futures[future])
@@ -93,7 +94,7 @@ class Context:
         return timed(self.report, stage, self.spark)
 
     def each_table(self, stage: str, tables: list[str], work: Callable[[str], T]) -> dict[str, T]:
-        return each_table(self.settings, self.progress, stage, tables, work)
+        return each_table(self.settings.run.parallel_tables, self.progress, stage, tables, work)
 
     def identifiers(self, request_ids: list[str]) -> DataFrame:
         """(request_id, key_type, key_value) of these requests (stages/identity.py). The first call
