@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import shutil
-import threading
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
 from contextlib import ExitStack
 from datetime import date, datetime
 from pathlib import Path
@@ -63,8 +61,6 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     if not work.needs_lease:
         report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
         return report
-    if callable(spark) and work.needs_spark:
-        spark = _started(spark)  # its JVM starts while the lease is taken and the ledger read again
     lease = Lease(ledger.store, report.run_id, settings.run.lease_seconds)
     waited: list[str] = []
 
@@ -98,22 +94,6 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         _finish(ledger, lease, report, work, outcomes, started)
     report.document()  # checked against its published schema before anyone reads it
     return report
-
-
-def _started(make: Callable[[], SparkSession]) -> Callable[[], SparkSession]:
-    """`make()` begun now on a thread of its own; the function returned waits for its session (or raises
-    what it raised). Starting Spark (its JVM, the catalog) takes seconds, most of them waiting on the
-    JVM, and overlaps with the ledger reads that still come before the first Spark job."""
-    started: Future[SparkSession] = Future()
-
-    def start() -> None:
-        try:
-            started.set_result(make())
-        except BaseException as exc:  # noqa: BLE001  (handed to whoever waits for the session)
-            started.set_exception(exc)
-
-    threading.Thread(target=start, name="dsr-spark-start", daemon=True).start()
-    return started.result
 
 
 def _noted(report: RunReport, work: Work) -> Work:
