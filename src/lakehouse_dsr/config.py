@@ -75,6 +75,10 @@ class CatalogSettings(_Strict):
             raise ValueError(f"catalog name {v!r} must be a plain identifier (letters, digits, _)")
         return v
 
+    def quoted(self, name: str) -> str:
+        """Fully qualified, quoted name of a table (`namespace.table`) or namespace of this catalog, for SQL text."""
+        return ".".join(f"`{part}`" for part in [self.name, *name.split(".")])
+
     def local_warehouse(self) -> Path | None:
         """The warehouse directory when it lives on the local file system, else None.
 
@@ -278,10 +282,10 @@ class Settings(_Strict):
 
     def table(self, name: str) -> str:
         """Fully qualified, quoted name of a table given as `namespace.table`."""
-        return ".".join(f"`{part}`" for part in [self.catalog.name, *name.split(".")])
+        return self.catalog.quoted(name)
 
     def namespace(self, name: str) -> str:
-        return f"`{self.catalog.name}`.`{name}`"
+        return self.catalog.quoted(name)
 
     def key_file(self) -> Path:
         """Where the HMAC key lives when DSR_SECRET_KEY is not set: next to a local warehouse."""

@@ -173,11 +173,11 @@ class Lake:
 
     def quoted(self, name: str) -> str:
         """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text."""
-        return ".".join(f"`{part}`" for part in [self.catalog.name, *name.split(".")])
+        return self.catalog.quoted(name)
 
     def quoted_namespace(self, namespace: str) -> str:
         """Fully qualified, quoted name of a namespace of this catalog, for SQL text."""
-        return f"`{self.catalog.name}`.`{namespace}`"
+        return self.catalog.quoted(namespace)
 
     def with_conflict_retries(self, what: str, operation: Callable[[], T]) -> tuple[T, int]:
         """`with_conflict_retries` with this lake's retries."""

@@ -67,7 +67,7 @@ class VaultTable:
         return self.lake.quoted(self.name)
 
     def exists(self) -> bool:
-        return self.lake.spark.catalog.tableExists(f"{self.lake.catalog_name}.{self.name}")
+        return self.lake.spark.catalog.tableExists(self.lake.table(self.name).identifier)
 
     def rows(self, snapshot_id: int | None = None) -> DataFrame:
         """The vault's entries as stored (wrapped keys), now or at a snapshot."""
