@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -289,6 +290,10 @@ def test_an_acknowledged_request_survives_kill_9_and_reaches_the_ledger_exactly_
             assert time.monotonic() < deadline
             time.sleep(0.2)
         assert restarted.proc.poll() is None
+        # the ingester child yields the CPU to the server answering people (nice +10)
+        (child,) = Path(f"/proc/{restarted.proc.pid}/task/{restarted.proc.pid}/children").read_text().split()
+        assert "lakehouse_dsr.service.ingester" in Path(f"/proc/{child}/cmdline").read_text()
+        assert os.getpriority(os.PRIO_PROCESS, int(child)) == os.getpriority(os.PRIO_PROCESS, restarted.proc.pid) + 10
     rows = ledger_of(config).requests()
     assert sorted(r["request_id"] for r in rows) == sorted(ids)
     # once in the ledger, the queue keeps no identifier
