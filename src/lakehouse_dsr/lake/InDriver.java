@@ -19,6 +19,7 @@ import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.TreeMap;
 import java.util.TreeSet;
 import java.util.UUID;
 import java.util.concurrent.atomic.AtomicLongArray;
@@ -51,7 +52,12 @@ import org.apache.iceberg.shaded.org.apache.parquet.schema.MessageType;
 import org.apache.iceberg.types.Type;
 import org.apache.iceberg.types.Types;
 import org.apache.iceberg.util.PartitionUtil;
+import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.catalyst.plans.logical.LocalRelation;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
 
 public class InDriver {
   private final ObjectMapper json = new ObjectMapper();
@@ -87,6 +93,54 @@ public class InDriver {
   /** The keys of a lookup, in order, as a list. */
   public List values(Map lookup) {
     return new ArrayList(lookup.keySet());
+  }
+
+  /** The rows of `ds` computed once (one Spark job) and kept in this JVM as a local relation:
+   * queries that only project and filter it are answered here without a job. */
+  public Dataset kept(Dataset ds) {
+    return ds.sparkSession().createDataFrame(ds.collectAsList(), ds.schema());
+  }
+
+  /** A lookup (as `lookup` makes) grouped from the rows (request_id, key_value) of `ds`, or null
+   * when `ds` is not a local relation once optimized (reading it would take a Spark job). Null
+   * values are skipped. The values must be comparable (string, int, bigint). */
+  public Map groupedLocal(Dataset ds) {
+    if (!(ds.queryExecution().optimizedPlan() instanceof LocalRelation)) {
+      return null;
+    }
+    List rows = ds.collectAsList();  // a local relation: no job
+    TreeMap grouped = new TreeMap();
+    for (int i = 0; i < rows.size(); i++) {
+      Row row = (Row) rows.get(i);
+      if (row.isNullAt(1)) {
+        continue;
+      }
+      TreeSet ids = (TreeSet) grouped.get(row.get(1));
+      if (ids == null) {
+        ids = new TreeSet();
+        grouped.put(row.get(1), ids);
+      }
+      ids.add(row.getString(0));
+    }
+    Map out = new LinkedHashMap();
+    for (Iterator it = grouped.entrySet().iterator(); it.hasNext();) {
+      Map.Entry entry = (Map.Entry) it.next();
+      out.put(entry.getKey(), new ArrayList((TreeSet) entry.getValue()));
+    }
+    return out;
+  }
+
+  /** A lookup as a local relation (key_value of the type `ds` has it, request_ids). */
+  public Dataset requesters(Dataset ds, Map lookup) {
+    List rows = new ArrayList();
+    for (Iterator it = lookup.entrySet().iterator(); it.hasNext();) {
+      Map.Entry entry = (Map.Entry) it.next();
+      rows.add(RowFactory.create(new Object[] {entry.getKey(), entry.getValue()}));
+    }
+    StructType schema = new StructType()
+        .add("key_value", ds.schema().apply("key_value").dataType(), false)
+        .add("request_ids", DataTypes.createArrayType(DataTypes.StringType, false), false);
+    return ds.sparkSession().createDataFrame(rows, schema);
   }
 
   public Keys keys() {

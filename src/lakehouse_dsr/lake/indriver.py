@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from py4j.protocol import Py4JJavaError
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from ..exceptions import first_line
 from .bridge import compiled
@@ -65,6 +65,13 @@ def attempt(what: str, work: Callable[[], T]) -> T | None:
     except Py4JJavaError as exc:
         log.warning("%s in the driver failed, Spark does it: %s", what, first_line(exc.java_exception))
         return None
+
+
+def kept(df: DataFrame) -> DataFrame:
+    """`df`'s rows computed once (one Spark job) and kept in the driver's JVM as a local relation:
+    later queries that only filter and project them run no job, and no row crosses Py4J. For small
+    results (a batch's identifiers), as a local checkpoint would keep them on the executors."""
+    return DataFrame(compiled(df.sparkSession, "InDriver").kept(df._jdf), df.sparkSession)
 
 
 def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], max_bytes: int) -> str | None:

@@ -69,6 +69,23 @@ def key_values(grouped: DataFrame, key_type: DataType) -> KeyValues | None:
     return KeyValues(compiled(grouped.sparkSession, "InDriver").values(lookup), size, lookup)
 
 
+def held_key_values(keys: DataFrame, key_type: DataType) -> tuple[DataFrame, int, KeyValues | None] | None:
+    """`keys` (request_id, key_value of `key_type`) grouped by value inside the driver's JVM, when
+    they are held there already (a local relation: lake/indriver.py's `kept`): the grouped rows
+    (key_value, request_ids) as a local relation, their number, and their KeyValues (None beyond
+    MAX_VALUES). None when reading `keys` would take a Spark job or the type cannot be pruned on:
+    `key_values` then groups them in Spark. Cost: no Spark job."""
+    if type(key_type) not in _PRUNABLE:
+        return None
+    in_driver = compiled(keys.sparkSession, "InDriver")
+    lookup = in_driver.groupedLocal(keys._jdf)
+    if lookup is None:
+        return None
+    grouped = DataFrame(in_driver.requesters(keys._jdf, lookup), keys.sparkSession)
+    size = lookup.size()
+    return grouped, size, KeyValues(in_driver.values(lookup), size, lookup) if size <= MAX_VALUES else None
+
+
 def expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[KeyValues | None, ...]):
     """OR over key columns of `column IN values` (in chunks): a row may name a requested subject
     through any of them. Always-true when a column cannot be pruned on (array keys, other types, too

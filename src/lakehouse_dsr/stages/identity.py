@@ -6,15 +6,17 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..datamap import DataMap
+from ..lake import indriver
 from ..lake.iceberg import Lake
 
 
 def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
     """(request_id, key_type, key_value) for a batch of (request_id, subject_id).
 
-    One broadcast join per linked identifier against its source table (reads two columns of it).
-    The result is checkpointed, so erasing the source tables afterwards cannot change it; it stays
-    inside Spark (executor memory/disk), never on the driver.
+    One broadcast join per linked identifier against its source table (reads two columns of it), in
+    one job whose result is kept in the driver's JVM (lake/indriver.py's `kept`), never in Python:
+    erasing the source tables afterwards cannot change it, and the key sets built from it
+    (stages/matching.py) cost no further job.
     """
     dm, spark = datamap, lake.spark
     batch = batch.select("request_id", F.col("subject_id").cast("string").alias("subject_id"))
@@ -32,4 +34,4 @@ def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
     keys = parts[0]
     for part in parts[1:]:
         keys = keys.unionByName(part)
-    return keys.distinct().coalesce(1).localCheckpoint(eager=True)
+    return indriver.kept(keys.distinct())

@@ -32,8 +32,8 @@ def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) ->
 @dataclass(frozen=True)
 class KeySet:
     """A batch's values of one identifier, cast to one key type, grouped by value with the requests
-    naming each (`key_value`, `request_ids`). Kept (local checkpoint, one small row per value) and
-    built once per run for every key column holding that identifier at that type, so no table's
+    naming each (`key_value`, `request_ids`). Kept (in the driver's JVM, or a local checkpoint; one
+    small row per value) and built once per run for every key column holding that identifier at that type, so no table's
     plan, statement or check shuffles the batch again."""
 
     requesters: DataFrame
@@ -47,9 +47,15 @@ class KeySet:
 
 
 def key_set(keys: DataFrame, identifier: str, key_type: DataType) -> KeySet:
-    """The KeySet of `identifier` at `key_type`. Cost: one small job over the batch's keys (its result
-    kept as it is computed: the checkpoint is lazy, filled by that job)."""
-    grouped = keys_for_identifier(keys, identifier, key_type).groupBy("key_value").agg(
+    """The KeySet of `identifier` at `key_type`. Cost: none when `keys` are held in the driver's JVM
+    (identity.resolve keeps them there) and the type can be pruned on: they are grouped there;
+    else one small job over the batch's keys (its result kept as it is computed: the checkpoint is
+    lazy, filled by that job)."""
+    selected = keys_for_identifier(keys, identifier, key_type)
+    held = skipping.held_key_values(selected, key_type)
+    if held is not None:
+        return KeySet(held[0], held[1], held[2])
+    grouped = selected.groupBy("key_value").agg(
         F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=False)
     values = skipping.key_values(grouped, key_type)
     return KeySet(grouped, values.size if values else grouped.count(), values)
