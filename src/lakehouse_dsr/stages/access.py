@@ -24,7 +24,7 @@ from typing import cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from .. import faults
@@ -89,41 +89,55 @@ def export(
     out = private_dir(Path(out_dir))
 
     table_keys = matching.key_sets(datamap, keys, key_types, [t for t in tables if t not in shredded])
-    per_table = [_matching_rows(lake, datamap, table, table_keys[table]) for table in tables if table in table_keys]
+    found = [_matching_rows(lake, datamap, table, table_keys[table]) for table in tables if table in table_keys]
+    parts = [part for part in found if part is not None]
     links = {}
     if shredded:
         if vault_keys is None or vault_table is None:
             raise ValueError("shredded tables are exported through the vault: pass vault_keys and vault_table")
         links = {t: _vault_links(vault_table, datamap, t, keys, vault_keys) for t in shredded}
-        per_table += [_shredded_rows(lake, datamap, t, links[t]) for t in shredded]
-    rows = per_table[0]
-    for part in per_table[1:]:
-        rows = rows.unionByName(part)
-    grouped = (
-        rows.groupBy("request_id", "table_name").agg(F.array_sort(F.collect_list("row")).alias("rows"))
-        .groupBy("request_id").agg(F.collect_list(F.struct("table_name", "rows")).alias("tables"))
-    )
-    subjects = keys.groupBy("request_id").agg(F.collect_list(F.struct("key_type", "key_value")).alias("subject"))
-    packages = (
-        requests.select("request_id", "regulation")
-        .join(subjects, "request_id", "left").join(grouped, "request_id", "left")
-    )
-    if links:
-        linked = [link.select("request_id", F.lit(t).alias("table_name")) for t, link in links.items()]
-        for part in linked[1:]:
-            linked[0] = linked[0].unionByName(part)
-        packages = packages.join(linked[0].distinct().groupBy("request_id").agg(
-            F.collect_list("table_name").alias("linked")), "request_id", "left")
+        parts += [_shredded_rows(lake, datamap, t, links[t]) for t in shredded]
+        parts += [link.select("request_id", F.lit(t).alias("linked")) for t, link in links.items()]
+    parts += [keys.select("request_id", "key_type", "key_value"),
+              requests.select("request_id", "regulation", F.lit(True).alias("requested"))]
+    # Every part in one shuffle, hashed by request: a request's header, identifiers, rows and vault
+    # links meet in one group, whatever else the batch holds (one stage after the scans, not three).
+    packages = _union(parts).repartition(max(1, spark.sparkContext.defaultParallelism), "request_id") \
+        .groupBy("request_id").agg(
+            F.max("requested").alias("requested"), F.max("regulation").alias("regulation"),
+            F.collect_list(_present("key_type", "key_value")).alias("subject"),
+            F.collect_list(_present("table_name", "row")).alias("rows"),
+            F.collect_set("linked").alias("linked")) \
+        .where("requested")
     columns = {t: _column_types(lake, datamap, t)
                + ([] if t in shredded or table_keys[t].single else [(MATCHED_KEYS, "array<string>")]) for t in tables}
     # The failpoint kills the driver from the executor, mid-export.
     kill_pid = os.getpid() if faults.armed() == "during_export" else None
     writer = _PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid, shredded)
-    results = packages.repartition(max(1, spark.sparkContext.defaultParallelism)).rdd.mapPartitions(writer).collect()
+    results = packages.rdd.mapPartitions(writer).collect()
     result = ExportResult(str(out), str(out / "manifest.json"),
                           sorted((Package(*r) for r in results), key=lambda p: p.request_id))
     _write_manifest(datamap, result, fmt, generated_at, tables)
     return result
+
+
+_PACKAGE_COLUMNS = {"requested": "boolean", "regulation": "string", "key_type": "string", "key_value": "string",
+                    "table_name": "string", "row": "string", "linked": "string"}
+
+
+def _union(parts: list[DataFrame]) -> DataFrame:
+    """The parts (request_id and some of _PACKAGE_COLUMNS each) as one DataFrame, missing columns NULL."""
+    padded = [part.select("request_id", *[(F.col(c) if c in part.columns else F.lit(None).cast(t)).alias(c)
+                                          for c, t in _PACKAGE_COLUMNS.items()]) for part in parts]
+    union = padded[0]
+    for part in padded[1:]:
+        union = union.unionByName(part)
+    return union
+
+
+def _present(*columns: str) -> Column:
+    """struct(columns) on rows that have the first, else NULL (which collect_list leaves out)."""
+    return F.when(F.col(columns[0]).isNotNull(), F.struct(*columns))
 
 
 def _source(lake: Lake, datamap: DataMap, name: str) -> DataFrame:
@@ -134,18 +148,17 @@ def _source(lake: Lake, datamap: DataMap, name: str) -> DataFrame:
     return spark.table(lake.quoted(name))
 
 
-def _matching_rows(lake: Lake, datamap: DataMap, table: str, keys: TableKeys) -> DataFrame:
+def _matching_rows(lake: Lake, datamap: DataMap, table: str, keys: TableKeys) -> DataFrame | None:
     """(request_id, table_name, row): each row once per request it names, through any key column;
     with several key columns the row's JSON also says which matched (`dsr_matched_keys`). Reads
-    only the files of a table that may hold the batch's keys (lake/skipping.py); none when no file can."""
-    spark = lake.spark
+    only the files of a table that may hold the batch's keys (lake/skipping.py); None when no file can."""
     source: DataFrame | None
     if table in datamap.files:
         source = _source(lake, datamap, table)
     else:
         source = skipping.read(keys.current_candidates(lake.table(table)))
         if source is None:
-            return spark.createDataFrame([], "request_id string, table_name string, row string")
+            return None
     marked = matching.mark(source, keys).where(matching.any_hit(keys))
     values = [source[c] for c in source.columns]
     if not keys.single:
@@ -211,15 +224,19 @@ class _PackageWriter:
 
     def __call__(self, partition):
         for p in partition:
-            by_table = {t.table_name: list(t.rows) for t in (p.tables or [])}
+            by_table: dict[str, list[str]] = {}
+            for r in p.rows:
+                by_table.setdefault(r.table_name, []).append(r.row)
+            for rows in by_table.values():
+                rows.sort()  # code point order: Spark's array_sort of UTF-8 strings, so packages are reproducible
             subject: dict[str, list[str]] = {}
-            for k in p.subject or []:
+            for k in p.subject:
                 subject.setdefault(k.key_type, []).append(k.key_value)
             header = {"request_id": p.request_id, "regulation": p.regulation, "generated_at": self.generated_at,
                       "subject": {k: sorted(v) for k, v in sorted(subject.items())}}
             if not by_table:
                 header["note"] = EMPTY_NOTE
-            unlinkable = [t for t in self.shredded if t not in (p.linked or [])] if self.shredded else []
+            unlinkable = [t for t in self.shredded if t not in p.linked]
             if unlinkable:
                 header["unlinkable"] = {t: UNLINKABLE_NOTE for t in unlinkable}
             if self.fmt == "json":
