@@ -54,6 +54,7 @@ import org.apache.iceberg.types.Types;
 import org.apache.iceberg.util.PartitionUtil;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.catalyst.plans.logical.LocalRelation;
 import org.apache.spark.sql.types.DataTypes;
@@ -101,11 +102,27 @@ public class InDriver {
     return ds.sparkSession().createDataFrame(ds.collectAsList(), ds.schema());
   }
 
+  /** Rows given as JSON (a list of lists of strings or nulls) as a local relation of `ddl`'s
+   * string columns: for small data that is not identifiers (the ledger's hashes). */
+  public Dataset localStrings(SparkSession spark, String rowsJson, String ddl) throws Exception {
+    List rows = new ArrayList();
+    List parsed = (List) json.readValue(rowsJson, List.class);
+    for (int i = 0; i < parsed.size(); i++) {
+      rows.add(RowFactory.create(((List) parsed.get(i)).toArray()));
+    }
+    return spark.createDataFrame(rows, StructType.fromDDL(ddl));
+  }
+
+  /** Whether `ds` is a local relation once optimized: reading it takes no Spark job. */
+  public boolean isLocal(Dataset ds) {
+    return ds.queryExecution().optimizedPlan() instanceof LocalRelation;
+  }
+
   /** A lookup (as `lookup` makes) grouped from the rows (request_id, key_value) of `ds`, or null
    * when `ds` is not a local relation once optimized (reading it would take a Spark job). Null
    * values are skipped. The values must be comparable (string, int, bigint). */
   public Map groupedLocal(Dataset ds) {
-    if (!(ds.queryExecution().optimizedPlan() instanceof LocalRelation)) {
+    if (!isLocal(ds)) {
       return null;
     }
     List rows = ds.collectAsList();  // a local relation: no job

@@ -74,6 +74,18 @@ def kept(df: DataFrame) -> DataFrame:
     return DataFrame(compiled(df.sparkSession, "InDriver").kept(df._jdf), df.sparkSession)
 
 
+def local_strings(spark: SparkSession, rows: list[tuple[str | None, ...]], ddl: str) -> DataFrame:
+    """`rows` of string columns (`ddl`) as a local relation built in the driver's JVM: queries that
+    only filter and project it run no Spark job. The rows cross Py4J as JSON text: for data that
+    is not identifiers (the ledger's hashes), as `hash_lookup`'s are."""
+    return DataFrame(compiled(spark, "InDriver").localStrings(spark._jsparkSession, json.dumps(rows), ddl), spark)
+
+
+def is_local(df: DataFrame) -> bool:
+    """Whether reading `df` takes no Spark job (a local relation once optimized)."""
+    return bool(compiled(df.sparkSession, "InDriver").isLocal(df._jdf))
+
+
 def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], max_bytes: int) -> str | None:
     """Why `candidates` cannot be read and rewritten in the driver (None: they can). Metadata only."""
     if candidates.bytes > max_bytes:

@@ -180,27 +180,30 @@ def keys_for(key_file: Path, hashes: DataFrame, key: bytes | Keyring | HashKeys)
     beside `key_file`, `Settings.key_file()`) that made `hashes`, and the requests whose hashes were
     made by a key in no keyring any more.
 
-    Cost: one distinct over the (small) hashes' key ids (none when given HashKeys); only the keys in
-    use are hashed with.
+    Cost: none for hashes held in the driver's JVM (`stored_hashes`), else one distinct over the
+    (small) hashes' key ids (none when given HashKeys); only the keys in use are hashed with.
     """
     if isinstance(key, HashKeys):
         return key
     ring = as_keyring(key, key_file)
     if "key_id" not in hashes.columns:
         return HashKeys(ring.keys(), {})
-    used = {r.key_id for r in hashes.select("key_id").distinct().collect()}
+    ids = hashes.select("request_id", "key_id")
+    local = indriver.is_local(ids)  # read back without a job: no distinct needed to keep it small
+    used = {r.key_id for r in (ids if local else ids.select("key_id").distinct()).collect()}
     lost_ids = sorted(used - set(ring.keys()) - {None})
-    lost = {r.request_id: r.key_id for r in hashes.where(F.col("key_id").isin(*lost_ids))
-            .select("request_id", "key_id").distinct().collect()} if lost_ids else {}
+    lost = {r.request_id: r.key_id for r in (ids if local else ids.distinct()).where(
+        F.col("key_id").isin(*lost_ids)).collect()} if lost_ids else {}
     return HashKeys(keys_in_use(ring, used), lost)
 
 
 def stored_hashes(spark: SparkSession, ledger: Ledger, request_ids: list[str]) -> DataFrame:
     """(request_id, key_type, key_hash, key_id) the ledger holds for these requests, as a small
-    DataFrame (hashes only, no plaintext). Cost: one pyiceberg read of the ledger's keys."""
-    return spark.createDataFrame([(h["request_id"], h["key_type"], h["key_hash"], h["key_id"])
-                                  for h in ledger.key_hashes(request_ids)],
-                                 "request_id string, key_type string, key_hash string, key_id string")
+    DataFrame (hashes only, no plaintext) held in the driver's JVM: reading it back takes no Spark
+    job. Cost: one pyiceberg read of the ledger's keys."""
+    return indriver.local_strings(spark, [(h["request_id"], h["key_type"], h["key_hash"], h["key_id"])
+                                          for h in ledger.key_hashes(request_ids)],
+                                  "request_id string, key_type string, key_hash string, key_id string")
 
 
 @dataclass
