@@ -18,11 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType
 
 from helpers import SEED, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.inventory.check import check_against_catalog
-from lakehouse_dsr.lake import layout, skipping
+from lakehouse_dsr.lake import indriver, layout, skipping
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
@@ -133,9 +134,39 @@ def test_a_table_no_file_can_match_costs_no_spark_job(spark, clustered, tmp_path
                                      "request_id string, subject_id string, regulation string")
     mark = meter.mark()
     result = export(Lake.of(spark, clustered), clustered.datamap, requests, tmp_path / "out")
-    # what Spark counts as read is the batch's own few rows (its checkpoints), none of the table's 3,000
+    # what Spark counts as read is the batch's own few rows, none of the table's 3,000
     assert meter.since(mark).rows_read < 10 and len(result.packages) == 1
     skipping.release()
+
+
+def test_key_sets_of_identifiers_kept_in_the_driver_cost_no_spark_job_and_equal_sparks_grouping(spark, tmp_path):
+    rows = [("r1", "user_id", "u1"), ("r2", "user_id", "u1"), ("r2", "user_id", "u2"), ("r3", "email", "x@y"),
+            ("r4", "user_id", "7"), ("r5", "user_id", None)]
+    batch = spark.createDataFrame(rows, "request_id string, key_type string, key_value string")  # an RDD
+    kept = indriver.kept(batch)
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    held = {t: matching.key_set(kept, "user_id", t) for t in (StringType(), LongType())}
+    assert meter.since(mark).stages == 0
+    in_spark = {t: matching.key_set(batch, "user_id", t) for t in (StringType(), LongType())}
+    assert meter.since(mark).stages > 0  # the same key sets grouped by Spark jobs
+
+    def content(key_set):
+        return {(r.key_value, tuple(sorted(r.request_ids))) for r in key_set.requesters.collect()}
+    for key_type in held:
+        assert content(held[key_type]) == content(in_spark[key_type])
+        assert held[key_type].size == in_spark[key_type].size == len(content(held[key_type]))
+        assert list(held[key_type].values.java_list) == list(in_spark[key_type].values.java_list)
+    assert content(held[StringType()]) == {("u1", ("r1", "r2")), ("u2", ("r2",)), ("7", ("r4",))}
+    assert content(held[LongType()]) == {(7, ("r4",))}  # a text id is no bigint: it cannot match
+
+    # The ledger's hashes, held in the driver too: their key ids are read without a job.
+    stored = indriver.local_strings(spark, [("r1", "user_id", "0" * 64, "k1"), ("r2", "user_id", "1" * 64, None)],
+                                    "request_id string, key_type string, key_hash string, key_id string")
+    mark = meter.mark()
+    resolved = verify.keys_for(tmp_path / "dsr-secret.key", stored, b"k" * 32)
+    assert meter.since(mark).stages == 0
+    assert resolved.lost == {"r1": "k1"}  # made by a key no keyring holds
 
 
 @pytest.mark.slow  # a whole run over a clustered table: make test-slow

@@ -33,8 +33,8 @@ def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) ->
 class KeySet:
     """A batch's values of one identifier, cast to one key type, grouped by value with the requests
     naming each (`key_value`, `request_ids`). Kept (in the driver's JVM, or a local checkpoint; one
-    small row per value) and built once per run for every key column holding that identifier at that type, so no table's
-    plan, statement or check shuffles the batch again."""
+    small row per value) and built once per run for every key column holding that identifier at
+    that type, so no table's plan, statement or check shuffles the batch again."""
 
     requesters: DataFrame
     size: int  # distinct values: decides whether the statement may broadcast them
@@ -54,7 +54,7 @@ def key_set(keys: DataFrame, identifier: str, key_type: DataType) -> KeySet:
     selected = keys_for_identifier(keys, identifier, key_type)
     held = skipping.held_key_values(selected, key_type)
     if held is not None:
-        return KeySet(held[0], held[1], held[2])
+        return KeySet(*held)
     grouped = selected.groupBy("key_value").agg(
         F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=False)
     values = skipping.key_values(grouped, key_type)
