@@ -55,6 +55,19 @@ class Package:
     rows: dict[str, int]
 
 
+@dataclass(frozen=True)
+class ReadAt:
+    """Where the export reads a table that an erasure committed to before the export ran: its rows as
+    snapshot `snapshot_id` held them (the erase commit's parent: what an export run first reads), or
+    those of the erase commit's snapshot with `rewritten` reading its new files `rewritten_files` (a
+    scan the collateral check observes, so the table is read once for both: only where no row an
+    access request names was changed by the commit)."""
+
+    snapshot_id: int | None
+    rewritten: DataFrame | None = None
+    rewritten_files: frozenset[str] = frozenset()
+
+
 @dataclass
 class ExportResult:
     directory: str
@@ -65,7 +78,7 @@ class ExportResult:
 def export(
     lake: Lake, datamap: DataMap, requests: DataFrame, out_dir: Path, fmt: str = "json",
     key_types: KeyTypes | None = None, keys: DataFrame | None = None, vault_keys: vault.Keys | None = None,
-    vault_table: vault.VaultTable | None = None,
+    vault_table: vault.VaultTable | None = None, read_at: dict[str, ReadAt] | None = None,
 ) -> ExportResult:
     """Write one package per request of `requests` (request_id, subject_id, regulation) under `out_dir`.
 
@@ -76,6 +89,7 @@ def export(
     pseudonym and exported re-identified and decrypted; a subject with no vault entry gets a note
     that the table's rows cannot be linked to them (`unlinkable`): a data map with such tables needs
     `vault_keys` (vault.open_keys) and `vault_table` (vault.VaultTable).
+    `read_at`: tables an erasure committed to before this export, read where ReadAt says.
     """
     spark = lake.spark
     if fmt not in EXPORT_FORMATS:
@@ -89,7 +103,9 @@ def export(
     out = private_dir(Path(out_dir))
 
     table_keys = matching.key_sets(datamap, keys, key_types, [t for t in tables if t not in shredded])
-    found = [_matching_rows(lake, datamap, table, table_keys[table]) for table in tables if table in table_keys]
+    read_at = read_at or {}
+    found = [_matching_rows(lake, datamap, table, table_keys[table], read_at.get(table))
+             for table in tables if table in table_keys]
     parts = [part for part in found if part is not None]
     links = {}
     if shredded:
@@ -114,13 +130,18 @@ def export(
     # The failpoint kills the driver from the executor, mid-export.
     kill_pid = os.getpid() if faults.armed() == "during_export" else None
     writer = _PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid, shredded)
-    results = packages.rdd.mapPartitions(writer).collect()
+    # A Dataset action (not an RDD's): observations on the scans (the collateral check's) see it end.
+    # Nondeterministic, so Spark never evaluates the write twice for one package.
+    write = F.udf(writer, _WRITTEN).asNondeterministic()
+    results = packages.select(write(F.struct(*packages.columns)).alias("w")).select("w.*").collect()
     result = ExportResult(str(out), str(out / "manifest.json"),
-                          sorted((Package(*r) for r in results), key=lambda p: p.request_id))
+                          sorted((Package(r.request_id, r.file, r.sha256, r.bytes, dict(r.rows)) for r in results),
+                                 key=lambda p: p.request_id))
     _write_manifest(datamap, result, fmt, generated_at, tables)
     return result
 
 
+_WRITTEN = "request_id string, file string, sha256 string, bytes bigint, rows map<string, bigint>"
 _PACKAGE_COLUMNS = {"requested": "boolean", "regulation": "string", "key_type": "string", "key_value": "string",
                     "table_name": "string", "row": "string", "linked": "string"}
 
@@ -148,15 +169,23 @@ def _source(lake: Lake, datamap: DataMap, name: str) -> DataFrame:
     return spark.table(lake.quoted(name))
 
 
-def _matching_rows(lake: Lake, datamap: DataMap, table: str, keys: TableKeys) -> DataFrame | None:
+def _matching_rows(lake: Lake, datamap: DataMap, table: str, keys: TableKeys, at: ReadAt | None = None
+                   ) -> DataFrame | None:
     """(request_id, table_name, row): each row once per request it names, through any key column;
     with several key columns the row's JSON also says which matched (`dsr_matched_keys`). Reads
-    only the files of a table that may hold the batch's keys (lake/skipping.py); None when no file can."""
+    only the files of a table that may hold the batch's keys (lake/skipping.py), at the current
+    snapshot or where `at` says; None when no file can."""
     source: DataFrame | None
     if table in datamap.files:
         source = _source(lake, datamap, table)
     else:
-        source = skipping.read(keys.current_candidates(lake.table(table)))
+        handle = lake.table(table)
+        candidates = keys.current_candidates(handle) if at is None else keys.candidates(handle, at.snapshot_id)
+        if at is None or at.rewritten is None:
+            source = skipping.read(candidates)
+        else:  # the rewritten files whatever their bounds (the check reads them all), and the other candidates
+            rest = skipping.read(candidates, set(candidates.paths()) - at.rewritten_files)
+            source = at.rewritten if rest is None else at.rewritten.unionByName(rest)
         if source is None:
             return None
     marked = matching.mark(source, keys).where(matching.any_hit(keys))
@@ -215,40 +244,41 @@ def _column_types(lake: Lake, datamap: DataMap, table: str) -> list[tuple[str, s
 
 
 class _PackageWriter:
-    """Runs on executors: turns each request's grouped rows into its package file."""
+    """Runs on executors (a Python UDF): turns each request's grouped rows into its package file."""
 
     def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, generated_at: str,
                  kill_pid: int | None = None, shredded: Sequence[str] = ()):
         self.out, self.fmt, self.tables, self.columns, self.generated_at = out, fmt, tables, columns, generated_at
         self.kill_pid, self.shredded = kill_pid, list(shredded)
 
-    def __call__(self, partition):
-        for p in partition:
-            by_table: dict[str, list[str]] = {}
-            for r in p.rows:
-                by_table.setdefault(r.table_name, []).append(r.row)
-            for rows in by_table.values():
-                rows.sort()  # code point order: Spark's array_sort of UTF-8 strings, so packages are reproducible
-            subject: dict[str, list[str]] = {}
-            for k in p.subject:
-                subject.setdefault(k.key_type, []).append(k.key_value)
-            header = {"request_id": p.request_id, "regulation": p.regulation, "generated_at": self.generated_at,
-                      "subject": {k: sorted(v) for k, v in sorted(subject.items())}}
-            if not by_table:
-                header["note"] = EMPTY_NOTE
-            unlinkable = [t for t in self.shredded if t not in p.linked]
-            if unlinkable:
-                header["unlinkable"] = {t: UNLINKABLE_NOTE for t in unlinkable}
-            if self.fmt == "json":
-                data, name = self._json(header, by_table), f"{p.request_id}.json"
-            else:
-                data, name = self._zip(header, by_table), f"{p.request_id}.{self.fmt}.zip"
-            # Not synced (1 ms a package): written before the run records anything, checked right after.
-            write_private(Path(self.out) / name, data, sync=False)
-            if self.kill_pid:
-                faults.kill(self.kill_pid)
-            yield (p.request_id, name, hashlib.sha256(data).hexdigest(), len(data),
-                   {t: len(by_table.get(t, [])) for t in self.tables})
+    def __call__(self, p) -> tuple:
+        """Write request `p`'s package (its grouped header, identifiers, rows and vault links); returns
+        (request_id, file name, sha256, bytes, {table: rows})."""
+        by_table: dict[str, list[str]] = {}
+        for r in p.rows:
+            by_table.setdefault(r.table_name, []).append(r.row)
+        for rows in by_table.values():
+            rows.sort()  # code point order: Spark's array_sort of UTF-8 strings, so packages are reproducible
+        subject: dict[str, list[str]] = {}
+        for k in p.subject:
+            subject.setdefault(k.key_type, []).append(k.key_value)
+        header = {"request_id": p.request_id, "regulation": p.regulation, "generated_at": self.generated_at,
+                  "subject": {k: sorted(v) for k, v in sorted(subject.items())}}
+        if not by_table:
+            header["note"] = EMPTY_NOTE
+        unlinkable = [t for t in self.shredded if t not in p.linked]
+        if unlinkable:
+            header["unlinkable"] = {t: UNLINKABLE_NOTE for t in unlinkable}
+        if self.fmt == "json":
+            data, name = self._json(header, by_table), f"{p.request_id}.json"
+        else:
+            data, name = self._zip(header, by_table), f"{p.request_id}.{self.fmt}.zip"
+        # Not synced (1 ms a package): written before the run records anything, checked right after.
+        write_private(Path(self.out) / name, data, sync=False)
+        if self.kill_pid:
+            faults.kill(self.kill_pid)
+        return (p.request_id, name, hashlib.sha256(data).hexdigest(), len(data),
+                {t: len(by_table.get(t, [])) for t in self.tables})
 
     def _json(self, header: dict, by_table: dict[str, list[str]]) -> bytes:
         # Rows are already JSON from Spark: splice them, do not re-encode (keeps decimals exact).
