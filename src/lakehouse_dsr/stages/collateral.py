@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
@@ -187,13 +187,19 @@ def observe(rows: DataFrame, table_keys: TableKeys) -> tuple[DataFrame, Observat
     over the read: that join, one hash per row and three aggregates per side (about 3 s at 10M rows
     on two cores)."""
     redactions = matching.redactions(table_keys)
-    hashed = matching.mark(rows, table_keys).select(
-        "*", matching.any_hit(table_keys).alias(_HIT), *row_hashes(rows.schema, "o_"),
-        *(row_hashes(rows.schema, "r_", redactions) if redactions else []))
-    observation = Observation(f"dsr_collateral_{uuid.uuid4().hex[:12]}")
     requested = F.col(_HIT)
-    observed = hashed.observe(observation, *aggregates("o_", ~requested),
-                              *(aggregates("r_", requested) if redactions else []))
+    return _observing(rows, table_keys, [*(row_hashes(rows.schema, "r_", redactions) if redactions else [])],
+                      [*aggregates("o_", ~requested), *(aggregates("r_", requested) if redactions else [])])
+
+
+def _observing(rows: DataFrame, table_keys: TableKeys, extra_hashes: list[Column], metrics: list[Column]
+               ) -> tuple[DataFrame, Observation]:
+    """`rows` unchanged, with `metrics` observed over them marked by `table_keys` (`_HIT`) and hashed
+    (`o_h1`, plus `extra_hashes`)."""
+    hashed = matching.mark(rows, table_keys).select(
+        "*", matching.any_hit(table_keys).alias(_HIT), *row_hashes(rows.schema, "o_"), *extra_hashes)
+    observation = Observation(f"dsr_collateral_{uuid.uuid4().hex[:12]}")
+    observed = hashed.observe(observation, *metrics)
     return observed.select(*[F.col(f"`{c}`") for c in rows.columns]), observation
 
 
@@ -250,8 +256,54 @@ def check_many(lake: Lake, datamap: DataMap, erase: EraseSettings, commits: list
     fingerprinted in a few Spark jobs (lake/batching.py): on a wide lake of small tables, a job per
     table would cost more than the reading. `parallel_tables` (`run.parallel_tables`): commits
     prepared, and fingerprints collected, at once."""
+    decided, pending = prepare_many(lake, datamap, erase, commits, parallel_tables=parallel_tables)
+    return {**decided, **conclude_many(pending, {}, parallel_tables=parallel_tables)}
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A commit whose check is left to fingerprints: what they read (prepare_many)."""
+
+    commit: Commit
+    reads: _Reads
+
+    @property
+    def after_shareable(self) -> bool:
+        """Whether only the commit's new files are left to read (the rewrite observed the old ones):
+        another stage's scan of them can carry the check (`observe_after`)."""
+        return self.reads.removed is None and self.reads.added is not None
+
+    @property
+    def added_files(self) -> frozenset[str]:
+        return self.reads.added_files
+
+    def observe_after(self) -> tuple[DataFrame, Observation]:
+        """The commit's new files' rows (no deletes yet: as the commit holds them), with the check's
+        "after" side observed while another stage reads them: one scan serves both. `after_split`
+        reads the result once that stage's action has finished. Cost over the read: the check's own
+        join, one hash per row and four aggregates."""
+        rows, keys = cast(DataFrame, self.reads.added), self.commit.keys
+        requested = F.col(_HIT)
+        return _observing(rows, keys, [], [*aggregates("a_", ~requested, source="o_"),
+                                           F.sum(F.when(requested, 1).otherwise(0)).alias("requested_after")])
+
+
+def after_split(observation: Observation) -> Split | None:
+    """The "after" side `Pending.observe_after` observed; None when no action over it finished (the
+    reading stage failed: the check then reads the files itself)."""
+    if not cast(Any, observation._jo).future().isCompleted():  # get would wait for ever
+        return None
+    totals = observation.get
+    return Split(found=pick(totals, "a_"), requested_after=int(totals["requested_after"] or 0))
+
+
+def prepare_many(lake: Lake, datamap: DataMap, erase: EraseSettings, commits: list[Commit], *, parallel_tables: int
+                 ) -> tuple[dict[str, CollateralResult], dict[str, Pending]]:
+    """Each commit's check as far as metadata and small reads take it: a result already (other
+    writers' commits in between, files beyond the keys' reach, rows gone from files that got
+    deletes, a small rewrite fingerprinted in the driver), or what its fingerprints must read."""
     results: dict[str, CollateralResult] = {}
-    pending: dict[str, tuple[Commit, _Reads]] = {}
+    pending: dict[str, Pending] = {}
     prepared_all = map_in_threads(
         lambda commit: _prepare(lake.table(commit.table), datamap.table_mapping(commit.table).action, erase, commit),
         commits, parallel_tables)
@@ -259,11 +311,20 @@ def check_many(lake: Lake, datamap: DataMap, erase: EraseSettings, commits: list
         if isinstance(prepared, CollateralResult):
             results[commit.table] = prepared
         else:
-            pending[commit.table] = (commit, prepared)
-    sums = _split_many({table: (reads.removed, reads.added, commit.keys) for table, (commit, reads) in pending.items()},
-                       parallel_tables)
-    for table, (commit, reads) in pending.items():
-        sides = sums[table]
+            pending[commit.table] = Pending(commit, prepared)
+    return results, pending
+
+
+def conclude_many(pending: dict[str, Pending], after: dict[str, Split], *, parallel_tables: int
+                  ) -> dict[str, CollateralResult]:
+    """The verdicts of `pending` checks: `after` holds the "after" sides another stage's scan
+    observed (`Pending.observe_after`); the rest are fingerprinted here, in a few Spark jobs."""
+    results: dict[str, CollateralResult] = {}
+    read = {table: p for table, p in pending.items() if table not in after}
+    sums = {**_split_many({table: (p.reads.removed, p.reads.added, p.commit.keys) for table, p in read.items()},
+                          parallel_tables), **after}
+    for table, p in pending.items():
+        sides, reads, commit = sums[table], p.reads, p.commit
         expected = (sides.other + sides.redacted if reads.seen is None
                     else reads.seen.other + reads.seen.redacted) + reads.requested_kept
         result = _verdict(commit, expected, sides.found)
