@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from typing import cast
 
 from pyspark.sql import DataFrame
 
@@ -23,10 +24,11 @@ from ..keys import key_id
 from ..lake.hmac import with_keyed_hash
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
-from ..stages import collateral, erase, files, matching, propagate, purge, refs, resurrection, shred, verify
+from ..stages import access, collateral, erase, files, matching, propagate, purge, refs, resurrection, shred, verify
 from ..vault import vault
 from . import rules
 from .context import Context
+from .exports import SharedExport
 from .proof import Prover
 from .work import Work
 
@@ -51,11 +53,22 @@ class ErasureResult:
     resurrections: dict[str, dict] = field(default_factory=dict)  # tables where erased people came back -> evidence
 
 
-class ErasureBatch:
-    """The run's erase requests (and, when a purge is due, every request waiting for one)."""
+@dataclass(frozen=True)
+class Committed:
+    """A wave's erase commits whose content checks still have fingerprints to read (`pending`)."""
 
-    def __init__(self, ctx: Context, work: Work):
-        self.ctx, self.work = ctx, work
+    key_sets: dict[str, matching.TableKeys]
+    erasures: dict[str, erase.TableErasure] = field(default_factory=dict)
+    pending: dict[str, collateral.Pending] = field(default_factory=dict)
+
+
+class ErasureBatch:
+    """The run's erase requests (and, when a purge is due, every request waiting for one). `export`:
+    the run's access export, run between the first wave's commits and their content checks
+    (runner/exports.py's SharedExport)."""
+
+    def __init__(self, ctx: Context, work: Work, export: SharedExport | None = None):
+        self.ctx, self.work, self.export = ctx, work, export
         self.spark, self.settings, self.ledger, self.lake = ctx.spark, ctx.settings, ctx.ledger, ctx.lake
         self.request_ids = sorted(work.erase)
         self._hashes: DataFrame | None = None
@@ -213,13 +226,28 @@ class ErasureBatch:
     def _erase_sources(self, keys: DataFrame) -> Erased:
         """Erase the mapped tables wave by wave (tables identifiers are resolved through go last, so a
         resumed run can still resolve from them; a wave's tables side by side), then the file
-        datasets, then late rows other writers appended meanwhile."""
+        datasets, then late rows other writers appended meanwhile. A shared export (`export`) runs
+        once the first wave has committed, before that wave's collateral verdicts, and is timed as
+        the export."""
         datamap, ctx = self.settings.datamap, self.ctx
         erased = Erased()
+        waves = datamap.erase_waves()
+        waves = waves[:len(waves) - len(datamap.derived_levels())]
         with ctx.timed("erase"):
             erased.key_sets = matching.key_sets(datamap, keys, ctx.key_types, [*datamap.keyed, *datamap.files])
-            waves = datamap.erase_waves()
-            for wave in waves[:len(waves) - len(datamap.derived_levels())]:
+            plans = self._plan_tables(waves[0] if waves else [], erased.key_sets)
+        export, self.export = self.export, None
+        sharing = export is not None and any(self._may_share(export, p, erased.key_sets[t]) for t, p in plans.items())
+        if export is not None and not sharing:  # nothing to share: the export an export run first does
+            export.run({})
+        with ctx.timed("erase"):
+            first = self._commit_planned("erase", plans, erased.key_sets)
+            if sharing:  # a run killed during the export leaves a record of these commits
+                self._journal(first.erasures)
+        after = self._export_between(cast(SharedExport, export), first) if sharing else {}
+        with ctx.timed("erase"):
+            erased.erasures.update(self._conclude(first, after))
+            for wave in waves[1:]:
                 erased.erasures.update(self._erase_tables("erase", wave, erased.key_sets))
             if datamap.files:
                 datasets = [d for d in datamap.files if d not in self.work.legal_tables]
@@ -227,6 +255,28 @@ class ErasureBatch:
                     self.spark, datamap, d, erased.key_sets[d])))
             self._late_rounds(erased, list(datamap.keyed))
         return erased
+
+    def _may_share(self, export: SharedExport, plan: erase.TablePlan, keys: matching.TableKeys) -> bool:
+        """Whether the plan's commit will leave the content check new files to read that the export may
+        read for it: Spark's rewrite of files too large for the driver, changing no access request's row."""
+        settings = self.settings.erase
+        return (settings.collateral_check == "content" and plan.strategy == "rewrite_files" and plan.rows_matched > 0
+                and (plan.skipping or {}).get("bytes", 0) > settings.in_driver_max_bytes
+                and export.unchanged_by(plan.table, keys))
+
+    def _export_between(self, export: SharedExport, first: Committed) -> dict[str, collateral.Split]:
+        """Run the shared export after the first wave's commits: each table those commits erased is
+        read as before them, or, where the content check still has to read the commit's new files and
+        no access request's row was changed, through those files with the check's "after" side
+        observed on the same scan. Returns the sides observed."""
+        shared = {t: p.observe_after() for t, p in first.pending.items()
+                  if p.after_shareable and export.unchanged_by(t, first.key_sets[t])}
+        export.run({**{t: access.ReadAt(e.plan.snapshot_before) for t, e in first.erasures.items()
+                       if e.snapshot_id is not None},
+                    **{t: access.ReadAt(first.erasures[t].snapshot_id, frame, first.pending[t].added_files)
+                       for t, (frame, _) in shared.items()}})
+        return {t: split for t, (_, observation) in shared.items()
+                if (split := collateral.after_split(observation)) is not None}
 
     def _shred(self, keys: DataFrame, erasures: dict[str, erase.TableErasure]) -> shred.Shred | None:
         """Shred the subjects' vault entries (`action: shred` tables), journal them with the erase
@@ -291,13 +341,23 @@ class ErasureBatch:
         commits checked for collateral damage together (the content check's fingerprints in one job).
         Each table's `seconds` is its commit and count check; the shared plan and check are the stage's.
         Tables under a legal hold are left out."""
-        settings = self.settings
+        return self._conclude(self._commit_planned(stage, self._plan_tables(tables, key_sets), key_sets), {})
+
+    def _plan_tables(self, tables: list[str], key_sets: dict[str, matching.TableKeys]) -> dict[str, erase.TablePlan]:
+        """The plans of `tables` not under a legal hold, in one Spark job (erase.plan_many)."""
         tables = [t for t in tables if t not in self.work.legal_tables]
         if not tables:
             return {}
-        datamap = settings.datamap
-        plans = erase.plan_many(self.lake, datamap, settings.erase, tables, key_sets, self.work.purge_now,
-                                parallel_tables=settings.run.parallel_tables)
+        return erase.plan_many(self.lake, self.settings.datamap, self.settings.erase, tables, key_sets,
+                               self.work.purge_now, parallel_tables=self.settings.run.parallel_tables)
+
+    def _commit_planned(self, stage: str, plans: dict[str, erase.TablePlan], key_sets: dict[str, matching.TableKeys]
+                        ) -> Committed:
+        """`_erase_tables` up to the content check's fingerprints: committed side by side, checked by
+        counts or as far as metadata takes the content check."""
+        settings, datamap, tables = self.settings, self.settings.datamap, list(plans)
+        if not tables:
+            return Committed(key_sets)
         content = settings.erase.collateral_check == "content"
 
         def commit(table: str) -> erase.TableErasure:
@@ -315,13 +375,22 @@ class ErasureBatch:
             return erasure
 
         erasures = self.ctx.each_table(stage, tables, commit)
-        if content:
-            committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed)
-                         for t, e in erasures.items() if e.snapshot_id is not None]
-            for table, result in collateral.check_many(self.lake, datamap, settings.erase, committed,
-                                                       parallel_tables=settings.run.parallel_tables).items():
-                erasures[table].collateral = result
-        return erasures
+        if not content:
+            return Committed(key_sets, erasures)
+        committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed)
+                     for t, e in erasures.items() if e.snapshot_id is not None]
+        decided, pending = collateral.prepare_many(self.lake, datamap, settings.erase, committed,
+                                                   parallel_tables=settings.run.parallel_tables)
+        for table, result in decided.items():
+            erasures[table].collateral = result
+        return Committed(key_sets, erasures, pending)
+
+    def _conclude(self, committed: Committed, after: dict[str, collateral.Split]) -> dict[str, erase.TableErasure]:
+        """The content check's verdicts of `committed` (`after`: "after" sides observed already)."""
+        for table, result in collateral.conclude_many(committed.pending, after,
+                                                      parallel_tables=self.settings.run.parallel_tables).items():
+            committed.erasures[table].collateral = result
+        return committed.erasures
 
     def _late_rounds(self, erased: Erased, tables: list[str]) -> None:
         """At most `erase.max_rounds - 1` more rounds for rows of the batch's subjects that other

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..exceptions import first_line
 from ..ledger.ledger import Outcome
-from ..stages import access
+from ..stages import access, matching
 from . import rules
 from .context import Context
 
@@ -18,10 +18,12 @@ class Exported:
     summary: dict | None = None  # the report's export section (None: nothing exported)
 
 
-def export_requests(ctx: Context, requests: dict[str, dict]) -> Exported:
+def export_requests(ctx: Context, requests: dict[str, dict], read_at: dict[str, access.ReadAt] | None = None
+                    ) -> Exported:
     """Resolve the access requests' identifiers, export one package per request
     (stages/access.py) and check every package against the manifest. An export that fails leaves
-    every request of the batch open with the reason. Cost: see access.export."""
+    every request of the batch open with the reason. Cost: see access.export. `read_at`: tables an
+    erasure committed to before the export (SharedExport)."""
     request_ids = sorted(requests)
     if not request_ids:
         return Exported()
@@ -34,7 +36,7 @@ def export_requests(ctx: Context, requests: dict[str, dict]) -> Exported:
             batch = ctx.batch(requests)
             keys = ctx.identifiers(request_ids)
             result = access.export(ctx.lake, settings.datamap, batch, out_dir, settings.export.format, ctx.key_types,
-                                   keys, ctx.vault_keys, ctx.vault_table)
+                                   keys, ctx.vault_keys, ctx.vault_table, read_at)
             checked = access.checked_packages(result)
         except Exception as exc:  # every request of the batch stays open with the reason
             return Exported([Outcome(rid, "failed", f"export failed: {first_line(exc, with_type=True)}")
@@ -45,3 +47,32 @@ def export_requests(ctx: Context, requests: dict[str, dict]) -> Exported:
     summary = rules.export_summary(result, settings.export.format,
                                    [*datamap.keyed, *datamap.files, *datamap.shredded])
     return Exported(rules.access_outcomes(request_ids, result, checked, ctx.run_id), summary)
+
+
+class SharedExport:
+    """The run's access export run by the erasure (runner/erasure.py) between its first commits and
+    their content checks, so that a table the erasure rewrote is read once, by the export, with the
+    check's "after" side observed on that scan: at 10M events and 100 erasures the rewrite touches
+    every file, and the export would otherwise read all of them again. Packages are those an export
+    run first writes: an erased table is read as before its erase commit unless the commit changed
+    no row an access request names (`unchanged_by`)."""
+
+    def __init__(self, ctx: Context, requests: dict[str, dict]):
+        self.ctx, self.requests = ctx, requests
+        self.exported: Exported | None = None  # None until `run`
+        self._keys: dict[str, matching.TableKeys] = {}  # the access requests' keys per table, built once
+
+    def unchanged_by(self, table: str, erase_keys: matching.TableKeys) -> bool:
+        """Whether erasing `erase_keys` changes no row of `table` the access requests name: the table
+        has one key column and no value of it is named by both batches (a row holds one value of it).
+        Cost: none when both batches' values are held in the driver's JVM, else one small Spark job."""
+        if not erase_keys.single:
+            return False
+        if table not in self._keys:
+            ctx = self.ctx
+            self._keys[table] = matching.key_sets(ctx.settings.datamap, ctx.identifiers(sorted(self.requests)),
+                                                  ctx.key_types, [table])[table]
+        return matching.disjoint(erase_keys.sets[0], self._keys[table].sets[0])
+
+    def run(self, read_at: dict[str, access.ReadAt]) -> None:
+        self.exported = export_requests(self.ctx, self.requests, read_at)

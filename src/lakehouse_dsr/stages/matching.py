@@ -13,6 +13,7 @@ from pyspark.sql.types import DataType
 from ..datamap import DataMap, KeyGroup, column_path, column_ref, is_array
 from ..inventory.check import KeyTypes
 from ..lake import indriver, skipping
+from ..lake.bridge import jclass
 from ..lake.iceberg import IcebergTable
 
 
@@ -59,6 +60,16 @@ def key_set(keys: DataFrame, identifier: str, key_type: DataType) -> KeySet:
         F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=False)
     values = skipping.key_values(grouped, key_type)
     return KeySet(grouped, values.size if values else grouped.count(), values)
+
+
+def disjoint(a: KeySet, b: KeySet) -> bool:
+    """Whether no value is in both key sets (of one key column's type). Compared in the driver's JVM
+    when both are held there (no value crosses Py4J), else in one small Spark job."""
+    if a.values is not None and b.values is not None:
+        spark = a.requesters.sparkSession
+        return bool(jclass(spark, "java.util.Collections").disjoint(
+            jclass(spark, "java.util.HashSet")(a.values.java_list), b.values.java_list))
+    return a.hits.intersect(b.hits).isEmpty()
 
 
 @dataclass(frozen=True)
