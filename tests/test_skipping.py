@@ -8,6 +8,7 @@ independently, with pyiceberg and pyarrow over the table's files.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -334,3 +335,49 @@ def dsr_output(config, *args: str) -> str:
                           timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("case", ["shared", "damaged", pytest.param("asked_and_erased", marks=pytest.mark.slow)])
+def test_the_export_reads_the_rewritten_files_once_with_the_content_check(spark, tmp_path, monkeypatch, case):
+    """With access and erase requests in one run, the export runs after the first erase commits: the
+    content check's "after" side is observed on the export's scan of the commit's new files, so the
+    table is read twice (the plan's keys, the rewrite) plus once by the export, not once more by the
+    check. The package is the one an export run first writes; a rewrite that changes a bystander's
+    row is still caught. A person who asks for a copy and erasure together gets the copy: the table
+    is then read as before the erase commit, and the check reads the new file itself."""
+    settings = one_file_lake(spark, tmp_path)
+    (file,) = live_files(settings)
+    before = pq.read_table(file.removeprefix("file:"))
+    rows = before.num_rows
+    asked = ERASED if case == "asked_and_erased" else ASKED
+    wanted = before.filter(pc.equal(before.column("user_id"), asked))
+    erased_rows = pc.sum(pc.equal(before.column("user_id"), ERASED)).as_py()
+    assert wanted.num_rows > 0 and erased_rows > 0
+    if case == "damaged":  # the rewrite also changes a bystander's rows
+        real = collateral.erased_rows
+        monkeypatch.setattr(collateral, "erased_rows", lambda content, keys, action: real(content, keys, action)
+                            .withColumn("event_details", F.when(F.col("user_id") == BYSTANDER, F.lit("changed"))
+                                        .otherwise(F.col("event_details"))))
+    Ledger(settings).submit([RequestInput(ERASED, "erase"), RequestInput(asked, "access")])
+    report = run(spark, settings)
+
+    events = report.tables[EVENTS]
+    assert events["erase"]["strategy"] == "rewrite_files" and events["erase"]["data_files_rewritten"] == 1
+    package = json.loads(next((tmp_path / "exports").rglob("req-*.json")).read_text())
+    assert sorted(r["event_id"] for r in package["tables"][EVENTS]) == sorted(wanted.column("event_id").to_pylist())
+    status = {r.request_id: r.status for r in report.requests}
+    exported = report.export["packages"] == 1 and sorted(status.values()).count("completed")
+    if case == "damaged":
+        assert report.collateral_failures[EVENTS].startswith("rows not requested changed")
+        assert events["purge"] == {} and exported == 1  # the erasure failed, the copy was delivered
+        assert report.cost["erase"]["rows_read"] == 2 * rows  # the plan's keys, the rewrite: the export read the rest
+        assert report.cost["export"]["rows_read"] == rows - erased_rows  # the new file
+        return
+    assert events["erase"]["collateral"]["ok"] and set(status.values()) == {"completed"}
+    assert events["verification"]["passed"] and report.cost["verify"]["rows_read"] < 10  # checked clean: not read
+    if case == "shared":
+        assert report.cost["erase"]["rows_read"] == 2 * rows
+        assert report.cost["export"]["rows_read"] == rows - erased_rows
+    else:  # the old file for the copy, and the check reads the new one itself
+        assert report.cost["export"]["rows_read"] == rows
+        assert report.cost["erase"]["rows_read"] == 2 * rows + rows - erased_rows
