@@ -309,10 +309,12 @@ def test_no_identifier_in_plans_or_the_event_log_of_a_real_run(spark, tmp_path):
     """A whole `dsr run` with Spark's event log on: every query plan Spark records (physical plan
     descriptions, plan trees of each SQL execution and its adaptive updates, job and stage
     descriptions) and the process's output hold no identifier of the batch, though data skipping
-    turned the identifiers into predicates."""
+    turned the identifiers into predicates. Spark rewrites and checks the tables (as large ones),
+    so the export's scan carries the content check's observation too."""
     settings, config = make_disk_lakehouse(spark, tmp_path)
     raw = yaml.safe_load(config.read_text())
     raw["spark"]["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(tmp_path / "events")})
+    raw["erase"] = {"in_driver_max_bytes": 0}
     (tmp_path / "events").mkdir()
     config.write_text(yaml.safe_dump(raw))
     erased, asked = [synth.user_id(SEED, 1), synth.user_id(SEED, 2)], synth.user_id(SEED, 5)
@@ -324,6 +326,7 @@ def test_no_identifier_in_plans_or_the_event_log_of_a_real_run(spark, tmp_path):
     logs = [p.read_text(errors="replace") for p in (tmp_path / "events").iterdir()]
     assert logs and all("SparkListenerSQLExecutionStart" in log for log in logs)
     assert any("BatchScan" in log and "demo.events" in log for log in logs)  # the skipping reads are in the plans
+    assert any("CollectMetrics" in log and "dsr_collateral" in log for log in logs)  # and the observed scans
     for value in [*erased, asked, *emails]:
         assert value not in out
         assert not any(value in log for log in logs), "an identifier is in the event log"
