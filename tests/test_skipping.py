@@ -305,6 +305,41 @@ def test_a_concurrent_change_to_another_persons_row_in_a_touched_file_is_caught(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("damaged", [False, True])
+def test_merge_on_read_check_takes_the_rows_before_from_the_plan(spark, tmp_path, monkeypatch, damaged):
+    """Batched purge on a merge-on-read table: the erase commit attaches deletes to the one file.
+    The check's "before" side is the file's rows from its manifest less the requested rows the
+    plan's scan counted, so the erase stage reads the key column three times (plan, MERGE, the
+    check's "after"), not four. A statement that also deletes a bystander's rows is still caught."""
+    settings = one_file_lake(spark, tmp_path).replace(purge={"policy": "batched"})
+    spark.sql(f"ALTER TABLE {settings.table(EVENTS)} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', "
+              "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read')")
+    (file,) = live_files(settings)
+    rows = pq.read_metadata(file.removeprefix("file:")).num_rows
+    ids = pq.read_table(file.removeprefix("file:"), columns=["user_id"]).column("user_id")
+    erased_rows, bystander_rows = (pc.sum(pc.equal(ids, who)).as_py() for who in (ERASED, BYSTANDER))
+    assert erased_rows > 0 and bystander_rows > 0
+    if damaged:  # a bug that also matches a bystander, in the statement only
+        def before(spark, settings, keys):
+            extra = spark.createDataFrame([(BYSTANDER, ["bug"])], "key_value string, request_ids array<string>")
+            return keys.replace(0, matching.KeySet(keys.sets[0].requesters.unionByName(extra),
+                                                   keys.sets[0].size + 1))
+
+        wrap_apply(monkeypatch, settings, EVENTS, before)
+    Ledger(settings).submit([RequestInput(ERASED, "erase")])
+    report = run(spark, settings)
+    events = report.tables[EVENTS]
+    assert events["erase"]["delete_files_added"] == 1 and events["erase"]["data_files_rewritten"] == 0
+    # plan, MERGE, and the check's "after" (its deletes applied); no "before" read
+    assert report.cost["erase"]["rows_read"] == 3 * rows - erased_rows - (bystander_rows if damaged else 0)
+    if damaged:
+        assert f"{bystander_rows} rows not requested were deleted" in report.collateral_failures[EVENTS]
+        assert {r.status for r in report.requests} == {"failed"}
+    else:
+        assert events["erase"]["collateral"]["ok"] and EVENTS not in report.collateral_failures
+        assert {r.status for r in report.requests} == {"erased"}
+
+
 def test_no_identifier_in_plans_or_the_event_log_of_a_real_run(spark, tmp_path):
     """A whole `dsr run` with Spark's event log on: every query plan Spark records (physical plan
     descriptions, plan trees of each SQL execution and its adaptive updates, job and stage

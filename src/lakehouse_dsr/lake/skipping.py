@@ -142,6 +142,13 @@ class Candidates:
         """The candidate files' rows from metadata alone; None when a file has deletes (a read counts them)."""
         return None if None in self._rows or len(self._rows) != self.files else sum(cast(list[int], self._rows))
 
+    def rows_of(self, paths: set[str] | frozenset[str]) -> int | None:
+        """The rows of the candidate files at `paths` from metadata alone; None when one of them has
+        deletes or is not a candidate (a read counts them)."""
+        rows = dict(zip(self._paths, self._rows, strict=True)) if self._rows else {}
+        found = [rows.get(path) for path in paths]
+        return None if None in found else sum(cast(list[int], found))
+
     @property
     def empty(self) -> bool:
         return self.files == 0

@@ -377,7 +377,8 @@ class ErasureBatch:
         erasures = self.ctx.each_table(stage, tables, commit)
         if not content:
             return Committed(key_sets, erasures)
-        committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed)
+        committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed,
+                                       collateral.Planned(frozenset(e.plan.candidate_files), e.plan.requested_by_file))
                      for t, e in erasures.items() if e.snapshot_id is not None]
         decided, pending = collateral.prepare_many(self.lake, datamap, settings.erase, committed,
                                                    parallel_tables=settings.run.parallel_tables)

@@ -11,9 +11,11 @@ removed (copy-on-write rewrites), added, and attached deletes to (merge-on-read)
 is the same immutable file with the same deletes, so its rows are unchanged by construction. A
 touched file that data skipping says holds no requested key is damage at once. In files that got
 deletes, the rows not requested are counted before and after (key columns only): a data file never
-changes, so equal counts mean the same rows. The rewritten files' rows not requested, plus the
-requested rows as the erasure must leave them (nothing, or each key group's columns NULL where its
-own key was requested), must be exactly the added files' rows not requested (fingerprints). Other
+changes, so equal counts mean the same rows. "Before" needs no read of a deletion's files that had
+no deletes: their manifests count their rows, and the plan's scan counted the requested ones. The
+rewritten files' rows not requested, plus the requested rows as the erasure must leave them
+(nothing, or each key group's columns NULL where its own key was requested), must be exactly the
+added files' rows not requested (fingerprints). Other
 writers' commits between the plan and the erase commit must be appends, else the check is
 inconclusive and nothing is purged; the commit's files are read as its parent snapshot held them,
 so rows appended meanwhile are accounted for wherever the erase met them.
@@ -226,13 +228,31 @@ class CollateralResult:
 @dataclass(frozen=True)
 class Commit:
     """An erase commit to check: its table, the batch's keys there, the plan's snapshot, the commit,
-    and what a rewrite observed of the rows it read."""
+    what a rewrite observed of the rows it read, and the rows the plan found requested in each file
+    it read (`planned`: files absent held none; None when unknown)."""
 
     table: str
     keys: TableKeys
     snapshot_before: int | None
     snapshot_id: int
     seen: Observed | None = None
+    planned: Planned | None = None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the plan's scan counted: the files it read, and the rows the batch's keys name in each
+    (files absent: none)."""
+
+    files: frozenset[str]
+    requested: dict[str, int]
+
+    def others(self, before: skipping.Candidates, files: frozenset[str]) -> int | None:
+        """The rows no requested key names in `files` as `before` holds them, without a read: their
+        rows from metadata less the plan's requested rows. None when a file has deletes (its rows
+        are not in metadata) or the plan did not read it."""
+        rows = before.rows_of(files) if files <= self.files else None
+        return None if rows is None else rows - sum(self.requested.get(f, 0) for f in files)
 
 
 def check(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, table_keys: TableKeys,
@@ -242,7 +262,8 @@ def check(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, table_
     Only the files the commit changed are read; the others are unchanged by construction, and its
     own manifests say which (commit_files). Cost: for data files that got deletes (merge-on-read),
     their key columns before and after the commit (rows not requested counted on both sides; a
-    redacting table also hashes the requested rows before); for data files it rewrote
+    redacting table also hashes the requested rows before; `check_many`'s commits may carry the
+    plan's counts, `Commit.planned`, which spare a deletion that read); for data files it rewrote
     (copy-on-write), every column of the old files before and of the new files after, hashed;
     the old files' fingerprints come from `seen` when the rewrite observed exactly those files.
     """
@@ -396,7 +417,7 @@ def _prepare(handle: IcebergTable, action: str, erase: EraseSettings, commit: Co
                                 f"key (snapshot {erase_snapshot})")
     kept = changed.deleted_from - changed.removed  # still live, with new deletes
     redacting = action == "redact"
-    others_before, requested_kept = _kept_before(before, kept, table_keys, redacting)
+    others_before, requested_kept = _kept_before(before, kept, table_keys, redacting, commit.planned)
     after = table_keys.candidates(handle, erase_snapshot)
     others_after, requested_after = _count_split(skipping.read(after, kept), table_keys)
     if others_before != others_after:
@@ -413,10 +434,16 @@ def _prepare(handle: IcebergTable, action: str, erase: EraseSettings, commit: Co
     return _Reads(removed, added, changed.added, requested_kept, seen, kept if not requested_after else frozenset())
 
 
-def _kept_before(before: skipping.Candidates, kept: frozenset[str], table_keys: TableKeys, redacting: bool
-                 ) -> tuple[int, Fingerprint]:
+def _kept_before(before: skipping.Candidates, kept: frozenset[str], table_keys: TableKeys, redacting: bool,
+                 planned: Planned | None) -> tuple[int, Fingerprint]:
     """(rows not requested, requested rows as redacted) of the files that got deletes, before the
-    commit: a redaction on merge-on-read deletes those rows and adds them redacted in new files."""
+    commit: a redaction on merge-on-read deletes those rows and adds them redacted in new files.
+    A deletion's count comes from the plan's own scan where it read those files without deletes
+    (no read: the plan found every requested row in them, their manifests count all rows); a
+    plan that missed a requested row makes the counts differ (damage reported), never agree."""
+    known = planned.others(before, kept) if planned is not None and not redacting and kept else None
+    if known is not None:
+        return known, Fingerprint()
     rows = skipping.read(before, kept)
     if rows is None:
         return 0, Fingerprint()

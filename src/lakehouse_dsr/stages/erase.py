@@ -43,7 +43,8 @@ class TablePlan:
     rows_scanned: int | None = None  # rows of the files the plan read (data skipping: fewer than rows_before)
     skipping: dict | None = None  # skipping.Candidates.as_dict(): files and bytes read of the table's
     candidate_files: list[str] = field(default_factory=list)  # the files the plan read
-    matched_files: list[str] = field(default_factory=list)  # the files among them holding a match
+    # The files among them holding a match, each with the rows a request names there (counted once).
+    requested_by_file: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_groups(cls, table: str, mapping: TableMapping, groups: list, strategy: str, write_mode: str,
@@ -68,12 +69,25 @@ class TablePlan:
                    snapshot_before=snapshot_before, rows_scanned=scanned,
                    skipping=candidates.as_dict() if candidates else None,
                    candidate_files=candidates.paths() if candidates else [],
-                   matched_files=sorted({g[_FILE] for g in groups if g.request_ids}) if candidates else [])
+                   requested_by_file=_requested_by_file(groups) if candidates else {})
+
+    @property
+    def matched_files(self) -> list[str]:
+        """The files the plan found a match in."""
+        return sorted(self.requested_by_file)
 
     @property
     def expected_rows_after(self) -> int:
         """What the table must hold after the erase commit: fewer rows only by the matches deleted."""
         return self.rows_before if self.action == "redact" else self.rows_before - self.rows_matched
+
+
+def _requested_by_file(groups: list) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for g in groups:
+        if g.request_ids:
+            found[g[_FILE]] = found.get(g[_FILE], 0) + g["count"]
+    return found
 
 
 @dataclass
@@ -126,7 +140,7 @@ class TableErasure:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in frames}
         d["collateral"] = self.collateral.as_dict() if self.collateral else None
         plan = {k: v for k, v in asdict(self.plan).items()
-                if k not in ("matches_by_request", "candidate_files", "matched_files")}
+                if k not in ("matches_by_request", "candidate_files", "requested_by_file")}
         return {**plan, **d, "rows_changed": self.rows_changed}
 
 
