@@ -21,7 +21,7 @@ from lakehouse_dsr.lake.hmac import join_on_key, with_keyed_hash, with_keyring_h
 VALUES = ["alice", "x' OR '1'='1", "%", "\u00e9l\u00e8ve \U0001f600", "a\x00b", " ", "k" * 10_000]
 
 
-@pytest.mark.parametrize("key", [b"short key", os.urandom(32), os.urandom(100)])
+@pytest.mark.parametrize("key", [b"short key", os.urandom(32), os.urandom(100)], ids=["short", "32-bytes", "100-bytes"])
 def test_spark_hmac_equals_python_hmac(spark, key):
     df = spark.createDataFrame([(v,) for v in VALUES], "v string")
     got = {r.v: r.key_hash for r in with_keyed_hash(spark, df, "v", key).collect()}
