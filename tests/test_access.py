@@ -7,6 +7,8 @@ import hashlib
 import io
 import json
 import stat
+import subprocess
+import sys
 import zipfile
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -22,7 +24,7 @@ from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
-from lakehouse_dsr.stages.access import EMPTY_NOTE
+from lakehouse_dsr.stages.packages import EMPTY_NOTE
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 KEYS = {"demo.users": "user_id", "demo.events": "user_id", "demo.newsletter": "email", "demo.orders": "user_id"}
@@ -168,3 +170,12 @@ def test_one_run_with_access_and_erase_keeps_each_batch_to_its_own_people(spark,
     package = json.loads((out / f"{created[0]}.json").read_text(encoding="utf-8"))
     assert package["subject"]["user_id"] == [copy]
     assert package["tables"]["demo.events"] and all(r["user_id"] == copy for r in package["tables"]["demo.events"])
+
+
+def test_the_package_writer_loads_without_spark_pydantic_or_pyarrow():
+    """Each Python worker that writes packages unpickles the writer: its module must not pull in
+    what the export's driver side needs (about half a second a worker on this machine)."""
+    code = ("import sys, lakehouse_dsr.stages.packages; "
+            "print(sorted(m for m in ('pyspark', 'pydantic', 'pyarrow', 'yaml') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

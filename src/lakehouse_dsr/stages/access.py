@@ -9,21 +9,14 @@ zip per request, one member per table).
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
-import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 from typing import cast
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -38,12 +31,10 @@ from ..vault import vault
 from ..vault.pseudonymize import PROPERTY
 from . import identity, matching
 from .matching import TableKeys
+from .packages import PackageWriter
 
 _TS = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # ISO-8601, microseconds, offset (Z under UTC)
 MATCHED_KEYS = "dsr_matched_keys"  # in rows of tables with several key columns: which named the subject
-EMPTY_NOTE = "no personal data was found for this subject in any mapped table"
-UNLINKABLE_NOTE = ("no vault entry links this person to the table's pseudonyms (erased by shredding, or never "
-                   "pseudonymized): rows it may still hold can no longer be linked to them or decrypted")
 
 
 @dataclass
@@ -131,7 +122,7 @@ def export(
                + ([] if t in shredded or table_keys[t].single else [(MATCHED_KEYS, "array<string>")]) for t in tables}
     # The failpoint kills the driver from the executor, mid-export.
     kill_pid = os.getpid() if faults.armed() == "during_export" else None
-    writer = _PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid, shredded)
+    writer = PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid, shredded)
     # A Dataset action (not an RDD's): observations on the scans (the collateral check's) see it end.
     # Nondeterministic, so Spark never evaluates the write twice for one package.
     write = F.udf(writer, _WRITTEN).asNondeterministic()
@@ -259,94 +250,6 @@ def _column_types(lake: Lake, datamap: DataMap, table: str) -> list[tuple[str, s
     decrypted = _decrypted_types(lake, datamap, table) if table in datamap.shredded else {}
     return [(f.name, decrypted.get(f.name, f.dataType.simpleString()))
             for f in _source(lake, datamap, table).schema.fields]
-
-
-class _PackageWriter:
-    """Runs on executors (a Python UDF): turns each request's grouped rows into its package file."""
-
-    def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, generated_at: str,
-                 kill_pid: int | None = None, shredded: Sequence[str] = ()):
-        self.out, self.fmt, self.tables, self.columns, self.generated_at = out, fmt, tables, columns, generated_at
-        self.kill_pid, self.shredded = kill_pid, list(shredded)
-
-    def __call__(self, p) -> tuple:
-        """Write request `p`'s package (its grouped header, identifiers, rows and vault links); returns
-        (request_id, file name, sha256, bytes, {table: rows})."""
-        by_table: dict[str, list[str]] = {}
-        if self.fmt != "json":  # json: Spark assembled the tables' part (_json_tables)
-            for r in p.rows:
-                by_table.setdefault(r.table_name, []).append(r.row)
-            for rows in by_table.values():
-                rows.sort()  # code point order, as Spark's array_sort of UTF-8 strings: reproducible packages
-        counts = dict(p.counts) if self.fmt == "json" else {t: len(by_table.get(t, [])) for t in self.tables}
-        subject: dict[str, list[str]] = {}
-        for k in p.subject:
-            subject.setdefault(k.key_type, []).append(k.key_value)
-        header = {"request_id": p.request_id, "regulation": p.regulation, "generated_at": self.generated_at,
-                  "subject": {k: sorted(v) for k, v in sorted(subject.items())}}
-        if not any(counts.values()):
-            header["note"] = EMPTY_NOTE
-        unlinkable = [t for t in self.shredded if t not in p.linked]
-        if unlinkable:
-            header["unlinkable"] = {t: UNLINKABLE_NOTE for t in unlinkable}
-        if self.fmt == "json":  # the rows are JSON already: spliced, not re-encoded
-            data = (json.dumps(header, ensure_ascii=False)[:-1] + f',"tables":{p.tables_json}}}\n').encode("utf-8")
-            name = f"{p.request_id}.json"
-        else:
-            data, name = self._zip(header, by_table), f"{p.request_id}.{self.fmt}.zip"
-        # Not synced (1 ms a package): written before the run records anything, checked right after.
-        write_private(Path(self.out) / name, data, sync=False)
-        if self.kill_pid:
-            faults.kill(self.kill_pid)
-        return (p.request_id, name, hashlib.sha256(data).hexdigest(), len(data), counts)
-
-    def _zip(self, header: dict, by_table: dict[str, list[str]]) -> bytes:
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
-            zf.writestr("request.json", json.dumps(header, ensure_ascii=False, indent=2))
-            for table in self.tables:
-                rows = [json.loads(r, parse_float=Decimal) for r in by_table.get(table, [])]
-                member = _csv(rows, self.columns[table]) if self.fmt == "csv" else _parquet(rows, self.columns[table])
-                zf.writestr(f"{table}.{self.fmt}", member)
-        return buffer.getvalue()
-
-
-def _csv(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
-    text = io.StringIO()
-    writer = csv.writer(text)
-    writer.writerow([c for c, _ in columns])
-    writer.writerows([[_csv_value(r.get(c)) for c, _ in columns] for r in rows])
-    return text.getvalue().encode("utf-8")
-
-
-def _csv_value(value) -> str:
-    if isinstance(value, list | dict):  # nested values as JSON text
-        return json.dumps(value, ensure_ascii=False, default=str)
-    return "" if value is None else value
-
-
-def _parquet(rows: list[dict], columns: list[tuple[str, str]]) -> bytes:
-    arrays = []
-    for c, t in columns:
-        values, arrow_type = [r.get(c) for r in rows], _arrow_type(t)
-        arrays.append(pa.array(values) if arrow_type is None else pa.array(values).cast(arrow_type))
-    buffer = io.BytesIO()
-    pq.write_table(pa.table(arrays, names=[c for c, _ in columns]), buffer)
-    return buffer.getvalue()
-
-
-def _arrow_type(spark_type: str) -> pa.DataType | None:
-    """The Arrow type of a Spark column for a package; None for nested types (inferred from the values)."""
-    if spark_type.startswith(("array<", "struct<", "map<")):
-        return None
-    if spark_type.startswith("decimal("):
-        precision, scale = spark_type[8:-1].split(",")
-        return pa.decimal128(int(precision), int(scale))
-    types: dict[str, pa.DataType] = {
-        "string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "smallint": pa.int16(),
-        "double": pa.float64(), "float": pa.float32(), "boolean": pa.bool_(), "date": pa.date32(),
-        "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}
-    return types.get(spark_type, pa.string())
 
 
 def _write_manifest(datamap: DataMap, result: ExportResult, fmt: str, generated_at: str, tables: list[str]) -> None:
