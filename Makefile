@@ -52,8 +52,11 @@ jars: $(STAMP)
 
 # REST catalog + S3 (SeaweedFS), JDBC on PostgreSQL and SQLite, a standalone cluster, spark-submit; two
 # `dsr serve` on one PostgreSQL queue through kill -9 of either (tests/integration/test_instances.py).
+# Each test starts and stops its own servers, so tests (not files) are shared out: one file holds the
+# six full-cycle set-ups.
+PARALLEL_INTEGRATION ?= -n 2 --dist load
 test-integration: integration-deps
-	$(PY) -m pytest -q -m integration tests/integration
+	$(PY) -m pytest -q $(PARALLEL_INTEGRATION) -m integration tests/integration
 
 # The notebook's steps against `dsr run` on identical data, then a wide lake (10, 50, 100 mapped
 # tables of 10k rows: whole `dsr run` processes against per-table SQL), the silver/gold propagation and

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 TIMES: dict[str, dict[str, float]] = {}  # wall clock of each dsr command, per set-up
@@ -22,6 +24,18 @@ def _table(terminalreporter, title: str, rows: dict[str, dict[str, float]]) -> N
     terminalreporter.write_line(f"{'set-up':<30}" + "".join(f"{c[:10]:>11}" for c in columns))
     for name, row in rows.items():
         terminalreporter.write_line(f"{name:<30}" + "".join(f"{row.get(c, 0):>11.1f}" for c in columns))
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: its set-ups' times go to the controller's summary
+        workeroutput["dsr_times"] = json.dumps([TIMES, STAGES])
+
+
+def pytest_testnodedown(node, error):  # pytest-xdist's controller, as each worker ends
+    times, stages = json.loads(getattr(node, "workeroutput", {}).get("dsr_times", "[{}, {}]"))
+    TIMES.update(times)
+    STAGES.update(stages)
 
 
 def pytest_terminal_summary(terminalreporter):
