@@ -15,10 +15,10 @@ changes, so equal counts mean the same rows. "Before" needs no read of a deletio
 no deletes: their manifests count their rows, and the plan's scan counted the requested ones. The
 rewritten files' rows not requested, plus the requested rows as the erasure must leave them
 (nothing, or each key group's columns NULL where its own key was requested), must be exactly the
-added files' rows not requested (fingerprints). Other
-writers' commits between the plan and the erase commit must be appends, else the check is
-inconclusive and nothing is purged; the commit's files are read as its parent snapshot held them,
-so rows appended meanwhile are accounted for wherever the erase met them.
+added files' rows not requested (fingerprints). Other writers' commits between the plan and the
+erase commit must be appends, else the check is inconclusive and nothing is purged; the commit's
+files are read as its parent snapshot held them, so rows appended meanwhile are accounted for
+wherever the erase met them.
 
 A small rewrite (lake/indriver.py) is fingerprinted in the driver instead, by the same rules with
 a hash of its own (murmur3_128 of every value): both sides are read back from storage, and the
@@ -262,8 +262,8 @@ def check(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, table_
     Only the files the commit changed are read; the others are unchanged by construction, and its
     own manifests say which (commit_files). Cost: for data files that got deletes (merge-on-read),
     their key columns before and after the commit (rows not requested counted on both sides; a
-    redacting table also hashes the requested rows before; `check_many`'s commits may carry the
-    plan's counts, `Commit.planned`, which spare a deletion that read); for data files it rewrote
+    redacting table also hashes the requested rows before; a deletion's "before" side is not read
+    where `check_many`'s commit carries the plan's counts, `Commit.planned`); for data files it rewrote
     (copy-on-write), every column of the old files before and of the new files after, hashed;
     the old files' fingerprints come from `seen` when the rewrite observed exactly those files.
     """
