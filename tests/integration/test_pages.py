@@ -82,16 +82,20 @@ def site(tmp_path_factory) -> Iterator[Site]:
         config = intake_config(root, verification="email_code", smtp={"host": "127.0.0.1", "port": mailbox.port})
         settings = load_settings(config)
         ledger = Ledger(settings)
-        overdue, soon = f"seed-{secrets.token_hex(6)}", f"seed-{secrets.token_hex(6)}"
+        overdue, soon, later = (f"seed-{secrets.token_hex(6)}" for _ in range(3))
         # GDPR: due a month after receipt, so 40 days ago is overdue; CCPA: 45 days, so 40 days ago is due soon.
+        # A request received today is due later: the dashboard shows all three urgencies whichever tests ran
+        # before it in this process (the integration suite shares tests out between processes).
         received = utc_now() - timedelta(days=40)
         ledger.submit([RequestInput(overdue, "erase", "gdpr", received),
-                       RequestInput(soon, "access", "ccpa", received)])
-        seeded = {"overdue" if s.request_type == "erase" else "soon": s.request_id for s in ledger.statuses()}
+                       RequestInput(soon, "access", "ccpa", received),
+                       RequestInput(later, "access", "gdpr", utc_now())])
+        urgency = {("erase", "gdpr"): "overdue", ("access", "ccpa"): "soon", ("access", "gdpr"): "later"}
+        seeded = {urgency[s.request_type, s.regulation]: s.request_id for s in ledger.statuses()}
         for run in _runs():  # the run history a `dsr run` records, written the same way (Ledger.record_run)
             ledger.record_run(run)
         with served(config) as server:
-            yield Site(server, settings, mailbox, seeded, [overdue, soon])
+            yield Site(server, settings, mailbox, seeded, [overdue, soon, later])
     finally:
         mailbox.stop()
 
