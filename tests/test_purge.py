@@ -114,6 +114,11 @@ def test_strategy_rule():
     assert erase.choose_strategy("redact", 100, 1_000_000, cow, simple=False, rewrite=True) == "rewrite_files"
     # its join broadcasts the key set: beyond the limit, the statements that need not
     assert erase.choose_strategy("delete", 2_000_000, 1_000_000, cow, rewrite=True) == "delete_where_exists"
+    # the plan's scan found the positions: whatever the key set's size or shape, no statement
+    assert erase.choose_strategy("delete", 2_000_000, 1_000_000, mor_delete, positions=True) == "delete_positions"
+    assert erase.choose_strategy("delete", 100, 1_000_000, mor_delete, simple=False, positions=True) \
+        == "delete_positions"
+    assert erase.choose_strategy("delete", 100, 1_000_000, mor_delete, rewrite=True, positions=True) == "rewrite_files"
 
 
 def test_large_key_sets_use_shuffle_statements(spark, new_lakehouse):

@@ -305,13 +305,15 @@ def test_a_concurrent_change_to_another_persons_row_in_a_touched_file_is_caught(
 
 
 @pytest.mark.parametrize("case", ["clean", "damaged", "older_deletes"])
-def test_merge_on_read_check_takes_the_rows_before_from_the_plan(spark, tmp_path, monkeypatch, case):
-    """Batched purge on a merge-on-read table: the erase commit attaches deletes to the one file.
-    The check's "before" side is the file's rows from its manifest less the requested rows the
-    plan's scan counted, so the erase stage reads the key column three times (plan, MERGE, the
-    check's "after"), not four. A statement that also deletes a bystander's rows is still caught.
-    A file that had deletes already (an earlier batch's) has no row count in metadata: the check
-    reads its "before" side, and passes."""
+def test_merge_on_read_deletion_writes_the_plans_positions_and_the_check_reads_once(spark, tmp_path, monkeypatch,
+                                                                                   case):
+    """Batched purge on a format-v2 merge-on-read table: the plan's scan records the requested rows'
+    positions, and the erase commit is a position delete file written at those positions (no
+    MERGE, no second scan). The check's "before" side is the file's rows from its manifest less the
+    requested rows the plan counted, so the erase stage reads the key column twice: the plan and the
+    check's "after". A delete file that also deletes a bystander's rows is still caught. A file that
+    had deletes already (an earlier batch's) has no row count in metadata: the check reads its
+    "before" side, and passes; the deletes of both batches apply."""
     settings = one_file_lake(spark, tmp_path).replace(purge={"policy": "batched"})
     spark.sql(f"ALTER TABLE {settings.table(EVENTS)} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', "
               "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read')")
@@ -325,26 +327,73 @@ def test_merge_on_read_check_takes_the_rows_before_from_the_plan(spark, tmp_path
         ledger.submit([RequestInput(BYSTANDER, "erase")])
         assert {r.status for r in run(spark, settings).requests} == {"erased"}
         rows -= bystander_rows
-    if case == "damaged":  # a bug that also matches a bystander, in the statement only
-        def before(spark, settings, keys):
-            extra = spark.createDataFrame([(BYSTANDER, ["bug"])], "key_value string, request_ids array<string>")
-            return keys.replace(0, matching.KeySet(keys.sets[0].requesters.unionByName(extra),
-                                                   keys.sets[0].size + 1))
-
-        wrap_apply(monkeypatch, settings, EVENTS, before)
+    if case == "damaged":  # a bug that also deletes a bystander's rows, in the delete file only
+        bystander_at = pc.indices_nonzero(pc.equal(ids, BYSTANDER)).to_pylist()
+        real = indriver.position_deletes
+        monkeypatch.setattr(indriver, "position_deletes", lambda spark, candidates, positions: real(
+            spark, candidates, {f: sorted(at + bystander_at) for f, at in positions.items()}))
     ledger.submit([RequestInput(ERASED, "erase")])
     report = run(spark, settings)
     events = report.tables[EVENTS]
+    assert events["erase"]["strategy"] == "delete_positions" and events["erase"]["write_mode"] == "merge-on-read"
     assert events["erase"]["delete_files_added"] == 1 and events["erase"]["data_files_rewritten"] == 0
-    # plan, MERGE, and the check's "after" (its deletes applied); "before" only where older deletes hide the count
+    # the plan, and the check's "after" (its deletes applied); "before" only where older deletes hide the count
     after = rows - erased_rows - (bystander_rows if case == "damaged" else 0)
-    assert report.cost["erase"]["rows_read"] == 2 * rows + after + (rows if case == "older_deletes" else 0)
+    assert report.cost["erase"]["rows_read"] == rows + after + (rows if case == "older_deletes" else 0)
+    # what an independent reader finds: the file less the rows at the delete files' positions
+    live = open_catalog(settings).load_table(EVENTS).scan(selected_fields=("user_id",)).to_arrow().column("user_id")
+    assert len(live) == after and ERASED not in live.to_pylist()
+    assert (pc.sum(pc.equal(live, BYSTANDER)).as_py() or 0) == (bystander_rows if case == "clean" else 0)
     if case == "damaged":
         assert f"{bystander_rows} rows not requested were deleted" in report.collateral_failures[EVENTS]
         assert {r.status for r in report.requests} == {"failed"}
     else:
         assert events["erase"]["collateral"]["ok"] and EVENTS not in report.collateral_failures
         assert {r.status for r in report.requests} == {"erased"}
+
+
+def test_merge_on_read_deletion_beyond_max_delete_positions_runs_spark_statement(spark, tmp_path):
+    """More requested rows than `erase.max_delete_positions`: the plan hands no positions to the
+    driver, and Spark's MERGE writes the delete file, reading the key column once more."""
+    settings = one_file_lake(spark, tmp_path)
+    (file,) = live_files(settings)
+    ids = pq.read_table(file.removeprefix("file:"), columns=["user_id"]).column("user_id")
+    rows, erased_rows = len(ids), pc.sum(pc.equal(ids, ERASED)).as_py()
+    settings = settings.replace(purge={"policy": "batched"}, erase={"in_driver_max_bytes": 0,
+                                                                    "max_delete_positions": erased_rows - 1})
+    spark.sql(f"ALTER TABLE {settings.table(EVENTS)} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', "
+              "'write.merge.mode'='merge-on-read')")
+    Ledger(settings).submit([RequestInput(ERASED, "erase")])
+    report = run(spark, settings)
+    events = report.tables[EVENTS]
+    assert events["erase"]["strategy"] == "merge_broadcast" and events["erase"]["delete_files_added"] == 1
+    assert report.cost["erase"]["rows_read"] == 2 * rows + rows - erased_rows  # plan, MERGE, the check's "after"
+    assert {r.status for r in report.requests} == {"erased"}
+    live = open_catalog(settings).load_table(EVENTS).scan(selected_fields=("user_id",)).to_arrow().column("user_id")
+    assert len(live) == rows - erased_rows and ERASED not in live.to_pylist()
+
+
+def test_merge_on_read_deletion_after_another_writers_commit_runs_spark_statement(spark, tmp_path, monkeypatch):
+    """Rows of the requested subject appended between the plan and the erase commit: the positions
+    the plan found no longer cover them, so the commit is Spark's statement, which finds them too."""
+    settings = one_file_lake(spark, tmp_path).replace(purge={"policy": "batched"})
+    spark.sql(f"ALTER TABLE {settings.table(EVENTS)} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', "
+              "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read')")
+    late = spark.table(settings.table(EVENTS)).where(F.col("user_id") == ERASED).limit(3).localCheckpoint()
+
+    def append(spark, settings):
+        late.writeTo(settings.table(EVENTS)).append()
+
+    written = []
+    real = indriver.position_deletes
+    monkeypatch.setattr(indriver, "position_deletes", lambda *a: written.append(1) or real(*a))
+    wrap_apply(monkeypatch, settings, EVENTS, before=lambda spark, settings, keys: append(spark, settings))
+    Ledger(settings).submit([RequestInput(ERASED, "erase")])
+    report = run(spark, settings)
+    assert report.tables[EVENTS]["erase"]["strategy"] == "delete_positions" and not written
+    live = open_catalog(settings).load_table(EVENTS).scan(selected_fields=("user_id",)).to_arrow().column("user_id")
+    assert ERASED not in live.to_pylist()
+    assert {r.status for r in report.requests} == {"erased"}
 
 
 @pytest.mark.slow

@@ -132,6 +132,10 @@ class EraseSettings(_Strict):
     # A table whose files to read for the plan or the rewrite add up to at most this many bytes is
     # read and rewritten inside the driver's JVM (lake/indriver.py), without a Spark query; 0: never.
     in_driver_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
+    # A merge-on-read deletion (format v2) whose plan finds at most this many rows writes their position
+    # deletes from the driver, at the positions the plan's scan found: no second read of the table.
+    # More rows (or 0) leave the deletion to Spark's statement.
+    max_delete_positions: int = Field(default=1_000_000, ge=0)
 
 
 class RunSettings(_Strict):

@@ -11,6 +11,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.util.Collections;
 import java.util.HashSet;
@@ -28,6 +29,7 @@ import java.util.function.Function;
 import javax.crypto.Mac;
 import javax.crypto.spec.SecretKeySpec;
 import org.apache.iceberg.DataFile;
+import org.apache.iceberg.DeleteFile;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.FileScanTask;
 import org.apache.iceberg.PartitionField;
@@ -35,10 +37,13 @@ import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.Schema;
 import org.apache.iceberg.StructLike;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.TableProperties;
 import org.apache.iceberg.data.GenericAppenderFactory;
 import org.apache.iceberg.data.IdentityPartitionConverters;
 import org.apache.iceberg.data.Record;
 import org.apache.iceberg.data.parquet.GenericParquetReaders;
+import org.apache.iceberg.deletes.PositionDelete;
+import org.apache.iceberg.deletes.PositionDeleteWriter;
 import org.apache.iceberg.expressions.Expression;
 import org.apache.iceberg.io.CloseableIterable;
 import org.apache.iceberg.io.CloseableIterator;
@@ -375,6 +380,61 @@ public class InDriver {
     } catch (Exception e) {
       for (int i = 0; i < written.size(); i++) {  // nobody will commit them
         table.io().deleteFile(((DataFile) written.get(i)).location());
+      }
+      throw e;
+    }
+    return written;
+  }
+
+  /** Position delete files, one per data file: for the file at `locations[i]` (one of `tasks`'
+   * files), the rows at positions `positions[i]` (little-endian 64-bit integers, ascending).
+   * Written like the table's own delete writers (its delete file format, metrics and location
+   * provider), each scoped to its one data file; not committed: the caller commits them (a row
+   * delta) or deletes them. Reads nothing. Returns the DeleteFiles. */
+  public List positionDeletes(Table table, List tasks, List locations, List positions) throws Exception {
+    Map files = new HashMap();
+    for (int i = 0; i < tasks.size(); i++) {
+      DataFile file = (DataFile) ((FileScanTask) tasks.get(i)).file();
+      files.put(file.location(), file);
+    }
+    Map properties = table.properties();
+    Object format = properties.get(TableProperties.DELETE_DEFAULT_FILE_FORMAT);
+    if (format == null) {
+      format = properties.get(TableProperties.DEFAULT_FILE_FORMAT);
+    }
+    FileFormat fileFormat = FileFormat.fromString(format == null ? "parquet" : (String) format);
+    String operation = "dsr-" + UUID.randomUUID();
+    List written = new ArrayList();
+    try {
+      for (int i = 0; i < locations.size(); i++) {
+        String location = (String) locations.get(i);
+        DataFile file = (DataFile) files.get(location);
+        if (file == null) {
+          throw new IllegalArgumentException("position deletes for a file that is not a candidate");
+        }
+        PartitionSpec spec = (PartitionSpec) table.specs().get(Integer.valueOf(file.specId()));
+        GenericAppenderFactory factory = new GenericAppenderFactory(table, table.schema(), spec, properties,
+                                                                    null, null, null);
+        OutputFileFactory names = OutputFileFactory.builderFor(table, i, 0L).format(fileFormat)
+            .operationId(operation).suffix("deletes").build();
+        PositionDeleteWriter writer = factory.newPosDeleteWriter(names.newOutputFile(spec, file.partition()),
+                                                                 fileFormat, file.partition());
+        ByteBuffer at = ByteBuffer.wrap((byte[]) positions.get(i)).order(ByteOrder.LITTLE_ENDIAN);
+        PositionDelete delete = PositionDelete.create();
+        try {
+          while (at.hasRemaining()) {
+            writer.write(delete.set(location, at.getLong()));
+            io.incrementAndGet(3);
+          }
+        } finally {
+          writer.close();
+        }
+        written.add(writer.toDeleteFile());
+        io.addAndGet(4, writer.length());
+      }
+    } catch (Exception e) {
+      for (int i = 0; i < written.size(); i++) {  // nobody will commit them
+        table.io().deleteFile(((DeleteFile) written.get(i)).location());
       }
       throw e;
     }

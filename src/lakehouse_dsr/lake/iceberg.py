@@ -615,11 +615,34 @@ def replace_files(spark: SparkSession, jtable, old_files: list, new_files, read_
     if branch is not None:
         operation = operation.toBranch(branch)
     bridge(spark).replace(operation, old_files, new_files)
+    _commit_written(spark, jtable, operation, new_files)
+
+
+def add_position_deletes(spark: SparkSession, jtable, delete_files, data_locations: list[str], read_snapshot_id: int,
+                         conflict_filter) -> None:
+    """Commit `delete_files` (Java position DeleteFiles written, not yet committed, against the data
+    files at `data_locations`) as one row delta, validated as Spark validates a serializable
+    merge-on-read delete: the data files still live, no file another writer added since
+    `read_snapshot_id` that `conflict_filter` may match, no delete file another writer attached to
+    them meanwhile. On a conflict nothing is committed, the delete files are deleted, and the error is
+    raised for a retry. Metadata only: one manifest written."""
+    jtable.refresh()
+    operation = (jtable.newRowDelta().caseSensitive(False).validateFromSnapshot(read_snapshot_id)
+                 .conflictDetectionFilter(conflict_filter).validateDataFilesExist(data_locations)
+                 .validateDeletedFiles().validateNoConflictingDataFiles().validateNoConflictingDeleteFiles())
+    for delete_file in delete_files:
+        operation.addDeletes(delete_file)
+    _commit_written(spark, jtable, operation, delete_files)
+
+
+def _commit_written(spark: SparkSession, jtable, operation, written) -> None:
+    """Commit `operation`, marked as this application's; on a conflict delete the files it would have
+    added (`written`: nobody else references them)."""
     try:
         operation.set("spark.app.id", spark.sparkContext.applicationId).commit()
     except Exception as exc:
         if any(name in str(exc) for name in _CONFLICTS):  # nothing committed: the new files belong to nobody
-            for location in call(spark, "locations", new_files):  # (an unknown commit state keeps them:
+            for location in call(spark, "locations", written):  # (an unknown commit state keeps them:
                 jtable.io().deleteFile(location)  # the commit may have landed)
         raise
 

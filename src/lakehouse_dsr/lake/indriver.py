@@ -14,12 +14,18 @@ Only what it can do exactly as Spark would is done here: whole Parquet files wit
 flat top-level key and redacted columns of a type data skipping knows (string, int, bigint), no
 partition derived from a redacted column, and at most `erase.in_driver_max_bytes` of files. Anything
 else goes to Spark; `refusal` says why.
+
+A merge-on-read deletion of any table size also writes its position delete files here
+(`position_deletes`): Spark's scan for the plan found the positions already, so writing a few small
+files replaces a MERGE that would read every candidate file's key columns again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -115,6 +121,23 @@ def rewrite(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], 
     its key group's columns NULL), one new file per old file in the old order, written but not
     committed; returns the new Java DataFiles. Cost: one read and one write of those files."""
     return compiled(spark, "InDriver").rewrite(candidates.jtable, candidates._tasks, _keys(spark, keys), delete)
+
+
+def position_deletes(spark: SparkSession, candidates: Candidates, positions: dict[str, list[int]]):
+    """Position delete files for the candidate files named in `positions` (a data file's location ->
+    the ascending positions of the rows to delete), one per data file, written with the table's
+    delete-file settings but not committed; returns the Java DeleteFiles. Reads nothing; the
+    positions cross Py4J as bytes, never as command text. Cost: one small file per data file."""
+    locations = sorted(positions)
+    return compiled(spark, "InDriver").positionDeletes(candidates.jtable, candidates._tasks, locations,
+                                                      [_little_endian(positions[f]) for f in locations])
+
+
+def _little_endian(values: list[int]) -> bytes:
+    packed = array("q", values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def fingerprint(spark: SparkSession, jtable, snapshot_id: int, locations: frozenset[str], keys: list[KeyColumn],

@@ -41,6 +41,7 @@ _IN_LIMIT = 200
 MAX_VALUES = 100_000
 
 _SPLIT = 128 * 1024 * 1024  # Iceberg's default read.split.target-size
+POSITION = "dsr_pos"  # a row's position in its data file (read(position=True))
 _PRUNABLE = (StringType, LongType, IntegerType)  # key types an Iceberg IN predicate is built for
 
 
@@ -207,13 +208,14 @@ def plan(table: IcebergTable, snapshot_id: int | None, groups: tuple[KeyGroup, .
                       int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable, rows)
 
 
-def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, file_per_task: bool = False
-         ) -> DataFrame | None:
+def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, file_per_task: bool = False,
+         position: bool = False) -> DataFrame | None:
     """The candidate files' rows as of the candidates' snapshot (delete files applied), or of the
     files among them whose locations are in `only`; None when there is no such file (no Spark job
     is needed to know the answer). The read skips row groups the keys cannot be in; Spark's
     input_file_name() names each row's file. `file_per_task`: no task reads parts of two files
-    (each task's rows are one file's, in the file's order), as a rewrite that keeps order needs."""
+    (each task's rows are one file's, in the file's order), as a rewrite that keeps order needs.
+    `position`: each row's position in its file too (Iceberg's `_pos`), as column POSITION."""
     spark = candidates.source.spark
     if only is not None:
         candidates = candidates.subset(spark, set(only))
@@ -229,4 +231,5 @@ def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, 
         reader = reader.option("split-size", str(_SPLIT)).option("file-open-cost", str(_SPLIT))
     rows = reader.load(candidates.source.identifier)
     # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
-    return rows.select(*[F.col(f"`{c}`") for c in call(spark, "columns", jtable)])
+    return rows.select(*[F.col(f"`{c}`") for c in call(spark, "columns", jtable)],
+                       *([F.col("_pos").alias(POSITION)] if position else []))

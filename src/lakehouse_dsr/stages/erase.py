@@ -2,16 +2,20 @@
 
 Both statements honour the table's write mode: copy-on-write rewrites the files holding
 matches; merge-on-read writes delete files / deletion vectors and leaves the purge to purge.py.
-The statement is chosen by `choose_strategy`, a rule measured with bench/strategy.py.
+The statement is chosen by `choose_strategy`, a rule measured with bench/strategy.py. Where the
+plan's own scan already found what to change, no statement runs: the files holding matches are
+rewritten (`rewrite_files`), or a merge-on-read deletion's position delete files are written at
+the positions the scan found (`delete_positions`).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from typing import cast
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from ..config import EraseSettings
@@ -19,7 +23,7 @@ from ..datamap import DataMap, TableMapping, column_ref, is_array
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.iceberg import IcebergTable, Lake
-from ..lake.skipping import Candidates
+from ..lake.skipping import POSITION, Candidates
 from . import collateral, matching
 from .collateral import CollateralResult, Observed
 from .matching import TableKeys
@@ -45,15 +49,19 @@ class TablePlan:
     candidate_files: list[str] = field(default_factory=list)  # the files the plan read
     # The files among them holding a match, each with the rows a request names there (counted once).
     requested_by_file: dict[str, int] = field(default_factory=dict)
+    # `delete_positions`: per file holding a match, the ascending positions of the requested rows.
+    positions: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def from_groups(cls, table: str, mapping: TableMapping, groups: list, strategy: str, write_mode: str,
                     snapshot_before: int | None, rows_before: int | None = None,
-                    candidates: Candidates | None = None) -> TablePlan:
+                    candidates: Candidates | None = None, positions: dict[str, list[int]] | None = None
+                    ) -> TablePlan:
         """The plan from a scan's groups (rows with `request_ids`, NULL for rows nobody asked about,
         and `count`, per file with `dsr_file`): a row named by several requests counts once in the
         totals, once per request in `matches_by_request`. `rows_before`: the table's rows when the
-        scan read only some files (`candidates`)."""
+        scan read only some files (`candidates`); `positions`: the requested rows' positions, per file,
+        for `delete_positions`."""
         matches: dict[str, int] = {}
         for g in groups:
             for request_id in g.request_ids or []:
@@ -69,7 +77,8 @@ class TablePlan:
                    snapshot_before=snapshot_before, rows_scanned=scanned,
                    skipping=candidates.as_dict() if candidates else None,
                    candidate_files=candidates.paths() if candidates else [],
-                   requested_by_file=_requested_by_file(groups) if candidates else {})
+                   requested_by_file=_requested_by_file(groups) if candidates else {},
+                   positions=positions or {})
 
     @property
     def matched_files(self) -> list[str]:
@@ -88,6 +97,19 @@ def _requested_by_file(groups: list) -> dict[str, int]:
         if g.request_ids:
             found[g[_FILE]] = found.get(g[_FILE], 0) + g["count"]
     return found
+
+
+def _positions_by_file(groups: list) -> dict[str, list[int]] | None:
+    """The requested rows' positions per file, from groups that carry them (`positions`); None when a
+    group holding requested rows has none (the table's matches exceeded `erase.max_delete_positions`,
+    or the plan was made in the driver)."""
+    found: dict[str, list[int]] = {}
+    for g in groups:
+        if g.request_ids:
+            if g["positions"] is None:
+                return None
+            found.setdefault(g[_FILE], []).extend(g["positions"])
+    return {path: sorted(at) for path, at in found.items()}
 
 
 @dataclass
@@ -140,14 +162,15 @@ class TableErasure:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in frames}
         d["collateral"] = self.collateral.as_dict() if self.collateral else None
         plan = {k: v for k, v in asdict(self.plan).items()
-                if k not in ("matches_by_request", "candidate_files", "requested_by_file")}
+                if k not in ("matches_by_request", "candidate_files", "requested_by_file", "positions")}
         return {**plan, **d, "rows_changed": self.rows_changed}
 
 
 def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, modes: dict[str, str],
-                    simple: bool = True, rewrite: bool = False) -> str:
-    """Rewrite the files holding matches where allowed, else MERGE with a broadcast key set while it
-    fits and the table's modes allow, else DELETE/UPDATE.
+                    simple: bool = True, rewrite: bool = False, positions: bool = False) -> str:
+    """Rewrite the files holding matches where allowed, else write position deletes where the plan
+    found the positions, else MERGE with a broadcast key set while it fits and the table's modes
+    allow, else DELETE/UPDATE.
 
     `rewrite_files` (`rewrite`: format v1/v2, and copy-on-write for this change or a purge in this
     run): only the files the plan found matches in are read and rewritten (without the requested
@@ -156,6 +179,12 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
     cannot reach it without values in its text. On a merge-on-read table whose purge runs in the
     same run, delete files would be rewritten by the purge minutes later: rewriting the files at
     once does that work once. Format v3 keeps Spark's statements (row lineage).
+
+    `delete_positions` (`positions`: a format-v2 merge-on-read deletion, the purge not in this run,
+    and the plan's scan recorded the requested rows' positions, see `positional`): one position
+    delete file per data file holding matches, written in the driver (lake/indriver.py) and
+    committed as one row delta validated like Spark's serializable merge-on-read delete. Nothing is
+    read: Spark's MERGE would read every candidate file's key columns again to find the same rows.
 
     Measured at 1M events / 100 subjects (medians of 3, bench/strategy.py): MERGE with a broadcast
     source took 1.69 s against 3.47 s for DELETE ... WHERE EXISTS on copy-on-write, 0.40 s against
@@ -175,6 +204,8 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
     natural = "delete" if action == "delete" else "update"
     if rewrite and distinct_keys <= broadcast_max_keys:  # its join broadcasts the key set
         return "rewrite_files"
+    if positions:
+        return "delete_positions"
     if not simple:
         return "merge_key_tuples"
     if distinct_keys <= broadcast_max_keys and modes["merge"] == modes[natural]:
@@ -186,6 +217,14 @@ def write_modes(table: IcebergTable) -> dict[str, str]:
     return {op: table.write_mode(op) for op in ("delete", "update", "merge")}
 
 
+def positional(table: IcebergTable, mapping: TableMapping, erase: EraseSettings, purging: bool) -> bool:
+    """Whether the plan's scan should record the requested rows' positions for `delete_positions`:
+    a deletion on a format-v2 table whose owner chose merge-on-read deletes, its purge not in this
+    run (else the files are rewritten at once). Format v3 takes deletion vectors: Spark writes those."""
+    return (mapping.action == "delete" and erase.max_delete_positions > 0 and not purging
+            and table.format_version() == 2 and table.write_mode("delete") == "merge-on-read")
+
+
 def plan(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, keys: TableKeys, purging: bool = False
          ) -> TablePlan:
     """Count matches per request and the files holding them, and pick the strategy (`purging`: the
@@ -195,7 +234,8 @@ def plan(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, keys: T
     column bounds, partition transforms and bloom filters decide it from metadata), joined with
     each key column's broadcast key set; a table no file of which can hold a key costs no Spark
     job. The table's row count comes from its snapshot summary. The driver receives one row per
-    file and combination of matching requests (request ids, the file's name and a count; never a value).
+    file and combination of matching requests (request ids, the file's name and a count; never a value),
+    and for a `positional` table the requested rows' positions (at most `erase.max_delete_positions`).
     """
     return plan_many(lake, datamap, erase, [table], {table: keys}, purging, parallel_tables=1)[table]
 
@@ -207,6 +247,7 @@ def plan_many(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[s
     (`run.parallel_tables`): tables scanned, and scans collected, at once."""
     in_driver: dict[str, list] = {}
     spark = lake.spark
+    with_positions = {t: positional(lake.table(t), datamap.table_mapping(t), erase, purging) for t in tables}
 
     def scan(table: str) -> tuple[skipping.Candidates, DataFrame | None]:
         candidates = keys[table].current_candidates(lake.table(table))
@@ -214,10 +255,10 @@ def plan_many(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[s
             found = indriver.attempt(f"{table}: the plan",
                                      lambda: indriver.plan(spark, candidates, keys[table].key_columns()))
             if found is not None:
-                in_driver[table] = [Row(dsr_table=table, request_ids=ids, dsr_file=path, count=count)
+                in_driver[table] = [Row(dsr_table=table, request_ids=ids, dsr_file=path, count=count, positions=None)
                                     for path, ids, count in found]
                 return candidates, None
-        rows = skipping.read(candidates)
+        rows = skipping.read(candidates, position=with_positions[table])
         if rows is None:
             return candidates, None
         # One group per file and combination of requests naming a row. The other rows are counted from
@@ -227,19 +268,34 @@ def plan_many(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[s
         hit = matching.any_hit(keys[table])
         if candidates.rows is not None:
             marked = marked.where(hit)
+        position = F.when(hit, F.col(POSITION)) if with_positions[table] else F.lit(None).cast("bigint")
         return candidates, marked.select(F.lit(table).alias("dsr_table"),
                                          matching.request_ids(keys[table]).alias("request_ids"),
-                                         F.when(hit, F.col(_FILE)).alias(_FILE))
+                                         F.when(hit, F.col(_FILE)).alias(_FILE), position.alias(POSITION))
 
     scans = dict(zip(tables, map_in_threads(scan, tables, parallel_tables), strict=True))
     groups: dict[str, list] = {table: in_driver.get(table, []) for table in tables}
-    per_file = lambda union: union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count"))  # noqa: E731
+    per_file = partial(_per_file, max_positions=erase.max_delete_positions if any(with_positions.values()) else None)
     for g in collect_union([part for _, part in scans.values() if part is not None], per_file,
                            parallel_tables):
         groups[g.dsr_table].append(g)
     return {table: _plan(lake.table(table), datamap.table_mapping(table), erase, keys[table], purging,
-                         scans[table][0], groups[table])
+                         scans[table][0], groups[table], with_positions[table])
             for table in tables}
+
+
+def _per_file(union: DataFrame, max_positions: int | None) -> DataFrame:
+    """The plan's groups: rows per table, file and combination of requests. With `max_positions`, the
+    requested rows' positions too, in groups of at most 65,536 positions (an executor holds one
+    group's list at a time), and only for tables with at most `max_positions` requested rows."""
+    if max_positions is None:
+        return union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count"),
+                                                                  F.lit(None).alias("positions"))
+    groups = union.groupBy("dsr_table", "request_ids", _FILE, F.shiftright(POSITION, 16).alias("dsr_bucket")).agg(
+        F.count(F.lit(1)).alias("count"), F.collect_list(POSITION).alias("positions"))
+    requested = F.sum(F.when(F.col("request_ids").isNotNull(), F.col("count"))).over(Window.partitionBy("dsr_table"))
+    return groups.withColumn("positions", F.when((requested <= max_positions) & (F.size("positions") > 0),
+                                                 F.col("positions")))
 
 
 def _in_driver(spark: SparkSession, erase: EraseSettings, candidates: skipping.Candidates, keys: TableKeys) -> bool:
@@ -248,17 +304,28 @@ def _in_driver(spark: SparkSession, erase: EraseSettings, candidates: skipping.C
 
 
 def _plan(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, keys: TableKeys, purging: bool,
-          candidates: skipping.Candidates, groups: list) -> TablePlan:
-    table = handle.name
+          candidates: skipping.Candidates, groups: list, with_positions: bool) -> TablePlan:
     snapshot_id = candidates.snapshot_id
+    positions = _positions_by_file(groups) if with_positions else None
+    strategy = _strategy(handle, mapping, erase, keys, purging, positions is not None)
+    return TablePlan.from_groups(handle.name, mapping, groups, strategy, _mode(handle, strategy), snapshot_id,
+                                 handle.live_rows(snapshot_id), candidates, positions)
+
+
+def _strategy(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, keys: TableKeys, purging: bool,
+              positions: bool) -> str:
+    """choose_strategy for `handle` as its metadata says it is now."""
     modes = write_modes(handle)
-    rewrite = handle.format_version() <= 2
-    strategy = choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, modes, mapping.simple,
-                               rewrite and (purging or modes["delete" if mapping.action == "delete" else "update"]
-                                            == "copy-on-write"))
-    mode = "copy-on-write" if strategy == "rewrite_files" else modes[strategy.split("_")[0]]
-    return TablePlan.from_groups(table, mapping, groups, strategy, mode, snapshot_id,
-                                 handle.live_rows(snapshot_id), candidates)
+    rewrite = handle.format_version() <= 2 and (
+        purging or modes["delete" if mapping.action == "delete" else "update"] == "copy-on-write")
+    return choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, modes, mapping.simple, rewrite,
+                           positions)
+
+
+def _mode(handle: IcebergTable, strategy: str) -> str:
+    """The write mode `strategy` leaves the table's files in."""
+    return {"rewrite_files": "copy-on-write", "delete_positions": "merge-on-read"}.get(
+        strategy, handle.write_mode(strategy.split("_")[0]))
 
 
 def _view(df: DataFrame) -> str:
@@ -267,10 +334,21 @@ def _view(df: DataFrame) -> str:
     return view
 
 
-def _statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
-               keys: TableKeys, views: list[str]) -> str:
-    """The plan's one SQL statement; identifiers stay in temporary views (`views` collects their names)."""
-    if table_plan.strategy == "merge_key_tuples":
+def _run_statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, strategy: str,
+                   table_plan: TablePlan, keys: TableKeys) -> None:
+    """Run `strategy`'s SQL statement once, its key views dropped after it."""
+    views: list[str] = []
+    try:
+        handle.spark.sql(_statement(handle, mapping, erase, strategy, table_plan, keys, views))
+    finally:
+        for view in views:
+            handle.spark.catalog.dropTempView(view)
+
+
+def _statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, strategy: str,
+               table_plan: TablePlan, keys: TableKeys, views: list[str]) -> str:
+    """`strategy`'s one SQL statement; identifiers stay in temporary views (`views` collects their names)."""
+    if strategy == "merge_key_tuples":
         return _merge_key_tuples(handle, mapping, erase, table_plan, keys, views)
     target, key = handle.quoted, f"t.{column_ref(cast(str, mapping.key))}"  # one flat key column
     views.append(_view(keys.sets[0].hits))
@@ -282,7 +360,7 @@ def _statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings
                            + ("DELETE" if mapping.action == "delete" else f"UPDATE SET {nulls}"),
         "delete_where_exists": f"DELETE FROM {target} AS t WHERE {exists}",
         "update_where_exists": f"UPDATE {target} AS t SET {nulls} WHERE {exists}",
-    }[table_plan.strategy]
+    }[strategy]
 
 
 def _merge_key_tuples(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
@@ -351,12 +429,30 @@ def _rewrite_files(handle: IcebergTable, action: str, erase: EraseSettings, tabl
     return collateral.observed(observation, chosen.paths()) if observation else None
 
 
+def _delete_positions(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
+                      keys: TableKeys) -> None:
+    """The `delete_positions` commit: the plan's positions as position delete files, committed as one
+    row delta, while the table is still at the plan's snapshot. Once another writer has committed
+    (an append may hold requested rows; a retry after a conflict), Spark's statement erases instead,
+    finding the rows wherever they are."""
+    now = keys.current_candidates(handle)
+    if now.snapshot_id != table_plan.snapshot_before:
+        _run_statement(handle, mapping, erase, _strategy(handle, mapping, erase, keys, False, False), table_plan,
+                       keys)
+        return
+    spark = handle.spark
+    written = indriver.position_deletes(spark, now, table_plan.positions)
+    iceberg.add_position_deletes(spark, now.jtable, written, sorted(table_plan.positions),
+                                 cast(int, now.snapshot_id), now.predicate)
+
+
 def apply(lake: Lake, datamap: DataMap, erase: EraseSettings, table_plan: TablePlan, keys: TableKeys,
           observe: TableKeys | None = None) -> TableErasure:
     """Run the plan as one commit. Skips tables without matches (no empty commits). `observe`: the
     keys the collateral check marks rows by, for a rewrite to fingerprint what it reads.
 
-    `rewrite_files`: reads and rewrites only the files holding matches (see choose_strategy). Spark's
+    `rewrite_files`: reads and rewrites only the files holding matches (see choose_strategy);
+    `delete_positions`: reads nothing, writes a position delete file per file holding matches. Spark's
     statements plan their own scans, which data skipping cannot reach without values in SQL text:
     copy-on-write reads the key columns of every file to find those holding a match, then reads and
     rewrites those; merge-on-read reads the key columns of every file and writes delete files only.
@@ -376,14 +472,11 @@ def apply(lake: Lake, datamap: DataMap, erase: EraseSettings, table_plan: TableP
         result.took(handle.own_commit_since(table_plan.snapshot_before))
         result.rows_after = handle.rows_after_commit(result.snapshot_id, table_plan.rows_before)
         return result
-    views: list[str] = []
-    try:
-        statement = _statement(handle, mapping, erase, table_plan, keys, views)
-        result.attempts = lake.with_conflict_retries(f"table {table_plan.table}: the erase commit",
-                                                     lambda: lake.spark.sql(statement))[1]
-    finally:
-        for view in views:
-            lake.spark.catalog.dropTempView(view)
+    if table_plan.strategy == "delete_positions":
+        commit = partial(_delete_positions, handle, mapping, erase, table_plan, keys)
+    else:
+        commit = partial(_run_statement, handle, mapping, erase, table_plan.strategy, table_plan, keys)
+    result.attempts = lake.with_conflict_retries(f"table {table_plan.table}: the erase commit", commit)[1]
     result.took(handle.own_commit_since(table_plan.snapshot_before))
     # Counted at the erase commit, so a concurrent append cannot pass for collateral damage.
     result.rows_after = handle.rows_after_commit(result.snapshot_id, table_plan.rows_before)
