@@ -352,6 +352,7 @@ def test_merge_on_read_deletion_writes_the_plans_positions_and_the_check_reads_o
         assert {r.status for r in report.requests} == {"erased"}
 
 
+@pytest.mark.slow
 def test_merge_on_read_deletion_beyond_max_delete_positions_runs_spark_statement(spark, tmp_path):
     """More requested rows than `erase.max_delete_positions`: the plan hands no positions to the
     driver, and Spark's MERGE writes the delete file, reading the key column once more."""
@@ -373,6 +374,7 @@ def test_merge_on_read_deletion_beyond_max_delete_positions_runs_spark_statement
     assert len(live) == rows - erased_rows and ERASED not in live.to_pylist()
 
 
+@pytest.mark.slow
 def test_merge_on_read_deletion_after_another_writers_commit_runs_spark_statement(spark, tmp_path, monkeypatch):
     """Rows of the requested subject appended between the plan and the erase commit: the positions
     the plan found no longer cover them, so the commit is Spark's statement, which finds them too."""
