@@ -28,8 +28,8 @@ import java.util.function.BiFunction;
 import java.util.function.Function;
 import javax.crypto.Mac;
 import javax.crypto.spec.SecretKeySpec;
+import org.apache.iceberg.ContentFile;
 import org.apache.iceberg.DataFile;
-import org.apache.iceberg.DeleteFile;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.FileScanTask;
 import org.apache.iceberg.PartitionField;
@@ -378,12 +378,16 @@ public class InDriver {
         }
       }
     } catch (Exception e) {
-      for (int i = 0; i < written.size(); i++) {  // nobody will commit them
-        table.io().deleteFile(((DataFile) written.get(i)).location());
-      }
+      deleteAll(table, written);  // nobody will commit them
       throw e;
     }
     return written;
+  }
+
+  private static void deleteAll(Table table, List files) {
+    for (int i = 0; i < files.size(); i++) {
+      table.io().deleteFile(((ContentFile) files.get(i)).location());
+    }
   }
 
   /** Position delete files, one per data file: for the file at `locations[i]` (one of `tasks`'
@@ -433,9 +437,7 @@ public class InDriver {
         io.addAndGet(4, writer.length());
       }
     } catch (Exception e) {
-      for (int i = 0; i < written.size(); i++) {  // nobody will commit them
-        table.io().deleteFile(((DeleteFile) written.get(i)).location());
-      }
+      deleteAll(table, written);  // nobody will commit them
       throw e;
     }
     return written;
