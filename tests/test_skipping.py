@@ -353,6 +353,37 @@ def test_merge_on_read_deletion_writes_the_plans_positions_and_the_check_reads_o
 
 
 @pytest.mark.slow
+def test_merge_on_read_deletion_on_a_partitioned_table(spark, tmp_path):
+    """On a table partitioned by bucket(4, user_id), each position delete file is written into its
+    data file's partition and scoped to it; an independent reader applies them: the requested rows
+    are gone, every other row is there."""
+    settings = one_file_lake(spark, tmp_path).replace(purge={"policy": "batched"})
+    table = settings.table(EVENTS)
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read')")
+    spark.sql(f"ALTER TABLE {table} ADD PARTITION FIELD bucket(4, user_id)")
+    spark.sql(f"CALL {settings.catalog.name}.system.rewrite_data_files(table => '{EVENTS}', "
+              "options => map('rewrite-all', 'true'))")
+    before = open_catalog(settings).load_table(EVENTS).scan().to_arrow()
+    assert len(open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()) > 1
+    Ledger(settings).submit([RequestInput(ERASED, "erase"), RequestInput(BYSTANDER, "erase")])
+    report = run(spark, settings)
+    events = report.tables[EVENTS]
+    assert events["erase"]["strategy"] == "delete_positions" and events["erase"]["collateral"]["ok"]
+    assert {r.status for r in report.requests} == {"erased"}
+    files = open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()
+    data = {f["file_path"]: f["partition"] for f in files if f["content"] == 0}
+    deletes = [f for f in files if f["content"] == 1]
+    assert deletes and events["erase"]["delete_files_added"] == len(deletes)
+    for d in deletes:  # scoped to one data file, in its partition
+        targets = set(pq.read_table(d["file_path"].removeprefix("file:"), columns=["file_path"])
+                      .column("file_path").to_pylist())
+        assert len(targets) == 1 and data[targets.pop()] == d["partition"]
+    after = open_catalog(settings).load_table(EVENTS).scan().to_arrow()
+    kept = before.filter(pc.invert(pc.is_in(before.column("user_id"), value_set=pa.array([ERASED, BYSTANDER]))))
+    assert sorted(after.column("event_id").to_pylist()) == sorted(kept.column("event_id").to_pylist())
+
+
+@pytest.mark.slow
 def test_merge_on_read_deletion_beyond_max_delete_positions_runs_spark_statement(spark, tmp_path):
     """More requested rows than `erase.max_delete_positions`: the plan hands no positions to the
     driver, and Spark's MERGE writes the delete file, reading the key column once more."""
