@@ -402,11 +402,9 @@ public class InDriver {
       files.put(file.location(), file);
     }
     Map properties = table.properties();
-    Object format = properties.get(TableProperties.DELETE_DEFAULT_FILE_FORMAT);
-    if (format == null) {
-      format = properties.get(TableProperties.DEFAULT_FILE_FORMAT);
-    }
-    FileFormat fileFormat = FileFormat.fromString(format == null ? "parquet" : (String) format);
+    FileFormat fileFormat = FileFormat.fromString((String) properties.getOrDefault(
+        TableProperties.DELETE_DEFAULT_FILE_FORMAT, properties.getOrDefault(
+            TableProperties.DEFAULT_FILE_FORMAT, TableProperties.DEFAULT_FILE_FORMAT_DEFAULT)));
     String operation = "dsr-" + UUID.randomUUID();
     List written = new ArrayList();
     try {

@@ -307,25 +307,16 @@ def _plan(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, key
           candidates: skipping.Candidates, groups: list, with_positions: bool) -> TablePlan:
     snapshot_id = candidates.snapshot_id
     positions = _positions_by_file(groups) if with_positions else None
-    strategy = _strategy(handle, mapping, erase, keys, purging, positions is not None)
-    return TablePlan.from_groups(handle.name, mapping, groups, strategy, _mode(handle, strategy), snapshot_id,
-                                 handle.live_rows(snapshot_id), candidates, positions)
-
-
-def _strategy(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, keys: TableKeys, purging: bool,
-              positions: bool) -> str:
-    """choose_strategy for `handle` as its metadata says it is now."""
     modes = write_modes(handle)
     rewrite = handle.format_version() <= 2 and (
         purging or modes["delete" if mapping.action == "delete" else "update"] == "copy-on-write")
-    return choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, modes, mapping.simple, rewrite,
-                           positions)
-
-
-def _mode(handle: IcebergTable, strategy: str) -> str:
-    """The write mode `strategy` leaves the table's files in."""
-    return {"rewrite_files": "copy-on-write", "delete_positions": "merge-on-read"}.get(
-        strategy, handle.write_mode(strategy.split("_")[0]))
+    strategy = choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, modes, mapping.simple, rewrite,
+                               positions is not None)
+    # the write mode the strategy leaves the table's files in
+    mode = {"rewrite_files": "copy-on-write", "delete_positions": "merge-on-read"}.get(strategy) \
+        or modes[strategy.split("_")[0]]
+    return TablePlan.from_groups(handle.name, mapping, groups, strategy, mode, snapshot_id,
+                                 handle.live_rows(snapshot_id), candidates, positions)
 
 
 def _view(df: DataFrame) -> str:
@@ -436,9 +427,10 @@ def _delete_positions(handle: IcebergTable, mapping: TableMapping, erase: EraseS
     (an append may hold requested rows; a retry after a conflict), Spark's statement erases instead,
     finding the rows wherever they are."""
     now = keys.current_candidates(handle)
-    if now.snapshot_id != table_plan.snapshot_before:
-        _run_statement(handle, mapping, erase, _strategy(handle, mapping, erase, keys, False, False), table_plan,
-                       keys)
+    if now.snapshot_id != table_plan.snapshot_before:  # one of Spark's statements, never a rewrite
+        statement = choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, write_modes(handle),
+                                    mapping.simple)
+        _run_statement(handle, mapping, erase, statement, table_plan, keys)
         return
     spark = handle.spark
     written = indriver.position_deletes(spark, now, table_plan.positions)
