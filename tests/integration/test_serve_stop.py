@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -166,6 +167,48 @@ def test_a_stop_signal_under_load_ends_every_process_cleanly_and_loses_nothing(t
     after = Counter(_ledger_ids(config))
     assert acknowledged <= set(after) and max(after.values()) == 1
 
+
+
+def test_a_batch_stuck_at_the_stop_is_abandoned_and_the_ingester_still_exits_0(tmp_path):
+    config = intake_config(tmp_path, ingest_interval_seconds=60)  # the stop's wake-up is the first ingest
+    server = Server(config)
+    blocker = None
+    try:
+        server.ready()
+        ingester = server.ingester()
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            filed = [http.post("/api/v1/requests", json={"type": "erase", "subject_id": f"stuck-{i}"})
+                     for i in range(5)]
+        ids = [answer.json()["request_id"] for answer in filed]
+        # Another process holds the queue's write lock: the ingester reads the requests and commits them to
+        # the ledger, but cannot note that in the queue; its batch is stuck when the stop comes.
+        blocker = sqlite3.connect(load_settings(config).intake_queue_file(), isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        returncode = server.proc.wait(timeout=STOP_SECONDS + 5)
+        while server.processes() and time.monotonic() - sent < STOP_SECONDS + 5:
+            time.sleep(0.05)
+        gone_after = time.monotonic() - sent
+    finally:
+        if blocker is not None:
+            blocker.rollback()
+            blocker.close()
+        server.kill_all()
+    output = server.output()
+    assert returncode == 0 and not server.processes() and gone_after <= STOP_SECONDS, (gone_after, output)
+    assert not Path(f"/proc/{ingester}").exists()
+    assert "abandoned" in output and "killed" not in output and "Traceback" not in output, output
+    queue = IntakeQueue(load_settings(config).intake_queue_file())
+    try:
+        waiting = queue.call(lambda c: c.execute("SELECT count(*) FROM intake WHERE ingested_at IS NULL"
+                                                 ).fetchone()[0])
+        assert waiting == 5  # the abandoned batch stays queued ...
+        ingest(queue, Ledger(load_settings(config)))  # ... and the next start moves it, once
+    finally:
+        queue.close()
+    after = Counter(_ledger_ids(config))
+    assert set(after) == set(ids) and max(after.values()) == 1
 
 def _metrics(url: str) -> dict[str, float]:
     """`name{labels}` -> value of every sample /metrics shows (comments left out)."""

@@ -311,7 +311,7 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
                                                         "instance out of rotation"}})
     async def ready() -> Response:
         """Whether this instance can take and keep requests now: the queue takes a write, the ledger's
-        catalog answers, the ingester process runs."""
+        catalog answers, the ingester process runs and is ready."""
         checks = await asyncio.to_thread(intake.readiness)
         failing = [part for part, ok in checks.items() if not ok]
         answer = models.Readiness.model_validate({"ready": not failing, "failing": failing, **checks})

@@ -9,9 +9,14 @@ The child runs in a process group of its own, so a signal to the server's group 
 stop, Ctrl-C in a terminal) is the server's to act on: the server then closes its end of a pipe to
 the child, which is also how the child learns of its server's death (kill -9 included). SIGTERM or
 SIGINT sent to the child itself (systemd signals every process of the service's control group) stop
-it the same way. Either way the child finishes the batch in hand, moves what else waits for at most
-`STOP_SECONDS`, and exits 0; what is left stays in the durable queue for the next start. A child
-that crashed is started again; one that exited 0 was asked to stop and is not (`/readyz` says so).
+it the same way. Either way the child starts no batch later than `STOP_SECONDS` after the ask, and
+exits 0; what is left stays in the durable queue for the next start. A batch still in hand
+`ABANDON_SECONDS` after the ask (a starved child: it runs at nice +10, so on a busy host it may get a
+few percent of a core) is abandoned where it stands, and the child exits 0 all the same: that is as
+safe as a crash, since a request is marked ingested only once the ledger has it, and the ledger adds an
+id once. The child tells its server when it is ready to ingest (the queue and the ledger opened), and
+`/readyz` counts it alive from then on. A child that crashed is started again; one that exited 0 was
+asked to stop and is not (`/readyz` says so).
 With `webhooks:` configured, the child also delivers them (webhooks.py), in a thread of its own.
 
 Several instances sharing a PostgreSQL queue each run such a child; each round takes the queue's
@@ -28,12 +33,12 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import select
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from .. import faults
@@ -47,19 +52,24 @@ from .webhooks import WebhookWorker
 log = logging.getLogger("lakehouse_dsr.service")
 INGEST_BATCH = 5_000
 INGESTER_NICENESS = 10  # added to the server's (nice(2)); its lag is `dsr_intake_ingester_lag_seconds`
-STOP_SECONDS = 3.0  # once asked to stop, no batch starts later than this (the one in hand finishes)
+STOP_SECONDS = 3.0  # once asked to stop, no batch starts later than this
+# A batch still in hand this long after the ask is abandoned: below the server's wait for the child
+# (intake.CLOSE_SECONDS - intake.MAIL_STOP_SECONDS), so the child exits 0 before its server would kill it.
+ABANDON_SECONDS = STOP_SECONDS + 1.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def ingest(queue: Queue, ledger: Ledger, until: float | None = None) -> int:
+def ingest(queue: Queue, ledger: Ledger, may_start: Callable[[], bool] | None = None) -> int:
     """Move every acknowledged, verified request into the ledger: one ledger commit (and one audit
     commit) per `INGEST_BATCH`, then the queue forgets their identifiers. Exactly once: the ledger
     adds an id only if it is not there yet, so a crash between the two steps adds nothing twice.
-    `until` (time.monotonic()): start no batch after it. Returns requests moved. Takes no lease:
-    `ingest_leased` does."""
+    `may_start`: asked before each batch (a stopping ingester's deadline); none starts once it says no.
+    Returns requests moved. Takes no lease: `ingest_leased` does."""
     moved = 0
-    while until is None or time.monotonic() < until:
-        rows = queue.call(lambda c: c.execute(
+    while may_start is None or may_start():
+        # Reads on a connection of their own: through the group commits, they would wait for the write
+        # lock that the server's filings hold most of the time under load.
+        rows = queue.read(lambda c: c.execute(
             "SELECT request_id, request_type, regulation, subject_id, received_at FROM intake"
             " WHERE ingested_at IS NULL AND state = 'received' ORDER BY received_at LIMIT ?", (INGEST_BATCH,)
         ).fetchall())
@@ -86,12 +96,12 @@ def _waiting(c: Connection) -> bool:
                      ).fetchone() is not None
 
 
-def ingest_leased(queue: Queue, ledger: Ledger, until: float | None = None, wait: float = 0.0,
+def ingest_leased(queue: Queue, ledger: Ledger, may_start: Callable[[], bool] | None = None, wait: float = 0.0,
                   lease: Lease | None = None) -> int:
     """`ingest` under the queue's `ingest` lease (one ingester at a time across every process sharing the
     queue), if anything waits: 0 when nothing does, or when the lease stays taken for `wait` seconds (its
     holder moves them). Cost with nothing waiting: one indexed query, no lease taken."""
-    if not queue.call(_waiting):
+    if not queue.read(_waiting):
         return 0
     owned = lease is None
     lease = lease or queue.lease("ingest")
@@ -102,7 +112,7 @@ def ingest_leased(queue: Queue, ledger: Ledger, until: float | None = None, wait
             log.info("intake ingest: lease taken at %s", utc_now().isoformat())
             moved = 0
             try:
-                moved = ingest(queue, ledger, until)
+                moved = ingest(queue, ledger, may_start)
             finally:
                 log.info("intake ingest: %d request(s) moved into the ledger; lease released at %s", moved,
                          utc_now().isoformat())
@@ -121,6 +131,7 @@ class Ingester:
         self._lock = threading.Lock()  # the pipe's write end is replaced when a child is started again
         self._process: subprocess.Popen[bytes] | None = None
         self._pipe: int | None = None  # the write end of the pipe to the child
+        self._ready: int | None = None  # the read end of the child's pipe saying it is ready; None once it has
         self.restarts = 0  # children started again after a crash (`/metrics`)
         self._watch = threading.Thread(target=self._keep_alive, name="intake-ingester-watch", daemon=True)
 
@@ -129,8 +140,18 @@ class Ingester:
         self._watch.start()
 
     def alive(self) -> bool:
-        """The child runs and is not being stopped."""
-        return not self._stopping.is_set() and self._process is not None and self._process.poll() is None
+        """The child runs, is ready to ingest (its queue and ledger opened) and is not being stopped."""
+        if self._stopping.is_set() or self._process is None or self._process.poll() is not None:
+            return False
+        with self._lock:
+            if self._ready is not None:
+                try:
+                    os.read(self._ready, 1)  # a byte once ready; end of file if it died before
+                except BlockingIOError:
+                    return False
+                os.close(self._ready)
+                self._ready = None
+        return self._process.poll() is None
 
     def wake(self) -> None:
         """Ingest now rather than at the next tick. Never blocks: a full pipe already holds a wake-up."""
@@ -142,15 +163,16 @@ class Ingester:
                     pass
 
     def stop(self, timeout: float = 6) -> None:
-        """Ask the child to stop (it ends within `STOP_SECONDS` plus the batch in hand) and wait for it;
-        after `timeout` it is killed, which is safe: a request is marked ingested only once the ledger
-        has it, and the ledger adds an id once."""
+        """Ask the child to stop and wait for it: it starts no batch after `STOP_SECONDS` and abandons one
+        still in hand after `ABANDON_SECONDS`. After `timeout` (a child that does not get as far as its
+        exit) it is killed, which is as safe: a request is marked ingested only once the ledger has it,
+        and the ledger adds an id once."""
         self._stopping.set()
         if self._watch.is_alive():
             self._watch.join(timeout)
         with self._lock:
             if self._pipe is not None:
-                os.close(self._pipe)  # the child reads end-of-file: a last ingest, then it exits
+                os.close(self._pipe)  # the child reads end of file: what it can move in time, then it exits
                 self._pipe = None
         if self._process is not None:
             try:
@@ -163,20 +185,24 @@ class Ingester:
     def _spawn(self) -> None:
         reader, writer = os.pipe()
         os.set_blocking(writer, False)
+        ready_reader, ready_writer = os.pipe()
+        os.set_blocking(ready_reader, False)
         # A fresh interpreter (the server has threads: never fork it) in a process group of its own.
-        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, pass_fds=(reader,),
-                                   process_group=0)
+        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                   pass_fds=(reader, ready_writer), process_group=0)
         os.close(reader)
+        os.close(ready_writer)
         assert process.stdin is not None
         try:
             with process.stdin:
-                process.stdin.write(pickle.dumps((self.settings, os.getpid(), reader)))
+                process.stdin.write(pickle.dumps((self.settings, os.getpid(), reader, ready_writer)))
         except BrokenPipeError:  # it died at once: the watch sees it and starts another
             pass
         with self._lock:
-            if self._pipe is not None:
-                os.close(self._pipe)
-            self._process, self._pipe = process, writer
+            for previous in (self._pipe, self._ready):
+                if previous is not None:
+                    os.close(previous)
+            self._process, self._pipe, self._ready = process, writer, ready_reader
 
     def _keep_alive(self) -> None:
         while not self._stopping.wait(max(1.0, self.settings.intake.ingest_interval_seconds)):
@@ -192,16 +218,51 @@ class Ingester:
             self._spawn()
 
 
-def _child(settings: Settings, parent: int, pipe: int) -> None:
+class _Stop:
+    """The child's stop, asked by a signal of its own or by its server closing the pipe (the pipe's
+    bytes are wake-ups): from the ask on, no batch starts after `STOP_SECONDS`, and one still in hand
+    after `ABANDON_SECONDS` is abandoned (see the module). A thread reads the pipe, so the clock starts
+    when the server closes it, even while the child is busy with a batch."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self._until: float | None = None
+
+    @property
+    def asked(self) -> bool:
+        return self._until is not None
+
+    def may_start(self) -> bool:
+        return self._until is None or time.monotonic() < self._until
+
+    def ask(self) -> None:
+        if self._until is None:
+            self._until = time.monotonic() + STOP_SECONDS
+            self.wake.set()
+            abandon = threading.Timer(ABANDON_SECONDS, self._abandon)
+            abandon.daemon = True
+            abandon.start()
+
+    def watch(self, pipe: int) -> None:
+        while os.read(pipe, 4096):
+            self.wake.set()
+        self.ask()  # end of file: the server stops (or died)
+
+    @staticmethod
+    def _abandon() -> None:
+        log.warning("intake ingester: the batch in hand is not done %.0f s after the stop; abandoned (its "
+                    "requests stay queued for the next start)", ABANDON_SECONDS)
+        logging.shutdown()
+        os._exit(0)  # no clean-up waits on the batch: the queue and the ledger are safe as after a crash
+
+
+def _child(settings: Settings, parent: int, pipe: int, ready: int) -> None:
     # Below the server's priority: a filing waits on the server, nobody waits on a batch. On a busy host
     # the scheduler then gives the server its share first, and the ingester the rest.
     os.nice(INGESTER_NICENESS)
-    asked = threading.Event()
+    stop = _Stop()
     for stop_signal in STOP_SIGNALS:
-        signal.signal(stop_signal, lambda _signal, _frame: asked.set())
-    woken, wake_up = os.pipe()  # a signal makes the wait below return at once (set_wakeup_fd writes here)
-    os.set_blocking(wake_up, False)
-    signal.set_wakeup_fd(wake_up)
+        signal.signal(stop_signal, lambda _signal, _frame: stop.ask())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     queue, ledger = open_queue(settings), Ledger(settings)
     lease = queue.lease("ingest")
@@ -209,22 +270,19 @@ def _child(settings: Settings, parent: int, pipe: int) -> None:
     webhooks = WebhookWorker(settings, queue, ledger) if settings.webhooks else None
     if webhooks:
         webhooks.start()
-    until: float | None = None
+    threading.Thread(target=stop.watch, args=(pipe,), name="intake-ingester-pipe", daemon=True).start()
+    os.write(ready, b"r")
+    os.close(ready)
     try:
         while os.getppid() == parent:  # an orphan (its server was killed) stops before touching anything
+            stop.wake.clear()
             try:
-                ingest_leased(queue, ledger, until, lease=lease)
+                ingest_leased(queue, ledger, stop.may_start, lease=lease)
             except Exception as exc:  # the catalog is down, say: everything stays queued, tried next tick
                 log.warning("intake ingest: %s", first_line(exc, with_type=True))
-            if until is not None:
+            if stop.asked:
                 return
-            ready, _, _ = select.select([pipe, woken], [], [], settings.intake.ingest_interval_seconds)
-            if pipe in ready and not os.read(pipe, 4096):
-                asked.set()  # end of file: the server stops (or died)
-            if woken in ready:
-                os.read(woken, 64)
-            if asked.is_set():
-                until = time.monotonic() + STOP_SECONDS
+            stop.wake.wait(settings.intake.ingest_interval_seconds)
     finally:
         if webhooks:
             webhooks.stop()

@@ -121,7 +121,7 @@ class Intake:
 
     def readiness(self) -> dict[str, bool]:
         """Whether each part this service needs works now: the queue takes a write (one small commit),
-        the ledger's catalog answers (one table load), the ingester process runs. Each check is
+        the ledger's catalog answers (one table load), the ingester process runs and is ready. Each check is
         bounded by the queue's and the catalog's own timeouts; failures are logged by type only."""
         checks: dict[str, bool] = {}
         for part, check in (("queue", self._queue_writable), ("ledger", self._ledger_reachable),

@@ -191,7 +191,7 @@ class Readiness(_Answer):
     failing: list[ReadinessPart] = Field(description="the parts not ready (empty when ready)")
     queue: bool = Field(description="the durable queue takes a write")
     ledger: bool = Field(description="the ledger's catalog answers")
-    ingester: bool = Field(description="the ingester process runs")
+    ingester: bool = Field(description="the ingester process runs and has opened the queue and the ledger")
 
 
 # -- refusals ---------------------------------------------------------------------------------------
