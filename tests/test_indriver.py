@@ -6,9 +6,12 @@ Tables are read back with pyiceberg and pyarrow, not with the engine's own reade
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 from py4j.protocol import Py4JJavaError
+from pyspark.sql.types import StructType
 
 from helpers import make_settings
 from lakehouse_dsr.inventory.check import check_against_catalog
@@ -200,3 +203,23 @@ def test_when_the_driver_fails_spark_does_the_work(spark, tmp_path, monkeypatch)
     result = erase_all(spark, settings, keys)
     assert meter.since(mark).stages > 0 and result.snapshot_id is not None  # Spark's rewrite
     assert rows(settings) == [r for r in before if r["user_id"] not in ERASED]
+
+
+def test_small_driver_data_becomes_a_local_relation_without_a_python_worker_or_a_file_left(spark, tmp_path):
+    rows = [("r1", "ann@example.com", b"\x00\xffpad", 7, None), ("r2", None, b"", 2**40, "x")]
+    schema = "request_id string, subject_id string, pad binary, n bigint, note string"
+    temp = sorted(Path(spark.sparkContext._temp_dir).iterdir())
+    df = indriver.local_rows(spark, rows, schema)
+    assert indriver.is_local(df)  # rows in the plan itself: no RDD, so no Python worker evaluates them
+    assert sorted(Path(spark.sparkContext._temp_dir).iterdir()) == temp  # the rows' file is gone
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    assert sorted(tuple(r) for r in df.collect()) == [
+        ("r1", "ann@example.com", bytearray(b"\x00\xffpad"), 7, None), ("r2", None, bytearray(b""), 2**40, "x")]
+    assert [r.request_id for r in df.where("subject_id IS NOT NULL").select("request_id").collect()] == ["r1"]
+    assert meter.since(mark).stages == 0  # filtered and projected in the driver
+    # a StructType works as the schema too, and the relations join as any other
+    other = indriver.local_rows(spark, [("r2",)], StructType.fromJson({"type": "struct", "fields": [
+        {"name": "request_id", "type": "string", "nullable": True, "metadata": {}}]}))
+    assert [r.n for r in df.join(other, "request_id").collect()] == [2**40]
+    assert indriver.local_rows(spark, [], schema).collect() == []

@@ -162,8 +162,8 @@ def test_key_sets_of_identifiers_kept_in_the_driver_cost_no_spark_job_and_equal_
     assert content(held[LongType()]) == {(7, ("r4",))}  # a text id is no bigint: it cannot match
 
     # The ledger's hashes, held in the driver too: their key ids are read without a job.
-    stored = indriver.local_strings(spark, [("r1", "user_id", "0" * 64, "k1"), ("r2", "user_id", "1" * 64, None)],
-                                    "request_id string, key_type string, key_hash string, key_id string")
+    stored = indriver.local_rows(spark, [("r1", "user_id", "0" * 64, "k1"), ("r2", "user_id", "1" * 64, None)],
+                                 "request_id string, key_type string, key_hash string, key_id string")
     mark = meter.mark()
     resolved = verify.keys_for(tmp_path / "dsr-secret.key", stored, b"k" * 32)
     assert meter.since(mark).stages == 0

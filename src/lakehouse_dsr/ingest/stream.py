@@ -29,6 +29,7 @@ from ..datamap import column_ref, is_array
 from ..exceptions import DataMapError, DsrError
 from ..inventory.check import field_at
 from ..lake.hmac import keyed_hash, pads
+from ..lake.indriver import local_rows
 from ..lake.spark import uncached_catalog
 from ..ledger.ledger import Ledger
 from .suppress import known_identifier
@@ -93,7 +94,7 @@ def _pad_row(spark: SparkSession, ring: dict[str, bytes]) -> DataFrame:
         inner, outer = pads(key)
         row += [inner, outer]
         schema += [f"dsr_i{i} binary", f"dsr_o{i} binary"]
-    return spark.createDataFrame([tuple(row)], ", ".join(schema))
+    return local_rows(spark, [tuple(row)], ", ".join(schema))
 
 
 def suppressed_counts(progress: dict) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from ..datamap import column_ref
 from ..exceptions import DataMapError
 from ..keys import keys_in_use
 from ..lake.hmac import join_on_key, with_keyring_hashes
+from ..lake.indriver import local_rows
 from ..ledger.ledger import Ledger
 from ..stages.collateral import erased_value
 from ..stages.matching import KeySet, TableKeys, any_hit, mark, redactions
@@ -87,8 +88,8 @@ def _erased_values(df: DataFrame, values: Column, ledger: Ledger, identifier: st
     texts = df.select((F.explode(values) if is_array else values).alias("dsr_value")) \
         .select(F.col("dsr_value").cast("string").alias("dsr_value"))
     hashes = ledger.suppression_hashes(identifier)
-    listed = df.sparkSession.createDataFrame([(h["key_hash"], h["key_id"]) for h in hashes],
-                                             "key_hash string, key_id string")
+    listed = local_rows(df.sparkSession, [(h["key_hash"], h["key_id"]) for h in hashes],
+                        "key_hash string, key_id string")
     keys = keys_in_use(ledger.keyring, {h["key_id"] for h in hashes})
     hashed = with_keyring_hashes(df.sparkSession, texts.where("dsr_value IS NOT NULL").distinct(), "dsr_value", keys)
     return join_on_key(hashed, listed, "left_semi").select("dsr_value").distinct().localCheckpoint()

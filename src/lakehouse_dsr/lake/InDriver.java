@@ -63,6 +63,9 @@ import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.catalyst.plans.logical.LocalRelation;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.IntegerType;
+import org.apache.spark.sql.types.LongType;
 import org.apache.spark.sql.types.StructType;
 
 public class InDriver {
@@ -107,15 +110,32 @@ public class InDriver {
     return ds.sparkSession().createDataFrame(ds.collectAsList(), ds.schema());
   }
 
-  /** Rows given as JSON (a list of lists of strings or nulls) as a local relation of `ddl`'s
-   * string columns: for small data that is not identifiers (the ledger's hashes). */
-  public Dataset localStrings(SparkSession spark, String rowsJson, String ddl) throws Exception {
-    List rows = new ArrayList();
-    List parsed = (List) json.readValue(rowsJson, List.class);
-    for (int i = 0; i < parsed.size(); i++) {
-      rows.add(RowFactory.create(((List) parsed.get(i)).toArray()));
+  /** The rows pickled by Python (a list of tuples) in the file at `path`, as a local relation of
+   * `schema` (DDL, or a StructType's JSON): small driver-side data reaches Spark without a Python
+   * worker and never as Py4J command text. Integer values fit the column's integer type. */
+  public Dataset localPickled(SparkSession spark, String path, String schema) throws Exception {
+    StructType struct = schema.startsWith("{") ? (StructType) DataType.fromJson(schema) : StructType.fromDDL(schema);
+    List parsed;
+    java.io.InputStream in = new java.io.BufferedInputStream(new java.io.FileInputStream(path));
+    try {
+      parsed = (List) new net.razorvine.pickle.Unpickler().load(in);
+    } finally {
+      in.close();
     }
-    return spark.createDataFrame(rows, StructType.fromDDL(ddl));
+    List rows = new ArrayList(parsed.size());
+    for (int i = 0; i < parsed.size(); i++) {
+      Object[] values = (Object[]) parsed.get(i);
+      for (int c = 0; c < values.length; c++) {
+        DataType type = struct.fields()[c].dataType();
+        if (values[c] instanceof Number && type instanceof LongType) {
+          values[c] = Long.valueOf(((Number) values[c]).longValue());
+        } else if (values[c] instanceof Number && type instanceof IntegerType) {
+          values[c] = Integer.valueOf(((Number) values[c]).intValue());
+        }
+      }
+      rows.add(RowFactory.create(values));
+    }
+    return spark.createDataFrame(rows, struct);
   }
 
   /** Whether `ds` is a local relation once optimized: reading it takes no Spark job. */

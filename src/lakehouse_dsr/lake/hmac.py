@@ -8,6 +8,8 @@ import hashlib
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from .indriver import local_rows
+
 _BLOCK = 64  # SHA-256 block size in bytes
 
 
@@ -51,8 +53,8 @@ def join_on_key(candidates: DataFrame, hashes: DataFrame, how: str = "inner") ->
 
 
 def _hashed(spark: SparkSession, df: DataFrame, column: str, keys: dict[str, bytes], out: str) -> DataFrame:
-    key_pads = spark.createDataFrame([(kid, *pads(key)) for kid, key in keys.items()],
-                                 "dsr_key_id string, dsr_ipad binary, dsr_opad binary")
+    key_pads = local_rows(spark, [(kid, *pads(key)) for kid, key in keys.items()],
+                          "dsr_key_id string, dsr_ipad binary, dsr_opad binary")
     value = F.col(column).cast("string").cast("binary")
     return (
         df.crossJoin(F.broadcast(key_pads))

@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import sys
+import tempfile
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from ..exceptions import first_line
 from .bridge import compiled
@@ -80,11 +83,22 @@ def kept(df: DataFrame) -> DataFrame:
     return DataFrame(compiled(df.sparkSession, "InDriver").kept(df._jdf), df.sparkSession)
 
 
-def local_strings(spark: SparkSession, rows: list[tuple[str | None, ...]], ddl: str) -> DataFrame:
-    """`rows` of string columns (`ddl`) as a local relation built in the driver's JVM: queries that
-    only filter and project it run no Spark job. The rows cross Py4J as JSON text: for data that
-    is not identifiers (the ledger's hashes), as `hash_lookup`'s are."""
-    return DataFrame(compiled(spark, "InDriver").localStrings(spark._jsparkSession, json.dumps(rows), ddl), spark)
+def local_rows(spark: SparkSession, rows: Sequence[tuple], schema: str | StructType) -> DataFrame:
+    """Small driver-side data (a batch's identifiers, keys, hashes: str, bytes, int or None values)
+    as a local relation of `schema` built in the driver's JVM: queries that only filter and project
+    it, and broadcasts of it, run no Spark job. `spark.createDataFrame` of a Python list would be a
+    Python RDD, evaluated by Python workers in every job that reads it (starting their daemon in the
+    first: over a second of a small run). The rows reach the JVM as PySpark's own do, pickled in an
+    owner-only file in the context's temporary directory, deleted once read; never as Py4J command
+    text. With Spark's I/O encryption on, PySpark's authenticated socket is used instead."""
+    sc = spark.sparkContext
+    if sc._encryption_enabled:  # PySpark then never writes rows to a file: nor do we
+        return spark.createDataFrame(list(rows), schema)
+    text = schema if isinstance(schema, str) else schema.json()
+    with tempfile.NamedTemporaryFile(dir=sc._temp_dir, prefix="dsr-rows-") as f:  # created 0600
+        pickle.dump([tuple(r) for r in rows], f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.flush()
+        return DataFrame(compiled(spark, "InDriver").localPickled(spark._jsparkSession, f.name, text), spark)
 
 
 def is_local(df: DataFrame) -> bool:
@@ -154,10 +168,10 @@ def fingerprint(spark: SparkSession, jtable, snapshot_id: int, locations: frozen
 
 def hash_lookup(spark: SparkSession, stored: list[tuple[str, str, str, str | None]], hash_keys: dict[str, bytes]):
     """The ledger's hashes (request id, identifier, hex hash, id of the key that made it) and the
-    keys in use ({key id: key}) in the driver's JVM, for `live_found`. The keys travel as a small
-    DataFrame, as lake/hmac.py's pads do, never as Py4J command text. Cost: one tiny Spark job."""
-    rows = spark.createDataFrame([(key_id, key.hex()) for key_id, key in hash_keys.items()],
-                                 "key_id string, key string")._jdf.collectAsList()
+    keys in use ({key id: key}) in the driver's JVM, for `live_found`. The keys travel as
+    `local_rows`, as lake/hmac.py's pads do, never as Py4J command text. Cost: no Spark job."""
+    rows = local_rows(spark, [(key_id, key.hex()) for key_id, key in hash_keys.items()],
+                      "key_id string, key string")._jdf.collectAsList()  # a local relation: no job
     return compiled(spark, "InDriver").hashLookup(json.dumps(stored), rows)
 
 

@@ -22,6 +22,7 @@ from ..datamap import FileMapping
 from ..datamap.model import FILE_FORMATS, FileFormat, check_table_name
 from ..exceptions import DataMapError, first_line
 from .iceberg import Lake
+from .indriver import local_rows
 
 _PUBLISHED = re.compile(r"^dsr-[0-9a-f]{8}-(.+)$")
 _TEMP_PREFIX = ".dsr-tmp-"  # hidden: Spark's readers skip names starting with "." or "_"
@@ -175,7 +176,7 @@ def adopt(lake: Lake, path: str, table: str, fmt: str = "parquet") -> Adopted:
         if any(len(_relative_parts(root, f)) > 1 for f in files):
             raise DataMapError(f"{path} holds sub-folders: add_files registers the files of one folder; adopt each "
                                "folder, or map the dataset under files:")
-        spark.createDataFrame([], frame.schema).writeTo(name).tableProperty("format-version", "2").create()
+        local_rows(spark, [], frame.schema).writeTo(name).tableProperty("format-version", "2").create()
         spark.sql(f"CALL `{lake.catalog_name}`.system.add_files(table => '{handle.procedure_name}', "
                   f"source_table => '`parquet`.`{path}`')").collect()
     else:

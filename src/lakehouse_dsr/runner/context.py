@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from ..config import Settings
 from ..evidence.report import RunReport
 from ..inventory.check import KeyTypes
+from ..lake import indriver
 from ..lake.iceberg import Lake
 from ..lake.metrics import IoCost, StageMeter
 from ..ledger.ledger import Ledger
@@ -109,9 +110,8 @@ class Context:
         # add a stage to every job that reads them.
         return keys.where(F.col("request_id").isin(sorted(request_ids)))
 
-    def batch(self, rows: dict[str, dict]) -> DataFrame:
-        """(request_id, subject_id, regulation) of a batch as a small DataFrame: identifiers travel as
-        data, never as SQL text."""
-        return self.spark.createDataFrame(
-            [(rid, r["subject_id"], r["regulation"]) for rid, r in sorted(rows.items())],
-            "request_id string, subject_id string, regulation string")
+    def batch(self, requests: dict[str, dict]) -> DataFrame:
+        """(request_id, subject_id, regulation) of a batch as a small DataFrame held in the driver's JVM
+        (indriver.local_rows): identifiers travel as data, never as SQL text."""
+        rows = [(rid, r["subject_id"], r["regulation"]) for rid, r in sorted(requests.items())]
+        return indriver.local_rows(self.spark, rows, "request_id string, subject_id string, regulation string")

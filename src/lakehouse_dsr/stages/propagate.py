@@ -30,7 +30,7 @@ from pyspark.sql.types import MapType
 
 from ..datamap import DataMap, lineage
 from ..exceptions import first_line
-from ..lake import iceberg
+from ..lake import iceberg, indriver
 from ..lake.iceberg import IcebergTable, Lake
 from . import matching
 from .collateral import erased_value
@@ -205,7 +205,7 @@ def _affected_groups(lake: Lake, datamap: DataMap, query: lineage.Query, group_b
         groups = lineage.groups_of(spark, df, group_by)
         found = groups if found is None else found.unionByName(groups)
     if found is None:
-        return spark.createDataFrame([], "dsr_none string")
+        return indriver.local_rows(spark, [], "dsr_none string")
     return found.distinct().localCheckpoint(eager=True)
 
 

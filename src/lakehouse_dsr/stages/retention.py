@@ -46,7 +46,7 @@ from ..config import PurgeSettings
 from ..datamap.model import DataMap, ExpiryRule, column_ref
 from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
-from ..lake import iceberg, skipping
+from ..lake import iceberg, indriver, skipping
 from ..lake.iceberg import IcebergTable, Lake
 from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
@@ -259,8 +259,8 @@ def _held_subjects_past(lake: Lake, datamap: DataMap, table: str, rules: list[_R
     for snapshot_id in snapshots:
         values = values.unionByName(verify.key_values(
             handle.read_at(snapshot_id).where(where), groups))
-    hashes = spark.createDataFrame([(h.hold_id, subject, h.subject_hash, h.key_id) for h in held],
-                                   "request_id string, key_type string, key_hash string, key_id string")
+    hashes = indriver.local_rows(spark, [(h.hold_id, subject, h.subject_hash, h.key_id) for h in held],
+                                 "request_id string, key_type string, key_hash string, key_id string")
     found = verify.find_hashed(spark, values, hashes, holds.keys)
     return "; ".join(h.why for h in held if found.get(h.hold_id)) or None
 

@@ -41,7 +41,7 @@ from ..datamap import shares as share_sql
 from ..datamap.lineage import Query
 from ..exceptions import first_line
 from ..keys import keyed_hash
-from ..lake import iceberg
+from ..lake import iceberg, indriver
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..lake.iceberg import IcebergTable, Lake
 from ..ledger import consent
@@ -155,9 +155,9 @@ def _subjects(spark: SparkSession, datamap: DataMap, ledger: Ledger, erasing: li
               if h["key_type"] == subject]
     ring = ledger.keyring
     back = [(rid, subject, keyed_hash(ring.active, sid), ring.active_id) for rid, sid in sorted(returning.items())]
-    excluded = spark.createDataFrame(out + erased, _HASHES)
-    stored = spark.createDataFrame(out + erased + back, _HASHES)
-    return _Subjects(excluded, spark.createDataFrame(back, _HASHES), bool(out or erased), bool(back),
+    excluded = indriver.local_rows(spark, out + erased, _HASHES)
+    stored = indriver.local_rows(spark, out + erased + back, _HASHES)
+    return _Subjects(excluded, indriver.local_rows(spark, back, _HASHES), bool(out or erased), bool(back),
                      verify.keys_for(ledger.settings.key_file(), stored, ring))
 
 

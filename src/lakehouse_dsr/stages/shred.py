@@ -24,7 +24,7 @@ from .. import faults
 from ..config import PurgeSettings
 from ..datamap.model import PSEUDONYM_PREFIX, DataMap, TableMapping, column_ref
 from ..exceptions import first_line
-from ..lake import iceberg
+from ..lake import iceberg, indriver
 from ..lake.hmac import with_keyring_hashes
 from ..lake.iceberg import IcebergTable, Lake
 from ..vault import vault
@@ -121,8 +121,8 @@ def _captured(vault_table: vault.VaultTable, probes: DataFrame) -> DataFrame:
     snapshot: the vault has no delete files), and those a killed run deleted while its history is
     kept. One read of those files; kept on the executors (one row per subject and identifier)."""
     spark = vault_table.lake.spark
-    empty = spark.createDataFrame([], "request_id string, identifier string, pseudonym string, key_check string, "
-                                      "live boolean")
+    empty = indriver.local_rows(spark, [], "request_id string, identifier string, pseudonym string, key_check string, "
+                                           "live boolean")
     if not vault_table.exists():
         return empty
     paths, current = vault_table.lake.table(vault_table.name).retained_files()

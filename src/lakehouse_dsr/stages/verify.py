@@ -201,9 +201,9 @@ def stored_hashes(spark: SparkSession, ledger: Ledger, request_ids: list[str]) -
     """(request_id, key_type, key_hash, key_id) the ledger holds for these requests, as a small
     DataFrame (hashes only, no plaintext) held in the driver's JVM: reading it back takes no Spark
     job. Cost: one pyiceberg read of the ledger's keys."""
-    return indriver.local_strings(spark, [(h["request_id"], h["key_type"], h["key_hash"], h["key_id"])
-                                          for h in ledger.key_hashes(request_ids)],
-                                  "request_id string, key_type string, key_hash string, key_id string")
+    return indriver.local_rows(spark, [(h["request_id"], h["key_type"], h["key_hash"], h["key_id"])
+                                       for h in ledger.key_hashes(request_ids)],
+                               "request_id string, key_type string, key_hash string, key_id string")
 
 
 @dataclass

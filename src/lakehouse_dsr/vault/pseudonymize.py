@@ -22,6 +22,7 @@ from ..config import Settings
 from ..datamap.model import PSEUDONYMIZED_PROPERTY, check_table_name
 from ..exceptions import DataMapError, DsrError
 from ..lake.iceberg import Lake
+from ..lake.indriver import local_rows
 from . import vault
 
 # Up to this many subjects in a batch (about 100 bytes each), their links are broadcast to the rows
@@ -111,7 +112,7 @@ def reidentify(df: DataFrame, settings: Settings, key: str = "user_id", decrypt:
     entries = vault.rows(spark, settings).join(present, "pseudonym", "left_semi") if vault.exists(spark, settings) \
         else None
     link = (vault.unwrapped(spark, settings, keys, entries) if entries is not None else
-            spark.createDataFrame([], "pseudonym string, data_key binary, sealed_identifier binary"))
+            local_rows(spark, [], "pseudonym string, data_key binary, sealed_identifier binary"))
     link = link.select(F.col("pseudonym").alias("dsr_pseudonym"), F.col("data_key").alias("dsr_data_key"),
                        F.col("sealed_identifier").alias("dsr_sealed"))
     joined = df.join(link, df[key] == link["dsr_pseudonym"], "left")

@@ -31,6 +31,7 @@ from ..exceptions import ConfigError
 from ..keys import Keyring, as_keyring, load_key
 from ..lake.hmac import join_on_key, with_keyed_hash, with_keyring_hashes
 from ..lake.iceberg import Lake
+from ..lake.indriver import local_rows
 from .keys import MasterKeys, drop_retired, load_master_keys, new_master_key
 
 _COLUMNS = ("identifier string, key_hash string, key_id string, pseudonym string, wrapped_key binary, "
@@ -144,7 +145,7 @@ def open_keys(spark: SparkSession, settings: Settings, create: bool = False) -> 
 def _masters(spark: SparkSession, masters: MasterKeys, active_only: bool = False) -> DataFrame:
     """(master_key_id, master_key) as a tiny DataFrame: keys travel as data, never as literals in SQL."""
     keys = {masters.active_id: masters.active} if active_only else masters.keys()
-    return spark.createDataFrame(list(keys.items()), "master_key_id string, master_key binary")
+    return local_rows(spark, list(keys.items()), "master_key_id string, master_key binary")
 
 
 def gcm_encrypt(value: Column, key: Column, aad: Column) -> Column:
