@@ -6,6 +6,7 @@ Tables are read back with pyiceberg and pyarrow, not with the engine's own reade
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,7 +17,7 @@ from pyspark.sql.types import StructType
 from helpers import make_settings
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import Keyring, key_id, keyed_hash
-from lakehouse_dsr.lake import indriver, skipping
+from lakehouse_dsr.lake import indriver, skipping, workers
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
@@ -223,3 +224,30 @@ def test_small_driver_data_becomes_a_local_relation_without_a_python_worker_or_a
         {"name": "request_id", "type": "string", "nullable": True, "metadata": {}}]}))
     assert [r.n for r in df.join(other, "request_id").collect()] == [2**40]
     assert indriver.local_rows(spark, [], schema).collect() == []
+
+
+def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_them(spark):
+    sc = spark.sparkContext
+    jvm = spark._jvm.java.lang.ProcessHandle.current().pid()
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    starting = threading.Thread(target=workers._start, args=(sc,))  # what start_python_workers starts
+    starting.start()
+    starting.join()
+    daemons = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == jvm
+               and b"pyspark.daemon" in (p / "cmdline").read_bytes()]
+    assert daemons  # the daemon the export's package writer asks for is up
+    assert meter.since(mark).stages == 0  # no work of a run
+    # what the meters leave out is that job alone
+    sc.parallelize([0], 1).map(int).collect()
+    assert meter.since(mark).stages == 1
+    workers.start_python_workers(spark)
+    workers.start_python_workers(spark)  # once per context: the second call starts nothing
+    assert sum(t.name == "dsr-python-workers" for t in threading.enumerate()) <= 1
+
+
+def _parent(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1

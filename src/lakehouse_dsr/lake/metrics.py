@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pyspark.sql import SparkSession
 
 from .bridge import compiled
+from .workers import STARTING
 
 
 @dataclass
@@ -82,7 +83,7 @@ class StageMeter:
             oldest = stage.stageId()
             if oldest <= mark.stage:
                 break
-            if stage.status().toString() == "SKIPPED":
+            if stage.status().toString() == "SKIPPED" or _starting(stage):
                 continue
             cost = cost.add(IoCost(
                 1, stage.numTasks(), stage.inputRecords(), stage.inputBytes(), stage.outputRecords(),
@@ -90,3 +91,9 @@ class StageMeter:
             ))
         cost.truncated = oldest is not None and oldest > mark.stage + 1
         return cost
+
+
+def _starting(stage) -> bool:
+    """A stage of lake/workers.py's start of the Python workers: no work of the run."""
+    description = stage.description()
+    return description.isDefined() and description.get() == STARTING

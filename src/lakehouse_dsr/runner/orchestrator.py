@@ -16,6 +16,7 @@ from ..config import Settings
 from ..evidence.report import RequestResult, RunReport
 from ..inventory.check import check_against_catalog
 from ..lake import skipping
+from ..lake.workers import start_python_workers
 from ..ledger.holds import active_holds
 from ..ledger.journal import Step
 from ..ledger.lease import Holder, Lease
@@ -89,8 +90,11 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         for run_id in ledger.unrecorded_runs(work.interrupted):
             # packages a killed run wrote but never checked or recorded: personal data nobody owns
             shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
-        outcomes = _process(_context(spark() if callable(spark) else spark, settings, ledger, report, progress,
-                                     {**work.access, **work.erase}), work, today)
+        session = spark() if callable(spark) else spark
+        if work.access:  # the export's package writer runs in Python workers: started while the driver plans
+            start_python_workers(session)
+        outcomes = _process(_context(session, settings, ledger, report, progress, {**work.access, **work.erase}),
+                            work, today)
         _finish(ledger, lease, report, work, outcomes, started)
     report.document()  # checked against its published schema before anyone reads it
     return report
