@@ -210,6 +210,35 @@ def test_a_batch_stuck_at_the_stop_is_abandoned_and_the_ingester_still_exits_0(t
     after = Counter(_ledger_ids(config))
     assert set(after) == set(ids) and max(after.values()) == 1
 
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_to_the_ingester_alone_stops_it_cleanly_and_the_server_says_so(tmp_path, stop_signal):
+    config = intake_config(tmp_path, ingest_interval_seconds=1)  # the server's watch looks every second
+    server = Server(config)
+    try:
+        server.ready()
+        ingester = server.ingester()
+        os.kill(ingester, stop_signal)  # as systemd signals every process of the service's group
+        deadline = time.monotonic() + 10
+        while (answer := httpx.get(f"{server.url}/readyz", timeout=10)).status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert answer.json()["failing"] == ["ingester"]
+        while "stopped on a signal" not in server.output():  # exit 0: asked to stop, so not started again
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.1)
+        time.sleep(1.5)
+        assert not Path(f"/proc/{ingester}").exists()
+        assert not any("lakehouse_dsr.service.ingester" in _cmdline(p) for p in server.processes())
+        assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 503
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=STOP_SECONDS + 5) == 0
+    finally:
+        server.kill_all()
+    output = server.output()
+    assert "starting it again" not in output and "Traceback" not in output and "KeyboardInterrupt" not in output, \
+        output
+
 def _metrics(url: str) -> dict[str, float]:
     """`name{labels}` -> value of every sample /metrics shows (comments left out)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
