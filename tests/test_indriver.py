@@ -7,6 +7,7 @@ Tables are read back with pyiceberg and pyarrow, not with the engine's own reade
 from __future__ import annotations
 
 import threading
+import weakref
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -226,7 +227,7 @@ def test_small_driver_data_becomes_a_local_relation_without_a_python_worker_or_a
     assert indriver.local_rows(spark, [], schema).collect() == []
 
 
-def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_them(spark):
+def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_them(spark, monkeypatch):
     sc = spark.sparkContext
     jvm = spark._jvm.java.lang.ProcessHandle.current().pid()
     meter = StageMeter(spark)
@@ -241,9 +242,16 @@ def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_th
     # what the meters leave out is that job alone
     sc.parallelize([0], 1).map(int).collect()
     assert meter.since(mark).stages == 1
+    # start_python_workers runs _start in a thread of its own, once per context
+    started: list = []
+    monkeypatch.setattr(workers, "_started", weakref.WeakSet())
+    monkeypatch.setattr(workers, "_start", started.append)
     workers.start_python_workers(spark)
-    workers.start_python_workers(spark)  # once per context: the second call starts nothing
-    assert sum(t.name == "dsr-python-workers" for t in threading.enumerate()) <= 1
+    workers.start_python_workers(spark)  # the second call starts nothing
+    for thread in threading.enumerate():
+        if thread.name == "dsr-python-workers":
+            thread.join(10)
+    assert started == [sc]
 
 
 def _parent(proc: Path) -> int:

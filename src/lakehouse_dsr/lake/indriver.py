@@ -86,11 +86,12 @@ def kept(df: DataFrame) -> DataFrame:
 def local_rows(spark: SparkSession, rows: Sequence[tuple], schema: str | StructType) -> DataFrame:
     """Small driver-side data (a batch's identifiers, keys, hashes: str, bytes, int or None values)
     as a local relation of `schema` built in the driver's JVM: queries that only filter and project
-    it, and broadcasts of it, run no Spark job. `spark.createDataFrame` of a Python list would be a
-    Python RDD, evaluated by Python workers in every job that reads it (starting their daemon in the
-    first: over a second of a small run). The rows reach the JVM as PySpark's own do, pickled in an
-    owner-only file in the context's temporary directory, deleted once read; never as Py4J command
-    text. With Spark's I/O encryption on, PySpark's authenticated socket is used instead."""
+    it run no Spark job, and no job that reads it (a broadcast of it, say) runs Python.
+    `spark.createDataFrame` of a Python list would be a Python RDD, evaluated by Python workers in
+    every job that reads it (starting their daemon in the first: over a second of a small run). The
+    rows reach the JVM as PySpark's own do, pickled in an owner-only file in the context's temporary
+    directory, deleted once read; never as Py4J command text. With Spark's I/O encryption on,
+    PySpark's authenticated socket is used instead."""
     sc = spark.sparkContext
     if sc._encryption_enabled:  # PySpark then never writes rows to a file: nor do we
         return spark.createDataFrame(list(rows), schema)

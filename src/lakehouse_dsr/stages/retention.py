@@ -260,7 +260,7 @@ def _held_subjects_past(lake: Lake, datamap: DataMap, table: str, rules: list[_R
         values = values.unionByName(verify.key_values(
             handle.read_at(snapshot_id).where(where), groups))
     hashes = indriver.local_rows(spark, [(h.hold_id, subject, h.subject_hash, h.key_id) for h in held],
-                                 "request_id string, key_type string, key_hash string, key_id string")
+                                 verify.HASHES)
     found = verify.find_hashed(spark, values, hashes, holds.keys)
     return "; ".join(h.why for h in held if found.get(h.hold_id)) or None
 

@@ -58,7 +58,6 @@ _TABLE_PROPERTIES = {"format-version": "2", "write.delete.mode": "copy-on-write"
 METHOD = ("keyed hash (HMAC-SHA256) of every key value, compared with the hashes of every opted-out and "
           "erased subject, in the live snapshot, the files of every retained snapshot, every file on storage "
           "(unreferenced ones included), branches and tags")
-_HASHES = "request_id string, key_type string, key_hash string, key_id string"
 
 
 @dataclass
@@ -155,9 +154,9 @@ def _subjects(spark: SparkSession, datamap: DataMap, ledger: Ledger, erasing: li
               if h["key_type"] == subject]
     ring = ledger.keyring
     back = [(rid, subject, keyed_hash(ring.active, sid), ring.active_id) for rid, sid in sorted(returning.items())]
-    excluded = indriver.local_rows(spark, out + erased, _HASHES)
-    stored = indriver.local_rows(spark, out + erased + back, _HASHES)
-    return _Subjects(excluded, indriver.local_rows(spark, back, _HASHES), bool(out or erased), bool(back),
+    excluded = indriver.local_rows(spark, out + erased, verify.HASHES)
+    stored = indriver.local_rows(spark, out + erased + back, verify.HASHES)
+    return _Subjects(excluded, indriver.local_rows(spark, back, verify.HASHES), bool(out or erased), bool(back),
                      verify.keys_for(ledger.settings.key_file(), stored, ring))
 
 

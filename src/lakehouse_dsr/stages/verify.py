@@ -197,13 +197,15 @@ def keys_for(key_file: Path, hashes: DataFrame, key: bytes | Keyring | HashKeys)
     return HashKeys(keys_in_use(ring, used), lost)
 
 
+HASHES = "request_id string, key_type string, key_hash string, key_id string"  # stored keyed hashes, as rows
+
+
 def stored_hashes(spark: SparkSession, ledger: Ledger, request_ids: list[str]) -> DataFrame:
     """(request_id, key_type, key_hash, key_id) the ledger holds for these requests, as a small
     DataFrame (hashes only, no plaintext) held in the driver's JVM: reading it back takes no Spark
     job. Cost: one pyiceberg read of the ledger's keys."""
     return indriver.local_rows(spark, [(h["request_id"], h["key_type"], h["key_hash"], h["key_id"])
-                                       for h in ledger.key_hashes(request_ids)],
-                               "request_id string, key_type string, key_hash string, key_id string")
+                                       for h in ledger.key_hashes(request_ids)], HASHES)
 
 
 @dataclass
