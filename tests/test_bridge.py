@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,35 @@ def test_class_lookups_still_find_and_refuse(spark):
     assert not strategy.remembersMissing("org.apache.iceberg.Table")
     assert strategy.classForName("org.apache.iceberg.Table").getName() == "org.apache.iceberg.Table"
     assert bridge.jclass(spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue().toString() == "true"
+
+
+def test_compiled_classes_are_kept_in_a_jar_and_a_damaged_one_is_compiled_again(spark, tmp_path, monkeypatch):
+    """A later JVM loads Bridge from the class cache instead of compiling it with Janino; a cache file
+    that is not a jar is replaced by a fresh compile, and the class works either way."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    source = (Path(bridge.__file__).parent / "Bridge.java").read_text()
+    jar = bridge.class_jar(spark, "Bridge", source)
+    assert jar.parent == tmp_path / "lakehouse-dsr" / "classes"
+
+    gateway, jvm = spark.sparkContext._gateway, spark._jvm
+
+    def fresh() -> object:  # as in a new JVM: nothing made yet
+        monkeypatch.setattr(bridge, "_cached", {})
+        made = bridge.compiled(spark, "Bridge")
+        assert made.getClass().getName() == "lakehouse_dsr.Bridge"
+        # Through reflection: Py4J remembers methods by class name, and here one JVM holds two classes of that name.
+        types, args = gateway.new_array(jvm.java.lang.Class, 1), gateway.new_array(jvm.java.lang.Object, 1)
+        types[0], args[0] = jvm.java.lang.Class.forName("java.lang.Object"), "a"
+        assert made.getClass().getMethod("toJson", types).invoke(made, args) == "\"a\""
+        return made.getClass().getClassLoader()
+
+    compiled_by = fresh()
+    assert "janino" in compiled_by.getClass().getName().lower() or "compiler" in compiled_by.getClass().getName()
+    assert {"lakehouse_dsr/Bridge.class", "lakehouse_dsr/Bridge$LocalFiles.class"} <= set(zipfile.ZipFile(jar).namelist())
+    cached_by = fresh()
+    assert cached_by.getClass().getName() == "java.net.URLClassLoader"
+    assert [u.getPath() for u in cached_by.getURLs()] == [str(jar)]
+    jar.write_bytes(b"not a jar")
+    assert "URLClassLoader" not in fresh().getClass().getName()
+    assert zipfile.ZipFile(jar).testzip() is None  # written again, whole
+    assert [p.name for p in jar.parent.iterdir()] == [jar.name]  # no staged file left

@@ -5,24 +5,34 @@ PySpark's proxies turn reading a Java map or list into one round trip per entry:
 summary took about 250, a manifest's files several per file. Over 100 tables a run made 660,000
 round trips, more time than its Spark jobs. So the engine reads Iceberg metadata through a small
 Java class (`Bridge.java`, beside this module) that answers each question in one call with JSON;
-Spark's own Janino compiler builds it inside the running driver once per JVM (about 0.2 s), so it
-works with any SparkSession, a notebook's included, without an extra jar. Java class handles are
-cached too: resolving `jvm.org.apache.iceberg.X` costs a round trip per package name.
+Spark's own Janino compiler builds it inside the running driver, so it works with any SparkSession,
+a notebook's included, without an extra jar on the classpath. Compiling in a fresh JVM costs 0.2-0.3 s
+a class, and loading Janino itself more where Spark's code generation is off: the classes compiled
+are kept in a jar per source, Spark and Iceberg version (~/.cache/lakehouse-dsr/classes), which later
+JVMs load in milliseconds. Java class handles are cached too: resolving `jvm.org.apache.iceberg.X`
+costs a round trip per package name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import tempfile
 import threading
+import zipfile
 from collections.abc import Callable
 from functools import reduce
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from ..exceptions import first_line
+from .connectors import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +53,64 @@ def _in_jvm(spark: SparkSession, name: str, make: Callable[[], Any]) -> Any:
 
 
 def compiled(spark: SparkSession, name: str):
-    """An instance of class `name`, compiled from `<name>.java` beside this module into `spark`'s
-    driver JVM on first use."""
+    """An instance of class `name`, built from `<name>.java` beside this module into `spark`'s driver
+    JVM on first use: loaded from the class cache when an earlier JVM compiled the same source
+    against the same Spark and Iceberg, else compiled with Janino and added to the cache."""
 
-    def compile_class():
+    def load():
         jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
-        compiler = jvm.org.codehaus.janino.SimpleCompiler()
         # Iceberg's classes come with the session's jars: the loader Spark uses for them.
-        compiler.setParentClassLoader(jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader())
-        compiler.cook(resources.files(__package__).joinpath(f"{name}.java").read_text())
+        parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+        source = resources.files(__package__).joinpath(f"{name}.java").read_text()
+        jar = class_jar(spark, name, source)
+        if jar.is_file():
+            try:
+                return _jar_loader(spark, jar, parent).loadClass(f"lakehouse_dsr.{name}").newInstance()
+            except Py4JJavaError as exc:  # a damaged or foreign cache entry: compiled again below
+                log.debug("class cache %s unusable: %s", jar, first_line(exc.java_exception))
+        compiler = jvm.org.codehaus.janino.SimpleCompiler()
+        compiler.setParentClassLoader(parent)
+        compiler.cook(source)
+        _store(jar, {str(k): bytes(v) for k, v in compiler.getBytecodes().items()})
         return compiler.getClassLoader().loadClass(f"lakehouse_dsr.{name}").newInstance()
 
-    return _in_jvm(spark, f"lakehouse_dsr.{name}", compile_class)
+    return _in_jvm(spark, f"lakehouse_dsr.{name}", load)
+
+
+def class_jar(spark: SparkSession, name: str, source: str) -> Path:
+    """Where the classes compiled from `source` for this session's Spark and Iceberg are cached: the
+    bytecode calls their methods by signature, so another version of either compiles anew."""
+    jvm: Any = spark._jvm
+    stamp = f"{source}\0{spark.version}\0{jvm.org.apache.iceberg.IcebergBuild.fullVersion()}"
+    return cache_dir("classes") / f"{name}-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.jar"
+
+
+def _jar_loader(spark: SparkSession, jar: Path, parent: Any) -> Any:
+    jvm: Any = spark._jvm
+    urls = spark.sparkContext._gateway.new_array(jvm.java.net.URL, 1)
+    urls[0] = jvm.java.io.File(str(jar)).toURI().toURL()
+    return jvm.java.net.URLClassLoader(urls, parent)
+
+
+def _store(jar: Path, classes: dict[str, bytes]) -> None:
+    """`classes` (binary name -> bytecode) as `jar`, written whole or not at all (a process compiling
+    the same source at the same time writes the same bytes). Only a saving: a cache that cannot be
+    written is left alone."""
+    try:
+        jar.parent.mkdir(parents=True, exist_ok=True)
+        fd, staged = tempfile.mkstemp(dir=jar.parent, prefix=f".{jar.name}.")
+    except OSError as exc:
+        log.debug("class cache %s not written: %s", jar, exc)
+        return
+    try:
+        with os.fdopen(fd, "wb") as out, zipfile.ZipFile(out, "w") as zf:
+            for binary_name, code in sorted(classes.items()):
+                zf.writestr(binary_name.replace(".", "/") + ".class", code)
+        os.chmod(staged, 0o644)
+        os.replace(staged, jar)
+    except OSError as exc:
+        Path(staged).unlink(missing_ok=True)
+        log.debug("class cache %s not written: %s", jar, exc)
 
 
 def bridge(spark: SparkSession):
