@@ -63,6 +63,15 @@ def test_driver_jvm_flags_follow_the_class_archive_and_the_lake_size(tmp_path, m
     assert conf["spark.driver.extraJavaOptions"] == "-Dmine=1"
 
 
+def test_small_lakes_get_interpreted_queries_unless_the_user_says_otherwise(tmp_path):
+    settings = settings_from_dict({}, base=tmp_path)
+    assert not set(spark_module.INTERPRETED) & set(spark_module.session_conf(settings))
+    assert spark_module.session_conf(settings, interpreted=True).items() >= spark_module.INTERPRETED.items()
+    own = settings_from_dict({"spark": {"conf": {"spark.sql.codegen.wholeStage": "true"}}}, base=tmp_path)
+    conf = spark_module.session_conf(own, interpreted=True)
+    assert conf["spark.sql.codegen.wholeStage"] == "true" and conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+
+
 def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakehouse, monkeypatch):
     settings = new_lakehouse()
     size = jvm.mapped_bytes(settings)

@@ -92,13 +92,15 @@ def _settings() -> Settings:
 def _spark(by_lake_size: bool = False):
     """One session per invocation (demo runs several commands), started on first need.
     `by_lake_size`: a command whose work follows the mapped tables' size (run, verify) gets the
-    quick JIT on a small lake (lake/jvm.py); generating or benchmarking data never does."""
+    quick JIT and interpreted queries on a small lake (lake/jvm.py, lake/spark.py); generating or
+    benchmarking data never does."""
     if "spark" not in _state:
         from .lake import jvm
         from .lake.spark import build_session
 
         settings = _settings()
-        _state["spark"] = build_session(settings, quick_jit=by_lake_size and jvm.small_lake(settings))
+        small = by_lake_size and jvm.small_lake(settings)
+        _state["spark"] = build_session(settings, quick_jit=small, interpreted=small)
     return _state["spark"]
 
 

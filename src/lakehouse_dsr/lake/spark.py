@@ -74,9 +74,16 @@ def launcher_wins(conf: dict[str, str], launched: set[str]) -> dict[str, str]:
     return {key: value for key, value in conf.items() if key not in _LAUNCH_ONLY and key not in launched}
 
 
-def session_conf(settings: Settings, java_options: Sequence[str] = ()) -> dict[str, str]:
+# Generating and compiling Java for every query's operators and expressions (Janino, in a JVM still
+# interpreting Janino itself) costs more than it saves over a small lake: a tiny run took 1.1 s
+# less with both off (median of 4 interleaved pairs). Spark evaluates the same expressions then.
+INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+def session_conf(settings: Settings, java_options: Sequence[str] = (), interpreted: bool = False) -> dict[str, str]:
     """Every Spark conf the engine needs, with the user's `spark.conf` taking precedence (their
-    `spark.driver.extraJavaOptions` replaces our log configuration and `java_options`)."""
+    `spark.driver.extraJavaOptions` replaces our log configuration and `java_options`).
+    `interpreted`: queries evaluated without generated code (INTERPRETED), for small lakes."""
     conf = {
         "spark.sql.extensions": EXTENSIONS,
         "spark.sql.session.timeZone": "UTC",
@@ -86,6 +93,7 @@ def session_conf(settings: Settings, java_options: Sequence[str] = ()) -> dict[s
         # the RDDs'): a second interpreter start, 1.5 s of a small run, for tracebacks with fewer frames.
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         f"spark.sql.catalog.{settings.catalog.name}": "org.apache.iceberg.spark.SparkCatalog",
+        **(INTERPRETED if interpreted else {}),
     }
     user = settings.spark.conf
     if "spark.driver.extraJavaOptions" not in user:
@@ -103,17 +111,19 @@ def session_conf(settings: Settings, java_options: Sequence[str] = ()) -> dict[s
     return conf
 
 
-def build_session(settings: Settings, quick_jit: bool = False, record_classes_to: Path | None = None) -> SparkSession:
+def build_session(settings: Settings, quick_jit: bool = False, record_classes_to: Path | None = None,
+                  interpreted: bool = False) -> SparkSession:
     """Start (or reuse) a SparkSession configured for the catalog in `settings`.
 
     Costs a JVM start (2-7 s) the first time in a process, less with the class archive `dsr warm-up`
-    records (lake/jvm.py). `quick_jit`: C1 only, for runs over small lakes; `record_classes_to`:
-    record the classes this JVM loads into an archive there when it exits. Under spark-submit the launcher's master,
+    records (lake/jvm.py). `quick_jit`: C1 only, and `interpreted`: no generated code (session_conf),
+    both for runs over small lakes; `record_classes_to`: record the classes this JVM loads into an
+    archive there when it exits. Under spark-submit the launcher's master,
     jars and driver options win over dsr.yaml (the JVM is already running; pass the jars with
     `--jars $(dsr jars)`); every other setting of dsr.yaml still applies.
     """
     _check_java()
-    conf = session_conf(settings, jvm.driver_options(quick_jit, record_classes_to))
+    conf = session_conf(settings, jvm.driver_options(quick_jit, record_classes_to), interpreted)
     master: str | None = settings.spark.master
     if launched_by_spark_submit():
         conf = launcher_wins(conf, {key for key, _ in SparkConf().getAll()})  # the JVM's, as spark-submit set them
