@@ -121,7 +121,8 @@ def test_compiled_classes_are_kept_in_a_jar_and_a_damaged_one_is_compiled_again(
 
     compiled_by = fresh()
     assert "janino" in compiled_by.getClass().getName().lower() or "compiler" in compiled_by.getClass().getName()
-    assert {"lakehouse_dsr/Bridge.class", "lakehouse_dsr/Bridge$LocalFiles.class"} <= set(zipfile.ZipFile(jar).namelist())
+    assert {"lakehouse_dsr/Bridge.class", "lakehouse_dsr/Bridge$LocalFiles.class"} \
+        <= set(zipfile.ZipFile(jar).namelist())
     cached_by = fresh()
     assert cached_by.getClass().getName() == "java.net.URLClassLoader"
     assert [u.getPath() for u in cached_by.getURLs()] == [str(jar)]

@@ -2,8 +2,9 @@
 
 Runs a whole tiny cycle (generate, access export, erase, purge, verify), twice (with generated code,
 then interpreted, as small lakes run), in a throw-away lakehouse with a JVM that writes a
-class-data-sharing archive when it exits (lake/jvm.py). Costs such a run (about 40 s) and the archive's ~170 MB in ~/.cache/lakehouse-dsr/cds; saves 2-4 s on every
-later JVM start on this machine (a tiny `dsr run`: 27 s -> 24 s, see mkdocs/docs/benchmarks/fixed-costs.md).
+class-data-sharing archive when it exits (lake/jvm.py). Costs such a run (about 40 s) and the
+archive's ~190 MB in ~/.cache/lakehouse-dsr/cds; saves 2-4 s on every later JVM start on this
+machine (a tiny `dsr run`: 27 s -> 24 s, see mkdocs/docs/benchmarks/fixed-costs.md).
 """
 
 from __future__ import annotations

@@ -87,7 +87,8 @@ def class_jar(spark: SparkSession, name: str, source: str) -> Path:
 
 def _jar_loader(spark: SparkSession, jar: Path, parent: Any) -> Any:
     jvm: Any = spark._jvm
-    urls = spark.sparkContext._gateway.new_array(jvm.java.net.URL, 1)
+    gateway: Any = spark.sparkContext._gateway  # set on every started session
+    urls = gateway.new_array(jvm.java.net.URL, 1)
     urls[0] = jvm.java.io.File(str(jar)).toURI().toURL()
     return jvm.java.net.URLClassLoader(urls, parent)
 
