@@ -156,3 +156,38 @@ def test_requests_with_ids_are_added_once_by_id_whatever_else_is_open(ledger):
     assert again.created == newer and again.duplicates == 2
     ids = [r["request_id"] for r in ledger.store.rows("requests", columns=("request_id",))]
     assert len(ids) == len(set(ids)) == 6 and set(ids) >= {*older, *newer}
+
+
+def test_an_appended_table_is_compacted_and_its_history_purged_so_reads_stay_one_file(tmp_path, monkeypatch):
+    """The journal gains a file and a snapshot per append; past the store's limits it is rewritten as
+    one file, older snapshots and their files go, and every step appended is still there (pyiceberg
+    and pyarrow read the table and its files independently)."""
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    import pyarrow.parquet as pq
+
+    from lakehouse_dsr.ledger import store as store_module
+    from lakehouse_dsr.ledger.journal import Step
+
+    monkeypatch.setattr(store_module, "COMPACT_FILES", 3)
+    ledger = Ledger(make_settings(tmp_path))  # pyiceberg only: no Spark
+    for n in range(10):
+        ledger.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
+        table = ledger.store.load("steps")
+        assert int(table.current_snapshot().summary["total-data-files"]) <= 3
+        assert len(table.metadata.snapshots) <= 3
+    assert sorted(s.snapshot_id for s in ledger.journal.steps()) == list(range(10))
+    files = [f.file.file_path for f in table.scan().plan_files()]
+    on_disk = sorted(str(p) for p in (tmp_path / "wh" / "dsr" / "steps" / "data").rglob("*.parquet"))
+    assert sorted(urlparse(f).path for f in files) == on_disk  # nothing but the live files left
+    assert sum(pq.read_table(f).num_rows for f in on_disk) == 10
+    stale = ledger.store.load("steps")
+    stale_files = [Path(urlparse(f.file.file_path).path) for f in stale.scan().plan_files()]
+    for n in range(10, 14):  # compacts again: the files `stale` names go
+        ledger.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
+    assert stale_files and not any(f.exists() for f in stale_files)
+    handed, fresh = [stale], ledger.store.load
+    monkeypatch.setattr(ledger.store, "load",
+                        lambda table, create=True: handed.pop() if handed else fresh(table, create))
+    assert len(ledger.store.rows("steps")) == 14  # a reader holding the old table reads the new file instead

@@ -101,6 +101,7 @@ _PROPS = {"format-version": "2", "write.metadata.delete-after-commit.enabled": "
           "write.metadata.previous-versions-max": "10", **_NO_RETRY}
 _EXTRA_PROPS = {"requests": {"write.metadata.metrics.column.subject_id": "counts"}}
 _RETRIES = 12
+COMPACT_FILES, COMPACT_SNAPSHOTS = 8, 16  # Store.compact: a table past either is rewritten as one file
 # A commit that lost a race: the catalog refused it, or pyiceberg's own check found the other writer's files.
 _LOST_RACE = (CommitFailedException, ValidationException)
 # An overwrite of rows not yet there (the first lease, a request's first outcome) is normal here.
@@ -190,15 +191,38 @@ class Store:
             loaded = self.load(table, create=False)
         except NoSuchTableError:
             return []
-        if loaded.current_snapshot() is None:
-            return []
-        return loaded.scan(row_filter=row_filter or AlwaysTrue(), selected_fields=columns).to_arrow().to_pylist()
+        for _ in range(_RETRIES):
+            if loaded.current_snapshot() is None:
+                return []
+            try:
+                scan = loaded.scan(row_filter=row_filter or AlwaysTrue(), selected_fields=columns)
+                return scan.to_arrow().to_pylist()
+            except FileNotFoundError:  # compacted since we loaded it (`compact`): read the new file
+                loaded = self.load(table, create=False)
+        raise LedgerError(f"ledger table {self.name(table)} kept changing while read; try again")
 
     # -- writing ---------------------------------------------------------------------------------
     def append(self, table: str, rows: list[dict]) -> None:
-        """Append rows in one commit (retried after a concurrent commit)."""
+        """Append rows in one commit (retried after a concurrent commit), then `compact` if due."""
         if rows:
-            self.transact(table, lambda loaded: loaded.append(arrow_rows(loaded, rows)))
+            self.compact(self.transact(table, lambda loaded: loaded.append(arrow_rows(loaded, rows))))
+
+    def compact(self, loaded: Table) -> bool:
+        """Rewrite the table as one file and purge its history once commits have left it more than
+        COMPACT_FILES files or COMPACT_SNAPSHOTS snapshots. Appending tables (the journal, the audit
+        trail, the run history, the requests) gain a file and a snapshot per commit and are read at
+        every run: without this, every run would cost more than the last. Free below those numbers
+        (read from the snapshot summary); above, one read and one write of the table's rows and a
+        history purge (`purge_history`). True when it compacted."""
+        snapshot = loaded.current_snapshot()
+        files = int(snapshot.summary.get("total-data-files") or 0) if snapshot and snapshot.summary else 0
+        if files <= COMPACT_FILES and len(loaded.metadata.snapshots) <= COMPACT_SNAPSHOTS:
+            return False
+        table = loaded.name()[-1]
+        if files > 1:
+            self.transact(table, lambda now: now.overwrite(now.scan().to_arrow()) if now.current_snapshot() else None)
+        self.purge_history(table, self.settings.purge.orphan_min_age_minutes)
+        return True
 
     def replace(self, table: str, key: str, ids: list[str], change: Callable[[list[dict]], list[dict]]) -> None:
         """Replace the rows whose `key` is in `ids` with `change(those rows)`, in one commit.
@@ -247,13 +271,14 @@ class Store:
         current = self.load(table).current_snapshot()
         return current.snapshot_id if current else None
 
-    def transact(self, table: str, attempt: Callable[[Table], None]) -> None:
+    def transact(self, table: str, attempt: Callable[[Table], object]) -> Table:
         """Run `attempt(table as now committed)`, which commits once; again from the new state when a
-        concurrent commit made it fail."""
+        concurrent commit made it fail. Returns the table as that commit left it."""
         for n in range(_RETRIES):
+            loaded = self.load(table)
             try:
-                attempt(self.load(table))
-                return
+                attempt(loaded)
+                return loaded
             except _LOST_RACE:
                 time.sleep(min(2.0, 0.02 * 2 ** n) * random.uniform(0.5, 1.5))
         raise LedgerError(f"ledger table {self.name(table)} kept changing under concurrent writers "
