@@ -158,7 +158,7 @@ def test_requests_with_ids_are_added_once_by_id_whatever_else_is_open(ledger):
     assert len(ids) == len(set(ids)) == 6 and set(ids) >= {*older, *newer}
 
 
-def test_an_appended_table_is_compacted_and_its_history_purged_so_reads_stay_one_file(tmp_path, monkeypatch):
+def test_appended_tables_are_compacted_and_their_history_purged_so_reads_stay_one_file(tmp_path, monkeypatch):
     """The journal gains a file and a snapshot per append; past the store's limits it is rewritten as
     one file, older snapshots and their files go, and every step appended is still there (pyiceberg
     and pyarrow read the table and its files independently)."""
@@ -191,3 +191,7 @@ def test_an_appended_table_is_compacted_and_its_history_purged_so_reads_stay_one
     monkeypatch.setattr(ledger.store, "load",
                         lambda table, create=True: handed.pop() if handed else fresh(table, create))
     assert len(ledger.store.rows("steps")) == 14  # a reader holding the old table reads the new file instead
+    for n in range(10):  # the requests table: one file per submission, until compacted
+        ledger.submit([RequestInput(f"user-{n}", "erase", "gdpr", None)])
+        assert int(ledger.store.load("requests").current_snapshot().summary["total-data-files"]) <= 3
+    assert sorted(r["subject_id"] for r in ledger.requests()) == sorted(f"user-{n}" for n in range(10))

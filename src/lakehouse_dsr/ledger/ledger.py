@@ -110,8 +110,9 @@ class Ledger:
 
         One read of the open requests and one append, in one commit that asserts the state it read
         (a concurrent submission makes it look again, so duplicates never slip in between), then one
-        audit append. An open request submitted before a key rotation holds its subject's hash under
-        a retired key: each new subject is hashed under every key of the ring to find it.
+        audit append; every few submissions the table is compacted (Store.compact). An open request
+        submitted before a key rotation holds its subject's hash under a retired key: each new subject
+        is hashed under every key of the ring to find it.
 
         Requests that come with an id (acknowledged by the intake service under it) are added exactly
         once by that id, whatever else is open for the subject: the person holds a status token for
@@ -150,7 +151,7 @@ class Ledger:
             if fresh:
                 loaded.append(arrow_rows(loaded, fresh))
 
-        self.store.transact("requests", attempt)
+        self.store.compact(self.store.transact("requests", attempt))
         self.audit([(rid, None, "submitted", {}) for rid in created], now)
         return SubmitResult(created, len(inputs) - len(created))
 
