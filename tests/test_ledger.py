@@ -160,37 +160,52 @@ def test_requests_with_ids_are_added_once_by_id_whatever_else_is_open(ledger):
 
 def test_appended_tables_are_compacted_and_their_history_purged_so_reads_stay_one_file(tmp_path, monkeypatch):
     """The journal gains a file and a snapshot per append; past the store's limits it is rewritten as
-    one file, older snapshots and their files go, and every step appended is still there (pyiceberg
+    one file, older snapshots and their files go (those of the snapshot the rewrite replaced at the
+    next rewrite: a reader may have planned on it), and every step appended is still there (pyiceberg
     and pyarrow read the table and its files independently)."""
     from pathlib import Path
     from urllib.parse import urlparse
 
     import pyarrow.parquet as pq
+    from pyiceberg.table import Table
 
     from lakehouse_dsr.ledger import store as store_module
     from lakehouse_dsr.ledger.journal import Step
 
     monkeypatch.setattr(store_module, "COMPACT_FILES", 3)
     ledger = Ledger(make_settings(tmp_path))  # pyiceberg only: no Spark
-    for n in range(10):
-        ledger.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
-        table = ledger.store.load("steps")
+    recorded = 0
+
+    def record() -> Table:
+        nonlocal recorded
+        ledger.journal.record([Step(f"run-{recorded}", "demo.events", "checked", recorded)])
+        recorded += 1
+        return ledger.store.load("steps")
+
+    def paths(snapshot_id: int) -> set[Path]:
+        return {Path(urlparse(f.file.file_path).path) for f in table.scan(snapshot_id=snapshot_id).plan_files()}
+
+    for _ in range(10):
+        table = record()
         assert int(table.current_snapshot().summary["total-data-files"]) <= 3
-        assert len(table.metadata.snapshots) <= 3
+        assert len(table.metadata.snapshots) <= 5  # the one a rewrite replaced, the rewrite, appends since
     assert sorted(s.snapshot_id for s in ledger.journal.steps()) == list(range(10))
-    files = [f.file.file_path for f in table.scan().plan_files()]
-    on_disk = sorted(str(p) for p in (tmp_path / "wh" / "dsr" / "steps" / "data").rglob("*.parquet"))
-    assert sorted(urlparse(f).path for f in files) == on_disk  # nothing but the live files left
-    assert sum(pq.read_table(f).num_rows for f in on_disk) == 10
-    stale = ledger.store.load("steps")
-    stale_files = [Path(urlparse(f.file.file_path).path) for f in stale.scan().plan_files()]
-    for n in range(10, 14):  # compacts again: the files `stale` names go
-        ledger.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
-    assert stale_files and not any(f.exists() for f in stale_files)
+    on_disk = {p for p in (tmp_path / "wh" / "dsr" / "steps" / "data").rglob("*.parquet")}
+    assert on_disk == set().union(*(paths(s.snapshot_id) for s in table.snapshots()))  # nothing else left
+    assert sum(pq.read_table(f).num_rows for f in paths(table.current_snapshot().snapshot_id)) == 10
+    while int(table.current_snapshot().summary["total-data-files"]) < 3:
+        table = record()
+    stale, stale_files = table, paths(table.current_snapshot().snapshot_id)
+    table = record()  # rewritten as one file: the data files `stale` planned are still there
+    assert table.current_snapshot().summary["total-data-files"] == "1" and all(f.exists() for f in stale_files)
+    assert sum(pq.read_table(f).num_rows for f in stale_files) == recorded - 1
+    for _ in range(3):  # rewritten again: now it is gone
+        table = record()
+    assert not any(f.exists() for f in stale_files)
     handed, fresh = [stale], ledger.store.load
     monkeypatch.setattr(ledger.store, "load",
                         lambda table, create=True: handed.pop() if handed else fresh(table, create))
-    assert len(ledger.store.rows("steps")) == 14  # a reader holding the old table reads the new file instead
+    assert len(ledger.store.rows("steps")) == recorded  # a reader holding the old table reads the new file
     for n in range(10):  # the requests table: one file per submission, until compacted
         ledger.submit([RequestInput(f"user-{n}", "erase", "gdpr", None)])
         assert int(ledger.store.load("requests").current_snapshot().summary["total-data-files"]) <= 3

@@ -213,15 +213,27 @@ class Store:
         trail, the run history, the requests) gain a file and a snapshot per commit and are read at
         every run: without this, every run would cost more than the last. Free below those numbers
         (read from the snapshot summary); above, one read and one write of the table's rows and a
-        history purge (`purge_history`). True when it compacted."""
+        history purge (`purge_history`) that keeps the snapshot before the rewrite. True when it
+        compacted."""
         snapshot = loaded.current_snapshot()
         files = int(snapshot.summary.get("total-data-files") or 0) if snapshot and snapshot.summary else 0
         if files <= COMPACT_FILES and len(loaded.metadata.snapshots) <= COMPACT_SNAPSHOTS:
             return False
         table = loaded.name()[-1]
+        # The snapshot the rewrite replaces stays until the next compaction: a reader that planned on it
+        # (a stream's micro-batch reading the requests through Spark, say) still finds its files.
+        before = {snapshot.snapshot_id} if snapshot else set()
+
+        def rewrite(now: Table) -> None:
+            current = now.current_snapshot()
+            if current is not None:
+                before.clear()
+                before.add(current.snapshot_id)
+                now.overwrite(now.scan().to_arrow())
+
         if files > 1:
-            self.transact(table, lambda now: now.overwrite(now.scan().to_arrow()) if now.current_snapshot() else None)
-        self.purge_history(table, self.settings.purge.orphan_min_age_minutes)
+            self.transact(table, rewrite)
+        self.purge_history(table, self.settings.purge.orphan_min_age_minutes, frozenset(before))
         return True
 
     def replace(self, table: str, key: str, ids: list[str], change: Callable[[list[dict]], list[dict]]) -> None:
@@ -285,9 +297,10 @@ class Store:
                           f"({_RETRIES} attempts); nothing was written, try again")
 
     # -- history and storage --------------------------------------------------------------------
-    def purge_history(self, table: str, orphan_min_age_minutes: float) -> HistoryPurge:
-        """Expire every snapshot but the current one (and those branches or tags hold), delete the files
-        only they referenced, and delete unreferenced files older than the orphan window.
+    def purge_history(self, table: str, orphan_min_age_minutes: float, keep: frozenset[int] = frozenset()
+                      ) -> HistoryPurge:
+        """Expire every snapshot but the current one (and those branches or tags hold, and `keep`), delete
+        the files only they referenced, and delete unreferenced files older than the orphan window.
 
         A concurrent writer is safe: only files of expired snapshots are deleted at once, and files no
         snapshot references (a writer may be about to commit them) only once older than the window.
@@ -296,14 +309,14 @@ class Store:
         loaded = self.load(table)
         current = loaded.current_snapshot()
         if current is not None:
-            protected = {ref.snapshot_id for ref in loaded.metadata.refs.values()}
+            protected = {ref.snapshot_id for ref in loaded.metadata.refs.values()} | keep
             expired = [s.snapshot_id for s in loaded.snapshots() if s.snapshot_id not in protected]
             if expired:
                 before = _reachable(loaded, loaded.snapshots())
                 try:
                     loaded.maintenance.expire_snapshots().by_ids(expired).commit()
                 except _LOST_RACE:
-                    return self.purge_history(table, orphan_min_age_minutes)
+                    return self.purge_history(table, orphan_min_age_minutes, keep)
                 loaded = self.load(table)
                 gone = before - _reachable(loaded, loaded.snapshots())
                 for path in gone:
