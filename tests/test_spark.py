@@ -72,6 +72,20 @@ def test_small_lakes_get_interpreted_queries_unless_the_user_says_otherwise(tmp_
     assert conf["spark.sql.codegen.wholeStage"] == "true" and conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
 
 
+@pytest.mark.parametrize("small", [True, False])
+def test_run_and_verify_start_small_lakes_with_both_and_other_commands_with_neither(tmp_path, monkeypatch, small):
+    from lakehouse_dsr import cli
+
+    started: list[dict] = []
+    monkeypatch.setattr(spark_module, "build_session", lambda settings, **how: started.append(how) or how)
+    monkeypatch.setattr(jvm, "small_lake", lambda settings: small)
+    monkeypatch.setattr(cli, "_state", {"settings": settings_from_dict({}, base=tmp_path)})
+    cli._spark(by_lake_size=True)
+    cli._state.pop("spark")
+    cli._spark()  # generate, bench: whatever the lake's size
+    assert started == [{"quick_jit": small, "interpreted": small}, {"quick_jit": False, "interpreted": False}]
+
+
 def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakehouse, monkeypatch):
     settings = new_lakehouse()
     size = jvm.mapped_bytes(settings)

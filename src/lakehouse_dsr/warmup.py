@@ -54,12 +54,14 @@ def record_archive() -> WarmUp:
         spark = build_session(settings, record_classes_to=staged)
         synth.generate(spark, settings, users=40, events=600, seed=1)
         subjects = [synth.user_id(1, i) for i in range(6)]
-        for cycle in (subjects[:3], subjects[3:]):  # queries with generated code, then interpreted (small lakes)
-            Ledger(settings).submit([RequestInput(cycle[0], "access", "gdpr", None),
-                                     *(RequestInput(s, "erase", "gdpr", None) for s in cycle[1:])])
-            run(spark, settings)
-            for key, value in INTERPRETED.items():
+        ledger = Ledger(settings)
+        # queries with generated code, then interpreted (as small lakes run them)
+        for cycle, conf in ((subjects[:3], {}), (subjects[3:], INTERPRETED)):
+            for key, value in conf.items():
                 spark.conf.set(key, value)
+            ledger.submit([RequestInput(cycle[0], "access", "gdpr", None),
+                           *(RequestInput(s, "erase", "gdpr", None) for s in cycle[1:])])
+            run(spark, settings)
         _end_jvm(spark)
         if not jvm.archive_usable(staged):
             raise EnvironmentSetupError("the JVM did not write a usable class archive (see its output above)")

@@ -222,18 +222,17 @@ class Store:
         table = loaded.name()[-1]
         # The snapshot the rewrite replaces stays until the next compaction: a reader that planned on it
         # (a stream's micro-batch reading the requests through Spark, say) still finds its files.
-        before = {snapshot.snapshot_id} if snapshot else set()
+        replaced: set[int] = set()
 
         def rewrite(now: Table) -> None:
             current = now.current_snapshot()
             if current is not None:
-                before.clear()
-                before.add(current.snapshot_id)
+                replaced.add(current.snapshot_id)  # each attempt's: a retried one found a newer snapshot
                 now.overwrite(now.scan().to_arrow())
 
         if files > 1:
             self.transact(table, rewrite)
-        self.purge_history(table, self.settings.purge.orphan_min_age_minutes, frozenset(before))
+        self.purge_history(table, self.settings.purge.orphan_min_age_minutes, frozenset(replaced))
         return True
 
     def replace(self, table: str, key: str, ids: list[str], change: Callable[[list[dict]], list[dict]]) -> None:
