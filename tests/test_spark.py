@@ -1,4 +1,6 @@
 import pytest
+from py4j.finalizer import ThreadSafeFinalizer
+from pyspark import SparkContext
 
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import EnvironmentSetupError
@@ -77,13 +79,37 @@ def test_run_and_verify_start_small_lakes_with_both_and_other_commands_with_neit
     from lakehouse_dsr import cli
 
     started: list[dict] = []
+    kept: list[dict] = []
     monkeypatch.setattr(spark_module, "build_session", lambda settings, **how: started.append(how) or how)
+    monkeypatch.setattr(spark_module, "keep_java_objects", kept.append)
     monkeypatch.setattr(jvm, "small_lake", lambda settings: small)
     monkeypatch.setattr(cli, "_state", {"settings": settings_from_dict({}, base=tmp_path)})
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)  # as in a new `dsr` process
     cli._spark(by_lake_size=True)
     cli._state.pop("spark")
     cli._spark()  # generate, bench: whatever the lake's size
     assert started == [{"quick_jit": small, "interpreted": small}, {"quick_jit": False, "interpreted": False}]
+    assert kept == ([started[0]] if small else [])
+    monkeypatch.setattr(SparkContext, "_active_spark_context", object())  # a notebook's context, say
+    cli._state.pop("spark")
+    cli._spark(by_lake_size=True)
+    assert len(kept) == (1 if small else 0)  # objects of a session the caller goes on using are released
+
+
+def test_kept_java_objects_are_not_released_one_by_one(spark):
+    gateway = spark.sparkContext._gateway
+
+    def finalizers_after_new_proxies() -> int:
+        before = len(ThreadSafeFinalizer.finalizers)
+        _alive = [gateway.jvm.java.util.ArrayList() for _ in range(10)]  # held while counting
+        return len(ThreadSafeFinalizer.finalizers) - before
+
+    assert finalizers_after_new_proxies() == 10  # each proxy tells the JVM when Python collects it
+    try:
+        spark_module.keep_java_objects(spark)
+        assert finalizers_after_new_proxies() == 0
+    finally:  # the suite's session lives on
+        gateway.gateway_property.enable_memory_management = True
 
 
 def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakehouse, monkeypatch):

@@ -92,15 +92,21 @@ def _settings() -> Settings:
 def _spark(by_lake_size: bool = False):
     """One session per invocation (demo runs several commands), started on first need.
     `by_lake_size`: a command whose work follows the mapped tables' size (run, verify) gets the
-    quick JIT and interpreted queries on a small lake (lake/jvm.py, lake/spark.py); generating or
-    benchmarking data never does."""
+    quick JIT and interpreted queries on a small lake (lake/jvm.py, lake/spark.py), and, when this
+    process started the JVM, keeps the JVM objects Python drops (lake/spark.py's `keep_java_objects`:
+    the command ends with its one run); generating or benchmarking data never does."""
     if "spark" not in _state:
+        from pyspark import SparkContext
+
         from .lake import jvm
-        from .lake.spark import build_session
+        from .lake.spark import build_session, keep_java_objects
 
         settings = _settings()
         small = by_lake_size and jvm.small_lake(settings)
+        ours = SparkContext._active_spark_context is None  # not a session someone else's code goes on using
         _state["spark"] = build_session(settings, quick_jit=small, interpreted=small)
+        if small and ours:
+            keep_java_objects(_state["spark"])
     return _state["spark"]
 
 
