@@ -1,3 +1,6 @@
+import sys
+from pathlib import Path
+
 import pytest
 from py4j.finalizer import ThreadSafeFinalizer
 from pyspark import SparkContext
@@ -123,3 +126,33 @@ def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakeh
     assert not jvm.small_lake(settings)
     settings.datamap.tables["demo.missing"] = settings.datamap.tables["demo.events"]
     assert jvm.mapped_bytes(settings, limit=10**12) >= 10**12  # unreadable: counts as big
+
+
+def test_local_python_workers_import_the_installed_pyspark_not_the_bundled_zip(spark):
+    import pyspark
+
+    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == "lakehouse_dsr.lake.pydaemon"
+
+    def origin(_):
+        import sys
+
+        import pyspark as worker_pyspark
+        return [(worker_pyspark.__file__, any(p.endswith(("pyspark.zip", "-src.zip")) for p in sys.path))]
+
+    [(worker_file, zip_on_path)] = spark.sparkContext.parallelize([0], 1).mapPartitions(origin).collect()
+    assert worker_file == pyspark.__file__ and not zip_on_path  # compiled once, not read from pyspark.zip
+
+
+def test_the_bundled_zips_are_dropped_only_where_pyspark_is_then_spark_home_itself(tmp_path):
+    import pyspark
+
+    from lakehouse_dsr.lake.pydaemon import installed_pyspark_first
+
+    home = str(Path(pyspark.__file__).parent)  # a pip-installed PySpark is its own SPARK_HOME
+    zips = [f"{home}/python/lib/pyspark.zip", f"{home}/python/lib/py4j-0.10.9.7-src.zip"]
+    rest = [p for p in sys.path if not p.endswith(".zip")]
+    assert installed_pyspark_first([*zips, *rest], home) == rest
+    distribution = tmp_path / "spark-3.5.9-bin"  # a Spark download: its zip is the only PySpark it has
+    other = [f"{distribution}/python/lib/pyspark.zip", *rest]
+    assert installed_pyspark_first(other, str(distribution)) == other
+    assert installed_pyspark_first([*zips, *rest], None) == [*zips, *rest]

@@ -80,6 +80,15 @@ def launcher_wins(conf: dict[str, str], launched: set[str]) -> dict[str, str]:
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
+def _python_daemon(settings: Settings) -> dict[str, str]:
+    """Our worker daemon (lake/pydaemon.py: PySpark's modules from their compiled, installed package
+    rather than a zip) where the workers run this interpreter, which has this package: local masters
+    whose PYSPARK_PYTHON is unset (build_session sets it to this interpreter) or this interpreter."""
+    if settings.spark.master.startswith("local") and os.environ.get("PYSPARK_PYTHON", sys.executable) == sys.executable:
+        return {"spark.python.daemon.module": "lakehouse_dsr.lake.pydaemon"}
+    return {}
+
+
 def session_conf(settings: Settings, java_options: Sequence[str] = (), interpreted: bool = False) -> dict[str, str]:
     """Every Spark conf the engine needs, with the user's `spark.conf` taking precedence (their
     `spark.driver.extraJavaOptions` replaces our log configuration and `java_options`).
@@ -94,6 +103,7 @@ def session_conf(settings: Settings, java_options: Sequence[str] = (), interpret
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         f"spark.sql.catalog.{settings.catalog.name}": "org.apache.iceberg.spark.SparkCatalog",
         **(INTERPRETED if interpreted else {}),
+        **_python_daemon(settings),
     }
     user = settings.spark.conf
     if "spark.driver.extraJavaOptions" not in user:
