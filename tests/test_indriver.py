@@ -235,8 +235,9 @@ def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_th
     starting = threading.Thread(target=workers._start, args=(sc,))  # what start_python_workers starts
     starting.start()
     starting.join()
+    module = sc.getConf().get("spark.python.daemon.module", "pyspark.daemon").encode()  # ours on local masters
     daemons = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == jvm
-               and b"pyspark.daemon" in (p / "cmdline").read_bytes()]
+               and module in (p / "cmdline").read_bytes()]
     assert daemons  # the daemon the export's package writer asks for is up
     assert meter.since(mark).stages == 0  # no work of a run
     # what the meters leave out is that job alone
