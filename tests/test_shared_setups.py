@@ -102,8 +102,14 @@ def test_a_launcher_keeps_its_master_jars_and_anything_it_set():
     conf = {"spark.master": "local[*]", "spark.jars": "/a.jar", "spark.driver.extraJavaOptions": "-Dx",
             "spark.sql.shuffle.partitions": "8", "spark.executor.memory": "2g",
             "spark.sql.catalog.lakehouse.type": "rest"}
-    kept = spark_module.launcher_wins(conf, launched={"spark.executor.memory", "spark.app.name"})
+    launched = {"spark.executor.memory": "1g", "spark.app.name": "job", "spark.master": "local[2]"}
+    kept = spark_module.launcher_wins(conf, launched)
     assert kept == {"spark.sql.shuffle.partitions": "8", "spark.sql.catalog.lakehouse.type": "rest"}
+    # our Python daemon module runs where the driver's interpreter (with this package) runs the workers
+    ours = {**conf, spark_module.PYTHON_DAEMON: "lakehouse_dsr.lake.pydaemon"}
+    assert spark_module.PYTHON_DAEMON in spark_module.launcher_wins(ours, launched)
+    cluster = {**launched, "spark.master": "spark://h:7077"}
+    assert spark_module.PYTHON_DAEMON not in spark_module.launcher_wins(ours, cluster)
 
 
 def test_session_jars_and_the_jars_command(tmp_path, monkeypatch):

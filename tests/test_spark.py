@@ -156,3 +156,16 @@ def test_the_bundled_zips_are_dropped_only_where_pyspark_is_then_spark_home_itse
     other = [f"{distribution}/python/lib/pyspark.zip", *rest]
     assert installed_pyspark_first(other, str(distribution)) == other
     assert installed_pyspark_first([*zips, *rest], None) == [*zips, *rest]
+
+
+def test_our_python_daemon_is_named_for_local_masters_whose_workers_run_this_interpreter(tmp_path, monkeypatch):
+    local = settings_from_dict({}, base=tmp_path)
+    cluster = settings_from_dict({"spark": {"master": "spark://h:7077"}}, base=tmp_path)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert spark_module.session_conf(local)[spark_module.PYTHON_DAEMON] == "lakehouse_dsr.lake.pydaemon"
+    assert spark_module.PYTHON_DAEMON not in spark_module.session_conf(cluster)
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")  # another interpreter: maybe without this package
+    assert spark_module.PYTHON_DAEMON not in spark_module.session_conf(local)
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    own = settings_from_dict({"spark": {"conf": {spark_module.PYTHON_DAEMON: "pyspark.daemon"}}}, base=tmp_path)
+    assert spark_module.session_conf(own)[spark_module.PYTHON_DAEMON] == "pyspark.daemon"  # the user's wins

@@ -69,9 +69,13 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def launcher_wins(conf: dict[str, str], launched: set[str]) -> dict[str, str]:
-    """`conf` without what a launcher already set or alone can set (master, jars, driver JVM options)."""
-    return {key: value for key, value in conf.items() if key not in _LAUNCH_ONLY and key not in launched}
+def launcher_wins(conf: dict[str, str], launched: dict[str, str]) -> dict[str, str]:
+    """`conf` without what a launcher already set (`launched`: its confs) or alone can set (master, jars,
+    driver JVM options), nor our Python daemon where the launcher's master is not local (a cluster's
+    executors may not have this package)."""
+    local = launched.get("spark.master", "local").startswith("local")
+    return {key: value for key, value in conf.items()
+            if key not in _LAUNCH_ONLY and key not in launched and (local or key != PYTHON_DAEMON)}
 
 
 # Generating and compiling Java for every query's operators and expressions (Janino, in a JVM still
@@ -80,12 +84,15 @@ def launcher_wins(conf: dict[str, str], launched: set[str]) -> dict[str, str]:
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
+PYTHON_DAEMON = "spark.python.daemon.module"
+
+
 def _python_daemon(settings: Settings) -> dict[str, str]:
     """Our worker daemon (lake/pydaemon.py: PySpark's modules from their compiled, installed package
     rather than a zip) where the workers run this interpreter, which has this package: local masters
     whose PYSPARK_PYTHON is unset (build_session sets it to this interpreter) or this interpreter."""
     if settings.spark.master.startswith("local") and os.environ.get("PYSPARK_PYTHON", sys.executable) == sys.executable:
-        return {"spark.python.daemon.module": "lakehouse_dsr.lake.pydaemon"}
+        return {PYTHON_DAEMON: "lakehouse_dsr.lake.pydaemon"}
     return {}
 
 
@@ -136,7 +143,7 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
     conf = session_conf(settings, jvm.driver_options(quick_jit, record_classes_to), interpreted)
     master: str | None = settings.spark.master
     if launched_by_spark_submit():
-        conf = launcher_wins(conf, {key for key, _ in SparkConf().getAll()})  # the JVM's, as spark-submit set them
+        conf = launcher_wins(conf, dict(SparkConf().getAll()))  # the JVM's, as spark-submit set them
         master = None
     elif settings.spark.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network lookups for a local session
