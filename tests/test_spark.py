@@ -101,16 +101,15 @@ def test_run_and_verify_start_small_lakes_with_both_and_other_commands_with_neit
 
 def test_kept_java_objects_are_not_released_one_by_one(spark):
     gateway = spark.sparkContext._gateway
+    client = gateway._gateway_client
 
-    def finalizers_after_new_proxies() -> int:
-        before = len(ThreadSafeFinalizer.finalizers)
-        _alive = [gateway.jvm.java.util.ArrayList() for _ in range(10)]  # held while counting
-        return len(ThreadSafeFinalizer.finalizers) - before
+    def released(proxy) -> bool:  # Py4J's finalizer key: a message to the JVM once Python collects it
+        return f"{client.address}{client.port}{proxy._target_id}" in ThreadSafeFinalizer.finalizers
 
-    assert finalizers_after_new_proxies() == 10  # each proxy tells the JVM when Python collects it
+    assert all(released(gateway.jvm.java.util.ArrayList()) for _ in range(5))
     try:
         spark_module.keep_java_objects(spark)
-        assert finalizers_after_new_proxies() == 0
+        assert not any(released(gateway.jvm.java.util.ArrayList()) for _ in range(5))
     finally:  # the suite's session lives on
         gateway.gateway_property.enable_memory_management = True
 
