@@ -22,7 +22,7 @@ from lakehouse_dsr.lake import indriver, skipping, workers
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
-from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.lake.spark import PYTHON_DAEMON, attach
 from lakehouse_dsr.stages import collateral, erase, matching, verify
 
 TABLE = "shop.orders"
@@ -235,7 +235,7 @@ def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_th
     starting = threading.Thread(target=workers._start, args=(sc,))  # what start_python_workers starts
     starting.start()
     starting.join()
-    module = sc.getConf().get("spark.python.daemon.module", "pyspark.daemon").encode()  # ours on local masters
+    module = sc.getConf().get(PYTHON_DAEMON, "pyspark.daemon").encode()  # ours on local masters
     daemons = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == jvm
                and module in (p / "cmdline").read_bytes()]
     assert daemons  # the daemon the export's package writer asks for is up

@@ -130,7 +130,7 @@ def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakeh
 def test_local_python_workers_import_the_installed_pyspark_not_the_bundled_zip(spark):
     import pyspark
 
-    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == "lakehouse_dsr.lake.pydaemon"
+    assert spark.sparkContext.getConf().get(spark_module.PYTHON_DAEMON) == "lakehouse_dsr.lake.pydaemon"
 
     def origin(_):
         import sys
