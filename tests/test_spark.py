@@ -1,4 +1,7 @@
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,7 +87,9 @@ def test_run_and_verify_start_small_lakes_with_both_and_other_commands_with_neit
     started: list[dict] = []
     kept: list[dict] = []
     monkeypatch.setattr(spark_module, "build_session", lambda settings, **how: started.append(how) or how)
+    closed: list[dict] = []
     monkeypatch.setattr(spark_module, "keep_java_objects", kept.append)
+    monkeypatch.setattr(spark_module, "close_gateway", closed.append)
     monkeypatch.setattr(jvm, "small_lake", lambda settings: small)
     monkeypatch.setattr(cli, "_state", {"settings": settings_from_dict({}, base=tmp_path)})
     monkeypatch.setattr(SparkContext, "_active_spark_context", None)  # as in a new `dsr` process
@@ -93,10 +98,45 @@ def test_run_and_verify_start_small_lakes_with_both_and_other_commands_with_neit
     cli._spark()  # generate, bench: whatever the lake's size
     assert started == [{"quick_jit": small, "interpreted": small}, {"quick_jit": False, "interpreted": False}]
     assert kept == ([started[0]] if small else [])
+    cli._leave()
+    assert closed == [started[1]]  # a JVM the process started ends with it, whatever the lake's size
     monkeypatch.setattr(SparkContext, "_active_spark_context", object())  # a notebook's context, say
     cli._state.pop("spark")
     cli._spark(by_lake_size=True)
     assert len(kept) == (1 if small else 0)  # objects of a session the caller goes on using are released
+    cli._leave()
+    assert len(closed) == 1  # and its gateway stays open
+
+
+def test_a_closed_gateway_lets_the_jvm_exit_with_python_after_sparks_own_shutdown(tmp_path):
+    """A new Python process starts a session, closes its gateway, then exits: its JVM ends too, after
+    Spark's shutdown hooks deleted the session's temporary folders; calls after the close fail."""
+    script = tmp_path / "own.py"
+    script.write_text(f"""
+import os, sys
+from pyspark.sql import SparkSession
+from lakehouse_dsr.lake.spark import close_gateway
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.local.dir", {str(tmp_path / "local")!r}).getOrCreate())
+spark.range(3).count()  # a job: block manager folders under spark.local.dir
+print(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid(), flush=True)
+close_gateway(spark)
+try:
+    spark.range(1).count()
+except Exception as exc:
+    print("refused:", type(exc).__name__, flush=True)
+""")
+    (tmp_path / "local").mkdir()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    pid, refused = done.stdout.split("\n")[:2]
+    assert refused.startswith("refused: ")  # at once: no connection accepted and left unanswered
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # its pipes closed: it is exiting
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
+    assert list((tmp_path / "local").iterdir()) == []  # blockmgr-* and spark-* folders: the hooks ran
 
 
 def test_kept_java_objects_are_not_released_one_by_one(spark):

@@ -105,9 +105,18 @@ def _spark(by_lake_size: bool = False):
         small = by_lake_size and jvm.small_lake(settings)
         ours = SparkContext._active_spark_context is None  # not a session someone else's code goes on using
         _state["spark"] = build_session(settings, quick_jit=small, interpreted=small)
+        _state["own_jvm"] = ours
         if small and ours:
             keep_java_objects(_state["spark"])
     return _state["spark"]
+
+
+def _leave() -> None:
+    """The process is ending: a JVM it started exits with it (lake/spark.py's `close_gateway`)."""
+    if _state.get("own_jvm"):
+        from .lake.spark import close_gateway
+
+        close_gateway(_state["spark"])
 
 
 def _ledger() -> Ledger:
@@ -837,3 +846,6 @@ def entry() -> None:
     except DsrError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # messages hold file names, not markup
         sys.exit(2)
+    finally:
+        _leave()
+
