@@ -6,6 +6,9 @@ import PySpark or start a JVM: Spark-side modules are imported inside the comman
 
 from __future__ import annotations
 
+import atexit
+import functools
+import gc
 import getpass
 import json
 import random
@@ -830,6 +833,7 @@ def demo(
 
 
 def entry() -> None:
+    _collect_less()
     try:
         # Not standalone, Click returns the code of a `typer.Exit` (exit 1: run or check failed) instead of raising it
         code = app(standalone_mode=False)
@@ -849,3 +853,12 @@ def entry() -> None:
     finally:
         _leave()
 
+
+@functools.cache
+def _collect_less() -> None:
+    """Python's cyclic collector walks every object at each full collection and several times at exit:
+    0.3 s of a tiny run, 0.35 s of its exit. What exists now (the modules imported) lives as long as
+    the process, so it is set aside (`gc.freeze`) now and everything again at exit; exit frees memory
+    without collecting it."""
+    gc.freeze()
+    atexit.register(gc.freeze)  # atexit runs before the interpreter's final collections
