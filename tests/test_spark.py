@@ -71,6 +71,18 @@ def test_driver_jvm_flags_follow_the_class_archive_and_the_lake_size(tmp_path, m
     assert conf["spark.driver.extraJavaOptions"] == "-Dmine=1"
 
 
+def test_spark_submits_launcher_gets_the_quick_compiler_and_its_own_archive(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert jvm.launcher_options() == "-XX:TieredStopAtLevel=1"
+    archive = jvm.archive_path("launcher")
+    assert archive.name.startswith("launcher-") and archive.parent == jvm.archive_path().parent
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"recorded")
+    assert f"-XX:SharedArchiveFile={archive}" in jvm.launcher_options()
+    recording = jvm.launcher_options(record_to=tmp_path / "new.jsa")
+    assert f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}" in recording and "SharedArchiveFile" not in recording
+
+
 def test_small_lakes_get_interpreted_queries_unless_the_user_says_otherwise(tmp_path):
     settings = settings_from_dict({}, base=tmp_path)
     assert not set(spark_module.INTERPRETED) & set(spark_module.session_conf(settings))

@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pyspark
 import pytest
 
 from lakehouse_dsr.config import settings_from_dict
@@ -20,7 +22,16 @@ def test_warm_up_records_an_archive_the_next_session_starts_with(tmp_path, monke
     assert done.returncode == 0, done.stdout + done.stderr
     archive = jvm.archive_path()
     assert archive.is_file() and archive.stat().st_size > 10 * 2**20 and jvm.archive_usable(archive)
-    assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]  # no staged leftovers
+    launcher = jvm.archive_path("launcher")
+    assert jvm.archive_usable(launcher)
+    assert sorted(p.name for p in archive.parent.iterdir()) == sorted([archive.name, launcher.name])  # no staged
+    # spark-submit's launcher, started as spark-class starts it, maps its classes from that archive
+    jars = Path(pyspark.__file__).parent / "jars"
+    launcher_main = ["org.apache.spark.launcher.Main", "org.apache.spark.deploy.SparkSubmit", "pyspark-shell"]
+    loaded = subprocess.run([str(jvm.java_binary()), "-Xmx128m", *jvm.launcher_options().split(), "-Xlog:class+load",
+                             "-cp", f"{jars}/*", *launcher_main], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "SPARK_HOME": str(jars.parent), "SPARK_SCALA_VERSION": "2.12"})
+    assert "org.apache.spark.launcher.Main source: shared objects file (top)" in loaded.stdout, loaded.stderr[-2000:]
     assert not list(tmp_path.glob("hs_err*"))
     conf = spark_module.session_conf(settings_from_dict({}, base=tmp_path), jvm.driver_options())
     assert f"-XX:SharedArchiveFile={archive}" in conf["spark.driver.extraJavaOptions"]

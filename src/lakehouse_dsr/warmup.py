@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from . import synth
 from .config import demo_settings
@@ -48,10 +49,17 @@ def record_archive() -> WarmUp:
                                     "commands still work, they only start Spark without one")
     archive.parent.mkdir(parents=True, exist_ok=True)
     staged = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
+    launcher = cast(Path, jvm.archive_path("launcher"))
+    launcher_staged = launcher.with_name(f"{launcher.name}.{os.getpid()}.tmp")
     work = Path(tempfile.mkdtemp(prefix="dsr-warm-up-"))
+    user_launcher_options = os.environ.get("SPARK_LAUNCHER_OPTS")
     try:
         settings = demo_settings(work)  # the demo's tables, tiny
+        # spark-submit's launcher JVM has ended (and written its archive) once the session is up
+        os.environ["SPARK_LAUNCHER_OPTS"] = jvm.launcher_options(record_to=launcher_staged)
         spark = build_session(settings, record_classes_to=staged)
+        if jvm.archive_usable(launcher_staged):
+            os.replace(launcher_staged, launcher)
         synth.generate(spark, settings, users=40, events=600, seed=1)
         subjects = [synth.user_id(1, i) for i in range(6)]
         ledger = Ledger(settings)
@@ -68,7 +76,12 @@ def record_archive() -> WarmUp:
         os.replace(staged, archive)
         return WarmUp(archive, archive.stat().st_size)
     finally:
+        if user_launcher_options is None:
+            os.environ.pop("SPARK_LAUNCHER_OPTS", None)
+        else:
+            os.environ["SPARK_LAUNCHER_OPTS"] = user_launcher_options
         staged.unlink(missing_ok=True)
+        launcher_staged.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
 
 

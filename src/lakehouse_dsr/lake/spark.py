@@ -147,8 +147,10 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
     if launched_by_spark_submit():
         conf = launcher_wins(conf, dict(SparkConf().getAll()))  # the JVM's, as spark-submit set them
         master = None
-    elif settings.spark.master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network lookups for a local session
+    else:
+        os.environ.setdefault("SPARK_LAUNCHER_OPTS", jvm.launcher_options())
+        if settings.spark.master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network lookups for a local session
     # Executors run Python for access exports. PySpark takes the interpreter from this variable only
     # (not spark.pyspark.python); the driver's own interpreter has every package we need.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
