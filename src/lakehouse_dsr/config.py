@@ -144,7 +144,8 @@ class RunSettings(_Strict):
     # The lease a run holds on the ledger lapses this long after its last heartbeat (a killed run's
     # lease blocks others at most this long; on the same host a dead holder is noticed at once).
     lease_seconds: float = Field(default=120.0, ge=2)
-    # Tables erased, purged and verified at once (Spark jobs and commits of one session, in threads).
+    # Tables erased, purged and verified at once (Spark jobs and commits of one session, in threads), and
+    # tables whose part of the access export's query is built at once.
     parallel_tables: int = Field(default=4, ge=1)
 
 

@@ -36,7 +36,7 @@ def export_requests(ctx: Context, requests: dict[str, dict], read_at: dict[str, 
             batch = ctx.batch(requests)
             keys = ctx.identifiers(request_ids)
             result = access.export(ctx.lake, settings.datamap, batch, out_dir, settings.export.format, ctx.key_types,
-                                   keys, ctx.vault_keys, ctx.vault_table, read_at)
+                                   keys, ctx.vault_keys, ctx.vault_table, read_at, settings.run.parallel_tables)
             checked = access.checked_packages(result)
         except Exception as exc:  # every request of the batch stays open with the reason
             return Exported([Outcome(rid, "failed", f"export failed: {first_line(exc, with_type=True)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,6 +71,7 @@ def export(
     lake: Lake, datamap: DataMap, requests: DataFrame, out_dir: Path, fmt: str = "json",
     key_types: KeyTypes | None = None, keys: DataFrame | None = None, vault_keys: vault.Keys | None = None,
     vault_table: vault.VaultTable | None = None, read_at: dict[str, ReadAt] | None = None,
+    parallel_tables: int = 1,
 ) -> ExportResult:
     """Write one package per request of `requests` (request_id, subject_id, regulation) under `out_dir`.
 
@@ -81,6 +83,10 @@ def export(
     that the table's rows cannot be linked to them (`unlinkable`): a data map with such tables needs
     `vault_keys` (vault.open_keys) and `vault_table` (vault.VaultTable).
     `read_at`: tables an erasure committed to before this export, read where ReadAt says.
+    `parallel_tables`: tables whose part of the plan is built at a time (threads sharing the session:
+    the driver's JVM analyses each step of a plan as Python builds it, and one thread left half of
+    this machine's two cores idle; the 4 tables of the tiny lake took 0.5 s one at a time, 0.33 s
+    four at a time, medians of 4).
     """
     spark = lake.spark
     if fmt not in EXPORT_FORMATS:
@@ -95,8 +101,9 @@ def export(
 
     table_keys = matching.key_sets(datamap, keys, key_types, [t for t in tables if t not in shredded])
     read_at = read_at or {}
-    found = [_matching_rows(lake, datamap, table, table_keys[table], read_at.get(table))
-             for table in tables if table in table_keys]
+    with ThreadPoolExecutor(max(1, parallel_tables), thread_name_prefix="dsr-export") as pool:
+        found = list(pool.map(lambda t: _matching_rows(lake, datamap, t, table_keys[t], read_at.get(t)),
+                              [t for t in tables if t in table_keys]))
     parts = [part for part in found if part is not None]
     links = {}
     if shredded:
