@@ -1,3 +1,4 @@
+import gc
 import os
 import subprocess
 import sys
@@ -110,13 +111,15 @@ def test_run_and_verify_start_small_lakes_with_both_and_other_commands_with_neit
     cli._spark()  # generate, bench: whatever the lake's size
     assert started == [{"quick_jit": small, "interpreted": small}, {"quick_jit": False, "interpreted": False}]
     assert kept == ([started[0]] if small else [])
-    cli._leave()
+    monkeypatch.setattr(cli, "app", lambda **how: None)  # the command has run: `dsr` ends
+    cli.entry()
     assert closed == [started[1]]  # a JVM the process started ends with it, whatever the lake's size
+    assert gc.get_freeze_count() > 0  # the imports' objects: out of the collector's way
     monkeypatch.setattr(SparkContext, "_active_spark_context", object())  # a notebook's context, say
     cli._state.pop("spark")
     cli._spark(by_lake_size=True)
     assert len(kept) == (1 if small else 0)  # objects of a session the caller goes on using are released
-    cli._leave()
+    cli.entry()
     assert len(closed) == 1  # and its gateway stays open
 
 
