@@ -2,7 +2,6 @@ import gc
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -112,46 +111,59 @@ def test_run_and_verify_start_small_lakes_with_both_and_other_commands_with_neit
     assert started == [{"quick_jit": small, "interpreted": small}, {"quick_jit": False, "interpreted": False}]
     assert kept == ([started[0]] if small else [])
     monkeypatch.setattr(cli, "app", lambda **how: None)  # the command has run: `dsr` ends
+    cli._state["command"] = "demo"
+    cli._done_with_spark(started[1])
+    assert closed == []  # demo's run goes on to other commands on the same session
+    cli._state["command"] = "run"
+    cli._done_with_spark(started[1])  # `dsr run`'s Spark work is over: its JVM exits meanwhile
+    assert closed == [started[1]]
     cli.entry()
-    assert closed == [started[1]]  # a JVM the process started ends with it, whatever the lake's size
+    assert closed == [started[1]]  # once: a JVM the process started ends with it, whatever the lake's size
+    cli._state["own_jvm"] = True  # a command that did not hand its session back
+    cli.entry()
+    assert closed == [started[1]] * 2
     assert gc.get_freeze_count() > 0  # the imports' objects: out of the collector's way
     monkeypatch.setattr(SparkContext, "_active_spark_context", object())  # a notebook's context, say
     cli._state.pop("spark")
     cli._spark(by_lake_size=True)
     assert len(kept) == (1 if small else 0)  # objects of a session the caller goes on using are released
+    cli._done_with_spark(started[2])
     cli.entry()
-    assert len(closed) == 1  # and its gateway stays open
+    assert len(closed) == 2  # and its gateway stays open
 
 
-def test_a_closed_gateway_lets_the_jvm_exit_with_python_after_sparks_own_shutdown(tmp_path):
-    """A new Python process starts a session, closes its gateway, then exits: its JVM ends too, after
-    Spark's shutdown hooks deleted the session's temporary folders; calls after the close fail."""
+def test_a_closed_gateway_lets_the_jvm_exit_at_once_after_sparks_own_shutdown(tmp_path):
+    """A new Python process starts a session and closes its gateway: its JVM exits while Python goes
+    on, after Spark's shutdown hooks deleted the session's temporary folders; calls after the close
+    fail, and nothing is printed about the connections the JVM's exit ends."""
     script = tmp_path / "own.py"
     script.write_text(f"""
-import os, sys
+import time
 from pyspark.sql import SparkSession
 from lakehouse_dsr.lake.spark import close_gateway
 spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
          .config("spark.local.dir", {str(tmp_path / "local")!r}).getOrCreate())
+added = spark.sparkContext.accumulator(0)
+spark.sparkContext.parallelize([1, 2], 1).foreach(added.add)  # the JVM connects to PySpark's accumulator server
 spark.range(3).count()  # a job: block manager folders under spark.local.dir
-print(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid(), flush=True)
+jvm = spark.sparkContext._gateway.proc  # the JVM PySpark launched, a child of this process
 close_gateway(spark)
 try:
     spark.range(1).count()
 except Exception as exc:
     print("refused:", type(exc).__name__, flush=True)
+print("jvm exited before python:", jvm.wait(timeout=60) is not None, flush=True)
+time.sleep(1.5)  # PySpark's accumulator server polls its connection every second
 """)
     (tmp_path / "local").mkdir()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
     assert done.returncode == 0, done.stderr[-3000:]
-    pid, refused = done.stdout.split("\n")[:2]
+    refused, exited = done.stdout.split("\n")[:2]
     assert refused.startswith("refused: ")  # at once: no connection accepted and left unanswered
-    deadline = time.monotonic() + 60
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # its pipes closed: it is exiting
-        time.sleep(0.05)
-    assert not Path(f"/proc/{pid}").exists()
+    assert exited == "jvm exited before python: True"
     assert list((tmp_path / "local").iterdir()) == []  # blockmgr-* and spark-* folders: the hooks ran
+    assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr[-3000:]
 
 
 def test_kept_java_objects_are_not_released_one_by_one(spark):

@@ -115,11 +115,19 @@ def _spark(by_lake_size: bool = False):
 
 
 def _leave() -> None:
-    """The process is ending: a JVM it started exits with it (lake/spark.py's `close_gateway`)."""
-    if _state.get("own_jvm"):
+    """The process is done with Spark: a JVM it started exits now (lake/spark.py's `close_gateway`);
+    once per process."""
+    if _state.pop("own_jvm", False):
         from .lake.spark import close_gateway
 
         close_gateway(_state["spark"])
+
+
+def _done_with_spark(session) -> None:
+    """`dsr run`'s Spark work is over: a JVM this process started exits while the run records its
+    outcomes in the ledger (`demo` goes on with more commands on the same session)."""
+    if _state.get("command") == "run":
+        _leave()
 
 
 def _ledger() -> Ledger:
@@ -188,7 +196,8 @@ def run_cmd(
     if export_dir is not None:
         settings = settings.replace(export={"directory": export_dir.resolve()})
     with Bars() as bars:
-        result = run_batch(lambda: _spark(by_lake_size=True), settings, bars)  # Spark starts only if there is work
+        # Spark starts only if there is work
+        result = run_batch(lambda: _spark(by_lake_size=True), settings, bars, release=_done_with_spark)
     if report:
         result.write(report)
     if html:

@@ -182,26 +182,35 @@ def keep_java_objects(spark: SparkSession) -> None:
 
 
 def close_gateway(spark: SparkSession) -> None:
-    """Close Py4J's gateway in the driver JVM, for a process that started that JVM and is exiting:
-    the JVM then exits as soon as Python does, ~0.3 s sooner.
+    """Close Py4J's gateway in the driver JVM this process started, and let that JVM exit now, while
+    Python finishes what needs no Spark (a run's ledger commits, its report): the JVM's exit
+    (Spark's shutdown hooks stop the context and delete its temporary folders, ~0.3 s) is then off
+    the path of whoever waits for the process. Any later call into the JVM from this process fails.
 
-    A JVM waits 300 ms at exit for threads blocked in native code, and the gateway's loop accepting
-    connections is one (JDK's `VM_Exit::wait_for_threads_in_native_to_block`). Spark's shutdown
-    hooks (stopping the context, deleting its temporary folders) still run when Python exits and the
-    JVM reads the end of its input. Any later call into the JVM from this process fails.
+    A JVM also waits 300 ms at exit for threads blocked in native code, and the gateway's loop
+    accepting connections is one (JDK's `VM_Exit::wait_for_threads_in_native_to_block`): closed
+    first, it is not. The JVM exits when it reads the end of its input (PySpark's gateway server),
+    which a JVM that spark-submit started (no input from us) reaches when Python exits.
     """
     gateway: Any = spark.sparkContext._gateway  # py4j's, untyped
     where = (gateway.java_parameters.address, gateway.java_parameters.port)
     gateway.shutdown()
     # py4j sends the command without waiting for the JVM to act on it: a call connecting meanwhile is
-    # accepted, then never answered (it hangs). Return once the gateway refuses connections.
+    # accepted, then never answered (it hangs). Go on once the gateway refuses connections.
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
             socket.create_connection(where, timeout=1).close()
         except OSError:
-            return
+            break
         time.sleep(0.005)
+    launched = getattr(gateway, "proc", None)  # set by PySpark's launch_gateway
+    if launched is not None and launched.stdin is not None:
+        # PySpark's accumulator server would print a traceback when the exiting JVM's connection ends
+        accumulators: Any = getattr(spark.sparkContext, "_accumulatorServer", None)
+        if accumulators is not None:
+            accumulators.handle_error = lambda request, client_address: None
+        launched.stdin.close()
 
 
 def attach(spark: SparkSession, settings: Settings) -> None:

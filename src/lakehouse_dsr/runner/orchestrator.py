@@ -34,7 +34,7 @@ from .work import Work, read_work
 
 
 def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, progress: Progress | None = None,
-        today: date | None = None) -> RunReport:
+        today: date | None = None, release: Callable[[SparkSession], None] | None = None) -> RunReport:
     """Process every open request (access, erase, opt_out, opt_in) and refresh the data map's shares;
     returns the run report (no identifiers).
 
@@ -45,6 +45,8 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     requests, access packages, unverified intake requests); with nothing due that is one more
     small read, a listing of the export folder and one query of the intake queue.
     `today` (default: the current UTC date) is the day purge deadlines are compared with.
+    `release`: called with the session once the run's Spark work is over, before its ledger commits
+    (a process that started its own JVM can let it exit meanwhile: lake/spark.py's `close_gateway`).
     A run with work takes the ledger's lease (ledger/lease.py) and reads the ledger again under it:
     another live holder makes this one wait or raise LedgerBusyError, per `run.concurrent`.
     """
@@ -73,7 +75,6 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     with ExitStack() as held:
         with timed(report, "ledger"):
             holder = held.enter_context(lease.held(settings.run.concurrent == "wait", notify=waiting))
-        held.callback(skipping.release)
         if waited:
             progress.done()
         with timed(report, "ledger"):
@@ -93,8 +94,13 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         session = spark() if callable(spark) else spark
         if work.access:  # the export's package writer runs in Python workers: started while the driver plans
             start_python_workers(session)
-        outcomes = _process(_context(session, settings, ledger, report, progress, {**work.access, **work.erase}),
-                            work, today)
+        try:
+            outcomes = _process(_context(session, settings, ledger, report, progress, {**work.access, **work.erase}),
+                                work, today)
+        finally:
+            skipping.release()
+        if release is not None:
+            release(session)
         _finish(ledger, lease, report, work, outcomes, started)
     report.document()  # checked against its published schema before anyone reads it
     return report
