@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from typer.testing import CliRunner
 
 from helpers import SEED, snapshot_ids, write_config
 from lakehouse_dsr import synth
-from lakehouse_dsr.cli import Bars, app
+from lakehouse_dsr.cli import app
 from lakehouse_dsr.exceptions import DsrError, LedgerError
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -146,25 +145,3 @@ def test_status_shows_what_waits_for_the_batched_purge(spark, configured, tmp_pa
     assert row["status"] == "erased" and row["purge_by"] == purge_by and row["completed"] is None
     shown = invoke("status").output
     assert f"waiting for the physical purge: 1 request(s), the first due by {purge_by}" in shown
-
-
-def test_progress_bars_of_stages_on_two_threads_stay_apart():
-    """The access export's stage runs on a thread of its own beside the erasure's: each thread's steps
-    and `done` move its own bar."""
-    bars = Bars()
-    both_started = threading.Barrier(2)
-
-    def stage(name: str, steps: int) -> None:
-        bars.stage(name, steps)
-        both_started.wait()
-        for i in range(steps):
-            bars.step(f"{name} {i}")
-        bars.done()
-
-    threads = [threading.Thread(target=stage, args=args) for args in (("export", 2), ("erase", 5))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    shown = {t.fields["stage"]: (t.completed, t.total, t.description) for t in bars._bars.tasks}
-    assert shown == {"export": (2, 2, "done"), "erase": (5, 5, "done")}

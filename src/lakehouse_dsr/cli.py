@@ -13,9 +13,8 @@ import getpass
 import json
 import random
 import sys
-import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
@@ -41,14 +40,14 @@ ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="dsr.y
 
 
 class Bars:
-    """Rich progress bars fed by the library's Progress protocol; each thread's stages have their own
-    bars (the access export may run beside the erasure)."""
+    """Rich progress bars fed by the library's Progress protocol."""
 
     def __init__(self) -> None:
         self._bars = RichBars(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]:<20}"), BarColumn(),
                               MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                               console=console, transient=False)
-        self._current = threading.local()  # this thread's stage: its bar, and whether a step is under way
+        self._task = cast(TaskID, None)  # stage() comes first
+        self._pending = False
 
     def __enter__(self) -> Bars:
         self._bars.start()
@@ -58,19 +57,17 @@ class Bars:
         self._bars.stop()
 
     def stage(self, name: str, total: int) -> None:
-        self._current.task = self._bars.add_task("", total=max(total, 1), stage=name)
-        self._current.pending = False
+        self._task = self._bars.add_task("", total=max(total, 1), stage=name)
+        self._pending = False
 
     def step(self, description: str) -> None:
-        task: TaskID = self._current.task  # stage() comes first
-        if self._current.pending:
-            self._bars.advance(task)
-        self._bars.update(task, description=description)
-        self._current.pending = True
+        if self._pending:
+            self._bars.advance(self._task)
+        self._bars.update(self._task, description=description)
+        self._pending = True
 
     def done(self) -> None:
-        task: TaskID = self._current.task
-        self._bars.update(task, completed=next(t.total for t in self._bars.tasks if t.id == task), description="done")
+        self._bars.update(self._task, completed=self._bars.tasks[-1].total, description="done")
 
 
 @app.callback()

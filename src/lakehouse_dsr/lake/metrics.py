@@ -11,17 +11,12 @@ bytes (bytes read: the sizes of the files opened), and in `driver_files`.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from .bridge import compiled
-
-# The description of lake/workers.py's job starting the Python workers: no work of a run, in no span.
-WORKERS_STARTING = "dsr: Python workers started ahead of the export"
+from .workers import STARTING
 
 
 @dataclass
@@ -53,17 +48,12 @@ class Mark:
 class StageMeter:
     """Marks a point in the application's stage sequence and sums the stages run after it.
 
-    `jobs`: only the stages of jobs with that description (`spark.job.description`, see `described`):
-    a span of work on a thread of its own, beside others; the driver's own reads are not its.
-    `other_jobs`: descriptions of jobs that may run beside the span, left out of it. The Python
-    workers' start (lake/workers.py) counts in no span.
     Cost: waits for Spark's listener bus to drain, then one JVM call per new stage.
     """
 
-    def __init__(self, spark: SparkSession, jobs: str | None = None, other_jobs: Collection[str] = ()):
+    def __init__(self, spark: SparkSession):
         self._spark = spark
         self._sc = spark.sparkContext._jsc.sc()
-        self._jobs, self._other_jobs = jobs, {WORKERS_STARTING, *other_jobs}
 
     def _stages(self):
         self._sc.listenerBus().waitUntilEmpty()
@@ -82,12 +72,10 @@ class StageMeter:
     def since(self, mark: Mark) -> IoCost:
         """Summed I/O of every stage attempt newer than `mark` (skipped stages count nothing), and of
         the driver's own reads and writes since."""
-        cost = IoCost()
-        if self._jobs is None:
-            files, rows_read, bytes_read, rows_written, bytes_written = (
-                now - then for now, then in zip(self._driver(), mark.driver, strict=True))
-            cost = IoCost(rows_read=rows_read, bytes_read=bytes_read, rows_written=rows_written,
-                          bytes_written=bytes_written, driver_files=files)
+        files, rows_read, bytes_read, rows_written, bytes_written = (
+            now - then for now, then in zip(self._driver(), mark.driver, strict=True))
+        cost = IoCost(rows_read=rows_read, bytes_read=bytes_read, rows_written=rows_written,
+                      bytes_written=bytes_written, driver_files=files)
         oldest = None
         stages = self._stages()
         while stages.hasNext():
@@ -95,7 +83,7 @@ class StageMeter:
             oldest = stage.stageId()
             if oldest <= mark.stage:
                 break
-            if stage.status().toString() == "SKIPPED" or not self._counts(stage):
+            if stage.status().toString() == "SKIPPED" or _starting(stage):
                 continue
             cost = cost.add(IoCost(
                 1, stage.numTasks(), stage.inputRecords(), stage.inputBytes(), stage.outputRecords(),
@@ -105,19 +93,7 @@ class StageMeter:
         return cost
 
 
-    def _counts(self, stage) -> bool:
-        """Whether `stage` (a StageData of the status store) belongs to this span."""
-        description = stage.description()
-        described = description.get() if description.isDefined() else None
-        return described == self._jobs if self._jobs is not None else described not in self._other_jobs
-
-
-@contextmanager
-def described(sc: SparkContext, description: str) -> Iterator[None]:
-    """The Spark jobs the calling thread starts in the block carry `description` (in the UI and the
-    event log, and for `StageMeter(jobs=...)`); other threads' jobs do not."""
-    sc.setLocalProperty("spark.job.description", description)
-    try:
-        yield
-    finally:
-        sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]  # None removes it
+def _starting(stage) -> bool:
+    """A stage of lake/workers.py's start of the Python workers: no work of the run."""
+    description = stage.description()
+    return description.isDefined() and description.get() == STARTING

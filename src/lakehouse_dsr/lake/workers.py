@@ -17,10 +17,11 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from ..exceptions import first_line
-from .metrics import WORKERS_STARTING, described
 
 log = logging.getLogger(__name__)
 
+# The description of the starting job: stage meters (lake/metrics.py) leave it out, as no work of the run.
+STARTING = "dsr: Python workers started ahead of the export"
 _started: weakref.WeakSet[SparkContext] = weakref.WeakSet()
 _lock = threading.Lock()
 
@@ -38,8 +39,10 @@ def start_python_workers(spark: SparkSession) -> None:
 
 
 def _start(sc: SparkContext) -> None:
+    sc.setLocalProperty("spark.job.description", STARTING)  # this thread's jobs only
     try:
-        with described(sc, WORKERS_STARTING):  # a built-in: the worker unpickles it without imports
-            sc.parallelize([0], 1).map(int).collect()
+        sc.parallelize([0], 1).map(int).collect()  # a built-in: the worker unpickles it without imports
     except Exception as exc:  # a stopped context, say
         log.debug("Python workers not started ahead: %s", first_line(exc))
+    finally:
+        sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]  # None removes it

@@ -27,18 +27,10 @@ from ..vault import vault
 T = TypeVar("T")
 
 
-# The description of the access export's Spark jobs: the export may run beside the erasure, on a
-# thread of its own (runner/exports.py's SharedExport), and each stage's meter counts its own jobs.
-EXPORT_JOBS = "dsr: access export"
-
-
 @contextmanager
-def timed(report: RunReport, stage: str, spark: SparkSession | None = None, jobs: str | None = None
-          ) -> Iterator[None]:
-    """Add the block's seconds, and with Spark its I/O (rows, bytes read/written, shuffled), to the
-    stage's totals. `jobs`: the stage's work runs as Spark jobs of that description (lake/metrics.py's
-    `described`), and only those count; otherwise every job but the export's does."""
-    meter = (StageMeter(spark, jobs, () if jobs else (EXPORT_JOBS,)) if spark is not None else None)
+def timed(report: RunReport, stage: str, spark: SparkSession | None = None) -> Iterator[None]:
+    """Add the block's seconds, and with Spark its I/O (rows, bytes read/written, shuffled), to the stage's totals."""
+    meter = StageMeter(spark) if spark is not None else None
     mark = meter.mark() if meter else None
     start = time.perf_counter()
     try:
@@ -98,9 +90,9 @@ class Context:
         """The vault's table in the run's lake (read by the export and the shred stages)."""
         return vault.VaultTable(self.lake, vault.table_name(self.settings))
 
-    def timed(self, stage: str, jobs: str | None = None) -> AbstractContextManager[None]:
+    def timed(self, stage: str) -> AbstractContextManager[None]:
         """`timed` for this run's report, with Spark's I/O."""
-        return timed(self.report, stage, self.spark, jobs)
+        return timed(self.report, stage, self.spark)
 
     def each_table(self, stage: str, tables: list[str], work: Callable[[str], T]) -> dict[str, T]:
         return each_table(self.settings.run.parallel_tables, self.progress, stage, tables, work)

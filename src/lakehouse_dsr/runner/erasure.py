@@ -215,9 +215,7 @@ class ErasureBatch:
         with ctx.timed("resolve"):
             ctx.progress.stage("resolve identifiers", 1)
             ctx.progress.step(f"{len(self.request_ids)} subjects")
-            keys = ctx.identifiers(self.request_ids)  # every request of the run: the export's too
-            if self.export is not None and not self._export_may_share():
-                self.export.start()
+            keys = ctx.identifiers(self.request_ids)
             hashed = with_keyed_hash(self.spark, keys, "key_value", self.ledger.key).select(
                 "request_id", "key_type", "key_hash")
             made_by = key_id(self.ledger.key)
@@ -228,19 +226,18 @@ class ErasureBatch:
     def _erase_sources(self, keys: DataFrame) -> Erased:
         """Erase the mapped tables wave by wave (tables identifiers are resolved through go last, so a
         resumed run can still resolve from them; a wave's tables side by side), then the file
-        datasets, then late rows other writers appended meanwhile. The run's export (`export`) ends
-        before the first commit (started beside the resolve, or run then), or runs once the first
-        wave has committed, before that wave's collateral verdicts, where it shares the content
-        check's read; it is timed as the export."""
+        datasets, then late rows other writers appended meanwhile. A shared export (`export`) runs
+        once the first wave has committed, before that wave's collateral verdicts, and is timed as
+        the export."""
         datamap, ctx = self.settings.datamap, self.ctx
         erased = Erased()
-        waves = self._source_waves()
+        waves = datamap.erase_waves()
+        waves = waves[:len(waves) - len(datamap.derived_levels())]
         with ctx.timed("erase"):
             erased.key_sets = matching.key_sets(datamap, keys, ctx.key_types, [*datamap.keyed, *datamap.files])
             plans = self._plan_tables(waves[0] if waves else [], erased.key_sets)
         export, self.export = self.export, None
-        sharing = export is not None and not export.started and any(
-            self._may_share(export, p, erased.key_sets[t]) for t, p in plans.items())
+        sharing = export is not None and any(self._may_share(export, p, erased.key_sets[t]) for t, p in plans.items())
         if export is not None and not sharing:  # nothing to share: the export an export run first does
             export.run({})
         with ctx.timed("erase"):
@@ -258,21 +255,6 @@ class ErasureBatch:
                     self.spark, datamap, d, erased.key_sets[d])))
             self._late_rounds(erased, list(datamap.keyed))
         return erased
-
-    def _source_waves(self) -> list[list[str]]:
-        """The data map's erase waves up to the derived tables (which `_propagate` erases)."""
-        datamap = self.settings.datamap
-        waves = datamap.erase_waves()
-        return waves[:len(waves) - len(datamap.derived_levels())]
-
-    def _export_may_share(self) -> bool:
-        """Whether a first-wave plan may turn out to share a read with the export (`_may_share`): the
-        content check is on and some first-wave table holds more bytes of data files than the driver
-        rewrites itself. Metadata only, one table at a time until one does."""
-        settings, waves = self.settings.erase, self._source_waves()
-        first = [t for t in (waves[0] if waves else []) if t not in self.work.legal_tables]
-        return settings.collateral_check == "content" and any(
-            self.lake.table(t).summary_count("total-files-size") > settings.in_driver_max_bytes for t in first)
 
     def _may_share(self, export: SharedExport, plan: erase.TablePlan, keys: matching.TableKeys) -> bool:
         """Whether the plan's commit will leave the content check new files to read that the export may

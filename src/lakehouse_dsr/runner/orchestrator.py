@@ -130,13 +130,14 @@ def _process(ctx: Context, work: Work, today: date) -> list[Outcome]:
     requests unless a table is on hold (`dsr release` lifts it), then the data map's retention rules
     (`expire:`, stages/retention.py; not after a collateral failure, whose pre-erase snapshots the
     purge would expire), then consent requests and the data map's shares: each share refreshed
-    without opted-out or erased subjects (stages/share.py). With both kinds of request, the erasure
-    runs the export (SharedExport): beside its hashing and planning, or after its first commits
-    where it can share the content check's read of their new files; either way it writes the
-    packages an export run first would."""
+    without opted-out or erased subjects (stages/share.py). With both kinds of request and the
+    content check, the erasure runs the export (SharedExport): before its first commits, or after
+    them where it can share the check's read of their new files; either way it writes the packages
+    an export run first would."""
     report = ctx.report
     erasing = bool(work.erase) and not report.held
-    in_erasure = SharedExport(ctx, work.access) if work.access and erasing else None
+    in_erasure = (SharedExport(ctx, work.access) if work.access and erasing
+                  and ctx.settings.erase.collateral_check == "content" else None)
     exported = export_requests(ctx, work.access) if in_erasure is None else Exported()
     outcomes: list[Outcome] = []
     if not report.held:
@@ -147,7 +148,7 @@ def _process(ctx: Context, work: Work, today: date) -> list[Outcome]:
         report.resurrections = dict(erased.resurrections)
         report.purge_schedule = rules.schedule(ctx.settings.purge.policy, erased.purged, erased.waiting)
         if in_erasure is not None:  # nothing erased before the export had its turn: it runs now
-            exported = in_erasure.result() or export_requests(ctx, work.access)
+            exported = in_erasure.exported or export_requests(ctx, work.access)
         if work.retention and not report.collateral_failures:
             with ctx.timed("retention"):
                 report.retention = retention.enforce(ctx.lake, ctx.settings.datamap, ctx.settings.purge, ctx.ledger,
