@@ -123,7 +123,7 @@ def _leave() -> None:
         close_gateway(_state["spark"])
 
 
-def _done_with_spark(session) -> None:
+def _done_with_spark(session: object) -> None:
     """`dsr run`'s Spark work is over: a JVM this process started exits while the run records its
     outcomes in the ledger (`demo` goes on with more commands on the same session)."""
     if _state.get("command") == "run":
