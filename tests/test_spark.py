@@ -122,6 +122,12 @@ def test_run_and_verify_start_small_lakes_with_both_and_other_commands_with_neit
     cli._state["own_jvm"] = True  # a command that did not hand its session back
     cli.entry()
     assert closed == [started[1]] * 2
+
+    def broken(session):
+        raise RuntimeError("gateway gone")
+    monkeypatch.setattr(spark_module, "close_gateway", broken)
+    cli._state["own_jvm"] = True
+    cli._done_with_spark(started[1])  # the run goes on to record its outcomes
     assert gc.get_freeze_count() > 0  # the imports' objects: out of the collector's way
     monkeypatch.setattr(SparkContext, "_active_spark_context", object())  # a notebook's context, say
     cli._state.pop("spark")

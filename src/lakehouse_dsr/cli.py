@@ -24,7 +24,7 @@ from rich.progress import Progress as RichBars
 from rich.table import Table
 
 from .config import EXPORT_FORMATS, Settings, load_settings
-from .exceptions import DsrError, LedgerBusyError
+from .exceptions import DsrError, LedgerBusyError, first_line
 from .keys import rotate_key
 from .ledger.holds import add_hold, list_holds, parse_until, release_hold
 from .ledger.ledger import Ledger
@@ -125,9 +125,13 @@ def _leave() -> None:
 
 def _done_with_spark(session: object) -> None:
     """`dsr run`'s Spark work is over: a JVM this process started exits while the run records its
-    outcomes in the ledger (`demo` goes on with more commands on the same session)."""
+    outcomes in the ledger (`demo` goes on with more commands on the same session). Ending it early
+    only saves time: if that fails, the run still records its outcomes."""
     if _state.get("command") == "run":
-        _leave()
+        try:
+            _leave()
+        except Exception as exc:  # py4j's, say: the JVM then ends with the process
+            err.print(f"[yellow]note:[/] Spark did not stop early: {escape(first_line(exc))}", soft_wrap=True)
 
 
 def _ledger() -> Ledger:
