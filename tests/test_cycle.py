@@ -13,6 +13,7 @@ from pyiceberg.table import StaticTable
 from helpers import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.evidence.html import run_report_page
+from lakehouse_dsr.lake import skipping
 from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -44,11 +45,18 @@ def cycle(spark, tmp_path_factory):
     ledger = Ledger(settings)
     submitted = ledger.submit([RequestInput(s, "erase", "ccpa" if i % 2 else "gdpr")
                                for i, s in enumerate(erased_ids + [unknown])])
-    report = run(spark, settings)
+    released: list = []
+
+    def release(session) -> None:  # what the run has done when it hands its session back
+        released.append((session, {r.request_id: r.status for r in ledger.statuses()}, len(skipping._staged),
+                         snapshot_ids(spark, settings, TABLES)))
+
+    report = run(spark, settings, release=release)
     report_file = root / "report.json"
     report.write(report_file)
     return {"settings": settings, "root": root, "ids": erased_ids, "emails": emails, "before": before,
-            "report": report, "report_file": report_file, "submitted": submitted.created, "ledger": ledger}
+            "report": report, "report_file": report_file, "submitted": submitted.created, "ledger": ledger,
+            "released": released, "snapshots_after": snapshot_ids(spark, settings, TABLES)}
 
 
 def _erased(cycle) -> set[str]:
@@ -62,6 +70,14 @@ def test_all_requests_completed(cycle):
     statuses = {s.request_id: s for s in cycle["ledger"].statuses()}
     assert {statuses[r].status for r in cycle["submitted"]} == {"completed"}
     assert len(cycle["emails"]) == len(cycle["ids"])  # every erased subject had an email to follow
+
+
+def test_the_session_is_handed_back_once_after_the_spark_work_and_before_the_outcomes(spark, cycle):
+    # the Spark work is over (its staged scan tasks dropped), nothing recorded yet: a process that
+    # started its JVM lets it exit while the run records the outcomes (cli's `_done_with_spark`)
+    # (the tables as the run leaves them: erased, purged and verified)
+    assert cycle["released"] == [(spark, {rid: "in_progress" for rid in cycle["submitted"]}, 0,
+                                  cycle["snapshots_after"])]
 
 
 def test_report_counts(cycle):
