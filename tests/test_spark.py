@@ -1,5 +1,8 @@
+import dataclasses
 import gc
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -241,3 +244,50 @@ def test_our_python_daemon_is_named_for_local_masters_whose_workers_run_this_int
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     own = settings_from_dict({"spark": {"conf": {spark_module.PYTHON_DAEMON: "pyspark.daemon"}}}, base=tmp_path)
     assert spark_module.session_conf(own)[spark_module.PYTHON_DAEMON] == "pyspark.daemon"  # the user's wins
+
+
+def test_stale_class_archives_are_removed_and_those_an_installation_here_can_use_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ours, launcher = jvm.archive_path(), jvm.archive_path("launcher")
+    folder = ours.parent
+    folder.mkdir(parents=True)
+
+    def archive(installation: jvm.Installation | None, name: str | None = None, size: int = 10) -> Path:
+        path = folder / (name or installation.archive_name())
+        if installation is not None:
+            path.with_name(path.name + ".json").write_text(json.dumps(dataclasses.asdict(installation)))
+        path.write_bytes(b"x" * size)
+        return path
+
+    here = jvm.Installation.here()
+    ours = archive(here)  # this installation's, noted: kept
+    launcher.write_bytes(b"x")  # this installation's, recorded before archives were noted: kept
+    other_venv = tmp_path / "venv2" / "jars"
+    other_venv.mkdir(parents=True)
+    other = archive(dataclasses.replace(here, jars=str(other_venv)))  # another virtualenv on this machine: kept
+    upgraded_venv = tmp_path / "venv3" / "jars"
+    upgraded_venv.mkdir(parents=True)
+    upgraded = archive(dataclasses.replace(here, jars=str(upgraded_venv)), size=30)
+    os.utime(upgraded_venv, ns=(1, 1))  # its Spark was reinstalled: the name it would use now differs
+    java_gone = tmp_path / "jdk" / "bin" / "java"
+    java_gone.parent.mkdir(parents=True)
+    java_gone.write_text("")
+    removed_java = archive(dataclasses.replace(here, java=str(java_gone)), size=20)
+    java_gone.unlink()
+    removed_venv = tmp_path / "venv4" / "pyspark"
+    (removed_venv / "jars").mkdir(parents=True)
+    gone_venv = archive(dataclasses.replace(here, jars=str(removed_venv / "jars")))
+    shutil.rmtree(removed_venv)  # its virtualenv was deleted
+    unnoted = archive(None, "spark-3.5.1-0123456789ab.jsa", size=40)  # recorded by an earlier version
+    garbled = archive(None, "spark-3.5.1-ba9876543210.jsa")
+    garbled.with_name(garbled.name + ".json").write_text("{not json")
+    staged = folder / f"{ours.name}.4242.tmp"  # another warm-up still writing: not an archive yet
+    staged.write_bytes(b"x")
+
+    removed = jvm.remove_stale_archives()
+
+    assert sorted(removed) == sorted([(upgraded, 30), (removed_java, 20), (gone_venv, 10), (unnoted, 40),
+                                      (garbled, 10)])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [ours.name, ours.name + ".json", launcher.name, other.name, other.name + ".json", staged.name])
+    assert jvm.remove_stale_archives() == []  # nothing more to remove

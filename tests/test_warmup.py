@@ -17,6 +17,9 @@ pytestmark = pytest.mark.slow
 
 def test_warm_up_records_an_archive_the_next_session_starts_with(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    stale = tmp_path / "cache" / "lakehouse-dsr" / "cds" / "spark-3.4.0-0123456789ab.jsa"  # an earlier installation's
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"x" * 2**20)
     done = subprocess.run([sys.executable, "-m", "lakehouse_dsr", "warm-up"], capture_output=True, text=True,
                           cwd=tmp_path, env=os.environ, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -24,7 +27,10 @@ def test_warm_up_records_an_archive_the_next_session_starts_with(tmp_path, monke
     assert archive.is_file() and archive.stat().st_size > 10 * 2**20 and jvm.archive_usable(archive)
     launcher = jvm.archive_path("launcher")
     assert jvm.archive_usable(launcher)
-    assert sorted(p.name for p in archive.parent.iterdir()) == sorted([archive.name, launcher.name])  # no staged
+    # each noted with its installation; nothing staged left; the stale archive removed
+    assert sorted(p.name for p in archive.parent.iterdir()) == sorted(
+        [archive.name, f"{archive.name}.json", launcher.name, f"{launcher.name}.json"])
+    assert "removed 1 archive(s) of Java or Spark installations no longer here (1 MB)" in done.stdout
     # spark-submit's launcher, started as spark-class starts it, maps its classes from that archive
     jars = Path(pyspark.__file__).parent / "jars"
     launcher_main = ["org.apache.spark.launcher.Main", "org.apache.spark.deploy.SparkSubmit", "pyspark-shell"]

@@ -310,6 +310,9 @@ def warm_up() -> None:
         result = record_archive()
     console.print(f"class archive {result.archive} ({result.bytes / 2**20:.0f} MB): "
                   "commands that start Spark now map these classes instead of loading them")
+    if result.removed:
+        console.print(f"removed {len(result.removed)} archive(s) of Java or Spark installations no longer here "
+                      f"({sum(size for _, size in result.removed) / 2**20:.0f} MB)")
 
 
 @app.command("rotate-key")

@@ -3,7 +3,8 @@
 Runs a whole tiny cycle (generate, access export, erase, purge, verify), twice (with generated code,
 then interpreted, as small lakes run), in a throw-away lakehouse with a JVM that writes a
 class-data-sharing archive when it exits (lake/jvm.py). Costs such a run (about 40 s) and the
-archive's ~190 MB in ~/.cache/lakehouse-dsr/cds; saves 2-4 s on every later JVM start on this
+archive's ~190 MB in ~/.cache/lakehouse-dsr/cds (archives of Java or Spark installations no
+longer on this machine are removed then); saves 2-4 s on every later JVM start on this
 machine (a tiny `dsr run`: 27 s -> 24 s, see mkdocs/docs/benchmarks/fixed-costs.md).
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -30,10 +31,12 @@ from .runner import run
 class WarmUp:
     archive: Path
     bytes: int
+    removed: list[tuple[Path, int]] = field(default_factory=list)  # stale archives (jvm.remove_stale_archives)
 
 
 def record_archive() -> WarmUp:
-    """Record the archive for this Java and Spark installation, replacing an older one atomically.
+    """Record the archive for this Java and Spark installation, replacing an older one atomically,
+    then remove the archives no installation on this machine can use any more.
 
     Must run in a process that has not started Spark yet: the JVM records what it loads from its
     start to its exit, and this function ends that JVM."""
@@ -59,6 +62,7 @@ def record_archive() -> WarmUp:
         os.environ["SPARK_LAUNCHER_OPTS"] = jvm.launcher_options(record_to=launcher_staged)
         spark = build_session(settings, record_classes_to=staged)
         if jvm.archive_usable(launcher_staged):
+            jvm.note_installation(launcher, "launcher")
             os.replace(launcher_staged, launcher)
         synth.generate(spark, settings, users=40, events=600, seed=1)
         subjects = [synth.user_id(1, i) for i in range(6)]
@@ -73,8 +77,9 @@ def record_archive() -> WarmUp:
         _end_jvm(spark)
         if not jvm.archive_usable(staged):
             raise EnvironmentSetupError("the JVM did not write a usable class archive (see its output above)")
+        jvm.note_installation(archive)
         os.replace(staged, archive)
-        return WarmUp(archive, archive.stat().st_size)
+        return WarmUp(archive, archive.stat().st_size, jvm.remove_stale_archives())
     finally:
         if user_launcher_options is None:
             os.environ.pop("SPARK_LAUNCHER_OPTS", None)

@@ -18,10 +18,12 @@ in the environment for the launcher.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import Settings
@@ -40,20 +42,82 @@ def java_binary() -> Path | None:
     return Path(found) if found else None
 
 
+@dataclass(frozen=True)
+class Installation:
+    """The Java binary and Spark's jar folder an archive holds classes of: its name follows their
+    paths and modification times, so upgrading either picks a new name instead of feeding the JVM an
+    archive of other classes."""
+
+    jvm: str  # "spark" (the driver) or "launcher" (spark-submit's)
+    spark: str  # Spark's version
+    java: str
+    jars: str
+
+    @classmethod
+    def here(cls, jvm: str = "spark") -> Installation | None:
+        """This process's Java and Spark (None without Java)."""
+        import pyspark
+
+        java = java_binary()
+        if java is None:
+            return None
+        return cls(jvm, pyspark.__version__, str(java.resolve()), str(Path(pyspark.__file__).parent / "jars"))
+
+    def archive_name(self) -> str | None:
+        """The archive's file name as this installation stands now (None once its Java or PySpark is gone)."""
+        java, jars = Path(self.java), Path(self.jars)
+        if not java.exists() or not jars.parent.is_dir():  # PySpark's own folder: it may have no jars/
+            return None
+        stamp = f"{java}:{java.stat().st_mtime_ns}:{jars}:{jars.stat().st_mtime_ns if jars.exists() else 0}"
+        return f"{self.jvm}-{self.spark}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}.jsa"
+
+
 def archive_path(jvm: str = "spark") -> Path | None:
     """Where the archive of the driver JVM ("spark") or of spark-submit's launcher JVM ("launcher")
-    for this Java and this Spark installation lives (None without Java).
+    for this Java and this Spark installation lives (None without Java)."""
+    here = Installation.here(jvm)
+    name = here.archive_name() if here else None
+    return cache_dir("cds") / name if name else None
 
-    Named by the Java binary and Spark's jar folder (paths and modification times), so upgrading
-    either picks a new name instead of feeding the JVM an archive of other classes."""
-    import pyspark
 
-    java = java_binary()
-    if java is None:
-        return None
-    java, jars = java.resolve(), Path(pyspark.__file__).parent / "jars"
-    stamp = f"{java}:{java.stat().st_mtime_ns}:{jars}:{jars.stat().st_mtime_ns if jars.exists() else 0}"
-    return cache_dir("cds") / f"{jvm}-{pyspark.__version__}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}.jsa"
+def _installation_file(archive: Path) -> Path:
+    return archive.with_name(archive.name + ".json")
+
+
+def note_installation(archive: Path, jvm: str = "spark") -> None:
+    """Record beside `archive` (before it is put in place) which installation it belongs to, so that
+    `remove_stale_archives` can later tell when none on this machine does."""
+    here = Installation.here(jvm)
+    if here is not None:
+        _installation_file(archive).write_text(json.dumps(asdict(here)))
+
+
+def remove_stale_archives() -> list[tuple[Path, int]]:
+    """Remove the archives (~190 MB each) that no installation on this machine can use any more:
+    their Java or Spark was upgraded, moved or removed (a new virtual environment is a new Spark
+    installation), or they do not say whose they are (recorded before archives said so); this
+    process's own are kept. Returns each removed archive with its size. Cost: a stat of each
+    archive's Java and jar folder."""
+    ours = {path.name for path in (archive_path("spark"), archive_path("launcher")) if path is not None}
+    removed = []
+    for archive in sorted(cache_dir("cds").glob("*.jsa")):
+        if archive.name in ours:
+            continue
+        noted = _installation_file(archive)
+        try:
+            installation = Installation(**json.loads(noted.read_text()))
+        except (OSError, ValueError, TypeError):
+            installation = None
+        if installation is not None and installation.archive_name() == archive.name:
+            continue
+        try:
+            size = archive.stat().st_size
+            archive.unlink()
+        except FileNotFoundError:  # another warm-up removed it meanwhile
+            continue
+        noted.unlink(missing_ok=True)
+        removed.append((archive, size))
+    return removed
 
 
 def launcher_options(record_to: Path | None = None) -> str:
