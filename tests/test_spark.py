@@ -281,13 +281,15 @@ def test_stale_class_archives_are_removed_and_those_an_installation_here_can_use
     unnoted = archive(None, "spark-3.5.1-0123456789ab.jsa", size=40)  # recorded by an earlier version
     garbled = archive(None, "spark-3.5.1-ba9876543210.jsa")
     garbled.with_name(garbled.name + ".json").write_text("{not json")
+    mistyped = archive(None, "spark-3.5.1-a1b2c3d4e5f6.jsa")
+    mistyped.with_name(mistyped.name + ".json").write_text(json.dumps({**dataclasses.asdict(here), "java": 17}))
     staged = folder / f"{ours.name}.4242.tmp"  # another warm-up still writing: not an archive yet
     staged.write_bytes(b"x")
 
     removed = jvm.remove_stale_archives()
 
     assert sorted(removed) == sorted([(upgraded, 30), (removed_java, 20), (gone_venv, 10), (unnoted, 40),
-                                      (garbled, 10)])
+                                      (garbled, 10), (mistyped, 10)])
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         [ours.name, ours.name + ".json", launcher.name, other.name, other.name + ".json", staged.name])
     assert jvm.remove_stale_archives() == []  # nothing more to remove

@@ -105,10 +105,10 @@ def remove_stale_archives() -> list[tuple[Path, int]]:
             continue
         noted = _installation_file(archive)
         try:
-            installation = Installation(**json.loads(noted.read_text()))
-        except (OSError, ValueError, TypeError):
-            installation = None
-        if installation is not None and installation.archive_name() == archive.name:
+            usable = Installation(**json.loads(noted.read_text())).archive_name() == archive.name
+        except (OSError, ValueError, TypeError):  # not noted, or not as we note it
+            usable = False
+        if usable:
             continue
         try:
             size = archive.stat().st_size
