@@ -29,17 +29,14 @@ def map_in_threads(work: Callable[[T], R], items: list[T], threads: int) -> list
         return list(pool.map(work, items))
 
 
-def collect_union(parts: list[DataFrame], finish: Callable[[DataFrame], DataFrame], jobs_at_once: int) -> list[Row]:
-    """The rows of `finish(union of parts)`, computed over chunks of UNION_WIDTH parts, at most
-    `jobs_at_once` jobs at a time. `finish` must keep each part's rows apart (group by a column that
-    names the part), since parts in different chunks never meet."""
+def map_unions(parts: list[DataFrame], work: Callable[[DataFrame], R], jobs_at_once: int) -> list[R]:
+    """`work` applied to the union of each chunk of UNION_WIDTH parts, at most `jobs_at_once` chunks
+    at a time. Parts in different chunks never meet: `work` must keep each part's rows apart."""
     chunks = [parts[i:i + UNION_WIDTH] for i in range(0, len(parts), UNION_WIDTH)]
+    return map_in_threads(lambda chunk: work(reduce(DataFrame.unionByName, chunk)), chunks, jobs_at_once)
 
-    def collect(chunk: list[DataFrame]) -> list[Row]:
-        return finish(reduce(DataFrame.unionByName, chunk)).collect()
 
-    if len(chunks) <= 1:
-        return [row for chunk in chunks for row in collect(chunk)]
-    with ThreadPoolExecutor(min(jobs_at_once, len(chunks)), thread_name_prefix="dsr-union") as pool:
-        return [row for rows in pool.map(collect, chunks) for row in rows]
-
+def collect_union(parts: list[DataFrame], finish: Callable[[DataFrame], DataFrame], jobs_at_once: int) -> list[Row]:
+    """The rows of `finish(union of parts)`, computed over chunks of UNION_WIDTH parts (map_unions).
+    `finish` must keep each part's rows apart (group by a column that names the part)."""
+    return [row for rows in map_unions(parts, lambda union: finish(union).collect(), jobs_at_once) for row in rows]
