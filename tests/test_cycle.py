@@ -284,3 +284,28 @@ def test_an_erased_person_appended_again_is_erased_again_by_the_next_run(spark, 
         assert report.tables[table]["verification"]["passed"]
     page = run_report_page(report.as_dict())  # the run page shows it, by counts and commits
     assert "People erased before who came back" in page and f"append {appended}" in page and victim not in page
+
+
+@pytest.mark.parametrize("in_driver_max_bytes", [8 * 2**20, 0])
+def test_small_new_files_holding_nobody_erased_are_checked_in_the_driver(spark, cycle, in_driver_max_bytes):
+    """A table that moved is checked for erased people in its new files; small ones are read in the
+    driver's JVM (lake/indriver.py: the same keyed hashes), with no Spark stage, unless the driver may
+    not read them (max 0 bytes): then Spark does, and finds the same nobody. (Where the driver finds
+    someone, Spark reads the table again: the test above.)"""
+    settings = cycle["settings"].replace(erase={"in_driver_max_bytes": in_driver_max_bytes})
+    kept = synth.user_id(SEED, USERS - 1)  # never erased
+    assert kept not in cycle["ids"]
+    spark.createDataFrame([(f"later-{in_driver_max_bytes}", kept)], "event_id string, user_id string").selectExpr(
+        "event_id", "user_id", "'login' event_type", "timestamp'2024-07-02' event_timestamp", "null page_url",
+        "null product_id", "'later' event_details").writeTo(settings.table("demo.events")).append()
+    before = snapshot_ids(spark, settings, TABLES)
+    report = run(spark, settings)  # no open request: the moved table alone makes the run due
+    assert report.resurrections == {} and report.requests == []
+    cost = report.cost["resurrection"]  # the driver's reads are counted as driver_files
+    assert cost["rows_read"] == 1  # the new file's one row, by the driver or by Spark
+    if in_driver_max_bytes:
+        assert cost["stages"] == 0 and cost["tasks"] == 0 and cost["driver_files"] == 1
+    else:
+        assert cost["stages"] > 0 and cost["driver_files"] == 0
+    assert snapshot_ids(spark, settings, TABLES) == before  # nothing erased, nothing rewritten
+    assert run(spark, settings).resurrections == {}  # the checkpoint moved past the new file

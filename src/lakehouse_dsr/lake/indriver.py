@@ -34,7 +34,7 @@ from typing import TypeVar, cast
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DataType, IntegerType, LongType, StringType, StructType
 
 from ..exceptions import first_line
 from .bridge import compiled
@@ -107,17 +107,24 @@ def is_local(df: DataFrame) -> bool:
     return bool(compiled(df.sparkSession, "InDriver").isLocal(df._jdf))
 
 
-def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], max_bytes: int) -> str | None:
-    """Why `candidates` cannot be read and rewritten in the driver (None: they can). Metadata only."""
+def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], max_bytes: int,
+            hashed: Sequence[DataType] | None = None) -> str | None:
+    """Why `candidates` cannot be read and rewritten in the driver (None: they can). Metadata only.
+    `hashed`: the key columns' types, for a check by keyed hash (`live_found`) that reads the key
+    columns only, with no key set: each value's text must be the one Spark's cast gives."""
     if candidates.bytes > max_bytes:
         return f"{candidates.bytes} bytes of files, more than {max_bytes}"
     if any(not _flat(k.column) or not all(_flat(c) for c in k.redact) for k in keys):
         return "a nested or array column"
-    if any(k.values is None or k.values.lookup is None for k in keys):
+    if hashed is not None:
+        if not all(isinstance(t, StringType | IntegerType | LongType) for t in hashed):
+            return "a key type whose text the driver may write otherwise than Spark"
+    elif any(k.values is None or k.values.lookup is None for k in keys):
         return "a key type or key set data skipping cannot take"
     if candidates.empty:
         return None
-    return compiled(spark, "InDriver").refusal(candidates.jtable, candidates._tasks, _keys(spark, keys))
+    java_keys = compiled(spark, "InDriver").keys() if hashed is not None else _keys(spark, keys)
+    return compiled(spark, "InDriver").refusal(candidates.jtable, candidates._tasks, java_keys)
 
 
 def plan(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn]) -> list[tuple[str, list[str] | None, int]]:

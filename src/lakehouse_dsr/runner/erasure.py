@@ -120,9 +120,9 @@ class ErasureBatch:
 
     def _resurrected(self) -> tuple[list[resurrection.Scope], resurrection.Found]:
         """The rows of people erased before that were added again to a keyed table since its last
-        check (stages/resurrection.py). Cost: metadata per table; Spark jobs over the key columns of
-        the new files (one per UNION_WIDTH tables), only when some erase request was completed and
-        some table has new files."""
+        check (stages/resurrection.py). Cost: metadata per table; the key columns of the new files,
+        read in the driver where they are small, else by Spark jobs (one per UNION_WIDTH tables),
+        only when some erase request was completed and some table has new files."""
         datamap = self.settings.datamap
         tables = [t for t in [*datamap.keyed, *datamap.files] if t not in self.work.legal_tables]
         checked = resurrection.checkpoints(self.work.steps)
@@ -143,7 +143,8 @@ class ErasureBatch:
             hashes = verify.stored_hashes(self.spark, self.ledger, completed)
             found = resurrection.find(self.spark, datamap, reading, hashes,
                                       verify.keys_for(self.settings.key_file(), hashes, self.ledger.keyring),
-                                      self.settings.run.parallel_tables)
+                                      self.settings.run.parallel_tables, self.ctx.key_types,
+                                      self.settings.erase.in_driver_max_bytes)
             # read now: the purge expires the commits that brought them back
             self._came_back = {s.table: resurrection.evidence(self.lake, s, found)
                                for s in reading if s.table in found.by_request}

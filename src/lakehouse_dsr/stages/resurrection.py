@@ -21,13 +21,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import cast
 from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..datamap import DataMap
-from ..lake import iceberg, plainfiles, skipping
+from ..inventory.check import KeyTypes
+from ..lake import iceberg, indriver, plainfiles, skipping
 from ..lake.batching import map_in_threads, map_unions
 from ..lake.iceberg import Lake
 from ..ledger.journal import Step
@@ -130,19 +132,39 @@ class Found:
 
 
 def find(spark: SparkSession, datamap: DataMap, scopes: list[Scope], hashes: DataFrame, hash_keys: verify.HashKeys,
-         parallel_tables: int = 1) -> Found:
-    """Key values of the scopes' files that hash to a completed erase request's stored hash. Cost: a
-    Spark job over the key columns of those files per UNION_WIDTH tables (lake/batching.py: one job
-    over the union of every table's scan costs quadratically; 100 tables of 10k rows took 13.5 s in
-    one job), `parallel_tables` jobs at a time, each distinct value of a table hashed once per key in
-    use, and one small job over what they found; the driver receives counts per table, file and
-    request, never a value."""
+         parallel_tables: int = 1, key_types: KeyTypes | None = None, in_driver_max_bytes: int = 0) -> Found:
+    """Key values of the scopes' files that hash to a completed erase request's stored hash.
+
+    Cost: a table whose new files are small (at most `in_driver_max_bytes`, plain Parquet, flat key
+    columns of type string, int or bigint: lake/indriver.py) is read in the driver, its key values
+    hashed there (HMAC-SHA256, as the ledger's), with no Spark job; only where that finds someone
+    does Spark read the files again, to keep the values for the erasure in Spark. The other tables:
+    a Spark job over the key columns of their new files per UNION_WIDTH tables (lake/batching.py:
+    one job over every table's scan costs quadratically; 100 tables of 10k rows took 13.5 s in one
+    job), `parallel_tables` jobs at a time, each distinct value hashed once per key in use; then one
+    small job over what they found. The driver receives counts per table, file and request, never a
+    value."""
+    lookup = verify.driver_lookup(hashes, hash_keys)
+
+    def nobody_in_driver(s: Scope, candidates: skipping.Candidates) -> bool:
+        """Whether the driver read the scope's files and found nobody (False: Spark reads them)."""
+        groups = datamap.mapping(s.table).groups
+        columns = [indriver.KeyColumn(g.column, None) for g in groups]
+        types = [(key_types or {}).get(s.table, {}).get(g.column) for g in groups]
+        if (key_types is None or any(g.is_array for g in groups) or any(t is None for t in types)
+                or indriver.refusal(spark, candidates, columns, in_driver_max_bytes, cast(list, types)) is not None):
+            return False
+        live = indriver.attempt(f"{s.table}: the check for erased people added again", lambda: indriver.live_found(
+            spark, candidates, columns, [g.identifier for g in groups], lookup()))
+        return live == {}
 
     def part(s: Scope) -> DataFrame | None:
         rows: DataFrame | None = None
         if s.paths:
             rows = plainfiles.reader(spark, datamap.files[s.table]).load(list(s.paths))
         elif s.candidates:
+            if nobody_in_driver(s, s.candidates):
+                return None
             rows = skipping.read(s.candidates)
         if rows is None:
             return None

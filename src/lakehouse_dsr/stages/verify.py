@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -112,16 +113,7 @@ def live_found(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[
     (`run.parallel_tables`): tables planned, and scans collected, at once."""
     found: dict[str, dict[str, int]] = {table: {} for table in tables}
     spark = lake.spark
-    lookups: list = []  # the hashes and keys in the driver's JVM, made once for the tables that need them
-    lock = threading.Lock()
-
-    def lookup():
-        with lock:
-            if not lookups:  # hashes, not identifiers: read into the driver
-                made_by = F.col("key_id") if "key_id" in hashes.columns else F.lit(None).cast("string")
-                stored = [tuple(r) for r in hashes.select("request_id", "key_type", "key_hash", made_by).collect()]
-                lookups.append(indriver.hash_lookup(spark, stored, key.keys))
-            return lookups[0]
+    lookup = driver_lookup(hashes, key)
 
     def part(table: str) -> DataFrame | None:
         keys = (prune or {}).get(table)
@@ -148,6 +140,23 @@ def live_found(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[
     for r in collect_union(parts, per_table, parallel_tables):
         found[r.dsr_table][r.request_id] = int(r.n)
     return found
+
+
+def driver_lookup(hashes: DataFrame, key: HashKeys) -> Callable[[], Any]:
+    """A function returning the stored `hashes` and the keys that made them in the driver's JVM
+    (indriver.hash_lookup), for checks by keyed hash in the driver: made on its first call, once,
+    whichever thread calls. Cost then: one small job reading the hashes (not identifiers)."""
+    lookups: list = []
+    lock = threading.Lock()
+
+    def lookup() -> Any:
+        with lock:
+            if not lookups:
+                made_by = F.col("key_id") if "key_id" in hashes.columns else F.lit(None).cast("string")
+                stored = [tuple(r) for r in hashes.select("request_id", "key_type", "key_hash", made_by).collect()]
+                lookups.append(indriver.hash_lookup(hashes.sparkSession, stored, key.keys))
+            return lookups[0]
+    return lookup
 
 
 def _live_rows(table: IcebergTable, prune: TableKeys | None, proven: frozenset[str] | None = None
