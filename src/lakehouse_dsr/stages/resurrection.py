@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import cast
 from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
@@ -149,10 +148,9 @@ def find(spark: SparkSession, datamap: DataMap, scopes: list[Scope], hashes: Dat
     def nobody_in_driver(s: Scope, candidates: skipping.Candidates) -> bool:
         """Whether the driver read the scope's files and found nobody (False: Spark reads them)."""
         groups = datamap.mapping(s.table).groups
-        columns = [indriver.KeyColumn(g.column, None) for g in groups]
-        types = [(key_types or {}).get(s.table, {}).get(g.column) for g in groups]
-        if (key_types is None or any(g.is_array for g in groups) or any(t is None for t in types)
-                or indriver.refusal(spark, candidates, columns, in_driver_max_bytes, cast(list, types)) is not None):
+        columns = [indriver.KeyColumn(g.column, None) for g in groups]  # an array or struct path: refused
+        types = [t for g in groups if (t := (key_types or {}).get(s.table, {}).get(g.column)) is not None]
+        if len(types) < len(groups) or indriver.refusal(spark, candidates, columns, in_driver_max_bytes, types):
             return False
         live = indriver.attempt(f"{s.table}: the check for erased people added again", lambda: indriver.live_found(
             spark, candidates, columns, [g.identifier for g in groups], lookup()))
