@@ -279,7 +279,9 @@ def test_readiness_and_metrics_of_a_real_server_through_a_killed_ingester(tmp_pa
         assert not any(s in text for s in subjects) and not any(i in text for i in ids)
 
         # The ingester dies: not ready (naming it) until it is started again, and the restart is counted.
-        os.kill(server.ingester(), signal.SIGKILL)
+        ingester = server.ingester()
+        os.kill(ingester, signal.SIGKILL)
+        _wait_ended(ingester)
         answer = httpx.get(f"{server.url}/readyz", timeout=10)
         assert answer.status_code == 503 and answer.json()["failing"] == ["ingester"], answer.text
         openapi.check("get", answer)
@@ -290,6 +292,22 @@ def test_readiness_and_metrics_of_a_real_server_through_a_killed_ingester(tmp_pa
         assert server.proc.wait(timeout=STOP_SECONDS + 5) == 0
         server.kill_all()
     assert "Traceback" not in server.output()
+
+
+def _wait_ended(pid: int, timeout: float = 10) -> None:
+    """Until the kernel has ended `pid` (a zombie, or reaped). kill(2) only queues SIGKILL: the process ends
+    when it next runs, and the ingester runs at nice +10, so on a busy machine a probe sent at once may still
+    find it running (seen in CI: 200 with the first ingester alive)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat[stat.rindex(")") + 2] in "ZX":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still runs {timeout} s after SIGKILL")
 
 
 def _cmdline(pid: int) -> str:
