@@ -435,7 +435,7 @@ def test_no_identifier_in_plans_or_the_event_log_of_a_real_run(spark, tmp_path):
     descriptions, plan trees of each SQL execution and its adaptive updates, job and stage
     descriptions) and the process's output hold no identifier of the batch, though data skipping
     turned the identifiers into predicates. Spark rewrites and checks the tables (as large ones),
-    so the export's scan carries the content check's observation too."""
+    so the export's scan carries the content check's sums too."""
     settings, config = make_disk_lakehouse(spark, tmp_path)
     raw = yaml.safe_load(config.read_text())
     raw["spark"]["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(tmp_path / "events")})
@@ -451,7 +451,7 @@ def test_no_identifier_in_plans_or_the_event_log_of_a_real_run(spark, tmp_path):
     logs = [p.read_text(errors="replace") for p in (tmp_path / "events").iterdir()]
     assert logs and all("SparkListenerSQLExecutionStart" in log for log in logs)
     assert any("BatchScan" in log and "demo.events" in log for log in logs)  # the skipping reads are in the plans
-    assert any("CollectMetrics" in log and "dsr_collateral" in log for log in logs)  # and the observed scans
+    assert any("lakehouse_dsr.HashSum" in log for log in logs)  # and the summed scans
     for value in [*erased, asked, *emails]:
         assert value not in out
         assert not any(value in log for log in logs), "an identifier is in the event log"

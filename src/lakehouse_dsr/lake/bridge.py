@@ -52,29 +52,46 @@ def _in_jvm(spark: SparkSession, name: str, make: Callable[[], Any]) -> Any:
     return found[1]
 
 
-def compiled(spark: SparkSession, name: str):
+def compiled(spark: SparkSession, name: str, *, tasks: bool = False):
     """An instance of class `name`, built from `<name>.java` beside this module into `spark`'s driver
     JVM on first use: loaded from the class cache when an earlier JVM compiled the same source
-    against the same Spark and Iceberg, else compiled with Janino and added to the cache."""
+    against the same Spark and Iceberg, else compiled with Janino and added to the cache. `tasks`:
+    Spark's tasks deserialize objects of the class too, so its jar is added to the SparkContext
+    (executors load it before their next task; a cache that cannot be written gets a jar of this
+    process's own)."""
 
     def load():
         jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
         # Iceberg's classes come with the session's jars: the loader Spark uses for them.
         parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
-        source = resources.files(__package__).joinpath(f"{name}.java").read_text()
+        source = _source(name)
         jar = class_jar(spark, name, source)
+        instance = None
         if jar.is_file():
             try:
-                return _jar_loader(spark, jar, parent).loadClass(f"lakehouse_dsr.{name}").newInstance()
+                instance = _jar_loader(spark, jar, parent).loadClass(f"lakehouse_dsr.{name}").newInstance()
             except Py4JJavaError as exc:  # a damaged or foreign cache entry: compiled again below
                 log.debug("class cache %s unusable: %s", jar, first_line(exc.java_exception))
-        compiler = jvm.org.codehaus.janino.SimpleCompiler()
-        compiler.setParentClassLoader(parent)
-        compiler.cook(source)
-        _store(jar, {str(k): bytes(v) for k, v in compiler.getBytecodes().items()})
-        return compiler.getClassLoader().loadClass(f"lakehouse_dsr.{name}").newInstance()
+        if instance is None:
+            compiler = jvm.org.codehaus.janino.SimpleCompiler()
+            compiler.setParentClassLoader(parent)
+            compiler.cook(source)
+            classes = {str(k): bytes(v) for k, v in compiler.getBytecodes().items()}
+            if not _store(jar, classes) and tasks:
+                jar = Path(tempfile.mkdtemp(prefix="dsr-classes-")) / jar.name
+                _store(jar, classes)
+            instance = compiler.getClassLoader().loadClass(f"lakehouse_dsr.{name}").newInstance()
+        if tasks:
+            spark.sparkContext._jsc.sc().addJar(str(jar))
+        return instance
 
-    return _in_jvm(spark, f"lakehouse_dsr.{name}", load)
+    # A jar is added to one SparkContext: a new context in the same JVM adds it again.
+    context = f"@{spark.sparkContext.applicationId}" if tasks else ""
+    return _in_jvm(spark, f"lakehouse_dsr.{name}{context}", load)
+
+
+def _source(name: str) -> str:
+    return resources.files(__package__).joinpath(f"{name}.java").read_text()
 
 
 def class_jar(spark: SparkSession, name: str, source: str) -> Path:
@@ -93,25 +110,27 @@ def _jar_loader(spark: SparkSession, jar: Path, parent: Any) -> Any:
     return jvm.java.net.URLClassLoader(urls, parent)
 
 
-def _store(jar: Path, classes: dict[str, bytes]) -> None:
+def _store(jar: Path, classes: dict[str, bytes]) -> bool:
     """`classes` (binary name -> bytecode) as `jar`, written whole or not at all (a process compiling
     the same source at the same time writes the same bytes). Only a saving: a cache that cannot be
-    written is left alone."""
+    written is left alone (False)."""
     try:
         jar.parent.mkdir(parents=True, exist_ok=True)
         fd, staged = tempfile.mkstemp(dir=jar.parent, prefix=f".{jar.name}.")
     except OSError as exc:
         log.debug("class cache %s not written: %s", jar, exc)
-        return
+        return False
     try:
         with os.fdopen(fd, "wb") as out, zipfile.ZipFile(out, "w") as zf:
             for binary_name, code in sorted(classes.items()):
                 zf.writestr(binary_name.replace(".", "/") + ".class", code)
         os.chmod(staged, 0o644)
         os.replace(staged, jar)
+        return True
     except OSError as exc:
         Path(staged).unlink(missing_ok=True)
         log.debug("class cache %s not written: %s", jar, exc)
+        return False
 
 
 def bridge(spark: SparkSession):

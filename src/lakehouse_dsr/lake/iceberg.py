@@ -81,6 +81,7 @@ class CommitFiles:
     parent_id: int | None
     removed: frozenset[str]  # data files it removed (copy-on-write: rewritten)
     added: frozenset[str]  # data files it added
+    added_rows: int | None  # their rows (the snapshot's summary; None when it does not say)
     deleted_from: frozenset[str]  # data files its new delete files or deletion vectors apply to
 
 
@@ -368,8 +369,10 @@ class IcebergTable:
         if unscoped:
             deleted_from.update(r.file_path for r in spark.read.parquet(*unscoped).select("file_path").distinct()
                                 .collect())
+        added_rows = snap.summary().get("added-records")
         return CommitFiles(snap.parentId(), frozenset(call(spark, "locations", snap.removedDataFiles(io))),
-                           frozenset(call(spark, "locations", snap.addedDataFiles(io))), frozenset(deleted_from))
+                           frozenset(call(spark, "locations", snap.addedDataFiles(io))),
+                           None if added_rows is None else int(added_rows), frozenset(deleted_from))
 
     def own_commit_since(self, after_id: int | None) -> Snapshot | None:
         """This Spark application's newest commit after `after_id`, found by the `spark.app.id` Iceberg

@@ -278,8 +278,8 @@ class ErasureBatch:
                        if e.snapshot_id is not None},
                     **{t: access.ReadAt(first.erasures[t].snapshot_id, frame, first.pending[t].added_files)
                        for t, (frame, _) in shared.items()}})
-        return {t: split for t, (_, observation) in shared.items()
-                if (split := collateral.after_split(observation)) is not None}
+        return {t: split for t, (_, sums) in shared.items()
+                if (split := collateral.after_split(sums, first.pending[t].added_rows)) is not None}
 
     def _shred(self, keys: DataFrame, erasures: dict[str, erase.TableErasure]) -> shred.Shred | None:
         """Shred the subjects' vault entries (`action: shred` tables), journal them with the erase

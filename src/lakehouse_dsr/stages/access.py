@@ -130,7 +130,6 @@ def export(
     # The failpoint kills the driver from the executor, mid-export.
     kill_pid = os.getpid() if faults.armed() == "during_export" else None
     writer = PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid, shredded)
-    # A Dataset action (not an RDD's): observations on the scans (the collateral check's) see it end.
     # Nondeterministic, so Spark never evaluates the write twice for one package.
     write = F.udf(writer, _WRITTEN).asNondeterministic()
     results = packages.select(write(F.struct(*packages.columns)).alias("w")).select("w.*").collect()

@@ -27,11 +27,10 @@ rows are marked by the check's keys, not the rewrite's.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
-from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StructField, StructType
 
@@ -39,6 +38,7 @@ from ..config import EraseSettings
 from ..datamap import DataMap, column_ref
 from ..lake import iceberg, indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
+from ..lake.hashsum import HashSum, hash_sum
 from ..lake.iceberg import IcebergTable, Lake
 from . import matching
 from .matching import Redaction, TableKeys
@@ -84,17 +84,22 @@ def erased_rows(content: DataFrame, keys: TableKeys, action: str) -> DataFrame:
     return marked.select(*[erased_value(f, redactions).alias(f.name) for f in content.schema.fields])
 
 
-def row_hashes(schema: StructType, prefix: str, redactions: dict[str, list[Redaction]] | None = None
-               ) -> list[Column]:
+def row_hash(schema: StructType, redactions: dict[str, list[Redaction]] | None = None) -> Column:
     """The per-row hash over the columns of `schema` (the table's: columns a join added are left
-    out), as `<prefix>h1`, of each row as `redactions` leave it."""
+    out), of each row as `redactions` leave it."""
     inputs = []
     for f in schema.fields:
         col = erased_value(f, redactions or {})
         if iceberg.type_holds(f.dataType, MapType):  # Spark cannot hash maps
             col = F.to_json(F.struct(col))
         inputs += [col, col.isNull()]
-    return [F.xxhash64(*inputs).alias(f"{prefix}h1")]
+    return F.xxhash64(*inputs)
+
+
+def row_hashes(schema: StructType, prefix: str, redactions: dict[str, list[Redaction]] | None = None
+               ) -> list[Column]:
+    """`row_hash` as `<prefix>h1`."""
+    return [row_hash(schema, redactions).alias(f"{prefix}h1")]
 
 
 def aggregates(prefix: str, where: Column, source: str | None = None) -> list[Column]:
@@ -174,7 +179,7 @@ def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, Table
 @dataclass(frozen=True)
 class Observed:
     """What the rows an erase commit rewrote held, fingerprinted by the check's own keys while the
-    rewrite read them (Spark's observed metrics on the same scan): spares the check reading the
+    rewrite read them (lake/hashsum.py, on the same scan): spares the check reading the
     removed files again."""
 
     files: frozenset[str]  # the files read and replaced
@@ -182,32 +187,50 @@ class Observed:
     redacted: Fingerprint  # their requested rows as the erasure must leave them
 
 
-def observe(rows: DataFrame, table_keys: TableKeys) -> tuple[DataFrame, Observation]:
-    """`rows` unchanged, with the fingerprints of `split` collected by Spark while they are read
+@dataclass(frozen=True)
+class Sums:
+    """The fingerprints a check collects while another action reads rows (lake/hashsum.py): of the rows
+    no request names (`other`), and of the requested ones (`requested`: as the erasure must leave them
+    on a redacting table's "before" side, else counted only)."""
+
+    other: HashSum
+    requested: HashSum
+    redacted: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.other.rows + self.requested.rows
+
+    @staticmethod
+    def fingerprint(sums: HashSum) -> Fingerprint:
+        return Fingerprint(sums.rows, sums.total)
+
+
+def observe(rows: DataFrame, table_keys: TableKeys) -> tuple[DataFrame, Sums]:
+    """`rows` unchanged, with the fingerprints of `split` added up by Spark while they are read
     (`observed` turns them into an Observed once the action has run). The check marks rows by its
     own keys, in a join of its own: a statement that matched the wrong rows cannot hide it. Cost
-    over the read: that join, one hash per row and three aggregates per side (about 3 s at 10M rows
-    on two cores)."""
+    over the read: that join and one hash per row (two for a redacting table's requested rows)."""
     redactions = matching.redactions(table_keys)
-    requested = F.col(_HIT)
-    return _observing(rows, table_keys, [*(row_hashes(rows.schema, "r_", redactions) if redactions else [])],
-                      [*aggregates("o_", ~requested), *(aggregates("r_", requested) if redactions else [])])
+    return _summing(rows, table_keys, row_hash(rows.schema, redactions) if redactions else None)
 
 
-def _observing(rows: DataFrame, table_keys: TableKeys, extra_hashes: list[Column], metrics: list[Column]
-               ) -> tuple[DataFrame, Observation]:
-    """`rows` unchanged, with `metrics` observed over them marked by `table_keys` (`_HIT`) and hashed
-    (`o_h1`, plus `extra_hashes`)."""
-    hashed = matching.mark(rows, table_keys).select(
-        "*", matching.any_hit(table_keys).alias(_HIT), *row_hashes(rows.schema, "o_"), *extra_hashes)
-    observation = Observation(f"dsr_collateral_{uuid.uuid4().hex[:12]}")
-    observed = hashed.observe(observation, *metrics)
-    return observed.select(*[F.col(f"`{c}`") for c in rows.columns]), observation
+def _summing(rows: DataFrame, table_keys: TableKeys, requested_hash: Column | None) -> tuple[DataFrame, Sums]:
+    """`rows` unchanged, each row marked by `table_keys` and added to a Sums as it is read: its hash
+    (`row_hashes`) if no request names it, else `requested_hash` (None: counted only)."""
+    spark = rows.sparkSession
+    sums = Sums(hash_sum(spark), hash_sum(spark), redacted=requested_hash is not None)
+    requested = sums.requested.adding(F.lit(0) if requested_hash is None else requested_hash)
+    summed = matching.mark(rows, table_keys).where(
+        F.when(matching.any_hit(table_keys), requested).otherwise(sums.other.adding(row_hash(rows.schema))))
+    return summed.select(*[F.col(f"`{c}`") for c in rows.columns]), sums
 
 
-def observed(observation: Observation, files: list[str]) -> Observed:
-    totals = observation.get
-    return Observed(frozenset(files), pick(totals, "o_"), pick(totals, "r_") if "r_rows" in totals else Fingerprint())
+def observed(sums: Sums, files: list[str]) -> Observed:
+    """What `observe` added up over `files`, once the action that read them has run (a write: each
+    task counted once)."""
+    return Observed(frozenset(files), Sums.fingerprint(sums.other),
+                    Sums.fingerprint(sums.requested) if sums.redacted else Fingerprint())
 
 
 @dataclass
@@ -298,24 +321,25 @@ class Pending:
     def added_files(self) -> frozenset[str]:
         return self.reads.added_files
 
-    def observe_after(self) -> tuple[DataFrame, Observation]:
+    @property
+    def added_rows(self) -> int | None:
+        return self.reads.added_rows
+
+    def observe_after(self) -> tuple[DataFrame, Sums]:
         """The commit's new files' rows (no deletes yet: as the commit holds them), with the check's
-        "after" side observed while another stage reads them: one scan serves both. `after_split`
+        "after" side added up while another stage reads them: one scan serves both. `after_split`
         reads the result once that stage's action has finished. Cost over the read: the check's own
-        join, one hash per row and four aggregates."""
-        rows, keys = cast(DataFrame, self.reads.added), self.commit.keys
-        requested = F.col(_HIT)
-        return _observing(rows, keys, [], [*aggregates("a_", ~requested, source="o_"),
-                                           F.sum(F.when(requested, 1).otherwise(0)).alias("requested_after")])
+        join and one hash per row."""
+        return _summing(cast(DataFrame, self.reads.added), self.commit.keys, None)
 
 
-def after_split(observation: Observation) -> Split | None:
-    """The "after" side `Pending.observe_after` observed; None when no action over it finished (the
-    reading stage failed: the check then reads the files itself)."""
-    if not cast(Any, observation._jo).future().isCompleted():  # get would wait for ever
+def after_split(sums: Sums, expected_rows: int | None) -> Split | None:
+    """The "after" side `Pending.observe_after` added up; None unless it saw each of the new files'
+    rows once (`Pending.added_rows`): else the reading stage failed or ran a part twice, and the
+    check reads the files itself."""
+    if sums.rows != expected_rows:
         return None
-    totals = observation.get
-    return Split(found=pick(totals, "a_"), requested_after=int(totals["requested_after"] or 0))
+    return Split(found=Sums.fingerprint(sums.other), requested_after=sums.requested.rows)
 
 
 def prepare_many(lake: Lake, datamap: DataMap, erase: EraseSettings, commits: list[Commit], *, parallel_tables: int
@@ -356,7 +380,8 @@ def conclude_many(pending: dict[str, Pending], after: dict[str, Split], *, paral
 
 
 def _verdict(commit: Commit, expected: Fingerprint, found: Fingerprint) -> CollateralResult:
-    return CollateralResult(True) if found == expected else CollateralResult(
+    # Sums modulo 2^64: that is all a HashSum (and the driver) keeps; a Spark aggregate's are exact.
+    return CollateralResult(True) if _wrapped(found) == _wrapped(expected) else CollateralResult(
         False, True, "rows not requested changed in the files the erase commit rewrote: expected "
                      f"{expected.describe()}, found {found.describe()} at snapshot {commit.snapshot_id}")
 
@@ -378,11 +403,11 @@ def _fingerprinted_in_driver(spark: SparkSession, action: str, erase: EraseSetti
         spark, before.jtable, commit.snapshot_id, changed.added, keys, delete))
     if old is None or new is None:
         return None
-    return _verdict(commit, _wrapped(Fingerprint(*old[0]) + Fingerprint(*old[1])), _wrapped(Fingerprint(*new[0])))
+    return _verdict(commit, Fingerprint(*old[0]) + Fingerprint(*old[1]), Fingerprint(*new[0]))
 
 
 def _wrapped(f: Fingerprint) -> Fingerprint:
-    """`f` as the driver's 64-bit arithmetic keeps it (its sums wrap around)."""
+    """`f` as 64-bit arithmetic keeps it (its sums wrap around)."""
     return Fingerprint(f.rows, f.hash_sum & _BITS_64, f.hash_xor & _BITS_64)
 
 
@@ -395,6 +420,7 @@ class _Reads:
     removed: DataFrame | None
     added: DataFrame | None
     added_files: frozenset[str]
+    added_rows: int | None  # in the added files (their manifests)
     requested_kept: Fingerprint
     seen: Observed | None
     kept_clean: frozenset[str] = frozenset()  # files that got deletes and hold no requested row after them
@@ -431,7 +457,8 @@ def _prepare(handle: IcebergTable, action: str, erase: EraseSettings, commit: Co
     removed = skipping.read(before, set(changed.removed)) if seen is None else None
     added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(handle.quoted).schema
                                             ) if changed.added else None  # new files: no deletes yet
-    return _Reads(removed, added, changed.added, requested_kept, seen, kept if not requested_after else frozenset())
+    return _Reads(removed, added, changed.added, changed.added_rows, requested_kept, seen,
+                  kept if not requested_after else frozenset())
 
 
 def _kept_before(before: skipping.Candidates, kept: frozenset[str], table_keys: TableKeys, redacting: bool,

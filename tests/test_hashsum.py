@@ -1,0 +1,56 @@
+"""Row sums inside Spark's generated code (lake/hashsum.py, HashSum.java): while an action reads the
+rows, every row's value is counted and summed modulo 2^64 once, as Spark's own exact aggregate over
+the same rows says; the call sits in whole-stage generated code; and a side that saw rows twice (or
+not all of them) is refused by the collateral check, which then reads the files itself."""
+
+from __future__ import annotations
+
+from pyspark.sql import functions as F
+
+from lakehouse_dsr.lake.hashsum import hash_sum
+from lakehouse_dsr.stages import collateral
+
+
+def _rows(spark):
+    # Hashes spread over the whole 64-bit range: their sum wraps many times.
+    return spark.range(0, 5000, 1, 3).select("id", F.xxhash64("id").alias("h"))
+
+
+def _exact(spark) -> tuple[int, int]:
+    """Count and exact sum of the hashes, from an ordinary aggregate over decimals."""
+    row = _rows(spark).agg(F.count("*").alias("n"), F.sum(F.col("h").cast("decimal(38,0)")).alias("s")).first()
+    return row["n"], int(row["s"])
+
+
+def test_a_write_counts_and_sums_every_row_once(spark, tmp_path):
+    sums = hash_sum(spark)
+    rows = _rows(spark)
+    rows.where(sums.adding(F.col("h"))).write.parquet(str(tmp_path / "out"))
+    count, exact = _exact(spark)
+    assert (sums.rows, sums.total) == (count, exact % 2**64)
+    assert exact % 2**64 != exact  # the sum did wrap: the comparison is modulo 2^64, as documented
+    assert spark.read.parquet(str(tmp_path / "out")).count() == count  # the filter keeps every row
+
+
+def test_the_call_is_in_whole_stage_generated_code(spark):
+    sums = hash_sum(spark)
+    frame = _rows(spark).where(sums.adding(F.col("h")))
+    generated = spark._jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "codegen")
+    assert "WholeStageCodegen" in generated and "java.util.function.LongPredicate" in generated
+    assert sums.rows == 0  # planning reads nothing
+
+
+def test_the_after_side_is_refused_unless_each_row_was_seen_once(spark):
+    count, exact = _exact(spark)
+    sums = collateral.Sums(hash_sum(spark), hash_sum(spark))
+    frame = _rows(spark).where(F.when(F.col("id") < 10, sums.requested.adding(F.lit(0)))
+                               .otherwise(sums.other.adding(F.col("h"))))
+    assert collateral.after_split(sums, count) is None  # nothing read yet
+    frame.collect()
+    first_ten = _rows(spark).where("id < 10").agg(F.sum(F.col("h").cast("decimal(38,0)"))).first()[0]
+    split = collateral.after_split(sums, count)
+    assert split is not None and split.requested_after == 10
+    assert split.found.rows == count - 10 and split.found.hash_sum == (exact - int(first_ten)) % 2**64
+    frame.collect()  # a second read of the same rows: counted twice
+    assert collateral.after_split(sums, count) is None
+    assert collateral.after_split(sums, None) is None  # the commit's metadata did not say
