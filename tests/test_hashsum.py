@@ -5,10 +5,35 @@ not all of them) is refused by the collateral check, which then reads the files 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import pytest
 from pyspark.sql import functions as F
 
 from lakehouse_dsr.lake.hashsum import hash_sum
+from lakehouse_dsr.lake.spark import INTERPRETED
 from lakehouse_dsr.stages import collateral
+
+GENERATED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+
+
+@contextmanager
+def _codegen(spark, conf: dict[str, str]):
+    before = {key: spark.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+
+
+@pytest.fixture(params=["generated", "interpreted"])
+def mode(spark, request):
+    """The session's code generation as a large run (Spark's default) or a small lake's run has it."""
+    with _codegen(spark, GENERATED if request.param == "generated" else INTERPRETED):
+        yield request.param
 
 
 def _rows(spark):
@@ -22,7 +47,7 @@ def _exact(spark) -> tuple[int, int]:
     return row["n"], int(row["s"])
 
 
-def test_a_write_counts_and_sums_every_row_once(spark, tmp_path):
+def test_a_write_counts_and_sums_every_row_once(spark, tmp_path, mode):
     sums = hash_sum(spark)
     rows = _rows(spark)
     rows.where(sums.adding(F.col("h"))).write.parquet(str(tmp_path / "out"))
@@ -35,12 +60,13 @@ def test_a_write_counts_and_sums_every_row_once(spark, tmp_path):
 def test_the_call_is_in_whole_stage_generated_code(spark):
     sums = hash_sum(spark)
     frame = _rows(spark).where(sums.adding(F.col("h")))
-    generated = spark._jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "codegen")
+    with _codegen(spark, GENERATED):
+        generated = spark._jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "codegen")
     assert "WholeStageCodegen" in generated and "java.util.function.LongPredicate" in generated
     assert sums.rows == 0  # planning reads nothing
 
 
-def test_the_after_side_is_refused_unless_each_row_was_seen_once(spark):
+def test_the_after_side_is_refused_unless_each_row_was_seen_once(spark, mode):
     count, exact = _exact(spark)
     sums = collateral.Sums(hash_sum(spark), hash_sum(spark))
     frame = _rows(spark).where(F.when(F.col("id") < 10, sums.requested.adding(F.lit(0)))
