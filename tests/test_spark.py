@@ -285,11 +285,16 @@ def test_stale_class_archives_are_removed_and_those_an_installation_here_can_use
     mistyped.with_name(mistyped.name + ".json").write_text(json.dumps({**dataclasses.asdict(here), "java": 17}))
     staged = folder / f"{ours.name}.4242.tmp"  # another warm-up still writing: not an archive yet
     staged.write_bytes(b"x")
+    orphan = folder / "spark-3.5.1-00000000feed.jsa.json"  # its warm-up was killed before placing the archive
+    orphan.write_text(json.dumps(dataclasses.asdict(here)))
+    os.utime(orphan, (1, 1))
+    placing = folder / "spark-3.5.1-00000000cafe.jsa.json"  # a warm-up about to place its archive: kept
+    placing.write_text(json.dumps(dataclasses.asdict(here)))
 
     removed = jvm.remove_stale_archives()
 
     assert sorted(removed) == sorted([(upgraded, 30), (removed_java, 20), (gone_venv, 10), (unnoted, 40),
                                       (garbled, 10), (mistyped, 10)])
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [ours.name, ours.name + ".json", launcher.name, other.name, other.name + ".json", staged.name])
+        [ours.name, ours.name + ".json", launcher.name, other.name, other.name + ".json", staged.name, placing.name])
     assert jvm.remove_stale_archives() == []  # nothing more to remove

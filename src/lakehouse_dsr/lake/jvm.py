@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -117,7 +118,23 @@ def remove_stale_archives() -> list[tuple[Path, int]]:
             continue
         noted.unlink(missing_ok=True)
         removed.append((archive, size))
+    _remove_orphan_notes()
     return removed
+
+
+ORPHAN_NOTE_SECONDS = 600  # a warm-up notes its archive just before putting it in place
+
+
+def _remove_orphan_notes() -> None:
+    """Remove the notes whose archive never came (a warm-up killed between the two steps) or was
+    removed by hand; a note younger than ORPHAN_NOTE_SECONDS may be a warm-up's about to place it."""
+    old = time.time() - ORPHAN_NOTE_SECONDS
+    for note in cache_dir("cds").glob("*.jsa.json"):
+        try:
+            if not note.with_suffix("").exists() and note.stat().st_mtime < old:
+                note.unlink()
+        except FileNotFoundError:  # another warm-up removed it meanwhile
+            continue
 
 
 def launcher_options(record_to: Path | None = None) -> str:
