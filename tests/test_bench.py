@@ -38,4 +38,13 @@ def test_bench_writes_results_and_charts(spark, tmp_path):
     assert out["ratios"]["events_vs_physical_limit"] == round(b["full_cycle_s"] / plain["full_cycle_s"], 2)
     assert b["full_cycle_s"] == round(statistics.median(r["full_cycle_s"] for r in b["rounds"]), 3)
     assert set(out["targets_met"]) == {"full_cycle", "full_cycle_batched", "export_vs_unsorted", "logical_erase_s",
-                                       "verify_s", "purge_vs_plain_rewrite", "events_vs_physical_limit"}
+                                       "verify_s", "purge_vs_plain_rewrite", "events_vs_physical_limit",
+                                       "process_vs_physical_limit"}
+    # The same two as whole processes of their own: `dsr run`, and the limit's parts in a fresh interpreter and JVM.
+    process, limit = out["side_b_dsr_process"], out["plain_rewrite_process"]
+    assert process["verified"] and process["completed"] == 15 and len(process["rounds"]) == 2
+    assert process["cost"]["erase"]["rows_read"] > 0 and set(limit["seconds"]) == set(plain["seconds"])
+    assert limit["cost"]["key_scan"]["rows_read"] == 3000
+    assert process["full_cycle_s"] > sum(process["seconds"].values())  # start-up and exit are in the process's time
+    assert limit["full_cycle_s"] > limit["parts_s"] > 0
+    assert out["ratios"]["process_vs_physical_limit"] == round(process["full_cycle_s"] / limit["full_cycle_s"], 2)
