@@ -124,17 +124,14 @@ class Intake:
         the ledger's catalog answers (one table load), the ingester process runs and is ready. Each check is
         bounded by the queue's and the catalog's own timeouts; failures are logged by type only."""
         checks: dict[str, bool] = {}
-        # The ingester first: it takes no I/O, so it says how the process stood when the probe came,
-        # not after the queue's commit and the catalog's answer (a second or more, time enough for
-        # the watcher to have started a dead ingester again).
-        for part, check in (("ingester", self._ingester.alive), ("queue", self._queue_writable),
-                            ("ledger", self._ledger_reachable)):
+        for part, check in (("queue", self._queue_writable), ("ledger", self._ledger_reachable),
+                            ("ingester", self._ingester.alive)):
             try:
                 checks[part] = bool(check())
             except Exception as exc:
                 log.warning("readiness of the %s: %s", part, type(exc).__name__)
                 checks[part] = False
-        return {part: checks[part] for part in ("queue", "ledger", "ingester")}
+        return checks
 
     def _queue_writable(self) -> bool:
         self.queue.run(lambda c: c.execute("INSERT INTO probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE"
