@@ -297,7 +297,7 @@ def test_readiness_and_metrics_of_a_real_server_through_a_killed_ingester(tmp_pa
 def _wait_ended(pid: int, timeout: float = 10) -> None:
     """Until the kernel has ended `pid` (a zombie, or reaped). kill(2) only queues SIGKILL: the process ends
     when it next runs, and the ingester runs at nice +10, so on a busy machine a probe sent at once may still
-    find it running (seen in CI: 200 with the first ingester alive)."""
+    find it running (seen in CI: a 200 right after the kill, the ingester counted alive)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
