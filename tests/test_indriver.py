@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from py4j.protocol import Py4JJavaError
+from pyspark.errors import IllegalArgumentException
 from pyspark.sql.types import StructType
 
 from helpers import make_settings
@@ -225,6 +226,25 @@ def test_small_driver_data_becomes_a_local_relation_without_a_python_worker_or_a
         {"name": "request_id", "type": "string", "nullable": True, "metadata": {}}]}))
     assert [r.n for r in df.join(other, "request_id").collect()] == [2**40]
     assert indriver.local_rows(spark, [], schema).collect() == []
+
+
+def test_kept_rows_are_distinct_and_their_subsets_are_taken_in_the_driver(spark):
+    schema = "request_id string, key_type string, key_value string"
+    rows = [("r1", "user_id", "u1"), ("r2", "user_id", "u2"), ("r1", "user_id", "u1"), ("r3", "email", None),
+            (None, "user_id", "u9")]
+    meter = StageMeter(spark)
+    mark = meter.mark()
+    kept = indriver.kept(indriver.local_rows(spark, rows, schema))
+    assert indriver.is_local(kept)
+    assert sorted(kept.collect(), key=str) == sorted({tuple(r) for r in rows}, key=str)  # the duplicate dropped
+    subset = indriver.kept_where(kept, "request_id", ["r1", "r3", "r404"])
+    assert indriver.is_local(subset)
+    assert sorted(tuple(r) for r in subset.collect()) == [("r1", "user_id", "u1"), ("r3", "email", None)]
+    assert indriver.kept_where(kept, "request_id", []).collect() == []
+    assert meter.since(mark).stages == 0  # all of it in the driver's JVM
+    # rows that are not held in the driver would take a job: refused, not collected
+    with pytest.raises(IllegalArgumentException, match="not a local relation"):
+        indriver.kept_where(spark.range(3).selectExpr("CAST(id AS STRING) AS request_id"), "request_id", ["1"])
 
 
 def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_them(spark, monkeypatch):

@@ -104,10 +104,32 @@ public class InDriver {
     return new ArrayList(lookup.keySet());
   }
 
-  /** The rows of `ds` computed once (one Spark job) and kept in this JVM as a local relation:
-   * queries that only project and filter it are answered here without a job. */
+  /** The distinct rows of `ds` computed once (one Spark job, none for a local relation) and kept in
+   * this JVM as a local relation: queries that only project and filter it are answered here without
+   * a job. Duplicates are dropped here, not by Spark's distinct, which would add a shuffle to the job. */
   public Dataset kept(Dataset ds) {
-    return ds.sparkSession().createDataFrame(ds.collectAsList(), ds.schema());
+    List distinct = new ArrayList(new java.util.LinkedHashSet(ds.collectAsList()));
+    return ds.sparkSession().createDataFrame(distinct, ds.schema());
+  }
+
+  /** The rows of a kept `ds` (see `kept`) whose string column `column` holds one of `values`, as a
+   * new local relation: filtered here, since Spark folds a filter on a local relation by compiling
+   * its condition, and an IN of a thousand values compiled to a class of 400 KB of source. */
+  public Dataset keptWhere(Dataset ds, String column, List values) {
+    if (!isLocal(ds)) {
+      throw new IllegalArgumentException("not a local relation: its rows would take a Spark job");
+    }
+    HashSet wanted = new HashSet(values);
+    int index = ds.schema().fieldIndex(column);
+    List rows = ds.collectAsList();  // a local relation: no job
+    List chosen = new ArrayList();
+    for (int i = 0; i < rows.size(); i++) {
+      Row row = (Row) rows.get(i);
+      if (!row.isNullAt(index) && wanted.contains(row.getString(index))) {
+        chosen.add(row);
+      }
+    }
+    return ds.sparkSession().createDataFrame(chosen, ds.schema());
   }
 
   /** The rows pickled by Python (a list of tuples) in the file at `path`, as a local relation of

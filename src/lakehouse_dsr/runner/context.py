@@ -11,7 +11,6 @@ from functools import cached_property
 from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..evidence.report import RunReport
@@ -106,9 +105,8 @@ class Context:
         keys = self._resolved[0]
         if set(request_ids) == set(self.requests):
             return keys
-        # A filter on the kept rows (request ids are the ledger's, not identifiers): a join here would
-        # add a stage to every job that reads them.
-        return keys.where(F.col("request_id").isin(sorted(request_ids)))
+        # The kept rows' subset, kept too: a join here would add a stage to every job that reads them.
+        return indriver.kept_where(keys, "request_id", sorted(request_ids))
 
     def batch(self, requests: dict[str, dict]) -> DataFrame:
         """(request_id, subject_id, regulation) of a batch as a small DataFrame held in the driver's JVM

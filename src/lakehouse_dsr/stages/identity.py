@@ -14,7 +14,8 @@ def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
     """(request_id, key_type, key_value) for a batch of (request_id, subject_id).
 
     One broadcast join per linked identifier against its source table (reads two columns of it), in
-    one job whose result is kept in the driver's JVM (lake/indriver.py's `kept`), never in Python:
+    one job (none without linked identifiers) whose result is kept in the driver's JVM
+    (lake/indriver.py's `kept`), never in Python:
     erasing the source tables afterwards cannot change it, and the key sets built from it
     (stages/matching.py) cost no further job.
     """
@@ -34,4 +35,4 @@ def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
     keys = parts[0]
     for part in parts[1:]:
         keys = keys.unionByName(part)
-    return indriver.kept(keys.distinct())
+    return indriver.kept(keys)  # distinct rows: a link table may name a key twice
