@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import SparkSession
 
-from helpers import SEED, make_disk_lakehouse, make_settings
+from helpers import CODEGEN_MODES, SEED, codegen, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import Settings
 from lakehouse_dsr.lake.spark import attach, build_session
@@ -17,6 +17,14 @@ def spark(tmp_path_factory) -> SparkSession:
     session = build_session(make_settings(tmp_path_factory.mktemp("session")), quick_jit=True)  # tiny data
     yield session
     session.stop()
+
+
+@pytest.fixture(params=list(CODEGEN_MODES))
+def mode(spark, request):
+    """The session's code generation as a large run (Spark's default) or a small lake's run has it:
+    the test runs once in each."""
+    with codegen(spark, CODEGEN_MODES[request.param]):
+        yield request.param
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -16,7 +18,7 @@ from pyspark.sql import SparkSession
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import Settings, settings_from_dict
 from lakehouse_dsr.datamap import KeyGroup, demo_datamap
-from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.lake.spark import INTERPRETED, attach
 
 SEED = 7
 HOSTILE = ["x' OR '1'='1", "%", "' ; DROP TABLE demo.events; --", "Jos\u00e9 \u4e2d\u6587 \U0001f600", "k" * 10_000,
@@ -24,6 +26,21 @@ HOSTILE = ["x' OR '1'='1", "%", "' ; DROP TABLE demo.events; --", "Jos\u00e9 \u4
 NEAR_MISS = ["x", "%%", "Jos\u00e9", "k" * 9_999, "ab"]  # similar to hostile ids; must survive
 _names = itertools.count()
 USER_KEY = [KeyGroup("user_id", "user_id")]  # the demo tables' one key column
+GENERATED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+CODEGEN_MODES = {"generated": GENERATED, "interpreted": INTERPRETED}  # a large run's, a small lake's
+
+
+@contextmanager
+def codegen(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
+    """The session's code generation set to `conf` (GENERATED or INTERPRETED) meanwhile."""
+    before = {key: spark.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
 
 
 def make_settings(root: Path, **overrides) -> Settings:

@@ -5,35 +5,11 @@ not all of them) is refused by the collateral check, which then reads the files 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-import pytest
 from pyspark.sql import functions as F
 
+from helpers import GENERATED, codegen
 from lakehouse_dsr.lake.hashsum import hash_sum
-from lakehouse_dsr.lake.spark import INTERPRETED
 from lakehouse_dsr.stages import collateral
-
-GENERATED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
-
-
-@contextmanager
-def _codegen(spark, conf: dict[str, str]):
-    before = {key: spark.conf.get(key, None) for key in conf}
-    for key, value in conf.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
-
-
-@pytest.fixture(params=["generated", "interpreted"])
-def mode(spark, request):
-    """The session's code generation as a large run (Spark's default) or a small lake's run has it."""
-    with _codegen(spark, GENERATED if request.param == "generated" else INTERPRETED):
-        yield request.param
 
 
 def _rows(spark):
@@ -60,7 +36,7 @@ def test_a_write_counts_and_sums_every_row_once(spark, tmp_path, mode):
 def test_the_call_is_in_whole_stage_generated_code(spark):
     sums = hash_sum(spark)
     frame = _rows(spark).where(sums.adding(F.col("h")))
-    with _codegen(spark, GENERATED):
+    with codegen(spark, GENERATED):
         generated = spark._jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "codegen")
     assert "WholeStageCodegen" in generated and "java.util.function.LongPredicate" in generated
     assert sums.rows == 0  # planning reads nothing

@@ -31,8 +31,8 @@ from ..keys import keys_in_use
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..lake.indriver import local_rows
 from ..ledger.ledger import Ledger
-from ..stages.collateral import erased_value
-from ..stages.matching import KeySet, TableKeys, any_hit, mark, redactions
+from ..stages.collateral import erased_rows
+from ..stages.matching import KeySet, TableKeys
 
 
 def suppress(df: DataFrame, key_column: str, identifier: str | None = None,
@@ -116,9 +116,4 @@ def suppress_for(df: DataFrame, table: str, settings: Settings | None = None) ->
         erased = _erased_values(df, column, ledger, group.identifier)
         sets.append(KeySet(erased.select(F.col("dsr_value").cast(value_type).alias("key_value"),
                                          F.array(F.lit("suppressed")).alias("request_ids")), 0))
-    keys = TableKeys(tuple(mapping.groups), tuple(sets))
-    marked = mark(df, keys)
-    if mapping.action == "delete":
-        return marked.where(~any_hit(keys)).select(*[F.col(f"`{c}`") for c in df.columns])
-    changes = redactions(keys)
-    return marked.select(*[erased_value(f, changes).alias(f.name) for f in df.schema.fields])
+    return erased_rows(df, TableKeys(tuple(mapping.groups), tuple(sets)), mapping.action)

@@ -77,7 +77,7 @@ def erased_value(f: StructField, redactions: dict[str, list[Redaction]]) -> Colu
 
 def erased_rows(content: DataFrame, keys: TableKeys, action: str) -> DataFrame:
     """Rows as the erasure leaves them: without the requested rows, or with their groups nulled."""
-    marked = matching.mark(content, keys)
+    marked = matching.mark(content, keys, requests=False)
     if action == "delete":
         return marked.where(~matching.any_hit(keys)).select(*[F.col(f"`{c}`") for c in content.columns])
     redactions = matching.redactions(keys)
@@ -155,7 +155,7 @@ def _split_many(parts: dict[str, tuple[DataFrame | None, DataFrame | None, Table
                 continue
             redacted = (row_hashes(frame.schema, "r_", redactions) if redactions else
                         [F.lit(None).cast("bigint").alias("r_h1")]) if with_redacted else []
-            frames.append(matching.mark(frame, table_keys).select(
+            frames.append(matching.mark(frame, table_keys, requests=False).select(
                 F.lit(name).alias(_TABLE), F.lit(side).alias(_SIDE), matching.any_hit(table_keys).alias(_HIT),
                 *row_hashes(frame.schema, "o_"), *redacted))
     out = {name: Split() for name in parts}
@@ -209,8 +209,9 @@ class Sums:
 def observe(rows: DataFrame, table_keys: TableKeys) -> tuple[DataFrame, Sums]:
     """`rows` unchanged, with the fingerprints of `split` added up by Spark while they are read
     (`observed` turns them into an Observed once the action has run). The check marks rows by its
-    own keys, in a join of its own: a statement that matched the wrong rows cannot hide it. Cost
-    over the read: that join and one hash per row (two for a redacting table's requested rows)."""
+    own keys, in a test of its own (`matching.mark` without request ids: a hash set lookup, or a join
+    for array keys): a statement that matched the wrong rows cannot hide it. Cost over the read:
+    that test and one hash per row (two for a redacting table's requested rows)."""
     redactions = matching.redactions(table_keys)
     return _summing(rows, table_keys, row_hash(rows.schema, redactions) if redactions else None)
 
@@ -221,7 +222,7 @@ def _summing(rows: DataFrame, table_keys: TableKeys, requested_hash: Column | No
     spark = rows.sparkSession
     sums = Sums(hash_sum(spark), hash_sum(spark), redacted=requested_hash is not None)
     requested = sums.requested.adding(F.lit(0) if requested_hash is None else requested_hash)
-    summed = matching.mark(rows, table_keys).where(
+    summed = matching.mark(rows, table_keys, requests=False).where(
         F.when(matching.any_hit(table_keys), requested).otherwise(sums.other.adding(row_hash(rows.schema))))
     return summed.select(*[F.col(f"`{c}`") for c in rows.columns]), sums
 
@@ -329,7 +330,7 @@ class Pending:
         """The commit's new files' rows (no deletes yet: as the commit holds them), with the check's
         "after" side added up while another stage reads them: one scan serves both. `after_split`
         reads the result once that stage's action has finished. Cost over the read: the check's own
-        join and one hash per row."""
+        test of the keys and one hash per row."""
         return _summing(cast(DataFrame, self.reads.added), self.commit.keys, None)
 
 
@@ -485,7 +486,7 @@ def _count_split(rows: DataFrame | None, table_keys: TableKeys) -> tuple[int, in
     if rows is None:
         return 0, 0
     hit = matching.any_hit(table_keys)
-    totals = cast(Row, matching.mark(rows, table_keys).agg(  # an aggregate without groups: one row
+    totals = cast(Row, matching.mark(rows, table_keys, requests=False).agg(  # an aggregate without groups: one row
         F.sum(F.when(hit, 0).otherwise(1)).alias("other"),
         F.sum(F.when(hit, 1).otherwise(0)).alias("requested")).first())
     return int(totals["other"] or 0), int(totals["requested"] or 0)

@@ -12,7 +12,7 @@ from pyspark.sql.types import DataType
 
 from ..datamap import DataMap, KeyGroup, column_path, column_ref, is_array
 from ..inventory.check import KeyTypes
-from ..lake import indriver, skipping
+from ..lake import indriver, membership, skipping
 from ..lake.bridge import jclass
 from ..lake.iceberg import IcebergTable
 
@@ -147,12 +147,17 @@ def _lookup(index: int) -> str:
     return f"dsr_lookup_{index}"
 
 
-def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None) -> DataFrame:
+def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None, *,
+         requests: bool = True) -> DataFrame:
     """`rows` plus `dsr_ids_<i>` per key group (see `ids_column`): one broadcast join per key
     column with the batch's values, no shuffle. An array key (`recipients[]`) is matched element by
     element against the batch's values as one broadcast map (`dsr_lookup_<i>`, kept on the rows
     for `erased_elements`; a lookup costs time linear in the batch's distinct values). `key_columns`:
-    where the key values are in `rows` (default: the mapped columns, struct paths included)."""
+    where the key values are in `rows` (default: the mapped columns, struct paths included).
+    `requests=False`, for callers that only ask whether a row is requested (`hit`, `any_hit`,
+    `redactions`; not `request_ids`): a scalar key whose values are held in the driver is tested by
+    membership instead of a join (lake/membership.py: a hash set lookup per row, no key row built
+    and probed), and its `dsr_ids_<i>` is TRUE where a request names the row, NULL elsewhere."""
     key_columns = key_columns or [F.col(column_ref(g.column)) for g in table_keys.groups]
     for index, (group, keys, value) in enumerate(zip(table_keys.groups, table_keys.sets, key_columns, strict=True)):
         if group.is_array:
@@ -161,6 +166,11 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
             rows = rows.crossJoin(F.broadcast(lookup))
             ids = F.flatten(F.transform(erased_elements(index, value), _requests_of(index)))
             rows = rows.withColumn(ids_column(index), F.when(F.size(ids) > 0, ids))
+            continue
+        key_type = keys.requesters.schema["key_value"].dataType
+        if not requests and keys.values is not None and membership.supported(key_type):
+            member = membership.membership(rows.sparkSession, keys.values.java_list, value, key_type)
+            rows = rows.withColumn(ids_column(index), F.when(member, F.lit(True)))
             continue
         found = keys.requesters.select(F.col("key_value").alias("dsr_match"),
                                        F.col("request_ids").alias(ids_column(index)))

@@ -1,0 +1,34 @@
+"""Whether a row's key is one of a batch's values, tested inside Spark's generated code.
+
+The check that an erasure changed nothing else, and the rewrite that leaves the requested rows out,
+need one bit per row: does a request name its key? A broadcast join (stages/matching.py's `mark`)
+answers which requests do, at the price of building a key row, hashing it and probing a hashed
+relation for every row; over a 10M-row scan that cost about 0.9 s on two cores. A `membership`
+column is a hash set lookup instead (Membership.java, reached through Spark's `Invoke` like
+hashsum.py's sums): the set travels as a broadcast variable, and plan strings show "membership",
+never a value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, SparkSession
+from pyspark.sql.types import DataType, IntegerType, LongType, StringType
+
+from .bridge import compiled
+
+_TYPES: dict[type[DataType], str] = {StringType: "string", LongType: "bigint", IntegerType: "int"}
+
+
+def supported(key_type: DataType) -> bool:
+    """Whether keys of `key_type` can be tested by `membership`."""
+    return type(key_type) in _TYPES
+
+
+def membership(spark: SparkSession, values: Any, key: Column, key_type: DataType) -> Column:
+    """A boolean column: whether `key` (of `key_type`, see `supported`) is one of `values` (a
+    java.util.List held in the driver's JVM: skipping.KeyValues.java_list), NULL where `key` is NULL.
+    Cost: one broadcast of the values; a hash set lookup per row."""
+    return Column(compiled(spark, "Membership", tasks=True).of(
+        spark.sparkContext._jsc.sc(), values, key._jc, _TYPES[type(key_type)]))

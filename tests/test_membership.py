@@ -1,0 +1,89 @@
+"""Key membership inside Spark's generated code (lake/membership.py, Membership.java): the same answer
+as an IN list for string, bigint and int keys (NULL for a NULL key), in generated and interpreted
+sessions; no value in any plan string; and the rewrite and the collateral check use it instead of a
+join wherever the batch's values are held in the driver (array keys keep their join)."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, IntegerType, LongType, StringType
+
+from helpers import GENERATED, codegen
+from lakehouse_dsr.datamap import KeyGroup
+from lakehouse_dsr.lake import indriver
+from lakehouse_dsr.lake.membership import membership, supported
+from lakehouse_dsr.stages import collateral, matching
+
+SECRET = "ann@example.com"
+
+
+def _values(spark, values: list):
+    return spark._jvm.java.util.ArrayList(values)
+
+
+@pytest.mark.parametrize(("sql_type", "key_type", "rows", "wanted"), [
+    ("string", StringType(), [SECRET, "b", "c", None], [SECRET, "b", "z"]),
+    ("bigint", LongType(), [3, 2**40, -7, 5, None], [3, 2**40, 9]),
+    ("int", IntegerType(), [3, -7, 5, None], [3, -7, 9])])
+def test_membership_answers_as_an_in_list_does(spark, mode, sql_type, key_type, rows, wanted):
+    frame = spark.createDataFrame([(i, v) for i, v in enumerate(rows)], f"i int, k {sql_type}")
+    tested = frame.select(membership(spark, _values(spark, wanted), F.col("k"), key_type).alias("member"),
+                          F.col("k").isin(wanted).alias("expected")).orderBy("i").collect()
+    assert [r.member for r in tested] == [r.expected for r in tested]
+    assert [r.member for r in tested] == [v in wanted if v is not None else None for v in rows]  # NULL for NULL
+
+
+def test_no_value_reaches_a_plan_string_and_the_test_is_generated_code(spark):
+    frame = spark.createDataFrame([(SECRET,), ("b",)], "k string")
+    tested = frame.where(membership(spark, _values(spark, [SECRET]), F.col("k"), StringType()))
+    with codegen(spark, GENERATED):
+        plans = {mode: spark._jvm.PythonSQLUtils.explainString(tested._jdf.queryExecution(), mode)
+                 for mode in ("extended", "codegen", "formatted")}
+        assert tested.count() == 1
+    assert all(SECRET not in plan and "membership" in plan for plan in plans.values())
+    assert "java.util.function.Predicate" in plans["codegen"]
+
+
+def test_an_unsupported_key_type_is_refused_before_anything_runs(spark):
+    assert supported(StringType()) and supported(LongType()) and not supported(DateType())
+    with pytest.raises(KeyError):
+        membership(spark, _values(spark, []), F.col("k"), DateType())
+
+
+def _table_keys(spark, groups: list[KeyGroup], requested: list[tuple[str, str, str]]) -> matching.TableKeys:
+    keys = indriver.local_rows(spark, requested, "request_id string, key_type string, key_value string")
+    sets = {g.identifier: matching.key_set(keys, g.identifier, StringType()) for g in groups}
+    return matching.TableKeys(tuple(groups), tuple(sets[g.identifier] for g in groups))
+
+
+def test_the_rewrite_and_the_check_test_membership_where_the_values_are_held(spark, mode):
+    rows = spark.createDataFrame([("u1", "a@x", "n1"), ("u2", "b@x", "n2"), ("u3", None, "n3"), (None, "a@x", "n4")],
+                                 "user_id string, email string, note string")
+    groups = [KeyGroup("user_id", "user_id", redact=("note",)), KeyGroup("email", "email", redact=("email",))]
+    keys = _table_keys(spark, groups, [("r1", "user_id", "u1"), ("r2", "email", "a@x")])
+    assert all(s.values is not None for s in keys.sets)  # held in the driver: membership applies
+
+    marked = matching.mark(rows, keys, requests=False)
+    plan = marked._jdf.queryExecution().executedPlan().toString()
+    assert "membership" in plan and "Join" not in plan
+    hits = {r.note: (r.dsr_ids_0, r.dsr_ids_1) for r in marked.collect()}
+    assert hits == {"n1": (True, True), "n2": (None, None), "n3": (None, None), "n4": (None, True)}
+    # the same rows as the join-based mark leaves, deleted or redacted
+    joined = matching.mark(rows, keys)
+    assert "Join" in joined._jdf.queryExecution().executedPlan().toString()
+    assert sorted(map(tuple, collateral.erased_rows(rows, keys, "delete").collect()), key=str) == \
+        [("u2", "b@x", "n2"), ("u3", None, "n3")]
+    assert sorted(map(tuple, collateral.erased_rows(rows, keys, "redact").collect()), key=str) == \
+        sorted([("u1", None, None), ("u2", "b@x", "n2"), ("u3", None, "n3"), (None, None, "n4")], key=str)
+    assert sorted(map(tuple, joined.where(matching.any_hit(keys)).select("note").collect())) == [("n1",), ("n4",)]
+
+
+def test_keys_not_held_in_the_driver_are_still_joined(spark):
+    rows = spark.createDataFrame([("u1",), ("u2",)], "user_id string")
+    groups = [KeyGroup("user_id", "user_id")]
+    keys = _table_keys(spark, groups, [("r1", "user_id", "u1")])
+    unheld = keys.replace(0, matching.KeySet(keys.sets[0].requesters, 1, None))
+    marked = matching.mark(rows, unheld, requests=False)
+    assert "Join" in marked._jdf.queryExecution().executedPlan().toString()
+    assert [r.user_id for r in marked.where(matching.any_hit(unheld)).collect()] == ["u1"]
