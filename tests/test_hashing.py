@@ -17,15 +17,30 @@ from lakehouse_dsr.keys import (
     rotate_key,
 )
 from lakehouse_dsr.lake.hmac import join_on_key, with_keyed_hash, with_keyring_hashes
+from lakehouse_dsr.lake.indriver import local_rows
+from lakehouse_dsr.lake.metrics import StageMeter
 
 VALUES = ["alice", "x' OR '1'='1", "%", "\u00e9l\u00e8ve \U0001f600", "a\x00b", " ", "k" * 10_000]
 
 
 @pytest.mark.parametrize("key", [b"short key", os.urandom(32), os.urandom(100)], ids=["short", "32-bytes", "100-bytes"])
-def test_spark_hmac_equals_python_hmac(spark, key):
-    df = spark.createDataFrame([(v,) for v in VALUES], "v string")
+@pytest.mark.parametrize("held", ["spark", "driver"])
+def test_spark_hmac_equals_python_hmac(spark, key, held):
+    rows = [(v, i) for i, v in enumerate(VALUES)] + [(None, 2**40)]
+    schema = "v string, n bigint"
+    # a Python RDD is hashed by Spark; a local relation (a batch's identifiers) in the driver, without a job
+    df = spark.createDataFrame(rows, schema) if held == "spark" else local_rows(spark, rows, schema)
+    meter = StageMeter(spark)
+    mark = meter.mark()
     got = {r.v: r.key_hash for r in with_keyed_hash(spark, df, "v", key).collect()}
-    assert got == {v: keyed_hash(key, v) for v in VALUES}
+    assert got == {v: keyed_hash(key, v) for v in VALUES} | {None: None}
+    assert (meter.since(mark).stages == 0) == (held == "driver")
+    # a column that is not text is hashed as Spark's cast writes it, the other columns kept
+    by_number = {tuple(r)[:2]: r.key_hash for r in with_keyed_hash(spark, df, "n", key).collect()}
+    assert by_number == {(v, n): keyed_hash(key, str(n)) for v, n in rows}
+    ring = {"k1": key, "k2": b"other"}
+    hashed = with_keyring_hashes(spark, df.where("v IS NOT NULL"), "v", ring).collect()
+    assert {(r.v, r.key_id): r.key_hash for r in hashed} == {(v, k): keyed_hash(ring[k], v) for v in VALUES for k in ring}
 
 
 def test_key_plan_does_not_show_the_key(spark):

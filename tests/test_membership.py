@@ -87,3 +87,21 @@ def test_keys_not_held_in_the_driver_are_still_joined(spark):
     marked = matching.mark(rows, unheld, requests=False)
     assert "Join" in marked._jdf.queryExecution().executedPlan().toString()
     assert [r.user_id for r in marked.where(matching.any_hit(unheld)).collect()] == ["u1"]
+
+
+def test_requested_rows_are_tested_before_the_join_finds_their_requests(spark):
+    rows = spark.createDataFrame([("u1", ["a@x"]), ("u2", ["b@x"]), ("u3", ["a@x", "c@x"]), (None, None)],
+                                 "user_id string, emails array<string>")
+    scalar = _table_keys(spark, [KeyGroup("user_id", "user_id")], [("r1", "user_id", "u1"), ("r2", "user_id", "u3")])
+    found = matching.requested_rows(rows, scalar)
+    plan = found._jdf.queryExecution().executedPlan().toString()
+    # the membership filter sits below the join: only the requested rows are probed
+    assert plan.index("Join") < plan.index("membership")
+    assert sorted((r.user_id, r.dsr_ids_0) for r in found.collect()) == [("u1", ["r1"]), ("u3", ["r2"])]
+    # an array key has no membership test: the join alone, with the same rows as mark and any_hit
+    arrays = _table_keys(spark, [KeyGroup("emails[]", "email")], [("r3", "email", "a@x")])
+    joined = matching.requested_rows(rows, arrays)
+    assert "membership" not in joined._jdf.queryExecution().executedPlan().toString()
+    assert sorted(r.user_id for r in joined.collect()) == ["u1", "u3"]
+    assert sorted(r.user_id for r in matching.mark(rows, arrays).where(matching.any_hit(arrays)).collect()) == \
+        ["u1", "u3"]

@@ -132,6 +132,42 @@ public class InDriver {
     return ds.sparkSession().createDataFrame(chosen, ds.schema());
   }
 
+  /** The rows of `ds` (a local relation), each once per row of `pads` (dsr_key_id, dsr_ipad,
+   * dsr_opad: a local relation of HMAC-SHA256 key pads), with that key's id and column `out`: the
+   * HMAC of `column` cast to text (UTF-8), in hex, NULL where the column is NULL. What hmac.py's
+   * Spark expression computes, here in the driver without a job. */
+  public Dataset keyedHashes(Dataset ds, String column, Dataset pads, String out) throws Exception {
+    if (!isLocal(ds) || !isLocal(pads)) {
+      throw new IllegalArgumentException("not a local relation: its rows would take a Spark job");
+    }
+    int width = ds.schema().length();
+    // the text as Spark's cast gives it: a projection of a local relation, folded here
+    List rows = ds.withColumn("dsr_text", org.apache.spark.sql.functions.col(column).cast("string")).collectAsList();
+    List keys = pads.collectAsList();
+    List hashed = new ArrayList(rows.size() * keys.size());
+    java.security.MessageDigest sha = java.security.MessageDigest.getInstance("SHA-256");
+    for (int r = 0; r < rows.size(); r++) {
+      Row row = (Row) rows.get(r);
+      for (int k = 0; k < keys.size(); k++) {
+        Row key = (Row) keys.get(k);
+        Object[] values = new Object[width + 2];
+        for (int c = 0; c < width; c++) {
+          values[c] = row.get(c);
+        }
+        values[width] = key.get(0);
+        if (!row.isNullAt(width)) {
+          sha.update((byte[]) key.get(1));
+          byte[] inner = sha.digest(row.getString(width).getBytes(StandardCharsets.UTF_8));
+          sha.update((byte[]) key.get(2));
+          values[width + 1] = hex(sha.digest(inner));
+        }
+        hashed.add(RowFactory.create(values));
+      }
+    }
+    StructType schema = ds.schema().add("dsr_key_id", DataTypes.StringType).add(out, DataTypes.StringType);
+    return ds.sparkSession().createDataFrame(hashed, schema);
+  }
+
   /** The rows pickled by Python (a list of tuples) in the file at `path`, as a local relation of
    * `schema` (DDL, or a StructType's JSON): small driver-side data reaches Spark without a Python
    * worker and never as Py4J command text. Integer values fit the column's integer type. */

@@ -8,7 +8,7 @@ import hashlib
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .indriver import local_rows
+from .indriver import is_local, keyed_hashes, local_rows
 
 _BLOCK = 64  # SHA-256 block size in bytes
 
@@ -22,7 +22,8 @@ def pads(key: bytes) -> tuple[bytes, bytes]:
 
 
 def with_keyed_hash(spark: SparkSession, df: DataFrame, column: str, key: bytes, out: str = "key_hash") -> DataFrame:
-    """Add `out` = HMAC-SHA256(key, UTF-8 of `column` cast to string), computed by Spark.
+    """Add `out` = HMAC-SHA256(key, UTF-8 of `column` cast to string), computed by Spark, or in the
+    driver's JVM when `df` is held there (a local relation: a batch's identifiers).
 
     The key pads travel as a one-row broadcast DataFrame, never as literals in the query plan.
     """
@@ -55,6 +56,8 @@ def join_on_key(candidates: DataFrame, hashes: DataFrame, how: str = "inner") ->
 def _hashed(spark: SparkSession, df: DataFrame, column: str, keys: dict[str, bytes], out: str) -> DataFrame:
     key_pads = local_rows(spark, [(kid, *pads(key)) for kid, key in keys.items()],
                           "dsr_key_id string, dsr_ipad binary, dsr_opad binary")
+    if is_local(df):  # a batch's identifiers, held in the driver: hashed there, no job
+        return keyed_hashes(df, column, key_pads, out)
     value = F.col(column).cast("string").cast("binary")
     return (
         df.crossJoin(F.broadcast(key_pads))

@@ -92,6 +92,13 @@ def kept_where(df: DataFrame, column: str, values: Iterable[str]) -> DataFrame:
     return DataFrame(compiled(df.sparkSession, "InDriver").keptWhere(df._jdf, column, list(values)), df.sparkSession)
 
 
+def keyed_hashes(df: DataFrame, column: str, pads: DataFrame, out: str) -> DataFrame:
+    """`df` (a local relation) crossed with the key `pads` (lake/hmac.py's, a local relation), with
+    each key's HMAC of `column` as `out`: lake/hmac.py's hashes computed in the driver's JVM, no job."""
+    return DataFrame(compiled(df.sparkSession, "InDriver").keyedHashes(df._jdf, column, pads._jdf, out),
+                     df.sparkSession)
+
+
 def local_rows(spark: SparkSession, rows: Sequence[tuple], schema: str | StructType) -> DataFrame:
     """Small driver-side data (a batch's identifiers, keys, hashes: str, bytes, int or None values)
     as a local relation of `schema` built in the driver's JVM: queries that only filter and project

@@ -214,7 +214,7 @@ def _matching_rows(lake: Lake, datamap: DataMap, table: str, keys: TableKeys, at
             source = at.rewritten if rest is None else at.rewritten.unionByName(rest)
         if source is None:
             return None
-    marked = matching.mark(source, keys).where(matching.any_hit(keys))
+    marked = matching.requested_rows(source, keys)
     values = [source[c] for c in source.columns]
     if not keys.single:
         matched = F.array(*[F.when(F.array_contains(F.col(matching.ids_column(i)), F.col("request_id")),

@@ -264,10 +264,10 @@ def plan_many(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[s
         # One group per file and combination of requests naming a row. The other rows are counted from
         # the files' manifest entries when no file has deletes (grouping 10M rows nobody asked about
         # cost 1.5 s more than reading their key); else in one group of their own, without a file name.
-        marked = matching.mark(rows.withColumn(_FILE, F.input_file_name()), keys[table])  # at the scan
+        located = rows.withColumn(_FILE, F.input_file_name())  # at the scan
+        marked = (matching.requested_rows(located, keys[table]) if candidates.rows is not None
+                  else matching.mark(located, keys[table]))
         hit = matching.any_hit(keys[table])
-        if candidates.rows is not None:
-            marked = marked.where(hit)
         position = F.when(hit, F.col(POSITION)) if with_positions[table] else F.lit(None).cast("bigint")
         return candidates, marked.select(F.lit(table).alias("dsr_table"),
                                          matching.request_ids(keys[table]).alias("request_ids"),
@@ -364,8 +364,7 @@ def _merge_key_tuples(handle: IcebergTable, mapping: TableMapping, erase: EraseS
     candidates = keys.candidates(handle, table_plan.snapshot_before)
     rows = cast(DataFrame, skipping.read(candidates)).select(  # not empty: the plan found matches
         *[F.col(column_ref(g.column)).alias(f"dsr_k{i}") for i, g in enumerate(keys.groups)])
-    marked = matching.mark(rows, keys, [F.col(f"dsr_k{i}") for i in width])
-    source = marked.where(matching.any_hit(keys)).select(
+    source = matching.requested_rows(rows, keys, [F.col(f"dsr_k{i}") for i in width]).select(
         *[f"dsr_k{i}" for i in width], *[matching.hit(i).alias(f"dsr_h{i}") for i in width],
         *[matching.erased_elements(i, F.col(f"dsr_k{i}")).alias(f"dsr_e{i}")
           for i, g in enumerate(keys.groups) if g.is_array]).distinct().localCheckpoint()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -167,15 +168,37 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
             ids = F.flatten(F.transform(erased_elements(index, value), _requests_of(index)))
             rows = rows.withColumn(ids_column(index), F.when(F.size(ids) > 0, ids))
             continue
-        key_type = keys.requesters.schema["key_value"].dataType
-        if not requests and keys.values is not None and membership.supported(key_type):
-            member = membership.membership(rows.sparkSession, keys.values.java_list, value, key_type)
+        member = None if requests else _member(rows, keys, value)
+        if member is not None:
             rows = rows.withColumn(ids_column(index), F.when(member, F.lit(True)))
             continue
         found = keys.requesters.select(F.col("key_value").alias("dsr_match"),
                                        F.col("request_ids").alias(ids_column(index)))
         rows = rows.join(F.broadcast(found), value == found.dsr_match, "left").drop("dsr_match")
     return rows
+
+
+def requested_rows(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None) -> DataFrame:
+    """The rows of `rows` that some request names, `mark`ed. Where every key group can be tested by
+    membership (scalar keys whose values are held in the driver), the rows are tested that way
+    first, so the joins that find which requests name them probe only the requested rows: over a
+    10M-row scan naming 1,000 people, about 10,000 probes instead of 10M."""
+    key_columns = key_columns or [F.col(column_ref(g.column)) for g in table_keys.groups]
+    members = [None if g.is_array else _member(rows, keys, value)
+               for g, keys, value in zip(table_keys.groups, table_keys.sets, key_columns, strict=True)]
+    tests = [F.coalesce(m, F.lit(False)) for m in members if m is not None]
+    if len(tests) == len(members):
+        rows = rows.where(reduce(lambda a, b: a | b, tests))
+    return mark(rows, table_keys, key_columns).where(any_hit(table_keys))
+
+
+def _member(rows: DataFrame, keys: KeySet, value: Column) -> Column | None:
+    """Whether `value` is one of `keys` by membership (lake/membership.py); None when the values are
+    not held in the driver or their type has no membership test."""
+    key_type = keys.requesters.schema["key_value"].dataType
+    if keys.values is None or not membership.supported(key_type):
+        return None
+    return membership.membership(rows.sparkSession, keys.values.java_list, value, key_type)
 
 
 def _requests_of(index: int) -> Callable[[Column], Column]:

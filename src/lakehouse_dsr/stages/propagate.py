@@ -51,10 +51,10 @@ class Upstream:
 
 def erased_rows(table: IcebergTable, change: Upstream) -> DataFrame:
     """The rows an erasure changed, as they were and (redaction) as they became. Cost: one scan of
-    the pre-erase snapshot (the columns the aggregate uses) with a broadcast join per key column."""
+    the pre-erase snapshot (the columns the aggregate uses), its rows tested by `matching.requested_rows`."""
     keys = cast(TableKeys, change.keys)  # a source erased by key (a recomputed one is never traced)
     rows = table.read_at(change.snapshot_before)
-    marked = matching.mark(rows, keys).where(matching.any_hit(keys))
+    marked = matching.requested_rows(rows, keys)
     before = marked.select(*[F.col(f"`{c}`") for c in rows.columns])
     if change.action == "delete":
         return before

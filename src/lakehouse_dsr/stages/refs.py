@@ -145,7 +145,7 @@ def key_cleaning(table: IcebergTable, action: str, keys: TableKeys) -> Cleaning:
     """The erasure of `keys` as a Cleaning: candidate files by data skipping on the keys, rows
     marked by them, and the rows the table's action (`delete` | `redact`) leaves (collateral.erased_rows)."""
     return Cleaning(candidates=lambda snapshot_id: keys.candidates(table, snapshot_id),
-                    unwanted=lambda rows: matching.mark(rows, keys).where(matching.any_hit(keys)),
+                    unwanted=lambda rows: matching.requested_rows(rows, keys),
                     cleaned=lambda content: collateral.erased_rows(content, keys, action))
 
 
