@@ -40,7 +40,8 @@ def test_spark_hmac_equals_python_hmac(spark, key, held):
     assert by_number == {(v, n): keyed_hash(key, str(n)) for v, n in rows}
     ring = {"k1": key, "k2": b"other"}
     hashed = with_keyring_hashes(spark, df.where("v IS NOT NULL"), "v", ring).collect()
-    assert {(r.v, r.key_id): r.key_hash for r in hashed} == {(v, k): keyed_hash(ring[k], v) for v in VALUES for k in ring}
+    assert {(r.v, r.key_id): r.key_hash for r in hashed} == \
+        {(v, k): keyed_hash(ring[k], v) for v in VALUES for k in ring}
 
 
 def test_key_plan_does_not_show_the_key(spark):
