@@ -30,5 +30,7 @@ def membership(spark: SparkSession, values: Any, key: Column, key_type: DataType
     """A boolean column: whether `key` (of `key_type`, see `supported`) is one of `values` (a
     java.util.List held in the driver's JVM: skipping.KeyValues.java_list), NULL where `key` is NULL.
     Cost: one broadcast of the values; a hash set lookup per row."""
+    if not supported(key_type):
+        raise ValueError(f"no membership test for keys of type {key_type.simpleString()}")
     return Column(compiled(spark, "Membership", tasks=True).of(
         spark.sparkContext._jsc.sc(), values, key._jc, _TYPES[type(key_type)]))

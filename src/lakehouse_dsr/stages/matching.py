@@ -159,7 +159,7 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
     `redactions`; not `request_ids`): a scalar key whose values are held in the driver is tested by
     membership instead of a join (lake/membership.py: a hash set lookup per row, no key row built
     and probed), and its `dsr_ids_<i>` is TRUE where a request names the row, NULL elsewhere."""
-    key_columns = key_columns or [F.col(column_ref(g.column)) for g in table_keys.groups]
+    key_columns = key_columns or _key_columns(table_keys)
     for index, (group, keys, value) in enumerate(zip(table_keys.groups, table_keys.sets, key_columns, strict=True)):
         if group.is_array:
             lookup = keys.requesters.agg(F.map_from_entries(F.collect_list(F.struct("key_value", "request_ids")))
@@ -183,13 +183,18 @@ def requested_rows(rows: DataFrame, table_keys: TableKeys, key_columns: list[Col
     membership (scalar keys whose values are held in the driver), the rows are tested that way
     first, so the joins that find which requests name them probe only the requested rows: over a
     10M-row scan naming 1,000 people, about 10,000 probes instead of 10M."""
-    key_columns = key_columns or [F.col(column_ref(g.column)) for g in table_keys.groups]
+    key_columns = key_columns or _key_columns(table_keys)
     members = [None if g.is_array else _member(rows, keys, value)
                for g, keys, value in zip(table_keys.groups, table_keys.sets, key_columns, strict=True)]
     tests = [F.coalesce(m, F.lit(False)) for m in members if m is not None]
     if len(tests) == len(members):
         rows = rows.where(reduce(lambda a, b: a | b, tests))
     return mark(rows, table_keys, key_columns).where(any_hit(table_keys))
+
+
+def _key_columns(table_keys: TableKeys) -> list[Column]:
+    """The mapped key columns of `table_keys`' groups, struct paths included."""
+    return [F.col(column_ref(g.column)) for g in table_keys.groups]
 
 
 def _member(rows: DataFrame, keys: KeySet, value: Column) -> Column | None:
