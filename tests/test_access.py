@@ -17,13 +17,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import StaticTable
+from pyspark.sql import functions as F
 
 from helpers import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.runner import run
+from lakehouse_dsr.runner import orchestrator, run
 from lakehouse_dsr.stages.packages import EMPTY_NOTE
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
@@ -52,7 +53,12 @@ def _submit_and_run(spark, lake, fmt: str):
 
 @pytest.fixture(scope="module")
 def json_run(spark, lake):
-    return _submit_and_run(spark, lake, "json")
+    """The JSON run, and the Python UDFs and worker starts it asked for (none: the JVM writes JSON)."""
+    python: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "udf", lambda *a, **k: python.append("udf"))
+        patch.setattr(orchestrator, "start_python_workers", lambda spark: python.append("workers"))
+        return (*_submit_and_run(spark, lake, "json"), python)
 
 
 def _independent(lake) -> dict[str, list[dict]]:
@@ -81,7 +87,8 @@ def _expected(truth: dict, subject: str) -> dict[str, list[tuple]]:
 
 
 def test_one_private_file_per_request_and_manifest(json_run):
-    requests, report, out = json_run
+    requests, report, out, python = json_run
+    assert python == []  # no Python UDF, no Python worker started
     assert sorted(p.name for p in out.iterdir()) == sorted([f"{r}.json" for r in requests] + ["manifest.json"])
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
     assert stat.S_IMODE(out.parent.stat().st_mode) == 0o700  # the export root it created too
@@ -95,12 +102,15 @@ def test_one_private_file_per_request_and_manifest(json_run):
 
 
 def test_packages_equal_an_independent_reader(json_run, lake):
-    requests, _, out = json_run
+    requests, _, out, _ = json_run
     truth = _independent(lake)
     for request_id, subject in requests.items():
         package = json.loads((out / f"{request_id}.json").read_text(encoding="utf-8"), parse_float=Decimal)
         assert package["request_id"] == request_id and package["regulation"] == "gdpr"
-        assert package["subject"]["user_id"] == [subject]
+        emails = sorted({u["email"] for u in truth["demo.users"] if u["user_id"] == subject})
+        # each identifier type once, in order, with its values sorted (the header is built in Spark)
+        assert list(package["subject"].items()) == [("email", emails)] * bool(emails) + [("user_id", [subject])]
+        assert datetime.fromisoformat(package["generated_at"]).tzinfo is not None
         expected = _expected(truth, subject)
         for table in TABLES:
             got = sorted(tuple(row.values()) for row in package["tables"][table])
@@ -111,7 +121,7 @@ def test_packages_equal_an_independent_reader(json_run, lake):
 
 
 def test_subject_without_data_gets_a_valid_empty_package(json_run):
-    requests, _, out = json_run
+    requests, _, out, _ = json_run
     (empty_id,) = [r for r, s in requests.items() if s == synth.user_id(SEED, 999)]
     package = json.loads((out / f"{empty_id}.json").read_text())
     assert package["note"] == EMPTY_NOTE
@@ -119,7 +129,7 @@ def test_subject_without_data_gets_a_valid_empty_package(json_run):
 
 
 def test_ledger_keeps_path_and_checksum(spark, json_run, lake):
-    requests, _, out = json_run
+    requests, _, out, _ = json_run
     evidence = Ledger(lake["settings"]).evidence(list(requests))
     for request_id, e in evidence.items():
         assert Path(e["file"]) == out / f"{request_id}.json"
@@ -136,7 +146,8 @@ def test_zip_formats_hold_one_member_per_table(spark, lake, fmt):
     for request_id, subject in requests.items():
         with zipfile.ZipFile(out / f"{request_id}.{fmt}.zip") as zf:
             assert sorted(zf.namelist()) == sorted(["request.json"] + [f"{t}.{fmt}" for t in TABLES])
-            assert json.loads(zf.read("request.json"))["request_id"] == request_id
+            header = json.loads(zf.read("request.json"))
+            assert header["request_id"] == request_id and header["subject"]["user_id"] == [subject]
             expected = _expected(truth, subject)
             for table in TABLES:
                 data = zf.read(f"{table}.{fmt}")

@@ -1,6 +1,7 @@
 """Spark's Python workers, started before the access export needs them.
 
-The export writes each package in a Python worker (stages/packages.py). Spark starts their daemon
+The export writes zip packages (csv, parquet) in a Python worker (stages/packages.py; JSON packages
+are written by the JVM, lake/privatefiles.py, and need none). Spark starts their daemon
 at the first job that needs one: an interpreter and PySpark's imports, about 1.3 s on a 2-core
 machine, which a small run would wait for in the middle of its export. Started in the background
 when the run begins, the same start overlaps the driver's own work (reading the ledger, planning

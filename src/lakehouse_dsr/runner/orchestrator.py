@@ -92,7 +92,8 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
             # packages a killed run wrote but never checked or recorded: personal data nobody owns
             shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
         session = spark() if callable(spark) else spark
-        if work.access:  # the export's package writer runs in Python workers: started while the driver plans
+        if work.access and settings.export.format != "json":
+            # zip packages are written in Python workers: started while the driver plans
             start_python_workers(session)
         try:
             outcomes = _process(_context(session, settings, ledger, report, progress, {**work.access, **work.erase}),

@@ -3,8 +3,9 @@
 One broadcast join per mapped table for the whole batch; rows become JSON strings in Spark, are
 grouped per request, and each request's package is written by the executor holding it: exactly
 one file per request whatever the table layout, created owner-only. The driver receives only
-(request_id, file, sha256, row counts). Formats: `json` (one document), `csv` and `parquet` (one
-zip per request, one member per table).
+(request_id, file, sha256, row counts). Formats: `json` (one document, assembled in Spark and
+written by the JVM: lake/privatefiles.py), `csv` and `parquet` (one zip per request, one member per
+table, written by a Python UDF: stages/packages.py).
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from ..config import EXPORT_FORMATS
 from ..datamap import DataMap
 from ..inventory.check import KeyTypes, check_against_catalog
 from ..keys import private_dir, write_private
-from ..lake import plainfiles, skipping
+from ..lake import plainfiles, privatefiles, skipping
 from ..lake.iceberg import Lake
 from ..vault import vault
 from ..vault.pseudonymize import PROPERTY
 from . import identity, matching
 from .matching import TableKeys
-from .packages import PackageWriter
+from .packages import EMPTY_NOTE, UNLINKABLE_NOTE, PackageWriter
 
 _TS = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # ISO-8601, microseconds, offset (Z under UTC)
 MATCHED_KEYS = "dsr_matched_keys"  # in rows of tables with several key columns: which named the subject
@@ -123,19 +124,27 @@ def export(
             F.collect_list(_present("table_name", "row")).alias("rows"),
             F.collect_set("linked").alias("linked")) \
         .where("requested")
-    if fmt == "json":  # the tables' part of the document assembled in Spark: Python gets one string a package
-        packages = _json_tables(packages, tables)
-    columns = {t: _column_types(lake, datamap, t)
-               + ([] if t in shredded or table_keys[t].single else [(MATCHED_KEYS, "array<string>")]) for t in tables}
+    packages = _assembled(packages, tables, shredded, generated_at, fmt == "json")
     # The failpoint kills the driver from the executor, mid-export.
     kill_pid = os.getpid() if faults.armed() == "during_export" else None
-    writer = PackageWriter(str(out), fmt, tables, columns, generated_at, kill_pid, shredded)
-    # Nondeterministic, so Spark never evaluates the write twice for one package.
-    write = F.udf(writer, _WRITTEN).asNondeterministic()
-    results = packages.select(write(F.struct(*packages.columns)).alias("w")).select("w.*").collect()
+    if fmt == "json":  # the whole document assembled in Spark, written by the JVM: no Python worker
+        name = F.concat("request_id", F.lit(".json"))
+        document = F.concat(F.expr("substring(header, 1, length(header) - 1)"), F.lit(',"tables":'),
+                            F.col("tables_json"), F.lit("}\n"))
+        outcomes = packages.select("request_id", name.alias("file"),
+                                   privatefiles.written(spark, out, name, document, kill_pid).alias("sha256"),
+                                   F.octet_length(document).alias("bytes"), F.col("counts").alias("rows"))
+    else:
+        columns = {t: _column_types(lake, datamap, t)
+                   + ([] if t in shredded or table_keys[t].single else [(MATCHED_KEYS, "array<string>")])
+                   for t in tables}
+        writer = PackageWriter(str(out), fmt, tables, columns, kill_pid)
+        # Nondeterministic, so Spark never evaluates the write twice for one package.
+        write = F.udf(writer, _WRITTEN).asNondeterministic()
+        outcomes = packages.select(write(F.struct("request_id", "header", "rows", "counts")).alias("w")).select("w.*")
     result = ExportResult(str(out), str(out / "manifest.json"),
-                          sorted((Package(r.request_id, r.file, r.sha256, r.bytes, dict(r.rows)) for r in results),
-                                 key=lambda p: p.request_id))
+                          sorted((Package(r.request_id, r.file, r.sha256, r.bytes, dict(r.rows))
+                                  for r in outcomes.collect()), key=lambda p: p.request_id))
     _write_manifest(datamap, result, fmt, generated_at, tables)
     return result
 
@@ -145,31 +154,50 @@ _PACKAGE_COLUMNS = {"requested": "boolean", "regulation": "string", "key_type": 
                     "table_name": "string", "row": "string", "linked": "string"}
 
 
-def _json_tables(packages: DataFrame, tables: list[str]) -> DataFrame:
-    """`packages` with their rows as the JSON package's `tables` object (`tables_json`: each mapped
-    table's rows in code point order, spliced as Spark wrote them, so decimals stay exact) and each
-    table's row count (`counts`), instead of a list of rows: at 100,000 rows for 1,000 packages,
-    handing every row to Python and joining them there cost seconds.
+def _assembled(packages: DataFrame, tables: list[str], shredded: list[str], generated_at: str, as_json: bool
+               ) -> DataFrame:
+    """(request_id, header, counts, and `tables_json` or `rows`) per package: its header as JSON text
+    (request_id, regulation, generated_at, the subject's identifiers by type, and the notes for no rows
+    or unlinkable shredded tables) and each table's row count (`counts`); `as_json`: each mapped
+    table's rows as the JSON package's `tables` object, in code point order (sort_array: Spark 3.5's
+    array_sort compares through an interpreted lambda, ~0.5 s for 1,000 packages), spliced as Spark wrote
+    them (decimals stay exact), instead of the list of rows. Built in Spark: at 100,000 rows for 1,000
+    packages, handing every row to Python and joining them there cost seconds.
 
-    SQL expressions naming only tables (the data map allows letters, digits and `_./-` in their names):
-    built from Python's column functions, the same expressions took ~730 Py4J calls for four tables,
+    SQL expressions naming only tables and constants (never a value of the data): built from Python's
+    column functions, the same expressions took ~730 Py4J calls for four tables,
     a fixed cost every small run paid."""
     names = [_sql_literal(t) for t in tables]
     each = [f"transform(filter(rows, r -> r.table_name = {n}), r -> r.row) AS dsr_rows_{i}"
             for i, n in enumerate(names)]
-    body = ", ".join(f"concat({_sql_literal(json.dumps(t) + ':[')}, array_join(array_sort(dsr_rows_{i}), ','), ']')"
-                     for i, t in enumerate(tables))
     counts = ", ".join(f"{n}, size(dsr_rows_{i})" for i, n in enumerate(names))
-    kept = ["request_id", "regulation", "subject", "linked"]
+    # The identifiers by type, from the (type, value) pairs sorted: each type's values are a slice.
+    # No lambda inside a lambda using its variable: Spark 3.5 cannot hand such an argument to the
+    # zip formats' Python UDF.
+    kinds = ["transform(sort_array(subject), s -> s.key_type) AS kinds",
+             "transform(sort_array(subject), s -> s.key_value) AS identifiers"]
+    subject = ("map_from_arrays(array_distinct(kinds), transform(array_distinct(kinds), t -> slice(identifiers, "
+               "CAST(array_position(kinds, t) AS INT), size(kinds) - size(array_remove(kinds, t)))))")
+    notes = ", ".join(f"struct({_sql_literal(t)}, {_sql_literal(UNLINKABLE_NOTE)})" for t in shredded)
+    unlinked = (f"map_from_entries(filter(array({notes}), e -> NOT array_contains(linked, e.col1)))"
+                if shredded else "NULL")
+    note = f"CASE WHEN aggregate(map_values(counts), 0, (a, b) -> a + b) = 0 THEN {_sql_literal(EMPTY_NOTE)} END"
+    header = (f"to_json(named_struct('request_id', request_id, 'regulation', regulation, "
+              f"'generated_at', {_sql_literal(generated_at)}, 'subject', {subject}, 'note', {note}, "
+              "'unlinkable', CASE WHEN size(unlinked) > 0 THEN unlinked END), "
+              "map('ignoreNullFields', 'true')) AS header")
+    tables_json = ", ".join(f"concat({_sql_literal(json.dumps(t) + ':[')}, "
+                            f"array_join(sort_array(dsr_rows_{i}), ','), ']')" for i, t in enumerate(tables))
+    kept = ["request_id", "regulation", "subject", "linked", "rows"]
     return packages.selectExpr(*kept, *each).selectExpr(
-        *kept, f"concat('{{', concat_ws(',', {body}), '}}') AS tables_json", f"map({counts}) AS counts")
+        *kept, *kinds, f"concat('{{', concat_ws(',', {tables_json}), '}}') AS tables_json",
+        f"map({counts}) AS counts", f"{unlinked} AS unlinked").selectExpr(
+        "request_id", header, "counts", "tables_json" if as_json else "rows")
 
 
 def _sql_literal(text: str) -> str:
-    """`text` as a SQL string literal; only for names the data map validated (no quote, no backslash)."""
-    if "'" in text or "\\" in text:
-        raise ValueError(f"not a table or dataset name the data map allows: {text!r}")
-    return f"'{text}'"
+    """`text` (a table name or one of our own notes, never data) as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _union(parts: list[DataFrame]) -> DataFrame:

@@ -219,8 +219,9 @@ def request_ids(table_keys: TableKeys) -> Column:
     """The sorted, distinct requests naming a marked row through any key column; NULL for none.
     Arrays are built for rows that some request names only: on a large table, nearly none."""
     if table_keys.single and not table_keys.groups[0].is_array:
-        return F.array_sort(F.col(ids_column(0)))  # a set already (KeySet), NULL where nobody asked
-    ids = F.array_sort(F.array_distinct(F.flatten(F.array(*[
+        return F.sort_array(F.col(ids_column(0)))  # a set already (KeySet), NULL where nobody asked
+    # sort_array, not array_sort: Spark 3.5's array_sort compares through an interpreted lambda
+    ids = F.sort_array(F.array_distinct(F.flatten(F.array(*[
         F.coalesce(F.col(ids_column(i)), F.array().cast("array<string>")) for i in range(len(table_keys.groups))]))))
     return F.when(any_hit(table_keys), ids)
 

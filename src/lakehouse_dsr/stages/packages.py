@@ -1,4 +1,4 @@
-"""An access package's file, written where Spark holds the request's grouped rows (a Python UDF).
+"""A zip access package's file, written where Spark holds the request's grouped rows (a Python UDF).
 
 Unpickled in each Python worker that writes packages, so it imports only what writing needs: the
 export's own module would cost each new worker about half a second of imports (Spark, pydantic,
@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import zipfile
-from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,43 +28,26 @@ UNLINKABLE_NOTE = ("no vault entry links this person to the table's pseudonyms (
 
 
 class PackageWriter:
-    """Runs on executors (a Python UDF): turns each request's grouped rows into its package file."""
+    """Runs on executors (a Python UDF): turns each request's header and grouped rows into its zip
+    package file (csv or parquet members; JSON packages are written by the JVM, stages/access.py)."""
 
-    def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, generated_at: str,
-                 kill_pid: int | None = None, shredded: Sequence[str] = ()):
-        self.out, self.fmt, self.tables, self.columns, self.generated_at = out, fmt, tables, columns, generated_at
-        self.kill_pid, self.shredded = kill_pid, list(shredded)
+    def __init__(self, out: str, fmt: str, tables: list[str], columns: dict, kill_pid: int | None = None):
+        self.out, self.fmt, self.tables, self.columns, self.kill_pid = out, fmt, tables, columns, kill_pid
 
     def __call__(self, p) -> tuple:
-        """Write request `p`'s package (its grouped header, identifiers, rows and vault links); returns
+        """Write request `p`'s package (its header as JSON text, its rows, each table's row count); returns
         (request_id, file name, sha256, bytes, {table: rows})."""
         by_table: dict[str, list[str]] = {}
-        if self.fmt != "json":  # json: Spark assembled the tables' part (_json_tables)
-            for r in p.rows:
-                by_table.setdefault(r.table_name, []).append(r.row)
-            for rows in by_table.values():
-                rows.sort()  # code point order, as Spark's array_sort of UTF-8 strings: reproducible packages
-        counts = dict(p.counts) if self.fmt == "json" else {t: len(by_table.get(t, [])) for t in self.tables}
-        subject: dict[str, list[str]] = {}
-        for k in p.subject:
-            subject.setdefault(k.key_type, []).append(k.key_value)
-        header = {"request_id": p.request_id, "regulation": p.regulation, "generated_at": self.generated_at,
-                  "subject": {k: sorted(v) for k, v in sorted(subject.items())}}
-        if not any(counts.values()):
-            header["note"] = EMPTY_NOTE
-        unlinkable = [t for t in self.shredded if t not in p.linked]
-        if unlinkable:
-            header["unlinkable"] = {t: UNLINKABLE_NOTE for t in unlinkable}
-        if self.fmt == "json":  # the rows are JSON already: spliced, not re-encoded
-            data = (json.dumps(header, ensure_ascii=False)[:-1] + f',"tables":{p.tables_json}}}\n').encode("utf-8")
-            name = f"{p.request_id}.json"
-        else:
-            data, name = self._zip(header, by_table), f"{p.request_id}.{self.fmt}.zip"
+        for r in p.rows:
+            by_table.setdefault(r.table_name, []).append(r.row)
+        for rows in by_table.values():
+            rows.sort()  # code point order, as Spark's sort_array of UTF-8 strings: reproducible packages
+        data, name = self._zip(json.loads(p.header), by_table), f"{p.request_id}.{self.fmt}.zip"
         # Not synced (1 ms a package): written before the run records anything, checked right after.
         write_private(Path(self.out) / name, data, sync=False)
         if self.kill_pid:
             faults.kill(self.kill_pid)
-        return (p.request_id, name, hashlib.sha256(data).hexdigest(), len(data), counts)
+        return (p.request_id, name, hashlib.sha256(data).hexdigest(), len(data), dict(p.counts))
 
     def _zip(self, header: dict, by_table: dict[str, list[str]]) -> bytes:
         buffer = io.BytesIO()
