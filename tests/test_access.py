@@ -25,7 +25,7 @@ from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import orchestrator, run
-from lakehouse_dsr.stages.packages import EMPTY_NOTE
+from lakehouse_dsr.stages.access import EMPTY_NOTE
 
 TABLES = ["demo.users", "demo.events", "demo.newsletter", "demo.orders"]
 KEYS = {"demo.users": "user_id", "demo.events": "user_id", "demo.newsletter": "email", "demo.orders": "user_id"}

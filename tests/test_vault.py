@@ -24,7 +24,7 @@ from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
-from lakehouse_dsr.stages.packages import UNLINKABLE_NOTE
+from lakehouse_dsr.stages.access import UNLINKABLE_NOTE
 from lakehouse_dsr.vault import vault
 from lakehouse_dsr.vault.keys import VAULT_KEY_ENV, master_key_file
 from lakehouse_dsr.vault.pseudonymize import VaultError, pseudonymize, pseudonymize_table, reidentify

@@ -22,11 +22,6 @@ from ..keys import write_private
 if TYPE_CHECKING:
     import pyarrow as pa
 
-EMPTY_NOTE = "no personal data was found for this subject in any mapped table"
-UNLINKABLE_NOTE = ("no vault entry links this person to the table's pseudonyms (erased by shredding, or never "
-                   "pseudonymized): rows it may still hold can no longer be linked to them or decrypted")
-
-
 class PackageWriter:
     """Runs on executors (a Python UDF): turns each request's header and grouped rows into its zip
     package file (csv or parquet members; JSON packages are written by the JVM, stages/access.py)."""
