@@ -509,3 +509,62 @@ def test_the_export_reads_the_rewritten_files_once_with_the_content_check(spark,
     else:  # the old file for the copy, and the check reads the new one itself
         assert report.cost["export"]["rows_read"] == rows
         assert report.cost["erase"]["rows_read"] == 2 * rows + rows - erased_rows
+
+
+@pytest.mark.parametrize(("sizes", "parallelism", "split", "loads"), [
+    ([12] * 40, 2, 128, [120] * 4),  # Iceberg packs 11, 11, 11 and 7 files: one core idles at the end
+    ([12] * 40, 2, 100, [72, 72, 84, 84, 84, 84]),  # 5 splits' worth, rounded up to 6 groups
+    ([30, 10, 10, 10, 10, 10, 10, 10], 2, 50, [50, 50]),
+])
+def test_files_are_packed_into_groups_of_even_size(sizes, parallelism, split, loads):
+    groups = skipping.balanced_groups(sizes, parallelism, split)
+    assert groups is not None
+    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))  # each file once
+    assert sorted(sum(sizes[i] for i in g) for g in groups) == loads
+
+
+@pytest.mark.parametrize(("sizes", "why"), [
+    ([10, 20, 30], "they fill one split"),
+    ([200, 10, 10], "a file larger than a split: Iceberg splits it by row groups"),
+    ([100, 100, 100], "no more files than groups"),
+])
+def test_files_iceberg_packs_as_well_are_left_to_it(sizes, why):
+    assert skipping.balanced_groups(sizes, 2, 128) is None, why
+
+
+def test_files_filling_several_splits_are_read_and_rewritten_in_even_tasks(spark, tmp_path):
+    """An unclustered table whose files fill several splits (`read.split.target-size`, small here):
+    the plan reads them in a multiple of the cores' count of tasks with each file once, positions
+    included, and a run erases through that read exactly what an independent reader expects."""
+    settings = make_settings(tmp_path, erase={"in_driver_max_bytes": 0},
+                             datamap={"subject": "user_id", "identifiers": {}, "tables": {EVENTS: {"key": "user_id"}}})
+    attach(spark, settings)
+    synth.generate(spark, settings, users=40, events=1200, seed=SEED, batches=12)
+    files = open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()
+    assert len(files) >= 12
+    split = sum(f["file_size_in_bytes"] for f in files) // 3  # 3 splits' worth: 4 groups on 2 cores
+    spark.sql(f"ALTER TABLE {settings.table(EVENTS)} SET TBLPROPERTIES ('read.split.target-size'='{split}')")
+    everyone = sorted({u for f in files for u in pq.read_table(f["file_path"].removeprefix("file:"),
+                                                                columns=["user_id"]).column("user_id").to_pylist()})
+    keys = table_keys(spark, settings, everyone)  # no row group can be skipped
+    candidates = keys.current_candidates(Lake.of(spark, settings).table(EVENTS))
+    rows = skipping.read(candidates, position=True)
+    assert rows.rdd.getNumPartitions() == 4
+    per_task = rows.rdd.glom().map(len).collect()
+    assert max(per_task) - min(per_task) <= max(f["record_count"] for f in files)
+    # Each file's rows once, at their positions: compared with pyarrow's reading of every file.
+    seen = {(r.file, r.pos, r.event_id) for r in rows.select(F.input_file_name().alias("file"), F.col(
+        skipping.POSITION).alias("pos"), "event_id", "user_id").collect()}
+    expected = {(f["file_path"], i, e) for f in files
+                for i, e in enumerate(pq.read_table(f["file_path"].removeprefix("file:"), columns=["event_id"])
+                                      .column("event_id").to_pylist())}
+    assert seen == expected
+    bystanders = sum(pc.sum(pc.not_equal(pq.read_table(f["file_path"].removeprefix("file:"), columns=["user_id"])
+                                         .column("user_id"), ERASED)).as_py() for f in files)
+    Ledger(settings).submit([RequestInput(ERASED, "erase"), RequestInput(ASKED, "access")])
+    report = run(spark, settings)
+    assert {r.status for r in report.requests} == {"completed"}, [r.reason for r in report.requests]
+    events = report.tables[EVENTS]
+    assert events["erase"]["strategy"] == "rewrite_files" and events["erase"]["collateral"]["ok"]
+    after = open_catalog(settings).load_table(EVENTS).scan().to_arrow()
+    assert after.num_rows == bystanders and ERASED not in set(after.column("user_id").to_pylist())

@@ -215,21 +215,67 @@ def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, 
     is needed to know the answer). The read skips row groups the keys cannot be in; Spark's
     input_file_name() names each row's file. `file_per_task`: no task reads parts of two files
     (each task's rows are one file's, in the file's order), as a rewrite that keeps order needs.
-    `position`: each row's position in its file too (Iceberg's `_pos`), as column POSITION."""
+    `position`: each row's position in its file too (Iceberg's `_pos`), as column POSITION.
+    Files that fill more than one split are packed into tasks of even size (`balanced_groups`)."""
     spark = candidates.source.spark
     if only is not None:
         candidates = candidates.subset(spark, set(only))
     if candidates.empty:
         return None
-    set_id = f"dsr-{uuid.uuid4().hex}"
     jtable = candidates.source.java()
+    # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
+    columns = [F.col(f"`{c}`") for c in call(spark, "columns", jtable)] + (
+        [F.col("_pos").alias(POSITION)] if position else [])
+    split = int(jtable.properties().get("read.split.target-size") or _SPLIT)  # what Iceberg would pack by
+    groups = None if file_per_task else balanced_groups(candidates._sizes, spark.sparkContext.defaultParallelism, split)
+    if groups is None:
+        options = {"split-size": str(_SPLIT), "file-open-cost": str(_SPLIT)} if file_per_task else {}
+        return _staged_read(candidates, jtable, candidates._tasks, options).select(*columns)
+    # One task per group: a staged set each, its files in one split (a union carries no `_pos`: each
+    # part selects its columns first).
+    whole = {"split-size": str(2**62), "file-open-cost": "0"}
+    parts = [_staged_read(candidates, jtable, bridge(spark).pick(candidates._tasks, json.dumps(g)), whole)
+             .select(*columns) for g in groups]
+    rows = parts[0]
+    for part in parts[1:]:
+        rows = rows.union(part)
+    return rows
+
+
+def _staged_read(candidates: Candidates, jtable: Any, tasks: Any, options: dict[str, str]) -> DataFrame:
+    """The scan tasks `tasks` of the candidates' table (`jtable`, its Java Table), read through a
+    staged task set."""
+    spark = candidates.source.spark
+    set_id = f"dsr-{uuid.uuid4().hex}"
     manager = jclass(spark, "org.apache.iceberg.spark.ScanTaskSetManager").get()
-    manager.stageTasks(jtable, set_id, candidates._tasks)
+    manager.stageTasks(jtable, set_id, tasks)
     _staged.append((manager, jtable, set_id))
     reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
-    if file_per_task:  # opening a file costs a whole split: small files are not packed together
-        reader = reader.option("split-size", str(_SPLIT)).option("file-open-cost", str(_SPLIT))
-    rows = reader.load(candidates.source.identifier)
-    # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
-    return rows.select(*[F.col(f"`{c}`") for c in call(spark, "columns", jtable)],
-                       *([F.col("_pos").alias(POSITION)] if position else []))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load(candidates.source.identifier)
+
+
+def balanced_groups(sizes: list[int], parallelism: int, split: int = _SPLIT) -> list[list[int]] | None:
+    """The files (their indexes in `sizes`) in groups of about even size, as many as the splits they
+    fill rounded up to a multiple of `parallelism`; None where Iceberg's own packing into splits does
+    as well: files that fill one split, a file larger than a split (Iceberg splits it by row groups),
+    or no more files than groups.
+
+    Iceberg fills each split before it opens the next: at 10M unclustered events, 40 files of 12 MB
+    went into tasks of 11, 11, 11 and 7 files, and on two cores one core idled for the last 1.5 s of
+    a 15 s rewrite. Groups are filled largest file first into the lightest group."""
+    total = sum(sizes)
+    if total <= split or max(sizes) > split:
+        return None
+    count = -(-total // split)
+    count = -(-count // parallelism) * parallelism
+    if count >= len(sizes):
+        return None
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(i)
+        loads[lightest] += sizes[i]
+    return [sorted(g) for g in groups]
