@@ -1,6 +1,7 @@
 """Key membership inside Spark's generated code (lake/membership.py, Membership.java): the same answer
 as an IN list for string, bigint and int keys (NULL for a NULL key), in generated and interpreted
-sessions; no value in any plan string; and the rewrite and the collateral check use it instead of a
+sessions; the requests naming a key as a join with the batch's keys finds them; no value in any
+plan string; and the rewrite, the collateral check, the plan and the export use them instead of a
 join wherever the batch's values are held in the driver (array keys keep their join)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pyspark.sql.types import DateType, IntegerType, LongType, StringType
 from helpers import GENERATED, codegen
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.lake import indriver
-from lakehouse_dsr.lake.membership import membership, supported
+from lakehouse_dsr.lake.membership import membership, requesters, supported
 from lakehouse_dsr.stages import collateral, matching
 
 SECRET = "ann@example.com"
@@ -69,9 +70,9 @@ def test_the_rewrite_and_the_check_test_membership_where_the_values_are_held(spa
     assert "membership" in plan and "Join" not in plan
     hits = {r.note: (r.dsr_ids_0, r.dsr_ids_1) for r in marked.collect()}
     assert hits == {"n1": (True, True), "n2": (None, None), "n3": (None, None), "n4": (None, True)}
-    # the same rows as the join-based mark leaves, deleted or redacted
+    # the same rows as the mark that finds the requests leaves, deleted or redacted
     joined = matching.mark(rows, keys)
-    assert "Join" in joined._jdf.queryExecution().executedPlan().toString()
+    assert "requesters" in joined._jdf.queryExecution().executedPlan().toString()
     assert sorted(map(tuple, collateral.erased_rows(rows, keys, "delete").collect()), key=str) == \
         [("u2", "b@x", "n2"), ("u3", None, "n3")]
     assert sorted(map(tuple, collateral.erased_rows(rows, keys, "redact").collect()), key=str) == \
@@ -89,14 +90,14 @@ def test_keys_not_held_in_the_driver_are_still_joined(spark):
     assert [r.user_id for r in marked.where(matching.any_hit(unheld)).collect()] == ["u1"]
 
 
-def test_requested_rows_are_tested_before_the_join_finds_their_requests(spark):
+def test_requested_rows_are_tested_before_their_requests_are_looked_up(spark):
     rows = spark.createDataFrame([("u1", ["a@x"]), ("u2", ["b@x"]), ("u3", ["a@x", "c@x"]), (None, None)],
                                  "user_id string, emails array<string>")
     scalar = _table_keys(spark, [KeyGroup("user_id", "user_id")], [("r1", "user_id", "u1"), ("r2", "user_id", "u3")])
     found = matching.requested_rows(rows, scalar)
     plan = found._jdf.queryExecution().executedPlan().toString()
-    # the membership filter sits below the join: only the requested rows are probed
-    assert plan.index("Join") < plan.index("membership")
+    # the membership filter sits below the lookup of the requests: only the requested rows are looked up
+    assert "Join" not in plan and plan.index("requesters") < plan.index("membership")
     assert sorted((r.user_id, r.dsr_ids_0) for r in found.collect()) == [("u1", ["r1"]), ("u3", ["r2"])]
     # an array key has no membership test: the join alone, with the same rows as mark and any_hit
     arrays = _table_keys(spark, [KeyGroup("emails[]", "email")], [("r3", "email", "a@x")])
@@ -105,3 +106,30 @@ def test_requested_rows_are_tested_before_the_join_finds_their_requests(spark):
     assert sorted(r.user_id for r in joined.collect()) == ["u1", "u3"]
     assert sorted(r.user_id for r in matching.mark(rows, arrays).where(matching.any_hit(arrays)).collect()) == \
         ["u1", "u3"]
+
+
+@pytest.mark.parametrize(("sql_type", "key_type", "rows", "requested"), [
+    ("string", StringType(), [SECRET, "b", "c", None], [("r1", SECRET), ("r2", SECRET), ("r3", "b"), ("r4", "z")]),
+    ("bigint", LongType(), [3, 2**40, -7, None], [("r1", 3), ("r2", 2**40), ("r0", 2**40), ("r3", 9)]),
+    ("int", IntegerType(), [3, -7, 5, None], [("r2", 3), ("r1", 3), ("r3", -7)])])
+def test_requesters_answer_as_a_join_with_the_batchs_keys_does(spark, mode, sql_type, key_type, rows, requested):
+    frame = spark.createDataFrame([(i, v) for i, v in enumerate(rows)], f"i int, k {sql_type}")
+    keys = indriver.local_rows(spark, [(r, "id", v) for r, v in requested],
+                               f"request_id string, key_type string, key_value {sql_type}")
+    key_set = matching.key_set(keys, "id", key_type)
+    assert key_set.values is not None  # held in the driver
+    looked_up = frame.select("i", requesters(spark, key_set.values.lookup, F.col("k"), key_type).alias("ids"))
+    plan = looked_up._jdf.queryExecution().executedPlan().toString()
+    assert "requesters" in plan and "Join" not in plan and SECRET not in plan
+    joined = frame.join(key_set.requesters, frame.k == key_set.requesters.key_value, "left")
+    assert {r.i: r.ids for r in looked_up.collect()} == {r.i: r.request_ids for r in joined.collect()}
+    expected = {v: sorted(r for r, w in requested if w == v) or None for v in rows}
+    assert [r.ids for r in looked_up.orderBy("i").collect()] == [expected[v] if v is not None else None for v in rows]
+
+
+def test_a_key_column_of_a_narrower_type_is_looked_up_at_the_keys_type(spark):
+    frame = spark.createDataFrame([(3,), (4,)], "k int")
+    keys = indriver.local_rows(spark, [("r1", "id", 3)], "request_id string, key_type string, key_value bigint")
+    key_set = matching.key_set(keys, "id", LongType())
+    found = frame.select(requesters(spark, key_set.values.lookup, F.col("k"), LongType()).alias("ids")).collect()
+    assert [r.ids for r in found] == [["r1"], None]

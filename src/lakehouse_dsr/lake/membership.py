@@ -1,4 +1,5 @@
-"""Whether a row's key is one of a batch's values, tested inside Spark's generated code.
+"""Whether a row's key is one of a batch's values, and which requests name it, answered inside
+Spark's generated code.
 
 The check that an erasure changed nothing else, and the rewrite that leaves the requested rows out,
 need one bit per row: does a request name its key? A broadcast join (stages/matching.py's `mark`)
@@ -6,7 +7,8 @@ answers which requests do, at the price of building a key row, hashing it and pr
 relation for every row; over a 10M-row scan that cost about 0.9 s on two cores. A `membership`
 column is a hash set lookup instead (Membership.java, reached through Spark's `Invoke` like
 hashsum.py's sums): the set travels as a broadcast variable, and plan strings show "membership",
-never a value.
+never a value. A `requesters` column looks up which requests name the key the same way, where the
+join would also have cost a small broadcast job and its planning in every query (plan, export).
 """
 
 from __future__ import annotations
@@ -34,3 +36,14 @@ def membership(spark: SparkSession, values: Any, key: Column, key_type: DataType
         raise ValueError(f"no membership test for keys of type {key_type.simpleString()}")
     return Column(compiled(spark, "Membership", tasks=True).of(
         spark.sparkContext._jsc.sc(), values, key._jc, _TYPES[type(key_type)]))
+
+
+def requesters(spark: SparkSession, lookup: Any, key: Column, key_type: DataType) -> Column:
+    """An array<string> column: the sorted ids of the requests naming `key` (of `key_type`, see
+    `supported`) as `lookup` lists them (a java.util.Map held in the driver's JVM:
+    skipping.KeyValues.lookup), NULL where none does or `key` is NULL. Cost: one broadcast of the
+    lookup; a hash lookup per row."""
+    if not supported(key_type):
+        raise ValueError(f"no membership test for keys of type {key_type.simpleString()}")
+    return Column(compiled(spark, "Membership", tasks=True).requesters(
+        spark.sparkContext._jsc.sc(), lookup, key.cast(key_type)._jc, _TYPES[type(key_type)]))

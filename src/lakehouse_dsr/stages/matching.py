@@ -150,8 +150,9 @@ def _lookup(index: int) -> str:
 
 def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None, *,
          requests: bool = True) -> DataFrame:
-    """`rows` plus `dsr_ids_<i>` per key group (see `ids_column`): one broadcast join per key
-    column with the batch's values, no shuffle. An array key (`recipients[]`) is matched element by
+    """`rows` plus `dsr_ids_<i>` per key group (see `ids_column`): a scalar key whose values are
+    held in the driver is looked up there (lake/membership.py's `requesters`: a hash lookup per row),
+    other keys by a broadcast join with the batch's values; no shuffle. An array key (`recipients[]`) is matched element by
     element against the batch's values as one broadcast map (`dsr_lookup_<i>`, kept on the rows
     for `erased_elements`; a lookup costs time linear in the batch's distinct values). `key_columns`:
     where the key values are in `rows` (default: the mapped columns, struct paths included).
@@ -168,9 +169,9 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
             ids = F.flatten(F.transform(erased_elements(index, value), _requests_of(index)))
             rows = rows.withColumn(ids_column(index), F.when(F.size(ids) > 0, ids))
             continue
-        member = None if requests else _member(rows, keys, value)
-        if member is not None:
-            rows = rows.withColumn(ids_column(index), F.when(member, F.lit(True)))
+        held = _requesters(rows, keys, value) if requests else _member(rows, keys, value)
+        if held is not None:
+            rows = rows.withColumn(ids_column(index), held if requests else F.when(held, F.lit(True)))
             continue
         found = keys.requesters.select(F.col("key_value").alias("dsr_match"),
                                        F.col("request_ids").alias(ids_column(index)))
@@ -181,8 +182,7 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
 def requested_rows(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None) -> DataFrame:
     """The rows of `rows` that some request names, `mark`ed. Where every key group can be tested by
     membership (scalar keys whose values are held in the driver), the rows are tested that way
-    first, so the joins that find which requests name them probe only the requested rows: over a
-    10M-row scan naming 1,000 people, about 10,000 probes instead of 10M."""
+    first, so the lookups that find which requests name them run on the requested rows only."""
     key_columns = key_columns or _key_columns(table_keys)
     members = [None if g.is_array else _member(rows, keys, value)
                for g, keys, value in zip(table_keys.groups, table_keys.sets, key_columns, strict=True)]
@@ -195,6 +195,15 @@ def requested_rows(rows: DataFrame, table_keys: TableKeys, key_columns: list[Col
 def _key_columns(table_keys: TableKeys) -> list[Column]:
     """The mapped key columns of `table_keys`' groups, struct paths included."""
     return [F.col(column_ref(g.column)) for g in table_keys.groups]
+
+
+def _requesters(rows: DataFrame, keys: KeySet, value: Column) -> Column | None:
+    """Which requests name `value`, looked up in the driver's values (lake/membership.py); None when
+    the values are not held in the driver or their type has no lookup."""
+    key_type = keys.requesters.schema["key_value"].dataType
+    if keys.values is None or not membership.supported(key_type):
+        return None
+    return membership.requesters(rows.sparkSession, keys.values.lookup, value, key_type)
 
 
 def _member(rows: DataFrame, keys: KeySet, value: Column) -> Column | None:
