@@ -152,8 +152,8 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
          requests: bool = True) -> DataFrame:
     """`rows` plus `dsr_ids_<i>` per key group (see `ids_column`): a scalar key whose values are
     held in the driver is looked up there (lake/membership.py's `requesters`: a hash lookup per row),
-    other keys by a broadcast join with the batch's values; no shuffle. An array key (`recipients[]`) is matched element by
-    element against the batch's values as one broadcast map (`dsr_lookup_<i>`, kept on the rows
+    other keys by a broadcast join with the batch's values; no shuffle. An array key (`recipients[]`)
+    is matched element by element against the batch's values as one broadcast map (`dsr_lookup_<i>`, kept on the rows
     for `erased_elements`; a lookup costs time linear in the batch's distinct values). `key_columns`:
     where the key values are in `rows` (default: the mapped columns, struct paths included).
     `requests=False`, for callers that only ask whether a row is requested (`hit`, `any_hit`,
