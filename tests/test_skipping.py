@@ -515,6 +515,8 @@ def test_the_export_reads_the_rewritten_files_once_with_the_content_check(spark,
     ([12] * 40, 2, 128, [120] * 4),  # Iceberg packs 11, 11, 11 and 7 files: one core idles at the end
     ([12] * 40, 2, 100, [72, 72, 84, 84, 84, 84]),  # 5 splits' worth, rounded up to 6 groups
     ([30, 10, 10, 10, 10, 10, 10, 10], 2, 50, [50, 50]),
+    # many cores: 64 groups would make a rewrite write 64 files of 7.5 where 4 of 120 do
+    ([12] * 40, 64, 128, [120] * 4),
 ])
 def test_files_are_packed_into_groups_of_even_size(sizes, parallelism, split, loads):
     groups = skipping.balanced_groups(sizes, parallelism, split)

@@ -258,9 +258,10 @@ def _staged_read(candidates: Candidates, jtable: Any, tasks: Any, options: dict[
 
 def balanced_groups(sizes: list[int], parallelism: int, split: int = _SPLIT) -> list[list[int]] | None:
     """The files (their indexes in `sizes`) in groups of about even size, as many as the splits they
-    fill rounded up to a multiple of `parallelism`; None where Iceberg's own packing into splits does
-    as well: files that fill one split, a file larger than a split (Iceberg splits it by row groups),
-    or no more files than groups.
+    fill, rounded up to a multiple of `parallelism` where the groups stay at least half a split (a
+    rewrite writes a file per group); None where Iceberg's own packing into splits does as well:
+    files that fill one split, a file larger than a split (Iceberg splits it by row groups), or no
+    more files than groups.
 
     Iceberg fills each split before it opens the next: at 10M unclustered events, 40 files of 12 MB
     went into tasks of 11, 11, 11 and 7 files, and on two cores one core idled for the last 1.5 s of
@@ -269,7 +270,8 @@ def balanced_groups(sizes: list[int], parallelism: int, split: int = _SPLIT) -> 
     if total <= split or max(sizes) > split:
         return None
     count = -(-total // split)
-    count = -(-count // parallelism) * parallelism
+    rounds = -(-count // parallelism) * parallelism  # whole rounds of tasks on the cores
+    count = rounds if rounds <= 2 * count else count
     if count >= len(sizes):
         return None
     groups: list[list[int]] = [[] for _ in range(count)]
