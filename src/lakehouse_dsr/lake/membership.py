@@ -32,10 +32,8 @@ def membership(spark: SparkSession, values: Any, key: Column, key_type: DataType
     """A boolean column: whether `key` (of `key_type`, see `supported`) is one of `values` (a
     java.util.List held in the driver's JVM: skipping.KeyValues.java_list), NULL where `key` is NULL.
     Cost: one broadcast of the values; a hash set lookup per row."""
-    if not supported(key_type):
-        raise ValueError(f"no membership test for keys of type {key_type.simpleString()}")
     return Column(compiled(spark, "Membership", tasks=True).of(
-        spark.sparkContext._jsc.sc(), values, key._jc, _TYPES[type(key_type)]))
+        spark.sparkContext._jsc.sc(), values, key._jc, _type_name(key_type)))
 
 
 def requesters(spark: SparkSession, lookup: Any, key: Column, key_type: DataType) -> Column:
@@ -43,7 +41,12 @@ def requesters(spark: SparkSession, lookup: Any, key: Column, key_type: DataType
     `supported`) as `lookup` lists them (a java.util.Map held in the driver's JVM:
     skipping.KeyValues.lookup), NULL where none does or `key` is NULL. Cost: one broadcast of the
     lookup; a hash lookup per row."""
+    return Column(compiled(spark, "Membership", tasks=True).requesters(
+        spark.sparkContext._jsc.sc(), lookup, key.cast(key_type)._jc, _type_name(key_type)))
+
+
+def _type_name(key_type: DataType) -> str:
+    """Membership.java's name for `key_type`; a ValueError for a type it has no test for."""
     if not supported(key_type):
         raise ValueError(f"no membership test for keys of type {key_type.simpleString()}")
-    return Column(compiled(spark, "Membership", tasks=True).requesters(
-        spark.sparkContext._jsc.sc(), lookup, key.cast(key_type)._jc, _TYPES[type(key_type)]))
+    return _TYPES[type(key_type)]

@@ -169,7 +169,7 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
             ids = F.flatten(F.transform(erased_elements(index, value), _requests_of(index)))
             rows = rows.withColumn(ids_column(index), F.when(F.size(ids) > 0, ids))
             continue
-        held = _requesters(rows, keys, value) if requests else _member(rows, keys, value)
+        held = _member(rows, keys, value, requests)
         if held is not None:
             rows = rows.withColumn(ids_column(index), held if requests else F.when(held, F.lit(True)))
             continue
@@ -197,21 +197,15 @@ def _key_columns(table_keys: TableKeys) -> list[Column]:
     return [F.col(column_ref(g.column)) for g in table_keys.groups]
 
 
-def _requesters(rows: DataFrame, keys: KeySet, value: Column) -> Column | None:
-    """Which requests name `value`, looked up in the driver's values (lake/membership.py); None when
-    the values are not held in the driver or their type has no lookup."""
+def _member(rows: DataFrame, keys: KeySet, value: Column, requests: bool = False) -> Column | None:
+    """Whether `value` is one of `keys` by membership, or with `requests` which requests name it
+    (lake/membership.py's `requesters`), answered from the values held in the driver; None when they
+    are not held there or their type has no membership test."""
     key_type = keys.requesters.schema["key_value"].dataType
     if keys.values is None or not membership.supported(key_type):
         return None
-    return membership.requesters(rows.sparkSession, keys.values.lookup, value, key_type)
-
-
-def _member(rows: DataFrame, keys: KeySet, value: Column) -> Column | None:
-    """Whether `value` is one of `keys` by membership (lake/membership.py); None when the values are
-    not held in the driver or their type has no membership test."""
-    key_type = keys.requesters.schema["key_value"].dataType
-    if keys.values is None or not membership.supported(key_type):
-        return None
+    if requests:
+        return membership.requesters(rows.sparkSession, keys.values.lookup, value, key_type)
     return membership.membership(rows.sparkSession, keys.values.java_list, value, key_type)
 
 
