@@ -11,12 +11,29 @@ bytes (bytes read: the sizes of the files opened), and in `driver_files`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from pyspark.sql import SparkSession
 
 from .bridge import compiled
-from .workers import STARTING
+
+# How the jobs of work run on a thread beside the run's other stages are described (Spark's UI shows it).
+BESIDE = "dsr, beside the run: "
+
+
+@contextmanager
+def beside(spark: SparkSession, what: str) -> Iterator[str]:
+    """Describe the jobs this thread starts in the block `BESIDE + what` (returned): stage meters of
+    other work leave them out, a meter made with `only=` that description counts only them."""
+    sc = spark.sparkContext
+    description = BESIDE + what
+    sc.setLocalProperty("spark.job.description", description)  # this thread's jobs only
+    try:
+        yield description
+    finally:
+        sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]  # None removes it
 
 
 @dataclass
@@ -46,14 +63,16 @@ class Mark:
 
 
 class StageMeter:
-    """Marks a point in the application's stage sequence and sums the stages run after it.
+    """Marks a point in the application's stage sequence and sums the stages run after it: those of
+    the jobs described `only` (`beside`), or without it every stage but those run beside the run.
 
     Cost: waits for Spark's listener bus to drain, then one JVM call per new stage.
     """
 
-    def __init__(self, spark: SparkSession):
+    def __init__(self, spark: SparkSession, only: str | None = None):
         self._spark = spark
         self._sc = spark.sparkContext._jsc.sc()
+        self._only = only
 
     def _stages(self):
         self._sc.listenerBus().waitUntilEmpty()
@@ -83,7 +102,7 @@ class StageMeter:
             oldest = stage.stageId()
             if oldest <= mark.stage:
                 break
-            if stage.status().toString() == "SKIPPED" or _starting(stage):
+            if stage.status().toString() == "SKIPPED" or not self._counts(stage):
                 continue
             cost = cost.add(IoCost(
                 1, stage.numTasks(), stage.inputRecords(), stage.inputBytes(), stage.outputRecords(),
@@ -92,8 +111,7 @@ class StageMeter:
         cost.truncated = oldest is not None and oldest > mark.stage + 1
         return cost
 
-
-def _starting(stage) -> bool:
-    """A stage of lake/workers.py's start of the Python workers: no work of the run."""
-    description = stage.description()
-    return description.isDefined() and description.get() == STARTING
+    def _counts(self, stage) -> bool:
+        described = stage.description()
+        description = described.get() if described.isDefined() else ""
+        return description == self._only if self._only is not None else not description.startswith(BESIDE)

@@ -18,11 +18,9 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from ..exceptions import first_line
+from .metrics import beside
 
 log = logging.getLogger(__name__)
-
-# The description of the starting job: stage meters (lake/metrics.py) leave it out, as no work of the run.
-STARTING = "dsr: Python workers started ahead of the export"
 _started: weakref.WeakSet[SparkContext] = weakref.WeakSet()
 _lock = threading.Lock()
 
@@ -36,14 +34,12 @@ def start_python_workers(spark: SparkSession) -> None:
         if sc in _started:
             return
         _started.add(sc)
-    threading.Thread(target=_start, args=(sc,), name="dsr-python-workers", daemon=True).start()
+    threading.Thread(target=_start, args=(spark,), name="dsr-python-workers", daemon=True).start()
 
 
-def _start(sc: SparkContext) -> None:
-    sc.setLocalProperty("spark.job.description", STARTING)  # this thread's jobs only
+def _start(spark: SparkSession) -> None:
     try:
-        sc.parallelize([0], 1).map(int).collect()  # a built-in: the worker unpickles it without imports
+        with beside(spark, "Python workers started ahead of the export"):  # stage meters leave it out
+            spark.sparkContext.parallelize([0], 1).map(int).collect()  # a built-in: unpickled without imports
     except Exception as exc:  # a stopped context, say
         log.debug("Python workers not started ahead: %s", first_line(exc))
-    finally:
-        sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]  # None removes it
