@@ -1,14 +1,20 @@
 """Row sums inside Spark's generated code (lake/hashsum.py, HashSum.java): while an action reads the
 rows, every row's value is counted and summed modulo 2^64 once, as Spark's own exact aggregate over
-the same rows says; the call sits in whole-stage generated code; and a side that saw rows twice (or
-not all of them) is refused by the collateral check, which then reads the files itself."""
+the same rows says; the call sits in whole-stage generated code; a side that saw rows twice (or not
+all of them) is refused by the collateral check, which then reads the files itself; and a thread can
+wait for the stage that summed the rows while another thread's action goes on (StageDone)."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
 from pyspark.sql import functions as F
 
 from helpers import GENERATED, codegen
-from lakehouse_dsr.lake.hashsum import hash_sum
+from lakehouse_dsr.lake.hashsum import StageDone, hash_sum
 from lakehouse_dsr.stages import collateral
 
 
@@ -56,3 +62,48 @@ def test_the_after_side_is_refused_unless_each_row_was_seen_once(spark, mode):
     frame.collect()  # a second read of the same rows: counted twice
     assert collateral.after_split(sums, count) is None
     assert collateral.after_split(sums, None) is None  # the commit's metadata did not say
+
+
+def _blocked_until(flag: Path):
+    """A Python UDF that holds its task until `flag` exists (at most a minute): a later stage that
+    keeps the action running."""
+    def wait(value: int) -> int:
+        deadline = time.monotonic() + 60
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return value
+    return F.udf(wait, "bigint")
+
+
+def test_stage_done_opens_once_the_summing_stage_completed_while_the_action_runs_on(spark, tmp_path):
+    """Another thread's action sums the rows in its first stage and is held in its second: the watch
+    opens with every row counted and summed, before the action ends; the sums do not move after."""
+    count, exact = _exact(spark)
+    sums, flag = hash_sum(spark), tmp_path / "go"
+    frame = _rows(spark).where(sums.adding(F.col("h"))).repartition(2, "id") \
+        .select(_blocked_until(flag)("id").alias("id"))
+    with StageDone(spark, [sums]) as read, ThreadPoolExecutor(1) as pool:
+        action = pool.submit(lambda: frame.write.format("noop").mode("overwrite").save())
+        try:
+            assert read.wait(action.done)
+            assert not action.done()  # held in its second stage
+            assert (sums.rows, sums.total) == (count, exact % 2**64)
+        finally:
+            flag.touch()
+        action.result()
+    assert (sums.rows, sums.total) == (count, exact % 2**64)
+
+
+def test_stage_done_gives_up_with_an_action_that_failed_and_its_sums_are_refused(spark, tmp_path):
+    """An action whose summing stage fails part-way: the wait ends (the stage completed as failed, or
+    the action ended first) and the check refuses the partial sums."""
+    count, _ = _exact(spark)
+    sums = collateral.Sums(hash_sum(spark), hash_sum(spark))
+    frame = _rows(spark).where(F.when(F.col("id") == 4999, F.raise_error(F.lit("stop")))
+                               .otherwise(sums.other.adding(F.col("h")))).repartition(2, "id")
+    with StageDone(spark, [sums.other, sums.requested]) as read, ThreadPoolExecutor(1) as pool:
+        action = pool.submit(lambda: frame.write.format("noop").mode("overwrite").save())
+        read.wait(action.done)
+        with pytest.raises(Exception, match="stop"):
+            action.result()
+    assert 0 < sums.rows < count and collateral.after_split(sums, count) is None

@@ -9,11 +9,13 @@ from the generated code (HashSum.java, reached through Spark's `Invoke` expressi
 Like every accumulator, it counts a task once when the action is a job's final stage (a write, a
 collect); a map stage that Spark runs again (a lost shuffle file) counts its tasks again, and an action
 that failed leaves the counts of the tasks that finished. A caller compares `rows` with what it
-expects where either can happen.
+expects where either can happen. Where another thread's action reads the rows, `StageDone` tells when
+the stage that read them has completed, before the action's later stages have.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +44,35 @@ class HashSum:
         return int(self.accumulator.sum()) & (2**64 - 1)
 
 
+NAME = "dsr: rows fingerprinted"  # Spark's UI shows the counts and sums (row hashes, never a value)
+
+
 def hash_sum(spark: SparkSession) -> HashSum:
-    """A new, empty HashSum (unnamed: Spark's UI and event log leave it out)."""
+    """A new, empty HashSum. Named: Spark reports a stage's named accumulators, which `StageDone` watches."""
     factory = compiled(spark, "HashSum", tasks=True)
-    return HashSum(spark.sparkContext._jsc.sc().longAccumulator(), factory)
+    return HashSum(spark.sparkContext._jsc.sc().longAccumulator(NAME), factory)
+
+
+class StageDone:
+    """Watches for the first completed stage whose tasks added to any of `sums` (StageDone.java): once
+    it has, their values are final unless Spark runs that stage again. For a thread that waits for
+    another thread's action to have read the rows, not for all of that action. A context manager: the
+    watch stops listening on exit."""
+
+    def __init__(self, spark: SparkSession, sums: list[HashSum]):
+        self._sc = spark.sparkContext._jsc.sc()
+        self._watch = compiled(spark, "StageDone").watch(self._sc, [int(s.accumulator.id()) for s in sums])
+
+    def wait(self, given_up: Callable[[], bool], poll_seconds: float = 0.05) -> bool:
+        """Block until such a stage completed (True), or `given_up()` says none will (the action ended
+        or failed before one did: False)."""
+        while not self._watch.completed(int(poll_seconds * 1000)):
+            if given_up():
+                return bool(self._watch.completed(0))
+        return True
+
+    def __enter__(self) -> StageDone:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch.close(self._sc)
