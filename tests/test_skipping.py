@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,7 +33,7 @@ from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
-from lakehouse_dsr.stages import collateral, erase, matching, verify
+from lakehouse_dsr.stages import access, collateral, erase, matching, purge, verify
 from lakehouse_dsr.stages.access import export
 from test_reliability import wrap_apply
 
@@ -509,6 +510,39 @@ def test_the_export_reads_the_rewritten_files_once_with_the_content_check(spark,
     else:  # the old file for the copy, and the check reads the new one itself
         assert report.cost["export"]["rows_read"] == rows
         assert report.cost["erase"]["rows_read"] == 2 * rows + rows - erased_rows
+
+
+def test_the_erasure_concludes_and_purges_while_the_shared_export_writes_its_packages(spark, tmp_path,
+                                                                                      monkeypatch):
+    """The shared export goes on grouping and writing its packages on a thread of its own once its scan
+    (which carried the content check's "after" side) has completed: the check's verdict and the purge
+    come meanwhile. The export here waits, before it checks its packages, for the erasure to have
+    concluded: a run that waited for the whole export first would leave it waiting a minute, and the
+    export would fail."""
+    settings = one_file_lake(spark, tmp_path)
+    concluded, purged = threading.Event(), threading.Event()
+    conclude, purge_table, checked = collateral.conclude_many, purge.purge_table, access.checked_packages
+
+    def purge_and_tell(*args, **kwargs):
+        done = purge_table(*args, **kwargs)
+        purged.set()
+        return done
+
+    monkeypatch.setattr(collateral, "conclude_many", lambda *a, **k: (concluded.set(), conclude(*a, **k))[1])
+    monkeypatch.setattr(purge, "purge_table", purge_and_tell)
+
+    def checked_after_the_purge(result):
+        assert concluded.wait(60) and purged.wait(60), "the erasure waited for the export's packages"
+        return checked(result)
+
+    monkeypatch.setattr(access, "checked_packages", checked_after_the_purge)
+    Ledger(settings).submit([RequestInput(ERASED, "erase"), RequestInput(ASKED, "access")])
+    report = run(spark, settings.replace(purge={"policy": "immediate"}))
+    events = report.tables[EVENTS]
+    assert {r.status for r in report.requests} == {"completed"} and report.export["packages"] == 1
+    assert events["erase"]["collateral"]["ok"] and events["purge"]["snapshots_expired"] > 0
+    assert report.cost["export"]["rows_read"] == events["erase"]["rows_after"]  # the shared scan: the new file
+    assert report.cost["erase"]["rows_read"] == 2 * events["erase"]["rows_before"]  # the plan's keys, the rewrite
 
 
 @pytest.mark.parametrize(("sizes", "parallelism", "split", "loads"), [

@@ -27,9 +27,12 @@ T = TypeVar("T")
 
 
 @contextmanager
-def timed(report: RunReport, stage: str, spark: SparkSession | None = None) -> Iterator[None]:
-    """Add the block's seconds, and with Spark its I/O (rows, bytes read/written, shuffled), to the stage's totals."""
-    meter = StageMeter(spark) if spark is not None else None
+def timed(report: RunReport, stage: str, spark: SparkSession | None = None, only: str | None = None
+          ) -> Iterator[None]:
+    """Add the block's seconds, and with Spark its I/O (rows, bytes read/written, shuffled), to the stage's
+    totals. `only`: count the I/O of those jobs only (lake/metrics.py's `beside`: a block that runs beside
+    other stages)."""
+    meter = StageMeter(spark, only) if spark is not None else None
     mark = meter.mark() if meter else None
     start = time.perf_counter()
     try:
@@ -89,9 +92,9 @@ class Context:
         """The vault's table in the run's lake (read by the export and the shred stages)."""
         return vault.VaultTable(self.lake, vault.table_name(self.settings))
 
-    def timed(self, stage: str) -> AbstractContextManager[None]:
+    def timed(self, stage: str, only: str | None = None) -> AbstractContextManager[None]:
         """`timed` for this run's report, with Spark's I/O."""
-        return timed(self.report, stage, self.spark)
+        return timed(self.report, stage, self.spark, only)
 
     def each_table(self, stage: str, tables: list[str], work: Callable[[str], T]) -> dict[str, T]:
         return each_table(self.settings.run.parallel_tables, self.progress, stage, tables, work)

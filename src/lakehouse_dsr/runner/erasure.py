@@ -21,6 +21,7 @@ from .. import faults
 from ..datamap import DataMap
 from ..exceptions import CommitConflictError, first_line
 from ..keys import key_id
+from ..lake.hashsum import StageDone
 from ..lake.hmac import with_keyed_hash
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
@@ -271,13 +272,20 @@ class ErasureBatch:
         """Run the shared export after the first wave's commits: each table those commits erased is
         read as before them, or, where the content check still has to read the commit's new files and
         no access request's row was changed, through those files with the check's "after" side
-        observed on the same scan. Returns the sides observed."""
+        observed on the same scan. Returns the sides observed once that scan has completed: the export
+        goes on grouping and writing its packages meanwhile (SharedExport.run's `background`)."""
         shared = {t: p.observe_after() for t, p in first.pending.items()
                   if p.after_shareable and export.unchanged_by(t, first.key_sets[t])}
-        export.run({**{t: access.ReadAt(e.plan.snapshot_before) for t, e in first.erasures.items()
-                       if e.snapshot_id is not None},
-                    **{t: access.ReadAt(first.erasures[t].snapshot_id, frame, first.pending[t].added_files)
-                       for t, (frame, _) in shared.items()}})
+        read_at = {**{t: access.ReadAt(e.plan.snapshot_before) for t, e in first.erasures.items()
+                      if e.snapshot_id is not None},
+                   **{t: access.ReadAt(first.erasures[t].snapshot_id, frame, first.pending[t].added_files)
+                      for t, (frame, _) in shared.items()}}
+        if not shared:
+            export.run(read_at)
+            return {}
+        with StageDone(self.spark, [s for _, sums in shared.values() for s in (sums.other, sums.requested)]) as read:
+            export.run(read_at, background=True)
+            read.wait(export.finished)
         return {t: split for t, (_, sums) in shared.items()
                 if (split := collateral.after_split(sums, first.pending[t].added_rows)) is not None}
 
