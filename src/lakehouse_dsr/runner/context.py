@@ -17,7 +17,7 @@ from ..evidence.report import RunReport
 from ..inventory.check import KeyTypes
 from ..lake import indriver
 from ..lake.iceberg import Lake
-from ..lake.metrics import IoCost, StageMeter
+from ..lake.metrics import IoCost, StageMeter, beside
 from ..ledger.ledger import Ledger
 from ..progress import Progress
 from ..stages import identity
@@ -100,11 +100,12 @@ class Context:
         return each_table(self.settings.run.parallel_tables, self.progress, stage, tables, work)
 
     def identifiers(self, request_ids: list[str]) -> DataFrame:
-        """(request_id, key_type, key_value) of these requests (stages/identity.py). The first call
-        resolves every request of the run, so the export and the erasure share one Spark job (on a
-        small lake, each job's fixed cost is what a run waits for); later calls select from it."""
+        """(request_id, key_type, key_value) of these requests (stages/identity.py). Every request of the
+        run is resolved once (`resolved`: by the run while it checks the catalog, or by the first call),
+        so the export and the erasure share one Spark job (on a small lake, each job's fixed cost is
+        what a run waits for); later calls select from it."""
         if not self._resolved:
-            self._resolved.append(identity.resolve(self.lake, self.settings.datamap, self.batch(self.requests)))
+            self._resolved.append(resolved(self.spark, self.settings, self.report, self.requests))
         keys = self._resolved[0]
         if set(request_ids) == set(self.requests):
             return keys
@@ -112,7 +113,19 @@ class Context:
         return indriver.kept_where(keys, "request_id", sorted(request_ids))
 
     def batch(self, requests: dict[str, dict]) -> DataFrame:
-        """(request_id, subject_id, regulation) of a batch as a small DataFrame held in the driver's JVM
-        (indriver.local_rows): identifiers travel as data, never as SQL text."""
-        rows = [(rid, r["subject_id"], r["regulation"]) for rid, r in sorted(requests.items())]
-        return indriver.local_rows(self.spark, rows, "request_id string, subject_id string, regulation string")
+        return batch(self.spark, requests)
+
+
+def batch(spark: SparkSession, requests: dict[str, dict]) -> DataFrame:
+    """(request_id, subject_id, regulation) of a batch as a small DataFrame held in the driver's JVM
+    (indriver.local_rows): identifiers travel as data, never as SQL text."""
+    rows = [(rid, r["subject_id"], r["regulation"]) for rid, r in sorted(requests.items())]
+    return indriver.local_rows(spark, rows, "request_id string, subject_id string, regulation string")
+
+
+def resolved(spark: SparkSession, settings: Settings, report: RunReport, requests: dict[str, dict]) -> DataFrame:
+    """The requests' identifiers (stages/identity.py), what `Context.identifiers` first resolves, for
+    a thread that resolves them beside the run's other work: its jobs are described so
+    (lake/metrics.py's `beside`) and timed as the `resolve` stage."""
+    with beside(spark, "resolve identifiers") as jobs, timed(report, "resolve", spark, only=jobs):
+        return identity.resolve(Lake.of(spark, settings), settings.datamap, batch(spark, requests))
