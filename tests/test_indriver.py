@@ -252,7 +252,7 @@ def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_th
     jvm = spark._jvm.java.lang.ProcessHandle.current().pid()
     meter = StageMeter(spark)
     mark = meter.mark()
-    starting = threading.Thread(target=workers._start, args=(sc,))  # what start_python_workers starts
+    starting = threading.Thread(target=workers._start, args=(spark,))  # what start_python_workers starts
     starting.start()
     starting.join()
     module = sc.getConf().get(PYTHON_DAEMON, "pyspark.daemon").encode()  # ours on local masters
@@ -272,7 +272,7 @@ def test_the_python_workers_start_in_the_background_and_no_stage_meter_counts_th
     for thread in threading.enumerate():
         if thread.name == "dsr-python-workers":
             thread.join(10)
-    assert started == [sc]
+    assert started == [spark]
 
 
 def _parent(proc: Path) -> int:
