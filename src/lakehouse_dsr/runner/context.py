@@ -77,6 +77,7 @@ class Context:
     vault_keys: vault.Keys | None
     requests: dict[str, dict] = field(default_factory=dict)  # the run's access and erase requests, by id
     _resolved: list[DataFrame] = field(default_factory=list, compare=False, repr=False)
+    _subsets: dict[frozenset[str], DataFrame] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def run_id(self) -> str:
@@ -106,11 +107,14 @@ class Context:
         what a run waits for); later calls select from it."""
         if not self._resolved:
             self._resolved.append(resolved(self.spark, self.settings, self.report, self.requests))
-        keys = self._resolved[0]
-        if set(request_ids) == set(self.requests):
+        keys, wanted = self._resolved[0], frozenset(request_ids)
+        if wanted == set(self.requests):
             return keys
-        # The kept rows' subset, kept too: a join here would add a stage to every job that reads them.
-        return indriver.kept_where(keys, "request_id", sorted(request_ids))
+        # The kept rows' subset, kept too (a join here would add a stage to every job that reads them),
+        # once per subset: the erasure and the export each ask for theirs more than once.
+        if wanted not in self._subsets:
+            self._subsets[wanted] = indriver.kept_where(keys, "request_id", sorted(wanted))
+        return self._subsets[wanted]
 
     def batch(self, requests: dict[str, dict]) -> DataFrame:
         return batch(self.spark, requests)
