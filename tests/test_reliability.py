@@ -181,3 +181,32 @@ def test_a_misspelt_failpoint_fails_before_anything_changes(spark, new_lakehouse
     with pytest.raises(ConfigError, match="not a failpoint.*after_erase"):
         run(spark, settings)
     assert snapshot_ids(spark, settings, tables) == before
+
+
+def test_the_keyed_hashes_are_stored_before_the_first_commit_and_a_failure_to_store_them_erases_nothing(
+        spark, new_lakehouse, monkeypatch):
+    """The batch's keyed hashes are stored on a thread while the erasure plans: every commit finds
+    them in the ledger; when storing them fails, the run fails and no mapped table changed."""
+    settings = new_lakehouse()
+    ledger = Ledger(settings)
+    ids = ledger.submit([RequestInput(u, "erase") for u in ERASED]).created
+    stored_at_commit: list[int] = []
+    real_apply = erase.apply
+
+    def apply(lake, datamap, erasing, table_plan, keys, **options):
+        stored_at_commit.append(len(Ledger(settings).key_hashes(ids)))
+        return real_apply(lake, datamap, erasing, table_plan, keys, **options)
+
+    monkeypatch.setattr(erase, "apply", apply)
+    tables = list(settings.datamap.tables)
+    before = snapshot_ids(spark, settings, tables)
+    record_keys = Ledger.record_keys
+    monkeypatch.setattr(Ledger, "record_keys", lambda self, hashed: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        run(spark, settings)
+    assert snapshot_ids(spark, settings, tables) == before and not stored_at_commit
+    monkeypatch.setattr(Ledger, "record_keys", record_keys)
+    report = run(spark, settings)
+    assert {r.status for r in report.requests} == {"completed"}
+    assert stored_at_commit and min(stored_at_commit) >= len(ERASED)  # a subject id and its linked keys
+    assert events_of(spark, settings, ERASED) == 0

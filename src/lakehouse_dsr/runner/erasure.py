@@ -10,7 +10,8 @@ all (live, history, storage).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import cast
@@ -23,6 +24,7 @@ from ..exceptions import CommitConflictError, first_line
 from ..keys import key_id
 from ..lake.hashsum import StageDone
 from ..lake.hmac import with_keyed_hash
+from ..lake.metrics import beside
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
 from ..stages import access, collateral, erase, files, matching, propagate, purge, refs, resurrection, shred, verify
@@ -200,11 +202,19 @@ class ErasureBatch:
         again = found.keys if found else None
         if not self.request_ids and again is None:
             return Erased()
-        parts = [*([self._resolve()] if self.request_ids else []), *([again] if again is not None else [])]
+        resolved = self._resolve() if self.request_ids else None
+        parts = [part for part in (resolved, again) if part is not None]
         keys = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        self._hashes = verify.stored_hashes(self.spark, self.ledger,
-                                            self.request_ids + (self._resurrected_ids(found) if found else []))
-        erased = self._erase_sources(keys)
+        with ThreadPoolExecutor(1, thread_name_prefix="dsr-keys") as pool:
+            recorded = pool.submit(self._record_keys, resolved) if resolved is not None else None
+
+            def stored() -> None:  # before anything is erased
+                if recorded is not None:
+                    recorded.result()
+                self._hashes = verify.stored_hashes(self.spark, self.ledger, self.request_ids + (
+                    self._resurrected_ids(found) if found else []))
+
+            erased = self._erase_sources(keys, stored)
         erased.shredded = self._shred(keys, erased.erasures)
         if self.settings.datamap.derived:
             faults.failpoint("before_propagate")
@@ -212,27 +222,32 @@ class ErasureBatch:
         return erased
 
     def _resolve(self) -> DataFrame:
-        """The batch's identifiers (linked ones included), with their keyed hashes stored in the ledger
-        before anything is erased (linked identifiers are read from tables the erasure empties).
-        Hashed in Spark: only hashes reach the driver."""
+        """The batch's identifiers (linked ones included)."""
         ctx = self.ctx
         with ctx.timed("resolve"):
             ctx.progress.stage("resolve identifiers", 1)
             ctx.progress.step(f"{len(self.request_ids)} subjects")
             keys = ctx.identifiers(self.request_ids)
+            ctx.progress.done()
+        return keys
+
+    def _record_keys(self, keys: DataFrame) -> None:
+        """The keyed hashes of the batch's identifiers stored in the ledger, on a thread while the
+        erasure plans (linked identifiers are read from tables the erasure empties: the hashes must be
+        stored before anything is erased). Hashed in Spark: only hashes reach the driver."""
+        with beside(self.spark, "record the identifiers' keyed hashes") as jobs, self.ctx.timed("resolve", only=jobs):
             hashed = with_keyed_hash(self.spark, keys, "key_value", self.ledger.key).select(
                 "request_id", "key_type", "key_hash")
             made_by = key_id(self.ledger.key)
             self.ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in hashed.collect()])
-            ctx.progress.done()
-        return keys
 
-    def _erase_sources(self, keys: DataFrame) -> Erased:
+    def _erase_sources(self, keys: DataFrame, stored: Callable[[], None]) -> Erased:
         """Erase the mapped tables wave by wave (tables identifiers are resolved through go last, so a
         resumed run can still resolve from them; a wave's tables side by side), then the file
-        datasets, then late rows other writers appended meanwhile. A shared export (`export`) runs
-        once the first wave has committed, before that wave's collateral verdicts, and is timed as
-        the export."""
+        datasets, then late rows other writers appended meanwhile. `stored()` waits for the keyed
+        hashes to be stored, once the first wave is planned. A shared export (`export`) runs once
+        the first wave has committed, before that wave's collateral verdicts, and is timed as the
+        export."""
         datamap, ctx = self.settings.datamap, self.ctx
         erased = Erased()
         waves = datamap.erase_waves()
@@ -240,6 +255,7 @@ class ErasureBatch:
         with ctx.timed("erase"):
             erased.key_sets = matching.key_sets(datamap, keys, ctx.key_types, [*datamap.keyed, *datamap.files])
             plans = self._plan_tables(waves[0] if waves else [], erased.key_sets)
+        stored()
         export, self.export = self.export, None
         sharing = export is not None and any(self._may_share(export, p, erased.key_sets[t]) for t, p in plans.items())
         if export is not None and not sharing:  # nothing to share: the export an export run first does
