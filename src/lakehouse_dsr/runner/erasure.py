@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from functools import partial
 from typing import cast
 
 from pyspark.sql import DataFrame
@@ -205,16 +206,10 @@ class ErasureBatch:
         resolved = self._resolve() if self.request_ids else None
         parts = [part for part in (resolved, again) if part is not None]
         keys = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        hashed_ids = self.request_ids + (self._resurrected_ids(found) if found else [])
         with ThreadPoolExecutor(1, thread_name_prefix="dsr-keys") as pool:
             recorded = pool.submit(self._record_keys, resolved) if resolved is not None else None
-
-            def stored() -> None:  # before anything is erased
-                if recorded is not None:
-                    recorded.result()
-                self._hashes = verify.stored_hashes(self.spark, self.ledger, self.request_ids + (
-                    self._resurrected_ids(found) if found else []))
-
-            erased = self._erase_sources(keys, stored)
+            erased = self._erase_sources(keys, partial(self._keys_stored, recorded, hashed_ids))
         erased.shredded = self._shred(keys, erased.erasures)
         if self.settings.datamap.derived:
             faults.failpoint("before_propagate")
@@ -240,6 +235,13 @@ class ErasureBatch:
                 "request_id", "key_type", "key_hash")
             made_by = key_id(self.ledger.key)
             self.ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in hashed.collect()])
+
+    def _keys_stored(self, recorded: Future[None] | None, request_ids: list[str]) -> None:
+        """Wait for `_record_keys` (a failure raises here, before anything is erased), then read the
+        stored hashes of `request_ids` back for the verification."""
+        if recorded is not None:
+            recorded.result()
+        self._hashes = verify.stored_hashes(self.spark, self.ledger, request_ids)
 
     def _erase_sources(self, keys: DataFrame, stored: Callable[[], None]) -> Erased:
         """Erase the mapped tables wave by wave (tables identifiers are resolved through go last, so a
