@@ -21,6 +21,7 @@ def test_jobs_run_beside_are_counted_by_their_own_meter_only(spark):
             mark = meter.mark()
             spark.range(0, 1000, 1, 2).select(F.sum("id")).collect()
             seen["rows"] = meter.since(mark).rows_read
+            seen["meter"], seen["mark"] = meter, mark
         seen["description after"] = spark.sparkContext.getLocalProperty("spark.job.description")
 
     thread = threading.Thread(target=beside_the_run)
@@ -29,6 +30,7 @@ def test_jobs_run_beside_are_counted_by_their_own_meter_only(spark):
     own = StageMeter(spark)
     mark = own.mark()
     spark.range(0, 30, 1, 1).select(F.sum("id")).collect()
-    assert seen == {"rows": 1000, "description after": None}
+    assert (seen["rows"], seen["description after"]) == (1000, None)
     assert own.since(mark).rows_read == 30
     assert everything.since(start).rows_read == 30  # the work beside left out
+    assert seen["meter"].since(seen["mark"]).rows_read == 1000  # and the other thread's job left out of its meter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypeVar
@@ -27,20 +27,21 @@ T = TypeVar("T")
 
 
 @contextmanager
-def timed(report: RunReport, stage: str, spark: SparkSession | None = None, only: str | None = None
+def timed(report: RunReport, stage: str, spark: SparkSession | None = None, beside_the_run: str | None = None
           ) -> Iterator[None]:
     """Add the block's seconds, and with Spark its I/O (rows, bytes read/written, shuffled), to the stage's
-    totals. `only`: count the I/O of those jobs only (lake/metrics.py's `beside`: a block that runs beside
-    other stages)."""
-    meter = StageMeter(spark, only) if spark is not None else None
-    mark = meter.mark() if meter else None
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        report.seconds[stage] = round(report.seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
-        if meter and mark is not None:
-            report.cost[stage] = IoCost(**report.cost.get(stage, {})).add(meter.since(mark)).as_dict()
+    totals. `beside_the_run`: the block runs on a thread beside the run's other stages, doing this
+    (with Spark): its jobs are described so (lake/metrics.py's `beside`), and only their I/O is counted."""
+    with beside(spark, beside_the_run) if spark is not None and beside_the_run else nullcontext() as jobs:
+        meter = StageMeter(spark, jobs) if spark is not None else None
+        mark = meter.mark() if meter else None
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            report.seconds[stage] = round(report.seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
+            if meter and mark is not None:
+                report.cost[stage] = IoCost(**report.cost.get(stage, {})).add(meter.since(mark)).as_dict()
 
 
 def each_table(parallel_tables: int, progress: Progress, stage: str, tables: list[str], work: Callable[[str], T]
@@ -93,9 +94,9 @@ class Context:
         """The vault's table in the run's lake (read by the export and the shred stages)."""
         return vault.VaultTable(self.lake, vault.table_name(self.settings))
 
-    def timed(self, stage: str, only: str | None = None) -> AbstractContextManager[None]:
+    def timed(self, stage: str, beside_the_run: str | None = None) -> AbstractContextManager[None]:
         """`timed` for this run's report, with Spark's I/O."""
-        return timed(self.report, stage, self.spark, only)
+        return timed(self.report, stage, self.spark, beside_the_run)
 
     def each_table(self, stage: str, tables: list[str], work: Callable[[str], T]) -> dict[str, T]:
         return each_table(self.settings.run.parallel_tables, self.progress, stage, tables, work)
@@ -131,5 +132,5 @@ def resolved(spark: SparkSession, settings: Settings, report: RunReport, request
     """The requests' identifiers (stages/identity.py), what `Context.identifiers` first resolves, for
     a thread that resolves them beside the run's other work: its jobs are described so
     (lake/metrics.py's `beside`) and timed as the `resolve` stage."""
-    with beside(spark, "resolve identifiers") as jobs, timed(report, "resolve", spark, only=jobs):
+    with timed(report, "resolve", spark, beside_the_run="resolve identifiers"):
         return identity.resolve(Lake.of(spark, settings), settings.datamap, batch(spark, requests))

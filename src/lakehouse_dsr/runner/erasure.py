@@ -25,7 +25,6 @@ from ..exceptions import CommitConflictError, first_line
 from ..keys import key_id
 from ..lake.hashsum import StageDone
 from ..lake.hmac import with_keyed_hash
-from ..lake.metrics import beside
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
 from ..stages import access, collateral, erase, files, matching, propagate, purge, refs, resurrection, shred, verify
@@ -230,7 +229,7 @@ class ErasureBatch:
         """The keyed hashes of the batch's identifiers stored in the ledger, on a thread while the
         erasure plans (linked identifiers are read from tables the erasure empties: the hashes must be
         stored before anything is erased). Hashed in Spark: only hashes reach the driver."""
-        with beside(self.spark, "record the identifiers' keyed hashes") as jobs, self.ctx.timed("resolve", only=jobs):
+        with self.ctx.timed("resolve", beside_the_run="record the identifiers' keyed hashes"):
             hashed = with_keyed_hash(self.spark, keys, "key_value", self.ledger.key).select(
                 "request_id", "key_type", "key_hash")
             made_by = key_id(self.ledger.key)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..exceptions import first_line
-from ..lake.metrics import beside
 from ..ledger.ledger import Outcome
 from ..progress import Silent
 from ..stages import access, matching
@@ -36,8 +34,7 @@ def export_requests(ctx: Context, requests: dict[str, dict], read_at: dict[str, 
     settings = ctx.settings
     out_dir = Path(settings.export.directory) / ctx.run_id
     progress = Silent() if background else ctx.progress
-    with beside(ctx.spark, "the access export") if background else nullcontext() as jobs, \
-            ctx.timed("export", only=jobs):
+    with ctx.timed("export", beside_the_run="the access export" if background else None):
         progress.stage("export", 1)
         progress.step(f"{len(request_ids)} package(s), {settings.export.format}")
         try:
