@@ -26,6 +26,7 @@ from helpers import SEED, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import indriver, layout, skipping
+from lakehouse_dsr.lake.bridge import bridge
 from lakehouse_dsr.lake.catalog import open_catalog
 from lakehouse_dsr.lake.iceberg import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
@@ -568,6 +569,29 @@ def test_files_iceberg_packs_as_well_are_left_to_it(sizes, why):
     assert skipping.balanced_groups(sizes, 2, 128) is None, why
 
 
+def test_groups_iceberg_cannot_pack_from_one_scan_are_read_as_a_union_of_scans(spark, tmp_path, monkeypatch):
+    """Where no split size makes Iceberg's packing reproduce the groups (here: one file, then all the
+    others, whose first file would join the first group), each group is a scan of its own, every
+    file read once."""
+    settings = make_settings(tmp_path, datamap={"subject": "user_id", "identifiers": {},
+                                                "tables": {EVENTS: {"key": "user_id"}}})
+    attach(spark, settings)
+    synth.generate(spark, settings, users=20, events=400, seed=SEED, batches=6)
+    files = open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()
+    everyone = sorted({u for f in files for u in pq.read_table(f["file_path"].removeprefix("file:"),
+                                                                columns=["user_id"]).column("user_id").to_pylist()})
+    candidates = table_keys(spark, settings, everyone).current_candidates(Lake.of(spark, settings).table(EVENTS))
+    assert candidates.files == len(files) >= 3
+    lone = [[0], list(range(1, len(files)))]
+    assert bridge(spark).splitForGroups(candidates._tasks, json.dumps(lone)) == 0
+    monkeypatch.setattr(skipping, "balanced_groups", lambda *_: lone)
+    rows = skipping.read(candidates)
+    assert rows.rdd.getNumPartitions() == 2
+    assert str(rows._jdf.queryExecution().executedPlan()).count("BatchScan") == 2
+    first = {f["file_path"]: f["record_count"] for f in files}[candidates.paths()[0]]
+    assert sorted(rows.rdd.glom().map(len).collect()) == sorted([first, sum(f["record_count"] for f in files) - first])
+
+
 def test_files_filling_several_splits_are_read_and_rewritten_in_even_tasks(spark, tmp_path):
     """An unclustered table whose files fill several splits (`read.split.target-size`, small here):
     the plan reads them in a multiple of the cores' count of tasks with each file once, positions
@@ -586,6 +610,8 @@ def test_files_filling_several_splits_are_read_and_rewritten_in_even_tasks(spark
     candidates = keys.current_candidates(Lake.of(spark, settings).table(EVENTS))
     rows = skipping.read(candidates, position=True)
     assert rows.rdd.getNumPartitions() == 4
+    # One scan packed by Iceberg into the groups, not a union of a scan per group (each broadcasts the table)
+    assert str(rows._jdf.queryExecution().executedPlan()).count("BatchScan") == 1
     per_task = rows.rdd.glom().map(len).collect()
     assert max(per_task) - min(per_task) <= max(f["record_count"] for f in files)
     # Each file's rows once, at their positions: compared with pyarrow's reading of every file.

@@ -32,6 +32,7 @@ import org.apache.iceberg.ManifestFile;
 import org.apache.iceberg.ManifestFiles;
 import org.apache.iceberg.ManifestReader;
 import org.apache.iceberg.OverwriteFiles;
+import org.apache.iceberg.ScanTaskGroup;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.SnapshotRef;
 import org.apache.iceberg.Table;
@@ -40,6 +41,7 @@ import org.apache.iceberg.HasTableOperations;
 import org.apache.iceberg.io.CloseableIterator;
 import org.apache.iceberg.io.FileIO;
 import org.apache.iceberg.util.ContentFileUtil;
+import org.apache.iceberg.util.TableScanUtil;
 import py4j.reflection.ClassLoadingStrategy;
 import py4j.reflection.ReflectionUtil;
 
@@ -154,6 +156,47 @@ public class Bridge {
       out.add(items.get(((Number) chosen.get(i)).intValue()));
     }
     return out;
+  }
+
+  /**
+   * The split size under which Iceberg's own packing (TableScanUtil.planTaskGroups, a lookback of 1,
+   * no open cost) turns `items` (FileScanTasks) in the order of `groups` (JSON: lists of indexes,
+   * each group's first file its largest) into exactly those groups, one Spark task each; 0 when no
+   * split size does. The split is the heaviest group's weight, so a group closes when the next
+   * group's first file would overfill it.
+   */
+  public long splitForGroups(List items, String groups) throws Exception {
+    List chosen = (List) json.readValue(groups, List.class);
+    List ordered = new ArrayList();
+    List expected = new ArrayList();
+    long split = 0L;
+    for (int g = 0; g < chosen.size(); g++) {
+      List group = (List) chosen.get(g);
+      long weight = 0L;
+      List locations = new ArrayList();
+      for (int i = 0; i < group.size(); i++) {
+        FileScanTask task = (FileScanTask) items.get(((Number) group.get(i)).intValue());
+        ordered.add(task);
+        locations.add(task.file().location());
+        weight += task.sizeBytes();
+      }
+      expected.add(locations);
+      split = Math.max(split, weight);
+    }
+    List packed = TableScanUtil.planTaskGroups(ordered, split, 1, 0L);
+    if (packed.size() != expected.size()) {
+      return 0L;
+    }
+    for (int g = 0; g < packed.size(); g++) {
+      List locations = new ArrayList();
+      for (Iterator it = ((ScanTaskGroup) packed.get(g)).tasks().iterator(); it.hasNext(); ) {
+        locations.add(((FileScanTask) it.next()).file().location());
+      }
+      if (!locations.equals(expected.get(g))) {
+        return 0L;
+      }
+    }
+    return split;
   }
 
   /** Per delete file: [the one data file it applies to, or null when it is not scoped to one; its own location]. */

@@ -231,8 +231,16 @@ def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, 
     if groups is None:
         options = {"split-size": str(_SPLIT), "file-open-cost": str(_SPLIT)} if file_per_task else {}
         return _staged_read(candidates, jtable, candidates._tasks, options).select(*columns)
-    # One task per group: a staged set each, its files in one split (a union carries no `_pos`: each
-    # part selects its columns first).
+    # Each group's largest file first, then Iceberg packs the staged files into exactly these groups
+    # where a split size can make it: one scan, its table broadcast once, however many groups.
+    groups = [sorted(g, key=lambda i: -candidates._sizes[i]) for g in groups]
+    packing = bridge(spark).splitForGroups(candidates._tasks, json.dumps(groups))
+    if packing:
+        tasks = bridge(spark).pick(candidates._tasks, json.dumps([i for g in groups for i in g]))
+        options = {"split-size": str(packing), "lookback": "1", "file-open-cost": "0"}
+        return _staged_read(candidates, jtable, tasks, options).select(*columns)
+    # Else one task per group: a staged set each, its files in one split (a union carries no `_pos`:
+    # each part selects its columns first).
     whole = {"split-size": str(2**62), "file-open-cost": "0"}
     parts = [_staged_read(candidates, jtable, bridge(spark).pick(candidates._tasks, json.dumps(g)), whole)
              .select(*columns) for g in groups]
