@@ -570,9 +570,9 @@ def test_files_iceberg_packs_as_well_are_left_to_it(sizes, why):
 
 
 def test_groups_iceberg_cannot_pack_from_one_scan_are_read_as_a_union_of_scans(spark, tmp_path, monkeypatch):
-    """Where no split size makes Iceberg's packing reproduce the groups (here: one file, then all the
-    others, whose first file would join the first group), each group is a scan of its own, every
-    file read once."""
+    """Where Iceberg's packing, with the heaviest group's weight as split, does not reproduce the groups
+    (here: one file, then all the others, whose first file would join the first group), each group is
+    a scan of its own, every file read once."""
     settings = make_settings(tmp_path, datamap={"subject": "user_id", "identifiers": {},
                                                 "tables": {EVENTS: {"key": "user_id"}}})
     attach(spark, settings)
@@ -590,6 +590,33 @@ def test_groups_iceberg_cannot_pack_from_one_scan_are_read_as_a_union_of_scans(s
     assert str(rows._jdf.queryExecution().executedPlan()).count("BatchScan") == 2
     first = {f["file_path"]: f["record_count"] for f in files}[candidates.paths()[0]]
     assert sorted(rows.rdd.glom().map(len).collect()) == sorted([first, sum(f["record_count"] for f in files) - first])
+
+
+def test_the_one_scan_keeps_each_group_closed_once_the_next_one_opens(spark, tmp_path, monkeypatch):
+    """Groups [largest], [second, third], [smallest], where the smallest file would still fit beside
+    the largest: Iceberg's packing looking back at open groups (its default) would put it there; the
+    one scan packs with a lookback of 1, as `splitForGroups` checked, so each task is one group."""
+    settings = make_settings(tmp_path, datamap={"subject": "user_id", "identifiers": {},
+                                                "tables": {EVENTS: {"key": "user_id"}}})
+    attach(spark, settings)
+    synth.generate(spark, settings, users=20, events=400, seed=SEED, batches=6)
+    files = open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()
+    everyone = sorted({u for f in files for u in pq.read_table(f["file_path"].removeprefix("file:"),
+                                                                columns=["user_id"]).column("user_id").to_pylist()})
+    candidates = table_keys(spark, settings, everyone).current_candidates(Lake.of(spark, settings).table(EVENTS))
+    by_size = sorted(zip(candidates._sizes, candidates.paths(), strict=True), reverse=True)
+    (largest, first), (second, second_path), (third, third_path), (smallest, last) = (
+        by_size[0], by_size[1], by_size[2], by_size[-1])
+    assert largest + smallest <= second + third  # the smallest fits beside the largest within the split
+    four = candidates.subset(spark, {first, second_path, third_path, last})
+    index = {p: i for i, p in enumerate(four.paths())}
+    groups = [[index[first]], [index[second_path], index[third_path]], [index[last]]]
+    assert bridge(spark).splitForGroups(four._tasks, json.dumps(groups)) == second + third
+    monkeypatch.setattr(skipping, "balanced_groups", lambda *_: groups)
+    rows = skipping.read(four)
+    assert str(rows._jdf.queryExecution().executedPlan()).count("BatchScan") == 1
+    tasks = rows.select(F.input_file_name(), "user_id").rdd.glom().map(lambda part: sorted({r[0] for r in part}))
+    assert sorted(tasks.collect()) == sorted([[first], sorted([second_path, third_path]), [last]])
 
 
 def test_files_filling_several_splits_are_read_and_rewritten_in_even_tasks(spark, tmp_path):
@@ -612,6 +639,11 @@ def test_files_filling_several_splits_are_read_and_rewritten_in_even_tasks(spark
     assert rows.rdd.getNumPartitions() == 4
     # One scan packed by Iceberg into the groups, not a union of a scan per group (each broadcasts the table)
     assert str(rows._jdf.queryExecution().executedPlan()).count("BatchScan") == 1
+    paths = candidates.paths()
+    groups = skipping.balanced_groups(candidates._sizes, spark.sparkContext.defaultParallelism, split)
+    tasks = rows.select(F.input_file_name(), "user_id").rdd.glom().map(  # (a read of no column fails in Iceberg)
+        lambda part: sorted({r[0] for r in part})).collect()
+    assert sorted(tasks) == sorted(sorted(paths[i] for i in g) for g in groups)  # each task one balanced group
     per_task = rows.rdd.glom().map(len).collect()
     assert max(per_task) - min(per_task) <= max(f["record_count"] for f in files)
     # Each file's rows once, at their positions: compared with pyarrow's reading of every file.

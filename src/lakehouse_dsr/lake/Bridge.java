@@ -159,11 +159,11 @@ public class Bridge {
   }
 
   /**
-   * The split size under which Iceberg's own packing (TableScanUtil.planTaskGroups, a lookback of 1,
-   * no open cost) turns `items` (FileScanTasks) in the order of `groups` (JSON: lists of indexes,
-   * each group's first file its largest) into exactly those groups, one Spark task each; 0 when no
-   * split size does. The split is the heaviest group's weight, so a group closes when the next
-   * group's first file would overfill it.
+   * The heaviest of `groups`' weights (JSON: lists of indexes into `items`, FileScanTasks, each
+   * group's first file its largest), if Iceberg's own packing (TableScanUtil.planTaskGroups, a
+   * lookback of 1, no open cost) under that split turns the tasks in group order into exactly those
+   * groups, one Spark task each: a group closes when the next group's first file would overfill it.
+   * 0 when the packing makes other groups (only that split is tried).
    */
   public long splitForGroups(List items, String groups) throws Exception {
     List chosen = (List) json.readValue(groups, List.class);

@@ -232,7 +232,7 @@ def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, 
         options = {"split-size": str(_SPLIT), "file-open-cost": str(_SPLIT)} if file_per_task else {}
         return _staged_read(candidates, jtable, candidates._tasks, options).select(*columns)
     # Each group's largest file first, then Iceberg packs the staged files into exactly these groups
-    # where a split size can make it: one scan, its table broadcast once, however many groups.
+    # where the heaviest group's weight as split makes it: one scan, its table broadcast once.
     groups = [sorted(g, key=lambda i: -candidates._sizes[i]) for g in groups]
     packing = bridge(spark).splitForGroups(candidates._tasks, json.dumps(groups))
     if packing:
