@@ -569,10 +569,9 @@ def test_files_iceberg_packs_as_well_are_left_to_it(sizes, why):
     assert skipping.balanced_groups(sizes, 2, 128) is None, why
 
 
-def test_groups_iceberg_cannot_pack_from_one_scan_are_read_as_a_union_of_scans(spark, tmp_path, monkeypatch):
-    """Where Iceberg's packing, with the heaviest group's weight as split, does not reproduce the groups
-    (here: one file, then all the others, whose first file would join the first group), each group is
-    a scan of its own, every file read once."""
+def every_file_a_candidate(spark, tmp_path) -> tuple[list[dict], skipping.Candidates]:
+    """An unclustered events table of 6 files (pyiceberg's file entries) and its candidates for
+    every user: no file can be skipped."""
     settings = make_settings(tmp_path, datamap={"subject": "user_id", "identifiers": {},
                                                 "tables": {EVENTS: {"key": "user_id"}}})
     attach(spark, settings)
@@ -580,7 +579,14 @@ def test_groups_iceberg_cannot_pack_from_one_scan_are_read_as_a_union_of_scans(s
     files = open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()
     everyone = sorted({u for f in files for u in pq.read_table(f["file_path"].removeprefix("file:"),
                                                                 columns=["user_id"]).column("user_id").to_pylist()})
-    candidates = table_keys(spark, settings, everyone).current_candidates(Lake.of(spark, settings).table(EVENTS))
+    return files, table_keys(spark, settings, everyone).current_candidates(Lake.of(spark, settings).table(EVENTS))
+
+
+def test_groups_iceberg_cannot_pack_from_one_scan_are_read_as_a_union_of_scans(spark, tmp_path, monkeypatch):
+    """Where Iceberg's packing, with the heaviest group's weight as split, does not reproduce the groups
+    (here: one file, then all the others, whose first file would join the first group), each group is
+    a scan of its own, every file read once."""
+    files, candidates = every_file_a_candidate(spark, tmp_path)
     assert candidates.files == len(files) >= 3
     lone = [[0], list(range(1, len(files)))]
     assert bridge(spark).splitForGroups(candidates._tasks, json.dumps(lone)) == 0
@@ -596,14 +602,7 @@ def test_the_one_scan_keeps_each_group_closed_once_the_next_one_opens(spark, tmp
     """Groups [largest], [second, third], [smallest], where the smallest file would still fit beside
     the largest: Iceberg's packing looking back at open groups (its default) would put it there; the
     one scan packs with a lookback of 1, as `splitForGroups` checked, so each task is one group."""
-    settings = make_settings(tmp_path, datamap={"subject": "user_id", "identifiers": {},
-                                                "tables": {EVENTS: {"key": "user_id"}}})
-    attach(spark, settings)
-    synth.generate(spark, settings, users=20, events=400, seed=SEED, batches=6)
-    files = open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()
-    everyone = sorted({u for f in files for u in pq.read_table(f["file_path"].removeprefix("file:"),
-                                                                columns=["user_id"]).column("user_id").to_pylist()})
-    candidates = table_keys(spark, settings, everyone).current_candidates(Lake.of(spark, settings).table(EVENTS))
+    _, candidates = every_file_a_candidate(spark, tmp_path)
     by_size = sorted(zip(candidates._sizes, candidates.paths(), strict=True), reverse=True)
     (largest, first), (second, second_path), (third, third_path), (smallest, last) = (
         by_size[0], by_size[1], by_size[2], by_size[-1])
