@@ -1,8 +1,9 @@
 """Row sums inside Spark's generated code (lake/hashsum.py, HashSum.java): while an action reads the
 rows, every row's value is counted and summed modulo 2^64 once, as Spark's own exact aggregate over
 the same rows says; the call sits in whole-stage generated code; a side that saw rows twice (or not
-all of them) is refused by the collateral check, which then reads the files itself; and a thread can
-wait for the stage that summed the rows while another thread's action goes on (StageDone)."""
+all of them) is refused by the collateral check, which then reads the files itself; a thread can
+wait for the stage that summed the rows while another thread's action goes on (StageDone); and the
+check's row hash tells rows apart by where their NULLs sit, past 63 columns too."""
 
 from __future__ import annotations
 
@@ -62,6 +63,25 @@ def test_the_after_side_is_refused_unless_each_row_was_seen_once(spark, mode):
     frame.collect()  # a second read of the same rows: counted twice
     assert collateral.after_split(sums, count) is None
     assert collateral.after_split(sums, None) is None  # the commit's metadata did not say
+
+
+def test_the_row_hash_tells_rows_apart_by_where_their_nulls_sit(spark):
+    """xxhash64 skips a NULL input: without the NULL mask, ("a", NULL, "b") and ("a", "b", NULL) would
+    hash alike. 70 columns take two masks: a NULL in the 63rd or 64th column counts as well."""
+    wide = 70
+    schema = ", ".join(f"c{i} string" for i in range(wide))
+    def row(nulls: set[int], text: str = "v") -> tuple:
+        return tuple(None if i in nulls else (text if i else "first") for i in range(wide))
+    patterns = [set(), {1}, {2}, {0}, {62}, {63}, {64}, {62, 63}, {69}, {1, 2}]
+    rows = [row(p) for p in patterns] + [row(set())]  # the last repeats the first
+    frame = spark.createDataFrame([(i, *r) for i, r in enumerate(rows)], f"i int, {schema}")
+    hashed = frame.select("i", collateral.row_hash(frame.drop("i").schema).alias("h")).orderBy("i").collect()
+    hashes = [r.h for r in hashed]
+    assert len(set(hashes[:-1])) == len(patterns)  # every pattern of NULLs hashes differently
+    assert hashes[-1] == hashes[0]  # equal rows hash equally
+    shifted = spark.createDataFrame([("a", None, "b"), ("a", "b", None)], "x string, y string, z string")
+    first, second = [r.h for r in shifted.select(collateral.row_hash(shifted.schema).alias("h")).collect()]
+    assert first != second
 
 
 def _blocked_until(flag: Path):

@@ -1,10 +1,10 @@
 """Collateral check: an erasure may change the requested subjects' rows and nothing else.
 
-Every row gets a hash of all its columns (xxhash64, each column followed by its null flag, so a
-NULL cannot pass for a shifted value). A set of rows is summarised by its count and the exact sum
-of its hashes: a fingerprint that ignores row order and file layout and adds up across parts. (A
-second hash XORed over the rows cost the 10M-row rewrite 1.2 s for protection against collisions
-of a 64-bit hash that accidental damage does not need.)
+Every row gets a hash of all its columns (xxhash64, the columns followed by a mask of which are
+NULL, so a NULL cannot pass for a shifted value). A set of rows is summarised by its count and the
+exact sum of its hashes: a fingerprint that ignores row order and file layout and adds up across
+parts. (A second hash XORed over the rows cost the 10M-row rewrite 1.2 s for protection against
+collisions of a 64-bit hash that accidental damage does not need.)
 
 After the erase commit, only what it changed is read: its own manifests say which data files it
 removed (copy-on-write rewrites), added, and attached deletes to (merge-on-read). Every other file
@@ -27,7 +27,9 @@ rows are marked by the check's keys, not the rewrite's.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from functools import reduce
 from typing import cast
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -45,6 +47,7 @@ from .matching import Redaction, TableKeys
 
 _HIT, _SIDE, _TABLE = "dsr_hit", "dsr_side", "dsr_table"
 _BITS_64 = 2**64 - 1
+_MASK_BITS = 63  # the NULL flags one bigint of row_hash holds
 
 
 @dataclass(frozen=True)
@@ -86,14 +89,20 @@ def erased_rows(content: DataFrame, keys: TableKeys, action: str) -> DataFrame:
 
 def row_hash(schema: StructType, redactions: dict[str, list[Redaction]] | None = None) -> Column:
     """The per-row hash over the columns of `schema` (the table's: columns a join added are left
-    out), of each row as `redactions` leave it."""
-    inputs = []
+    out), of each row as `redactions` leave it: the values, then which of them are NULL as a bitmask
+    (xxhash64 skips a NULL, so without it a NULL could pass for a shifted value). One bigint per 63
+    columns: a flag per column hashed seven more inputs a row on the events table, about 0.25 s per
+    10M-row scan."""
+    values = []
     for f in schema.fields:
         col = erased_value(f, redactions or {})
         if iceberg.type_holds(f.dataType, MapType):  # Spark cannot hash maps
             col = F.to_json(F.struct(col))
-        inputs += [col, col.isNull()]
-    return F.xxhash64(*inputs)
+        values.append(col)
+    masks = [reduce(operator.add, (F.when(col.isNull(), F.lit(1 << bit)).otherwise(F.lit(0))
+                                   for bit, col in enumerate(values[start:start + _MASK_BITS])))
+             for start in range(0, len(values), _MASK_BITS)]
+    return F.xxhash64(*values, *[mask.cast("bigint") for mask in masks])
 
 
 def row_hashes(schema: StructType, prefix: str, redactions: dict[str, list[Redaction]] | None = None
