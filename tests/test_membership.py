@@ -35,6 +35,22 @@ def test_membership_answers_as_an_in_list_does(spark, mode, sql_type, key_type, 
     assert [r.member for r in tested] == [v in wanted if v is not None else None for v in rows]  # NULL for NULL
 
 
+@pytest.mark.parametrize(("sql_type", "key_type", "values", "probes"), [
+    ("string", StringType(),
+     [f"user-{i:05d}" for i in range(0, 6000, 3)] + ["", "é漢字", "x" * 100, "12345678", "1234567"],
+     [f"user-{i:05d}" for i in range(6000)] + ["", "é漢字", "x" * 100, "x" * 99, "12345678", "1234567", "123456789"]),
+    ("bigint", LongType(), [*range(-3000, 3000, 7), 2**63 - 1, -2**63, 0, 2**40],
+     [*range(-3100, 3100), 2**63 - 1, -2**63, 2**40, 2**40 + 1]),
+    ("int", IntegerType(), [*range(-3000, 3000, 7), 2**31 - 1, -2**31], [*range(-3100, 3100), 2**31 - 1, -2**31])])
+def test_membership_over_thousands_of_values_answers_as_a_set_does(spark, sql_type, key_type, values, probes):
+    """Thousands of values fill the lookup table's slots enough for probes to step past occupied ones;
+    strings of every length around the 8 bytes read at a time, and the extreme numbers."""
+    frame = spark.createDataFrame([(i, v) for i, v in enumerate(probes)], f"i int, k {sql_type}")
+    tested = frame.select("i", membership(spark, _values(spark, values), F.col("k"), key_type).alias("member"))
+    held = set(values)
+    assert [r.member for r in tested.orderBy("i").collect()] == [v in held for v in probes]
+
+
 def test_no_value_reaches_a_plan_string_and_the_test_is_generated_code(spark):
     frame = spark.createDataFrame([(SECRET,), ("b",)], "k string")
     tested = frame.where(membership(spark, _values(spark, [SECRET]), F.col("k"), StringType()))
