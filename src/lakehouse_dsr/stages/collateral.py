@@ -218,7 +218,7 @@ class Sums:
 def observe(rows: DataFrame, table_keys: TableKeys) -> tuple[DataFrame, Sums]:
     """`rows` unchanged, with the fingerprints of `split` added up by Spark while they are read
     (`observed` turns them into an Observed once the action has run). The check marks rows by its
-    own keys, in a test of its own (`matching.mark` without request ids: a hash set lookup, or a join
+    own keys, in a test of its own (`matching.mark` without request ids: a table lookup, or a join
     for array keys): a statement that matched the wrong rows cannot hide it. Cost over the read:
     that test and one hash per row (two for a redacting table's requested rows)."""
     redactions = matching.redactions(table_keys)

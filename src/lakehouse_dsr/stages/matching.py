@@ -158,7 +158,7 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
     where the key values are in `rows` (default: the mapped columns, struct paths included).
     `requests=False`, for callers that only ask whether a row is requested (`hit`, `any_hit`,
     `redactions`; not `request_ids`): a scalar key whose values are held in the driver is tested by
-    membership instead of a join (lake/membership.py: a hash set lookup per row, no key row built
+    membership instead of a join (lake/membership.py: a table lookup per row, no key row built
     and probed), and its `dsr_ids_<i>` is TRUE where a request names the row, NULL elsewhere."""
     key_columns = key_columns or _key_columns(table_keys)
     for index, (group, keys, value) in enumerate(zip(table_keys.groups, table_keys.sets, key_columns, strict=True)):
