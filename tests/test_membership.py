@@ -1,8 +1,9 @@
 """Key membership inside Spark's generated code (lake/membership.py, Membership.java): the same answer
 as an IN list for string, bigint and int keys (NULL for a NULL key), in generated and interpreted
 sessions; the requests naming a key as a join with the batch's keys finds them; no value in any
-plan string; and the rewrite, the collateral check, the plan and the export use them instead of a
-join wherever the batch's values are held in the driver (array keys keep their join)."""
+plan string; a row counter counts each request's rows once, as Python counts them; and the
+rewrite, the collateral check, the plan and the export use them instead of a join wherever the
+batch's values are held in the driver (array keys keep their join)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pyspark.sql.types import DateType, IntegerType, LongType, StringType
 from helpers import GENERATED, codegen
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.lake import indriver
-from lakehouse_dsr.lake.membership import membership, requesters, supported
+from lakehouse_dsr.lake.membership import membership, requesters, row_counter, supported
 from lakehouse_dsr.stages import collateral, matching
 
 SECRET = "ann@example.com"
@@ -149,3 +150,28 @@ def test_a_key_column_of_a_narrower_type_is_looked_up_at_the_keys_type(spark):
     key_set = matching.key_set(keys, "id", LongType())
     found = frame.select(requesters(spark, key_set.values.lookup, F.col("k"), LongType()).alias("ids")).collect()
     assert [r.ids for r in found] == [["r1"], None]
+
+
+@pytest.mark.parametrize(("sql_type", "key_type", "rows", "requested"), [
+    ("string", StringType(), [SECRET, "b", "c", None, "b", SECRET, SECRET],
+     [("r1", SECRET), ("r2", SECRET), ("r3", "b"), ("r4", "z")]),
+    ("bigint", LongType(), [3, 2**40, -7, None, 0, 3], [("r1", 3), ("r2", 2**40), ("r0", 2**40), ("r3", 9)])])
+def test_a_row_counter_counts_each_requests_rows_once_as_the_rows_are_written(spark, mode, sql_type, key_type, rows,
+                                                                              requested):
+    """Over several tasks, each finished once: a row two requests name counts once in the total and for
+    each of them; a NULL key or a value nobody asked for counts for no one; no value in the plan."""
+    frame = spark.createDataFrame([(v,) for v in rows * 50], f"k {sql_type}").repartition(4)
+    keys = indriver.local_rows(spark, [(r, "id", v) for r, v in requested],
+                               f"request_id string, key_type string, key_value {sql_type}")
+    key_set = matching.key_set(keys, "id", key_type)
+    counter = row_counter(spark, key_set.values.lookup, key_type)
+    counted = frame.where(counter.counting(F.col("k")))
+    assert SECRET not in counted._jdf.queryExecution().executedPlan().toString()
+    counted.write.format("noop").mode("overwrite").save()
+    named = {v: [r for r, w in requested if w == v] for v in rows}
+    per_request: dict[str, int] = {}
+    for v in rows * 50:
+        for r in named[v] if v is not None else []:
+            per_request[r] = per_request.get(r, 0) + 1
+    assert counter.counted() == (sum(1 for v in rows * 50 if v is not None and named[v]), per_request)
+    assert counted.count() == len(rows) * 50  # it keeps every row (a second action counts again: not read)

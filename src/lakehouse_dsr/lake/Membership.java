@@ -8,13 +8,16 @@
 // Janino (bridge.py): raw types throughout.
 package lakehouse_dsr;
 
+import com.fasterxml.jackson.databind.ObjectMapper;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.function.Function;
 import java.util.function.Predicate;
 import org.apache.spark.SparkContext;
+import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.sql.Column;
@@ -25,6 +28,8 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.unsafe.Platform;
 import org.apache.spark.unsafe.types.UTF8String;
+import org.apache.spark.util.CollectionAccumulator;
+import org.apache.spark.util.TaskCompletionListener;
 
 public class Membership implements Predicate, java.io.Serializable {
   private final Broadcast values;
@@ -76,6 +81,21 @@ public class Membership implements Predicate, java.io.Serializable {
         DataTypes.createArrayType(DataTypes.StringType, false));
   }
 
+  /** A Counter of the rows whose key (of `type`) is one of `lookup`'s values (a value -> sorted request
+   *  ids map: InDriver.lookup's), per value, while an action reads them. */
+  public Counter counter(SparkContext sc, Map lookup, String type) {
+    Keys byValue = new Keys(lookup.size());
+    for (Iterator it = lookup.entrySet().iterator(); it.hasNext();) {
+      Map.Entry entry = (Map.Entry) it.next();
+      byValue.put(probe(entry.getKey(), type), entry.getValue());
+    }
+    CollectionAccumulator counts = sc.collectionAccumulator("dsr: requested rows counted");
+    Object[] arrays = byValue.arrays();
+    // Tasks need the values only: the request ids stay in the driver.
+    Broadcast table = new JavaSparkContext(sc).broadcast(new Object[] {arrays[0], arrays[1], null});
+    return new Counter(byValue, table, counts);
+  }
+
   /** A value as generated code hands it to `test` or `apply`: a UTF8String, or a boxed bigint or int. */
   private static Object probe(Object value, String type) {
     if (type.equals("string")) {
@@ -119,6 +139,97 @@ public class Membership implements Predicate, java.io.Serializable {
     public String toString() { return "requesters"; }
   }
 
+  /** Rows counted per requested value while an action reads them (see `counter`), and what the
+   *  counts add up to per request, in the driver. */
+  public static class Counter {
+    private final Keys byValue;  // slot -> the request ids naming its value (driver only)
+    private final Broadcast table;
+    private final CollectionAccumulator counts;  // each finished task's (slot, rows) pairs
+
+    Counter(Keys byValue, Broadcast table, CollectionAccumulator counts) {
+      this.byValue = byValue;
+      this.table = table;
+      this.counts = counts;
+    }
+
+    /** A boolean column, always TRUE where `key` is not NULL (NULL where it is), that counts each row
+     *  whose key is one of the values: non-deterministic, so the optimizer neither moves nor drops it. */
+    public Column counting(Column key) {
+      List arguments = new ArrayList();
+      arguments.add(key.expr());
+      return new Column(new Invoke(new Literal(new Counting(table, counts), new ObjectType(Predicate.class)), "test",
+          DataTypes.BooleanType, seq(arguments), seq(new ArrayList()), true, true, false));
+    }
+
+    /** The rows counted, per request id naming their value (a row named by two requests counts for
+     *  each), as JSON: {"total": every row counted once, "requests": {id: rows}}. */
+    public String byRequest() throws Exception {
+      Map rows = new HashMap();
+      long total = 0L;
+      for (Iterator it = counts.value().iterator(); it.hasNext();) {
+        long[] pairs = (long[]) it.next();
+        for (int i = 0; i < pairs.length; i += 2) {
+          total += pairs[i + 1];
+          for (Iterator ids = ((List) byValue.found[(int) pairs[i]]).iterator(); ids.hasNext();) {
+            Object id = ids.next();
+            Long before = (Long) rows.get(id);
+            rows.put(id, Long.valueOf((before == null ? 0L : before.longValue()) + pairs[i + 1]));
+          }
+        }
+      }
+      Map out = new HashMap();
+      out.put("total", Long.valueOf(total));
+      out.put("requests", rows);
+      return new ObjectMapper().writeValueAsString(out);
+    }
+  }
+
+  /** A task's side of a Counter: its rows per slot, added to the accumulator when the task completes
+   *  (Spark merges a successful task's accumulator updates once). */
+  static class Counting implements Predicate, TaskCompletionListener, java.io.Serializable {
+    private final Broadcast table;
+    private final CollectionAccumulator counts;
+    private transient Keys held;
+    private transient Map hits;  // Integer slot -> long[1]: requested rows are few
+
+    Counting(Broadcast table, CollectionAccumulator counts) {
+      this.table = table;
+      this.counts = counts;
+    }
+
+    public boolean test(Object value) {
+      if (held == null) {
+        held = new Keys((Object[]) table.value());
+        hits = new HashMap();
+        TaskContext.get().addTaskCompletionListener(this);
+      }
+      int slot = held.slot(value);
+      if (slot >= 0) {
+        Integer at = Integer.valueOf(slot);
+        long[] rows = (long[]) hits.get(at);
+        if (rows == null) {
+          rows = new long[1];
+          hits.put(at, rows);
+        }
+        rows[0]++;
+      }
+      return true;
+    }
+
+    public void onTaskCompletion(TaskContext context) {
+      long[] pairs = new long[hits.size() * 2];
+      int i = 0;
+      for (Iterator it = hits.entrySet().iterator(); it.hasNext(); i += 2) {
+        Map.Entry entry = (Map.Entry) it.next();
+        pairs[i] = ((Integer) entry.getKey()).longValue();
+        pairs[i + 1] = ((long[]) entry.getValue())[0];
+      }
+      counts.add(pairs);
+    }
+
+    public String toString() { return "counting"; }
+  }
+
   /** Values (UTF8Strings, Longs or Integers, one type per table) and what each maps to, in open
    *  addressing over 64-bit fingerprints: a string's bytes read eight at a time, a number mixed.
    *  A probe for a key no request names (nearly every row of a scan) computes the fingerprint and
@@ -129,7 +240,7 @@ public class Membership implements Predicate, java.io.Serializable {
   static final class Keys {
     private final long[] prints;  // 0: an empty slot
     private final Object[] values;
-    private final Object[] found;
+    final Object[] found;
     private final int mask;
 
     Keys(int size) {
@@ -167,15 +278,21 @@ public class Membership implements Predicate, java.io.Serializable {
 
     /** What `value` maps to; null for a value the table does not hold. */
     Object get(Object value) {
+      int i = slot(value);
+      return i < 0 ? null : found[i];
+    }
+
+    /** Where the table holds `value`; -1 where it does not. */
+    int slot(Object value) {
       long print = print(value);
       int i = (int) print & mask;
       while (true) {
         long at = prints[i];
         if (at == 0L) {
-          return null;
+          return -1;
         }
         if (at == print && values[i].equals(value)) {
-          return found[i];
+          return i;
         }
         i = (i + 1) & mask;
       }
