@@ -108,6 +108,8 @@ class ErasureRecord(_Document):
     reason: str | None
     rows_scanned: int | None
     skipping: dict[str, Any] | None = Field(description="files and bytes data skipping let the plan read")
+    folded: bool = Field(default=False, description="the plan read no rows: the rewrite of every candidate file "
+                                                    "counted the matches (rows_matched) as it read them")
     snapshot_id: int | None
     rows_after: int
     data_files_rewritten: int

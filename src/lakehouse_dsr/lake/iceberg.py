@@ -330,7 +330,7 @@ class IcebergTable:
     # Commits of our own
 
     def overwrite_files(self, old_files: list, rows: DataFrame, read_snapshot_id: int, conflict_filter,
-                        branch: str | None = None) -> None:
+                        branch: str | None = None, commit_if: Callable[[], bool] | None = None) -> bool:
         """Replace `old_files` (Java DataFiles of snapshot `read_snapshot_id`) by `rows` in one
         `overwrite` commit, as Spark's copy-on-write DELETE would, but for exactly these files.
 
@@ -340,7 +340,9 @@ class IcebergTable:
         table's order). The commit is validated like a serializable copy-on-write operation: it fails (and the
         caller retries) when another writer meanwhile added data `conflict_filter` may match, or deleted
         from the old files. `branch`: commit on that branch instead of main (`read_snapshot_id` is then a
-        snapshot of the branch's line). Cost: one read and one write of the rows.
+        snapshot of the branch's line). `commit_if`: asked once the rows are written; False deletes the
+        new files and commits nothing. Returns whether it committed. Cost: one read and one write of
+        the rows.
         """
         spark = self.spark
         set_id = f"dsr-rewrite-{uuid.uuid4().hex}"
@@ -352,7 +354,13 @@ class IcebergTable:
              .mode("append").save(self.identifier))
             jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
             new_files = coordinator.fetchNewFiles(jtable, set_id) or jvm.java.util.ArrayList()
+            if commit_if is not None and not commit_if():
+                io = jtable.io()
+                for location in call(spark, "locations", new_files):
+                    io.deleteFile(location)
+                return False
             replace_files(spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter, branch)
+            return True
         finally:
             coordinator.clearRewrite(jtable, set_id)
 

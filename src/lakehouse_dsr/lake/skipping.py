@@ -158,6 +158,10 @@ class Candidates:
         """The candidate data files' locations."""
         return list(self._paths)
 
+    def median_file(self) -> str:
+        """The location of the candidate file in the middle by size (not empty)."""
+        return sorted(zip(self._sizes, self._paths, strict=True))[len(self._paths) // 2][1]
+
     def subset(self, spark: SparkSession, paths: set[str]) -> Candidates:
         """These candidates restricted to the files at `paths`."""
         kept = [i for i, path in enumerate(self._paths) if path in paths]

@@ -281,7 +281,8 @@ class ErasureBatch:
         """Whether the plan's commit will leave the content check new files to read that the export may
         read for it: Spark's rewrite of files too large for the driver, changing no access request's row."""
         settings = self.settings.erase
-        return (settings.collateral_check == "content" and plan.strategy == "rewrite_files" and plan.rows_matched > 0
+        return (settings.collateral_check == "content" and plan.strategy == "rewrite_files"
+                and (plan.rows_matched > 0 or plan.folded)
                 and (plan.skipping or {}).get("bytes", 0) > settings.in_driver_max_bytes
                 and export.unchanged_by(plan.table, keys))
 
@@ -406,6 +407,7 @@ class ErasureBatch:
         if not content:
             return Committed(key_sets, erasures)
         committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed,
+                                       None if e.plan.folded else  # a folded plan counted no file's rows
                                        collateral.Planned(frozenset(e.plan.candidate_files), e.plan.requested_by_file))
                      for t, e in erasures.items() if e.snapshot_id is not None]
         decided, pending = collateral.prepare_many(self.lake, datamap, settings.erase, committed,
