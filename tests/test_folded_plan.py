@@ -11,11 +11,13 @@ what is left is read with pyiceberg.
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import yaml
 
-from helpers import SEED, make_settings
+from helpers import SEED, make_settings, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.lake import skipping
@@ -25,7 +27,7 @@ from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
-from test_skipping import clustered_lake, live_files
+from test_skipping import clustered_lake, dsr_output, live_files
 
 EVENTS = "demo.events"
 
@@ -109,3 +111,23 @@ def test_a_rewrite_that_finds_no_one_commits_nothing_and_leaves_no_file(spark, t
     assert table.current_snapshot().snapshot_id == snapshot.snapshot_id
     assert set(data_dir.rglob("*.parquet")) == on_disk  # the written files were deleted
     assert sum(pq.read_metadata(p).num_rows for p in on_disk) == sum(rows_per_user(settings).values())
+
+
+def test_no_identifier_in_the_event_log_of_a_run_whose_rewrite_counts(spark, tmp_path):
+    """A folded run as a process, with Spark's event log on: the counting rewrite's plans, its
+    accumulators and the process's output name no subject."""
+    settings = spread_lake(spark, tmp_path)
+    subjects = sorted(rows_per_user(settings))[:6]
+    config = write_config(settings, tmp_path / "dsr.yaml")
+    raw = yaml.safe_load(config.read_text())
+    raw["spark"]["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(tmp_path / "events")})
+    config.write_text(yaml.safe_dump(raw))
+    (tmp_path / "events").mkdir()
+    Ledger(settings).submit([RequestInput(s, "erase") for s in subjects])
+    out = dsr_output(config, "run", "--report", str(tmp_path / "report.json"))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tables"][EVENTS]["erase"]["folded"]
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "events").iterdir()]
+    assert any("counting" in log for log in logs)  # the counting rewrite is in the plans
+    for subject in subjects:
+        assert subject not in out and not any(subject in log for log in logs)

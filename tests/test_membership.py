@@ -175,3 +175,15 @@ def test_a_row_counter_counts_each_requests_rows_once_as_the_rows_are_written(sp
             per_request[r] = per_request.get(r, 0) + 1
     assert counter.counted() == (sum(1 for v in rows * 50 if v is not None and named[v]), per_request)
     assert counted.count() == len(rows) * 50  # it keeps every row (a second action counts again: not read)
+
+
+def test_a_row_counter_counts_rows_spark_filters_in_the_driver(spark):
+    """A filter over rows held in the driver is evaluated by Spark's optimizer there, outside any task:
+    the counts still arrive, once."""
+    rows = [("a",), ("b",), ("a",), (None,)]
+    frame = indriver.local_rows(spark, rows, "k string")
+    keys = indriver.local_rows(spark, [("r1", "id", "a")], "request_id string, key_type string, key_value string")
+    key_set = matching.key_set(keys, "id", StringType())
+    counter = row_counter(spark, key_set.values.lookup, StringType())
+    assert len(frame.where(counter.counting(F.col("k"))).collect()) == 4
+    assert counter.counted() == (2, {"r1": 2})

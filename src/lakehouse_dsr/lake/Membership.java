@@ -191,6 +191,7 @@ public class Membership implements Predicate, java.io.Serializable {
     private final CollectionAccumulator counts;
     private transient Keys held;
     private transient Map hits;  // Integer slot -> long[1]: requested rows are few
+    private transient boolean inDriver;
 
     Counting(Broadcast table, CollectionAccumulator counts) {
       this.table = table;
@@ -201,10 +202,16 @@ public class Membership implements Predicate, java.io.Serializable {
       if (held == null) {
         held = new Keys((Object[]) table.value());
         hits = new HashMap();
-        TaskContext.get().addTaskCompletionListener(this);
+        TaskContext task = TaskContext.get();
+        inDriver = task == null;
+        if (!inDriver) {
+          task.addTaskCompletionListener(this);
+        }
       }
       int slot = held.slot(value);
-      if (slot >= 0) {
+      if (slot >= 0 && inDriver) {  // evaluated outside a task (Spark's optimizer): no task end to wait for
+        counts.add(new long[] {slot, 1L});
+      } else if (slot >= 0) {
         Integer at = Integer.valueOf(slot);
         long[] rows = (long[]) hits.get(at);
         if (rows == null) {
