@@ -67,6 +67,23 @@ public class Membership implements Predicate, java.io.Serializable {
    *  (a value -> sorted request ids map: InDriver.lookup's), NULL where none does or `key` is NULL.
    *  What a broadcast join with the lookup's rows would add, without building and probing a key row. */
   public Column requesters(SparkContext sc, Map lookup, Column key, String type) {
+    return invoke(new Requesters(new JavaSparkContext(sc).broadcast(byValue(lookup, type).arrays())), Function.class,
+        "apply", key, DataTypes.createArrayType(DataTypes.StringType, false));
+  }
+
+  /** A Counter of the rows whose key (of `type`) is one of `lookup`'s values (a value -> sorted request
+   *  ids map: InDriver.lookup's), per value, while an action reads them. */
+  public Counter counter(SparkContext sc, Map lookup, String type) {
+    Keys byValue = byValue(lookup, type);
+    CollectionAccumulator counts = sc.collectionAccumulator("dsr: requested rows counted");
+    Object[] arrays = byValue.arrays();
+    // Tasks need the values only: the request ids stay in the driver.
+    Broadcast table = new JavaSparkContext(sc).broadcast(new Object[] {arrays[0], arrays[1], null});
+    return new Counter(byValue, table, counts);
+  }
+
+  /** `lookup`'s values (of `type`), each mapped to its request ids as Spark's array<string>. */
+  private static Keys byValue(Map lookup, String type) {
     Keys byValue = new Keys(lookup.size());
     for (Iterator it = lookup.entrySet().iterator(); it.hasNext();) {
       Map.Entry entry = (Map.Entry) it.next();
@@ -77,23 +94,7 @@ public class Membership implements Predicate, java.io.Serializable {
       }
       byValue.put(probe(entry.getKey(), type), new GenericArrayData(items));
     }
-    return invoke(new Requesters(new JavaSparkContext(sc).broadcast(byValue.arrays())), Function.class, "apply", key,
-        DataTypes.createArrayType(DataTypes.StringType, false));
-  }
-
-  /** A Counter of the rows whose key (of `type`) is one of `lookup`'s values (a value -> sorted request
-   *  ids map: InDriver.lookup's), per value, while an action reads them. */
-  public Counter counter(SparkContext sc, Map lookup, String type) {
-    Keys byValue = new Keys(lookup.size());
-    for (Iterator it = lookup.entrySet().iterator(); it.hasNext();) {
-      Map.Entry entry = (Map.Entry) it.next();
-      byValue.put(probe(entry.getKey(), type), entry.getValue());
-    }
-    CollectionAccumulator counts = sc.collectionAccumulator("dsr: requested rows counted");
-    Object[] arrays = byValue.arrays();
-    // Tasks need the values only: the request ids stay in the driver.
-    Broadcast table = new JavaSparkContext(sc).broadcast(new Object[] {arrays[0], arrays[1], null});
-    return new Counter(byValue, table, counts);
+    return byValue;
   }
 
   /** A value as generated code hands it to `test` or `apply`: a UTF8String, or a boxed bigint or int. */
@@ -142,7 +143,7 @@ public class Membership implements Predicate, java.io.Serializable {
   /** Rows counted per requested value while an action reads them (see `counter`), and what the
    *  counts add up to per request, in the driver. */
   public static class Counter {
-    private final Keys byValue;  // slot -> the request ids naming its value (driver only)
+    private final Keys byValue;  // slot -> the request ids naming its value, as `requesters` (driver only)
     private final Broadcast table;
     private final CollectionAccumulator counts;  // each finished task's (slot, rows) pairs
 
@@ -170,8 +171,9 @@ public class Membership implements Predicate, java.io.Serializable {
         long[] pairs = (long[]) it.next();
         for (int i = 0; i < pairs.length; i += 2) {
           total += pairs[i + 1];
-          for (Iterator ids = ((List) byValue.found[(int) pairs[i]]).iterator(); ids.hasNext();) {
-            Object id = ids.next();
+          Object[] ids = ((GenericArrayData) byValue.found[(int) pairs[i]]).array();
+          for (int j = 0; j < ids.length; j++) {
+            String id = ids[j].toString();
             Long before = (Long) rows.get(id);
             rows.put(id, Long.valueOf((before == null ? 0L : before.longValue()) + pairs[i + 1]));
           }
