@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
 	$(PY) -m pip install -qq -e '.[dev]'
+	@# Iceberg's and Delta's jars for this Spark line, from Maven Central through mvn into ~/.cache, once.
+	$(VENV)/bin/dsr fetch-jars
 	@# Records the classes a run loads (~45 s, once): every later Spark start is 2-4 s shorter.
 	$(VENV)/bin/dsr warm-up || echo "no class archive recorded: Spark commands start without one"
 	touch $(STAMP)
@@ -52,9 +54,10 @@ integration-deps: $(STAMP) jars
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# S3A jars (hadoop-aws + AWS SDK bundle) extracted from the sagemaker-pyspark sdist into ~/.cache, once.
+# The format jars plus Hadoop's S3A connector (hadoop-aws + the AWS SDK bundle it declares), from Maven
+# Central through mvn into ~/.cache/lakehouse-dsr/jars, once.
 jars: $(STAMP)
-	$(VENV)/bin/dsr fetch-jars
+	$(VENV)/bin/dsr fetch-jars --s3a
 
 # REST catalog + S3 (SeaweedFS), JDBC on PostgreSQL and SQLite, a standalone cluster, spark-submit; two
 # `dsr serve` on one PostgreSQL queue through kill -9 of either (tests/integration/test_instances.py).

@@ -1,12 +1,9 @@
 """Configuration for shared catalogs and clusters, without servers: environment references in dsr.yaml,
-the examples, launcher precedence, the code shipped to executors, the S3A jar fetch."""
+the examples, launcher precedence, the code shipped to executors, the Spark-side jars from Maven."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-import subprocess
-import tarfile
+import sys
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +15,7 @@ from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import load_settings
 from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, EnvironmentSetupError
-from lakehouse_dsr.lake import connectors
+from lakehouse_dsr.lake import jars
 from lakehouse_dsr.lake import spark as spark_module
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -144,46 +141,125 @@ def test_executors_get_the_whole_package():
     assert names == expected
 
 
-def _fake_sdist(folder: Path, jars: dict[str, bytes]) -> None:
-    with tarfile.open(folder / "sagemaker_pyspark-1.4.5.tar.gz", "w:gz") as tar:
-        for name, content in jars.items():
-            info = tarfile.TarInfo(f"sagemaker_pyspark-1.4.5/deps/jars/{name}")
-            info.size = len(content)
-            tar.addfile(info, io.BytesIO(content))
+FAKE_MVN = """#!{python}
+import pathlib, sys
+args = sys.argv[1:]
+with open({calls!r}, "a") as log:
+    log.write(" ".join(args) + "\\n")
+out = pathlib.Path(next(a for a in args if a.startswith("-DoutputDirectory=")).split("=", 1)[1])
+out.mkdir(parents=True, exist_ok=True)
+names = {names!r} + ({s3a!r} if "s3a" in args else [])
+for name in names[:{written}]:
+    (out / name).write_bytes(b"jar " + name.encode())
+if {fail!r}:
+    print("[ERROR] Failed to execute goal on project spark-3.5-jars: Could not resolve dependencies")
+    print("[ERROR] Could not transfer artifact from/to central: repo.maven.apache.org: Name or service not known")
+    sys.exit(1)
+"""
+FORMATS = ["iceberg-spark-runtime-3.5_2.12-1.10.2.jar", "delta-spark_2.12-3.3.2.jar", "delta-storage-3.3.2.jar"]
+S3A = ["hadoop-aws-3.3.4.jar", "aws-java-sdk-bundle-1.12.262.jar"]
 
 
-def _fake_pip(jars: dict[str, bytes], calls: list):
-    def run(args, **kwargs):
-        calls.append(args)
-        _fake_sdist(Path(args[args.index("--dest") + 1]), jars)
-        return subprocess.CompletedProcess(args, 0, "", "")
-
-    return run
-
-
-def test_s3a_jars_are_extracted_once_and_checked(tmp_path, monkeypatch):
-    contents = {name: f"jar {name}".encode() for name in connectors.S3A_JARS}
-    monkeypatch.setattr(connectors, "S3A_JARS", {n: hashlib.sha256(c).hexdigest() for n, c in contents.items()})
-    calls: list = []
-    monkeypatch.setattr(connectors.subprocess, "run", _fake_pip({**contents, "other.jar": b"x"}, calls))
-    jars = connectors.s3a_jars(tmp_path / "cache")
-    assert [j.read_bytes() for j in jars] == list(contents.values())
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(contents)  # no sdist, no other jar
-    assert connectors.s3a_jars(tmp_path / "cache") == jars and len(calls) == 1  # cached: no second download
-    assert connectors.s3a_jars(tmp_path / "cache", fetch=False) == jars
+def fake_mvn(tmp_path: Path, monkeypatch, fail: bool = False, written: int = 99) -> Path:
+    """An `mvn` that copies made-up jars where it is told (and logs each call's arguments), or fails
+    after copying `written` of them."""
+    calls = tmp_path / "mvn-calls"
+    calls.touch()
+    script = tmp_path / "bin" / "mvn"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(FAKE_MVN.format(python=sys.executable, calls=str(calls), names=FORMATS, s3a=S3A,
+                                      written=written, fail=fail))
+    script.chmod(0o755)
+    monkeypatch.setattr(jars, "MVN", str(script))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return calls
 
 
-def test_s3a_jar_with_a_wrong_checksum_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(connectors.subprocess, "run", _fake_pip({n: b"tampered" for n in connectors.S3A_JARS}, []))
-    with pytest.raises(EnvironmentSetupError, match="does not match its pinned checksum"):
-        connectors.s3a_jars(tmp_path / "cache")
-    assert list((tmp_path / "cache").iterdir()) == []
+def test_jars_are_fetched_once_then_come_from_the_cache_without_mvn(tmp_path, monkeypatch):
+    calls = fake_mvn(tmp_path, monkeypatch)
+    found = jars.resolve("3.5")
+    folder = tmp_path / "cache" / "lakehouse-dsr" / "jars" / "spark-3.5" / "formats"
+    assert [jar.name for jar in found] == sorted(FORMATS) and all(jar.parent == folder for jar in found)
+    assert [jar.read_bytes() for jar in found] == [b"jar " + jar.name.encode() for jar in found]
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["formats"]  # no staging folder left
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*FORMATS, jars.MANIFEST])
+    args = calls.read_text().splitlines()
+    assert len(args) == 1 and "-P" not in args[0].split()
+    assert "dependency:copy-dependencies -DexcludeTransitive=true -DincludeScope=runtime" in args[0]
+    assert jars.resolve("3.5") == found and jars.resolve("3.5", fetch=False) == found
+    assert len(calls.read_text().splitlines()) == 1  # cached: no second mvn
+    with_s3a = jars.resolve("3.5", s3a=True)  # a folder of its own, with the profile
+    assert [jar.name for jar in with_s3a] == sorted(FORMATS + S3A) and with_s3a[0].parent == folder.parent / "s3a"
+    assert "-P s3a" in calls.read_text().splitlines()[-1]
+    # a jar gone: the cache is incomplete, and is fetched again
+    found[0].unlink()
+    with pytest.raises(EnvironmentSetupError, match=r"run `dsr fetch-jars` \(make install does\)"):
+        jars.resolve("3.5", fetch=False)
+    assert jars.resolve("3.5") == found and len(calls.read_text().splitlines()) == 3
+
+
+def test_a_changed_pom_fetches_again_and_drops_the_old_versions(tmp_path, monkeypatch):
+    calls = fake_mvn(tmp_path, monkeypatch)
+    poms = tmp_path / "poms"
+    poms.mkdir()
+    pom = poms / "spark-3.5.xml"
+    pom.write_bytes(jars.pom("3.5").read_bytes())
+    monkeypatch.setattr(jars, "_POMS", poms)
+    first = jars.resolve("3.5")
+    old = first[0].parent / "iceberg-spark-runtime-3.5_2.12-1.9.0.jar"  # as an older pom would have left it
+    old.write_bytes(b"old")
+    pom.write_text(pom.read_text().replace("<version>1.10.2</version>", "<version>1.10.3</version>"))
     with pytest.raises(EnvironmentSetupError, match="dsr fetch-jars"):
-        connectors.s3a_jars(tmp_path / "cache", fetch=False)
+        jars.resolve("3.5", fetch=False)
+    assert jars.resolve("3.5") == first and len(calls.read_text().splitlines()) == 2
+    assert not old.exists()
 
 
-def test_failed_download_is_explained(tmp_path, monkeypatch):
-    monkeypatch.setattr(connectors.subprocess, "run",
-                        lambda args, **kw: subprocess.CompletedProcess(args, 1, "", "No matching distribution"))
-    with pytest.raises(EnvironmentSetupError, match="could not download sagemaker-pyspark==1.4.5: No matching"):
-        connectors.s3a_jars(tmp_path / "cache")
+def test_a_missing_mvn_is_explained_and_leaves_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(jars, "MVN", "mvn-not-installed-here")
+    with pytest.raises(EnvironmentSetupError, match="install Maven") as err:
+        jars.resolve("3.5")
+    assert "spark.jars.packages" in str(err.value) and "spark.format_jars: provided" in str(err.value)
+    assert not (tmp_path / "cache" / "lakehouse-dsr" / "jars" / "spark-3.5" / "formats").exists()
+
+
+@pytest.mark.parametrize("written", [0, 2])  # nothing copied, or some jars before the failure
+def test_a_failing_mvn_is_explained_and_leaves_no_complete_looking_cache(tmp_path, monkeypatch, written):
+    calls = fake_mvn(tmp_path, monkeypatch, fail=True, written=written)
+    with pytest.raises(EnvironmentSetupError, match=r"mvn could not fetch the Spark 3.5 jars \(exit 1\)") as err:
+        jars.resolve("3.5")
+    assert "Name or service not known" in str(err.value)  # the last lines of mvn's output
+    parent = tmp_path / "cache" / "lakehouse-dsr" / "jars" / "spark-3.5"
+    assert list(parent.iterdir()) == []  # neither a cache folder nor mvn's staging folder
+    with pytest.raises(EnvironmentSetupError, match="dsr fetch-jars"):
+        jars.resolve("3.5", fetch=False)
+    assert len(calls.read_text().splitlines()) == 1
+
+
+def test_the_spark_line_follows_pyspark(monkeypatch):
+    import pyspark
+
+    monkeypatch.setattr(pyspark, "__version__", "4.1.4")
+    assert jars.spark_line() == "4.1"
+    monkeypatch.setattr(pyspark, "__version__", "3.4.3")
+    with pytest.raises(EnvironmentSetupError, match=r"PySpark 3.4.3 .*supported: 3.5, 4.1"):
+        jars.spark_line()
+    with pytest.raises(EnvironmentSetupError, match="no jars are declared for Spark 3.4"):
+        jars.resolve("3.4")
+
+
+def test_the_default_lines_jars_resolve_from_maven(monkeypatch):
+    """Not mocked: the real pom through the real `mvn` (or the machine's cache, as `make install` left it)."""
+    found = jars.resolve()
+    assert found and all(jar.is_file() and jar.stat().st_size > 0 for jar in found)
+    names = [jar.name for jar in found]
+    assert any(name.startswith("iceberg-spark-runtime-") for name in names)
+    assert any(name.startswith("delta-spark_") for name in names)
+
+
+def test_the_fetch_jars_command_prints_the_folder(tmp_path, monkeypatch):
+    fake_mvn(tmp_path, monkeypatch)
+    result = CliRunner().invoke(app, ["fetch-jars", "--s3a", "--line", "3.5"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert result.stdout.strip() == str(tmp_path / "cache" / "lakehouse-dsr" / "jars" / "spark-3.5" / "s3a")

@@ -325,14 +325,16 @@ def rotate_key_cmd() -> None:
 
 @app.command("fetch-jars")
 def fetch_jars(
-    dest: Annotated[Path | None, typer.Option(help="cache folder (default ~/.cache/lakehouse-dsr/jars)")] = None,
+    s3a: Annotated[bool, typer.Option("--s3a", help="also Hadoop's S3A connector (hadoop-aws, its AWS SDK)")] = False,
+    line: Annotated[str | None, typer.Option(help="Spark line, 3.5 or 4.1 (default: the installed PySpark's)")] = None,
 ) -> None:
-    """Fetch the S3A connector jars (hadoop-aws, AWS SDK bundle) once; print the folder for spark.jars."""
-    from .lake import connectors
+    """Fetch the Spark-side jars (Iceberg, Delta; S3A with --s3a) from Maven Central through mvn, once;
+    print their cache folder (~/.cache/lakehouse-dsr/jars/spark-LINE/...) for spark.jars."""
+    from .lake import jars as format_jars
 
-    with err.status("fetching the S3A jars (a 180 MB download the first time)"):
-        jars = connectors.s3a_jars(dest)
-    print(jars[0].parent)  # plain stdout: scripts do DSR_JARS=$(dsr fetch-jars)
+    with err.status("fetching the jars from Maven Central through mvn (once; then from the cache)"):
+        found = format_jars.resolve(line, s3a=s3a)
+    print(found[0].parent)  # plain stdout: scripts do DSR_JARS=$(dsr fetch-jars --s3a)
 
 
 @app.command()

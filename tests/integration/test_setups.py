@@ -21,7 +21,7 @@ from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 import lakehouse_dsr
-from lakehouse_dsr.lake.connectors import s3a_jars
+from lakehouse_dsr.lake.jars import resolve
 
 from .conftest import STAGES, TIMES
 from .reader import HadoopTables, Reader, duckdb_count
@@ -124,7 +124,7 @@ def full_cycle(name: str, workdir: Path, example: str, env: dict[str, str], read
 
 @pytest.fixture(scope="module")
 def jars_dir() -> str:
-    return str(s3a_jars()[0].parent)
+    return str(resolve(s3a=True)[0].parent)
 
 
 def _rest_env(server: SeaweedFS, jars: str) -> dict[str, str]:

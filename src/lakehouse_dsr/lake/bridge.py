@@ -32,7 +32,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from ..exceptions import first_line
-from .connectors import cache_dir
+from .jars import cache_dir
 
 log = logging.getLogger(__name__)
 

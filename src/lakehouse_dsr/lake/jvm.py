@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import Settings
-from .connectors import cache_dir
+from .jars import cache_dir
 
 QUICK_JIT_MAX_BYTES = 32 * 1024 * 1024
 QUICK_JIT_MAX_TABLES = 12
