@@ -78,7 +78,7 @@ def test_examples_load_and_name_every_variable_they_need(example, monkeypatch, t
     assert settings.datamap == demo_datamap()  # the demo's whole map, written out: there is no default one
     conf = spark_module.session_conf(settings)
     assert not (EXAMPLES / "catalog.db").exists()  # computing the conf touches no database
-    assert conf["spark.jars"].startswith(str(spark_module.iceberg_jar()))
+    assert conf["spark.jars"].startswith(",".join(map(str, jars.resolve())))
     if example == "rest-s3.yaml":
         assert conf["spark.sql.catalog.lakehouse.uri"] == "http://127.0.0.1:8181"
         assert conf["spark.sql.catalog.lakehouse.credential"] == "k:s"
@@ -114,22 +114,35 @@ def test_session_jars_and_the_jars_command(tmp_path, monkeypatch):
     config = write(tmp_path, "spark:\n  conf: {spark.jars: '${DSR_T_JARS}/a.jar,${DSR_T_JARS}/b.jar'}\n")
     result = CliRunner().invoke(app, ["-c", str(config), "jars"], catch_exceptions=False)
     assert result.exit_code == 0
-    assert result.stdout.strip().split(",") == [str(spark_module.iceberg_jar()), "/opt/jars/a.jar", "/opt/jars/b.jar"]
+    assert result.stdout.strip().split(",") == [*map(str, jars.resolve()), "/opt/jars/a.jar", "/opt/jars/b.jar"]
+    # a config that brings its own Iceberg runtime, or packages for Ivy, gets only its own
     own = write(tmp_path, "spark:\n  conf: {spark.jars: /opt/iceberg-spark-runtime-3.5_2.12-1.9.0.jar}\n")
     assert spark_module.session_jars(load_settings(own)) == ["/opt/iceberg-spark-runtime-3.5_2.12-1.9.0.jar"]
+    packages = write(tmp_path, "spark:\n  conf: {spark.jars.packages: 'io.delta:delta-spark_2.12:3.3.2', "
+                               "spark.jars: /opt/a.jar}\n")
+    assert spark_module.session_jars(load_settings(packages)) == ["/opt/a.jar"]
+    provided = write(tmp_path, "spark:\n  format_jars: provided\n")
+    result = CliRunner().invoke(app, ["-c", str(provided), "jars"], catch_exceptions=False)
+    assert result.exit_code == 0 and result.stdout.strip() == ""
 
 
-def test_a_session_without_the_iceberg_runtime_is_explained():
-    class NoIceberg:  # a JVM whose class loader lacks Iceberg, as py4j reports it
+@pytest.mark.parametrize("missing", [{"org.apache.iceberg.spark.SparkCatalog"}, {"io.delta.tables.DeltaTable"},
+                                     {"org.apache.iceberg.spark.SparkCatalog", "io.delta.tables.DeltaTable"}])
+def test_a_session_without_a_formats_jar_is_explained(missing):
+    class Lacking:  # a JVM whose class loader lacks `missing`, as py4j reports it
         def __getattr__(self, name):
             return self
 
         def __call__(self, *args):
-            raise RuntimeError("java.lang.ClassNotFoundException: org.apache.iceberg.spark.SparkCatalog")
+            if args and args[0] in missing:
+                raise RuntimeError(f"java.lang.ClassNotFoundException: {args[0]}")
+            return self
 
-    session = SimpleNamespace(sparkContext=SimpleNamespace(_jvm=NoIceberg()))
-    with pytest.raises(EnvironmentSetupError, match=r"pass --jars \"\$\(dsr -c dsr.yaml jars\)\""):
-        spark_module._require_iceberg(session)
+    session = SimpleNamespace(sparkContext=SimpleNamespace(_jvm=Lacking()))
+    with pytest.raises(EnvironmentSetupError, match=r"pass --jars \"\$\(dsr -c dsr.yaml jars\)\"") as err:
+        spark_module._require_formats(session)
+    assert ("Iceberg" in str(err.value)) == ("org.apache.iceberg.spark.SparkCatalog" in missing)
+    assert ("Delta" in str(err.value)) == ("io.delta.tables.DeltaTable" in missing)
 
 
 def test_executors_get_the_whole_package():

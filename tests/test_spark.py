@@ -12,8 +12,8 @@ from py4j.finalizer import ThreadSafeFinalizer
 from pyspark import SparkContext
 
 from lakehouse_dsr.config import settings_from_dict
-from lakehouse_dsr.exceptions import EnvironmentSetupError
-from lakehouse_dsr.lake import jvm
+from lakehouse_dsr.exceptions import ConfigError, EnvironmentSetupError
+from lakehouse_dsr.lake import jars, jvm
 from lakehouse_dsr.lake import spark as spark_module
 
 
@@ -26,8 +26,40 @@ def test_catalog_properties_and_user_conf_become_spark_conf(tmp_path):
     assert conf["spark.sql.catalog.prod"] == "org.apache.iceberg.spark.SparkCatalog"
     assert conf["spark.sql.catalog.prod.type"] == "jdbc" and conf["spark.sql.catalog.prod.uri"] == "jdbc:sqlite:/x.db"
     assert conf["spark.sql.shuffle.partitions"] == "64"
-    assert conf["spark.jars"].split(",") == [str(spark_module.iceberg_jar()), "/opt/extra.jar"]
+    assert conf["spark.jars"].split(",") == [*map(str, jars.resolve()), "/opt/extra.jar"]
     assert conf["spark.sql.extensions"] == spark_module.EXTENSIONS
+
+
+def test_every_session_gets_both_formats_extensions_and_deltas_session_catalog(tmp_path):
+    conf = spark_module.session_conf(settings_from_dict({}, base=tmp_path))
+    assert conf["spark.sql.extensions"].split(",") == [
+        "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions", "io.delta.sql.DeltaSparkSessionExtension"]
+    assert conf["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+    assert conf["spark.sql.catalog.lakehouse"] == "org.apache.iceberg.spark.SparkCatalog"
+    names = [Path(jar).name for jar in conf["spark.jars"].split(",")]
+    assert any(n.startswith("iceberg-spark-runtime-") for n in names)
+    assert any(n.startswith("delta-spark_") for n in names)
+    own = settings_from_dict({"spark": {"conf": {"spark.sql.catalog.spark_catalog": "my.Catalog",
+                                                 "spark.sql.extensions": "my.Extensions"}}}, base=tmp_path)
+    conf = spark_module.session_conf(own)  # the user's conf still wins
+    assert conf["spark.sql.catalog.spark_catalog"] == "my.Catalog" and conf["spark.sql.extensions"] == "my.Extensions"
+
+
+def test_a_cluster_that_provides_the_format_jars_gets_none_from_the_engine(tmp_path, monkeypatch):
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("provided: the engine resolves no jar")
+
+    monkeypatch.setattr(jars, "resolve", no_fetch)
+    provided = settings_from_dict({"spark": {"format_jars": "provided"}}, base=tmp_path)
+    assert spark_module.session_jars(provided) == []
+    conf = spark_module.session_conf(provided)
+    assert "spark.jars" not in conf and "spark.driver.extraClassPath" not in conf
+    assert conf["spark.sql.extensions"] == spark_module.EXTENSIONS  # the cluster's jars still need them
+    own = settings_from_dict({"spark": {"format_jars": "provided", "conf": {"spark.jars": "/opt/extra.jar"}}},
+                             base=tmp_path)
+    assert spark_module.session_conf(own)["spark.jars"] == "/opt/extra.jar"
+    with pytest.raises(ConfigError, match="format_jars"):
+        settings_from_dict({"spark": {"format_jars": "ivy"}}, base=tmp_path)
 
 
 def test_user_supplied_iceberg_package_replaces_the_bundled_jar(tmp_path):
@@ -44,13 +76,16 @@ def test_missing_java_is_explained(monkeypatch):
         spark_module.build_session(settings_from_dict({}))
 
 
-def test_missing_jar_is_explained(monkeypatch):
-    monkeypatch.setattr(spark_module, "ICEBERG_JAR", "iceberg-spark-runtime-0.0.jar")
-    with pytest.raises(EnvironmentSetupError, match="snowpark-connect-deps-iceberg==1.0.2"):
-        spark_module.iceberg_jar()
+def test_jars_that_cannot_be_fetched_stop_the_session_before_spark_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing cached
+    monkeypatch.setattr(jars, "MVN", "mvn-not-installed-here")
+    with pytest.raises(EnvironmentSetupError, match="install Maven"):
+        spark_module.build_session(settings_from_dict({}, base=tmp_path))
 
 
 def test_driver_jvm_flags_follow_the_class_archive_and_the_lake_size(tmp_path, monkeypatch):
+    resolved = jars.resolve()  # the machine's cache, before the archive's moves to tmp_path
+    monkeypatch.setattr(jars, "resolve", lambda *args, **kwargs: resolved)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     settings = settings_from_dict({}, base=tmp_path)
 
@@ -65,8 +100,8 @@ def test_driver_jvm_flags_follow_the_class_archive_and_the_lake_size(tmp_path, m
     assert f"-XX:SharedArchiveFile={archive}" in java_options()
     recording = java_options(record_to=tmp_path / "new.jsa")  # never read one archive while writing another
     assert f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}" in recording and "SharedArchiveFile" not in recording
-    # the Iceberg jar on the driver's own class path (so its classes can be archived), local masters only
-    assert spark_module.session_conf(settings)["spark.driver.extraClassPath"] == str(spark_module.iceberg_jar())
+    # the format jars on the driver's own class path (so their classes can be archived), local masters only
+    assert spark_module.session_conf(settings)["spark.driver.extraClassPath"] == os.pathsep.join(map(str, resolved))
     cluster = settings_from_dict({"spark": {"master": "spark://h:7077"}}, base=tmp_path)
     assert "spark.driver.extraClassPath" not in spark_module.session_conf(cluster)
     own = settings_from_dict({"spark": {"conf": {"spark.driver.extraJavaOptions": "-Dmine=1"}}}, base=tmp_path)

@@ -58,6 +58,10 @@ class SparkSettings(_Strict):
     master: str = "local[*]"
     app_name: str = "lakehouse-dsr"
     conf: StrMap = Field(default_factory=dict)
+    # Where the table formats' jars (Iceberg runtime, Delta) come from: "maven", the engine's own,
+    # fetched from Maven Central once (lake/jars.py); "provided", none from the engine: the cluster,
+    # `--packages` or spark.conf's spark.jars / spark.jars.packages brings Iceberg and Delta.
+    format_jars: Literal["maven", "provided"] = "maven"
 
 
 class CatalogSettings(_Strict):

@@ -22,9 +22,9 @@ from pyspark.sql.types import LongType
 from lakehouse_dsr.lake.hashsum import hash_sum
 from lakehouse_dsr.lake.membership import membership
 from lakehouse_dsr.lake.privatefiles import written
-from lakehouse_dsr.lake.spark import iceberg_jar
+from lakehouse_dsr.lake.jars import resolve
 spark = (SparkSession.builder.master(sys.argv[1]).config("spark.ui.enabled", "false")
-         .config("spark.jars", str(iceberg_jar())).getOrCreate())
+         .config("spark.jars", ",".join(map(str, resolve()))).getOrCreate())
 sums = hash_sum(spark)
 rows = spark.range(0, 100_000, 1, 4).where(sums.adding(F.col("id"))).count()
 wanted = spark._jvm.java.util.ArrayList([7, 99_999, 123_456])

@@ -21,30 +21,21 @@ from pyspark.sql import SparkSession
 
 from ..config import Settings
 from ..exceptions import EnvironmentSetupError
-from . import jvm
+from . import jars, jvm
 from .bridge import tune_driver
 from .catalog import create_catalog_tables, spark_catalog_properties
 
-ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
-EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+# Both table formats on every session: Iceberg's SQL extensions and Delta's, Delta's catalog as the
+# session catalog (Delta tables by path or by name); Iceberg tables live in our own catalog.
+EXTENSIONS = ",".join(["org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+                       "io.delta.sql.DeltaSparkSessionExtension"])
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+# A class of each format's jar, checked on the driver once the session is up.
+_FORMAT_CLASSES = {"the Iceberg Spark runtime": "org.apache.iceberg.spark.SparkCatalog",
+                   "Delta Lake (delta-spark)": "io.delta.tables.DeltaTable"}
 # Read when the driver JVM starts: under spark-submit only the launcher can set them.
 _LAUNCH_ONLY = ("spark.master", "spark.jars", "spark.jars.packages", "spark.driver.extraJavaOptions",
                 "spark.driver.extraClassPath", "spark.driver.memory")
-
-
-def iceberg_jar() -> Path:
-    """The Iceberg 1.10.2 Spark runtime shipped in the snowpark-connect-deps-iceberg wheel."""
-    try:
-        jar = importlib.resources.files("snowpark_connect_deps_iceberg") / "jars" / ICEBERG_JAR
-    except ModuleNotFoundError:
-        jar = None
-    if jar is None or not jar.is_file():
-        raise EnvironmentSetupError(
-            f"the Iceberg runtime jar {ICEBERG_JAR} was not found: install "
-            "'snowpark-connect-deps-iceberg==1.0.2' (make install does), or set "
-            "spark.conf['spark.jars.packages'] / ['spark.jars'] in dsr.yaml to your own Iceberg runtime"
-        )
-    return Path(str(jar))
 
 
 def _check_java() -> None:
@@ -58,12 +49,16 @@ def _check_java() -> None:
 
 
 def session_jars(settings: Settings) -> list[str]:
-    """The jars the session needs: the bundled Iceberg runtime unless the config brings its own, then the config's."""
+    """The jars the session needs: the table formats' (Iceberg, Delta: lake/jars.py, fetched from Maven
+    Central on first use, from the cache after) then the config's own `spark.jars`. Only the config's
+    where it brings the formats itself: `spark.format_jars: provided`, a `spark.jars.packages`, or an
+    Iceberg jar among its `spark.jars`."""
     user = settings.spark.conf
     own = [jar for jar in user.get("spark.jars", "").split(",") if jar.strip()]
-    if "spark.jars.packages" in user or any("iceberg" in Path(jar).name for jar in own):
+    if (settings.spark.format_jars == "provided" or "spark.jars.packages" in user
+            or any("iceberg" in Path(jar).name for jar in own)):
         return own
-    return [str(iceberg_jar()), *own]
+    return [*map(str, jars.resolve()), *own]
 
 
 def launched_by_spark_submit() -> bool:
@@ -104,6 +99,7 @@ def session_conf(settings: Settings, java_options: Sequence[str] = (), interpret
     `interpreted`: queries evaluated without generated code (INTERPRETED), for small lakes."""
     conf = {
         "spark.sql.extensions": EXTENSIONS,
+        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",  # our own progress bars
         "spark.sql.shuffle.partitions": "8",
@@ -118,10 +114,10 @@ def session_conf(settings: Settings, java_options: Sequence[str] = (), interpret
     if "spark.driver.extraJavaOptions" not in user:
         log_config = importlib.resources.files("lakehouse_dsr") / "log4j2.properties"
         conf["spark.driver.extraJavaOptions"] = " ".join([f"-Dlog4j2.configurationFile={log_config}", *java_options])
-    if jars := session_jars(settings):
-        conf["spark.jars"] = ",".join(jars)
+    if needed := session_jars(settings):
+        conf["spark.jars"] = ",".join(needed)
         if settings.spark.master.startswith("local") and "spark.driver.extraClassPath" not in user:
-            conf["spark.driver.extraClassPath"] = os.pathsep.join(jars)
+            conf["spark.driver.extraClassPath"] = os.pathsep.join(needed)
     for key, value in spark_catalog_properties(settings).items():
         conf[f"spark.sql.catalog.{settings.catalog.name}.{key}"] = value
     for key, value in user.items():
@@ -160,7 +156,7 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    _require_iceberg(spark)
+    _require_formats(spark)
     tune_driver(spark)
     spark.sparkContext.setLogLevel(os.environ.get("DSR_SPARK_LOG_LEVEL", "ERROR"))
     attach(spark, settings)
@@ -216,8 +212,8 @@ def close_gateway(spark: SparkSession) -> None:
 def attach(spark: SparkSession, settings: Settings) -> None:
     """Register our catalog on an existing session (a notebook's, a cluster job's).
 
-    Catalog settings are runtime SQL confs, so this works after start-up; the Iceberg jar and
-    SQL extensions must already be on the session. On a cluster, executors also get this package's
+    Catalog settings are runtime SQL confs, so this works after start-up; the Iceberg and Delta jars
+    and SQL extensions must already be on the session. On a cluster, executors also get this package's
     code (a zip of ~75 KB, built once per process), so they run the driver's version of it.
     """
     create_catalog_tables(settings)  # before Spark's catalog first opens (lazily, on first use)
@@ -242,17 +238,21 @@ def uncached_catalog(spark: SparkSession, settings: Settings) -> str:
     return name
 
 
-def _require_iceberg(spark: SparkSession) -> None:
-    """A session without the Iceberg runtime fails late and cryptically; say what to pass instead."""
-    try:
-        jvm: Any = spark.sparkContext._jvm  # py4j's view of the driver JVM: untyped
-        jvm.java.lang.Class.forName("org.apache.iceberg.spark.SparkCatalog", True,
-                                    jvm.java.lang.Thread.currentThread().getContextClassLoader())
-    except Exception:
+def _require_formats(spark: SparkSession) -> None:
+    """A session without the Iceberg runtime or Delta fails late and cryptically; name what is missing
+    and what to pass instead. Costs a class lookup per format (Py4J round trips, milliseconds)."""
+    jvm: Any = spark.sparkContext._jvm  # py4j's view of the driver JVM: untyped
+    missing = []
+    for what, name in _FORMAT_CLASSES.items():
+        try:
+            jvm.java.lang.Class.forName(name, True, jvm.java.lang.Thread.currentThread().getContextClassLoader())
+        except Exception:
+            missing.append(f"{what} ({name})")
+    if missing:
         raise EnvironmentSetupError(
-            "the Iceberg Spark runtime is not on the driver's classpath: name it in spark.conf['spark.jars'] "
+            f"not on the driver's classpath: {' and '.join(missing)}. Name the jars in spark.conf['spark.jars'] "
             "or ['spark.jars.packages'], or under spark-submit pass --jars \"$(dsr -c dsr.yaml jars)\""
-        ) from None
+        )
 
 
 @functools.cache
