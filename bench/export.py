@@ -23,7 +23,7 @@ from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import layout
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.stages import access
 

@@ -36,7 +36,7 @@ from lakehouse_dsr.datamap.model import DAILY_BY_TYPE, demo_datamap
 from lakehouse_dsr.ingest.stream import ingest
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import key_id, keyed_hash
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import build_session
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput

@@ -14,7 +14,8 @@ import pytest
 
 from lakehouse_dsr.lake import bridge, iceberg
 from lakehouse_dsr.lake.catalog import open_catalog
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
+from lakehouse_dsr.lake.table import listing, parquet_files_under, same_file
 
 EVENTS = "demo.events"
 
@@ -54,17 +55,17 @@ def test_live_files_and_listing_match_independent_readers(spark, lake):
     live = iceberg._live_files(spark, jtable, jtable.currentSnapshot())
     data = [t.file.file_path for t in table.scan().plan_files()]
     deletes = [d.file_path for t in table.scan().plan_files() for d in t.delete_files]
-    assert sorted(map(iceberg.same_file, live)) == sorted(map(iceberg.same_file, {*data, *deletes}))
+    assert sorted(map(same_file, live)) == sorted(map(same_file, {*data, *deletes}))
 
-    location = iceberg.same_file(table.location())
+    location = same_file(table.location())
     on_disk = sorted(os.path.join(d, f) for d, _, files in os.walk(location) for f in files
                      if not f.endswith(".crc"))  # Hadoop's checksum files, hidden by its local file system
-    listed = iceberg._listing(spark, table.location())
-    assert sorted(iceberg.same_file(p) for p, _ in listed) == on_disk
-    assert all(abs(ms / 1000 - os.stat(iceberg.same_file(p)).st_mtime) < 2 for p, ms in listed)
-    assert sorted(map(iceberg.same_file, iceberg.parquet_files_under(spark, table.location()))) == \
+    listed = listing(spark, table.location())
+    assert sorted(same_file(p) for p, _ in listed) == on_disk
+    assert all(abs(ms / 1000 - os.stat(same_file(p)).st_mtime) < 2 for p, ms in listed)
+    assert sorted(map(same_file, parquet_files_under(spark, table.location()))) == \
         [p for p in on_disk if p.endswith(".parquet")]
-    assert iceberg._listing(spark, table.location() + "/no-such-folder") == []
+    assert listing(spark, table.location() + "/no-such-folder") == []
 
 
 def test_local_files_keep_hadoop_permissions(spark, tmp_path):

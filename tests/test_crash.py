@@ -19,7 +19,7 @@ from pyspark.sql.types import StringType
 from helpers import SEED, dsr_run, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.stages.verify import verify_completed, verify_table

@@ -14,7 +14,7 @@ from helpers import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_s
 from lakehouse_dsr import synth
 from lakehouse_dsr.evidence.html import run_report_page
 from lakehouse_dsr.lake import batching, skipping
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput

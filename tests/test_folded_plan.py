@@ -22,7 +22,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.lake import skipping
 from lakehouse_dsr.lake.catalog import open_catalog
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 
 _MOR = "'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read'"
 _COW = "'write.delete.mode'='copy-on-write', 'write.update.mode'='copy-on-write'"

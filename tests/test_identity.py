@@ -10,7 +10,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import DataMap
 from lakehouse_dsr.lake import indriver
 from lakehouse_dsr.lake.catalog import open_catalog
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.stages import identity
 

@@ -21,7 +21,7 @@ from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import Keyring, key_id, keyed_hash
 from lakehouse_dsr.lake import indriver, skipping, workers
 from lakehouse_dsr.lake.catalog import open_catalog
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.lake.spark import PYTHON_DAEMON, attach
 from lakehouse_dsr.stages import collateral, erase, matching, verify

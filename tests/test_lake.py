@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import lakehouse_dsr as dsr
 from lakehouse_dsr.lake.catalog import open_catalog
-from lakehouse_dsr.lake.iceberg import CommitRetries, Ref
+from lakehouse_dsr.lake.table import CommitRetries, Ref
 
 EVENTS = "demo.events"
 

@@ -11,7 +11,7 @@ from helpers import SEED
 from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.lake import layout
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run

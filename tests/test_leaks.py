@@ -29,7 +29,7 @@ from pyspark.sql.types import StringType
 from helpers import HOSTILE, SEED, USER_KEY, add_subjects, ledger_table, make_settings
 from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput

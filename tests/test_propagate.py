@@ -19,7 +19,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup, demo_datamap, lineage
 from lakehouse_dsr.datamap.model import DEMO_DERIVED, DataMap, DerivedMapping
 from lakehouse_dsr.exceptions import DataMapError
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput

@@ -12,9 +12,9 @@ import pytest
 from helpers import SEED, ledger_table
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import PurgeSettings
-from lakehouse_dsr.lake import iceberg
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
+from lakehouse_dsr.lake.table import ExpireResult, parquet_files_under, same_file
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
@@ -162,8 +162,8 @@ def test_manifest_rewrite_and_expiry_leave_only_the_current_snapshots_files(spar
     assert Lake.of(spark, settings).table(table).rewrite_manifests() > 0
     assert spark.sql(removed).count() == 0 and spark.table(name).count() == rows
     location = Lake.of(spark, settings).table(table).location()
-    before = set(map(iceberg.same_file, iceberg.parquet_files_under(spark, location)))
-    current = {iceberg.same_file(r.file_path) for r in spark.sql(f"SELECT file_path FROM {name}.files").collect()}
+    before = set(map(same_file, parquet_files_under(spark, location)))
+    current = {same_file(r.file_path) for r in spark.sql(f"SELECT file_path FROM {name}.files").collect()}
     snapshots = spark.sql(f"SELECT * FROM {name}.snapshots").count()
     assert snapshots >= 3 and before > current
 
@@ -172,10 +172,10 @@ def test_manifest_rewrite_and_expiry_leave_only_the_current_snapshots_files(spar
     expired = Lake.of(spark, settings).table(table).expire_snapshots_before_current()
     assert meter.since(mark).stages == 0
 
-    after = set(map(iceberg.same_file, iceberg.parquet_files_under(spark, location)))
+    after = set(map(same_file, parquet_files_under(spark, location)))
     assert after == current
     assert expired.files_deleted == len(before - after)
     assert expired.snapshots_expired == snapshots - 1
     assert spark.sql(f"SELECT * FROM {name}.snapshots").count() == 1
     assert spark.table(name).count() == rows
-    assert Lake.of(spark, settings).table(table).expire_snapshots_before_current() == iceberg.ExpireResult(0, 0)
+    assert Lake.of(spark, settings).table(table).expire_snapshots_before_current() == ExpireResult(0, 0)

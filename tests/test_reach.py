@@ -25,7 +25,7 @@ from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.inventory.discover import discover
 from lakehouse_dsr.lake import plainfiles
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.plainfiles import adopt
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger

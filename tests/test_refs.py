@@ -16,7 +16,7 @@ from pyiceberg.table import StaticTable
 from helpers import SEED, add_subjects, datamap_dict, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import demo_datamap
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput

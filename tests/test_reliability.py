@@ -12,7 +12,8 @@ from pyspark.sql import functions as F
 from helpers import SEED, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerError
-from lakehouse_dsr.lake.iceberg import CommitRetries, Lake, with_conflict_retries
+from lakehouse_dsr.lake.lakehouse import Lake
+from lakehouse_dsr.lake.table import CommitRetries, with_conflict_retries
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run

@@ -11,9 +11,9 @@ from pyiceberg.table import StaticTable
 
 from helpers import SEED, make_settings, snapshot_ids
 from lakehouse_dsr import synth
-from lakehouse_dsr.lake import iceberg
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.lake.table import Snapshot
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.records import expire_records
 from lakehouse_dsr.ledger.requests import RequestInput, utc_now
@@ -47,7 +47,7 @@ def _append_events(spark, settings, users: list[str], tag: str) -> int:
     return lake.table("demo.events").current_snapshot().snapshot_id
 
 
-def _snapshot(spark, settings, snapshot_id: int) -> iceberg.Snapshot:
+def _snapshot(spark, settings, snapshot_id: int) -> Snapshot:
     lake = Lake.of(spark, settings)
     return next(s for s in lake.table("demo.events").history() if s.snapshot_id == snapshot_id)
 

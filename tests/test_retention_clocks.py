@@ -16,7 +16,7 @@ from pyiceberg.table import StaticTable
 from helpers import dsr_in_process, make_settings, snapshot_ids, write_config
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.holds import add_hold, release_hold
 from lakehouse_dsr.ledger.ledger import Ledger

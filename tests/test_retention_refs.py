@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from helpers import make_settings, snapshot_ids, write_config
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.evidence.html import run_report_page
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.holds import add_hold, release_hold
 from lakehouse_dsr.ledger.ledger import Ledger

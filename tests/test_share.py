@@ -22,7 +22,7 @@ from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, DataMapError, RequestInputError
 from lakehouse_dsr.keys import KEY_ENV, rotate_key
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput, add_business_days, due_date, read_requests_csv

@@ -28,7 +28,7 @@ from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import indriver, layout, skipping
 from lakehouse_dsr.lake.bridge import bridge
 from lakehouse_dsr.lake.catalog import open_catalog
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.metrics import StageMeter
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger

@@ -19,7 +19,7 @@ from lakehouse_dsr.datamap.model import DataMap, demo_datamap
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.keys import keyed_hash, load_key
-from lakehouse_dsr.lake.iceberg import Lake
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput

@@ -1,4 +1,5 @@
-"""lakehouse-dsr: data subject requests (erasure, access) over an Apache Iceberg lakehouse.
+"""lakehouse-dsr: data subject requests (erasure, access) over a lakehouse of Apache Iceberg and Delta
+Lake tables.
 
 The public API, for a notebook or a Spark job (every `dsr` command is one of these calls):
 
@@ -6,8 +7,9 @@ The public API, for a notebook or a Spark job (every `dsr` command is one of the
 - the ledger of requests (no SparkSession needed): `Ledger`, `RequestInput`
 - a run, on your SparkSession: `attach` (registers the catalog), `run` (returns a `RunReport`)
 - proof: `verify_completed`
-- the lake as the engine sees it, on your SparkSession: `Lake` (a catalog on a session), `IcebergTable`
-  (`lake.table(name)`: snapshots, refs, history, reads at a snapshot)
+- the lake as the engine sees it, on your SparkSession: `Lake` (a catalog and the Delta tables on a
+  session); `lake.table(name)` is an `IcebergTable` or a `DeltaTable` (versions, history, reads at a
+  version; Iceberg's refs), both implementing `TableHandle`
 - keeping erased people out of new data: `erased`, `suppress`, `suppress_for`, `suppress_stream`
 - pseudonymization: `pseudonymize`, `reidentify`
 - errors: `DsrError` and its subclasses in `lakehouse_dsr.exceptions`
@@ -24,7 +26,8 @@ _EXPORTS = {
     "Ledger": ".ledger.ledger", "RequestInput": ".ledger.requests",
     "attach": ".lake.spark", "run": ".runner", "RunReport": ".evidence.report",
     "verify_completed": ".stages.verify",
-    "Lake": ".lake.iceberg", "IcebergTable": ".lake.iceberg",
+    "Lake": ".lake.lakehouse", "IcebergTable": ".lake.iceberg", "DeltaTable": ".lake.delta",
+    "TableHandle": ".lake.table",
     "erased": ".ingest.suppress", "suppress": ".ingest.suppress", "suppress_for": ".ingest.suppress",
     "suppress_stream": ".ingest.stream",
     "pseudonymize": ".vault.pseudonymize", "reidentify": ".vault.pseudonymize",

@@ -35,10 +35,10 @@ from pyspark.sql import functions as F
 from . import synth
 from .config import Settings, load_settings, settings_from_dict
 from .datamap import DataMap, demo_datamap
-from .lake import iceberg
-from .lake.iceberg import Lake
+from .lake.lakehouse import Lake
 from .lake.metrics import StageMeter
 from .lake.spark import build_session
+from .lake.table import Snapshot
 from .ledger.ledger import Ledger
 from .ledger.requests import RequestInput
 from .progress import Progress, Silent
@@ -116,7 +116,7 @@ def side_a(spark: SparkSession, settings: Settings, deletes: list[str], exports:
     lake = Lake.of(spark, settings)
     ns = settings.demo_namespace
     events, requests = settings.table(f"{ns}.events"), settings.table(f"{ns}.gdpr_requests")
-    events_arg = lake.table(f"{ns}.events").procedure_name
+    events_arg = lake.iceberg(f"{ns}.events").procedure_name
     spark.sql(f"ALTER TABLE {events} SET TBLPROPERTIES ('write.delete.mode'='copy-on-write', "
               "'write.update.mode'='copy-on-write', 'write.merge.mode'='copy-on-write')")
     rows = [(u, "delete") for u in deletes] + [(u, "export") for u in exports]
@@ -128,7 +128,7 @@ def side_a(spark: SparkSession, settings: Settings, deletes: list[str], exports:
         f"DELETE FROM {events} AS t WHERE EXISTS (SELECT user_id FROM {requests} "
         "WHERE request_type = 'delete' AND t.user_id = user_id)"))
     # the DELETE above committed a snapshot
-    summary = cast(iceberg.Snapshot, lake.table(f"{ns}.events").current_snapshot()).summary
+    summary = cast(Snapshot, lake.iceberg(f"{ns}.events").current_snapshot()).summary
     cutoff = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     stages["expire"], _ = timed("expire", lambda: spark.sql(
         f"CALL `{settings.catalog.name}`.system.expire_snapshots('{events_arg}', TIMESTAMP '{cutoff}', 1)").collect())
@@ -172,7 +172,7 @@ def side_plain(spark: SparkSession, settings: Settings, deletes: list[str], expo
     seconds["export_read"], _ = _measured(spark, cost, "export_read", lambda: events.join(
         F.broadcast(wanted), "user_id").write.format("noop").mode("overwrite").save())
     target = settings.purge.target_file_size_mb * 1024 * 1024
-    events_arg = Lake.of(spark, settings).table(f"{settings.demo_namespace}.events").procedure_name
+    events_arg = Lake.of(spark, settings).iceberg(f"{settings.demo_namespace}.events").procedure_name
     seconds["plain_rewrite"], row = _measured(spark, cost, "plain_rewrite", lambda: spark.sql(
         f"CALL `{settings.catalog.name}`.system.rewrite_data_files(table => '{events_arg}', "
         f"options => map('rewrite-all', 'true', 'target-file-size-bytes', '{target}'))").collect()[0])

@@ -241,6 +241,13 @@ class RecordSettings(_Strict):
     keep_unverified_days: int = Field(default=30, ge=1)
 
 
+class DeltaSettings(_Strict):
+    """Where Delta tables live (`delta:`). A data-map table with `format: delta` and no `path:` is at
+    `<warehouse>/<namespace>/<table>`; relative to the config file's folder."""
+
+    warehouse: str = "delta"
+
+
 class Settings(_Strict):
     """Everything `dsr.yaml` says, validated and frozen (load_settings, settings_from_dict; a variant
     is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake, records,
@@ -250,6 +257,7 @@ class Settings(_Strict):
 
     spark: SparkSettings = Field(default_factory=SparkSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    delta: DeltaSettings = Field(default_factory=DeltaSettings)
     # The section as given, None when absent; read through `datamap`, which refuses a config without one.
     # Never a default: a forgotten section must not map tables that are not the user's (the demo's).
     datamap_: DataMap | None = Field(default=None, alias="datamap")
@@ -290,8 +298,25 @@ class Settings(_Strict):
         return v
 
     def table(self, name: str) -> str:
-        """Fully qualified, quoted name of a table given as `namespace.table`."""
-        return self.catalog.quoted(name)
+        """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text: a Delta
+        table of the data map by its path (delta.`/path`), any other through the catalog."""
+        location = self.delta_tables().get(name)
+        return delta_quoted(location) if location is not None else self.catalog.quoted(name)
+
+    def delta_tables(self) -> dict[str, str]:
+        """The data map's Delta tables (mapped and derived) -> their locations: `format: delta`, a
+        `path:`, or (format omitted) a Delta log at `<delta.warehouse>/<namespace>/<table>`. Checks
+        the local file system only for tables whose format is omitted; none without a data map."""
+        if self.datamap_ is None:
+            return {}
+        found = {}
+        for name, mapping in {**self.datamap_.tables, **self.datamap_.derived}.items():
+            if mapping.format == "iceberg":
+                continue
+            location = mapping.path or _join(self.delta.warehouse, *name.split("."))
+            if mapping.format == "delta" or mapping.path or _is_delta(location):
+                found[name] = location
+        return found
 
     def namespace(self, name: str) -> str:
         return self.catalog.quoted(name)
@@ -324,6 +349,28 @@ class Settings(_Strict):
         return super().model_copy(update=update, deep=deep)
 
 
+def _join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def _is_delta(location: str) -> bool:
+    """Whether a local location holds a Delta log (remote ones are not probed: say `format: delta`)."""
+    local = location.removeprefix("file:") if location.startswith("file:/") else location
+    return "://" not in local and Path(local, "_delta_log").is_dir()
+
+
+def delta_quoted(location: str) -> str:
+    """A Delta table's location as Spark SQL names it: delta.`/path` (a backtick doubled)."""
+    return "delta.`" + location.replace("`", "``") + "`"
+
+
+def _local_location(location: str, base: Path) -> str:
+    """A location without a scheme, made absolute from `base`; others (s3a://, file:/...) as given."""
+    if "://" in location or location.startswith("file:"):
+        return location
+    return str((base / location).resolve())
+
+
 def _absolutize(settings: Settings, base: Path) -> Settings:
     """Hadoop catalogs need an absolute URI; relative paths are read from the config's folder."""
     props = dict(settings.catalog.properties)
@@ -337,7 +384,13 @@ def _absolutize(settings: Settings, base: Path) -> Settings:
     jwt = settings.intake.jwt
     if jwt and not jwt.jwks.startswith(("https://", "http://")):
         jwt = jwt.model_copy(update={"jwks": str(absolute(Path(jwt.jwks)))})
+    datamap = settings.datamap_
+    if datamap is not None:  # Delta paths, as the warehouse, from the config's folder
+        datamap = datamap.model_copy(update={section: {
+            name: m.model_copy(update={"path": _local_location(m.path, base)}) if m.path else m
+            for name, m in getattr(datamap, section).items()} for section in ("tables", "derived")})
     return settings.replace(catalog={"properties": props}, secret_key_file=absolute(settings.secret_key_file),
+                            delta={"warehouse": _local_location(settings.delta.warehouse, base)}, datamap=datamap,
                             intake={"queue_file": absolute(settings.intake.queue_file), "jwt": jwt,
                                     "operators_file": absolute(settings.intake.operators_file)},
                             export={"directory": absolute(settings.export.directory)})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -30,6 +31,11 @@ EVENTS_PROPS = {  # erase fast (delete files), purge surely (purge.py rewrites t
     "write.merge.mode": "merge-on-read",
 }
 PLAIN_PROPS = {"format-version": "2"}
+# The same choices for a Delta table: events masked by deletion vectors (the purge rewrites them), with
+# a change data feed (whose copies of deleted rows the purge removes too); the rest copy-on-write.
+DELTA_PROPS = {EVENTS_PROPS["write.delete.mode"]: {"delta.enableDeletionVectors": "true",
+                                                  "delta.enableChangeDataFeed": "true"},
+               "plain": {"delta.enableDeletionVectors": "false"}}
 
 
 def user_id(seed: int, index: int) -> str:
@@ -187,20 +193,36 @@ class GenerateResult:
 def generate(
     spark: SparkSession, settings: Settings, users: int = 10_000, events: int = 1_000_000, seed: int = 42,
     batches: int | None = None, progress: Progress | None = None, layers: bool | None = None,
+    table_format: Literal["iceberg", "delta"] | None = None,
 ) -> GenerateResult:
     """(Re)create <demo>.users, .events (appended in batches, like the notebook), .newsletter, .orders,
     and with `layers` (default: when the data map declares the demo's derived tables) the silver
     tables user_daily and user_history (SCD2) and the gold aggregates daily_by_type and top_visitors;
     when the data map lists <demo>_vault.events (action: shred), that pseudonymized copy of the events.
 
-    Existing demo tables are dropped with PURGE first, so no old snapshot keeps earlier data.
-    Cost: writes all rows once; one commit per events batch.
+    `table_format: delta` writes the four tables as Delta tables, each at its data-map `path:` or
+    `<delta.warehouse>/<namespace>/<table>` (where a data map that omits their format finds them);
+    otherwise each table takes the format its data map gives (Iceberg by default).
+
+    Existing demo tables are dropped first (Iceberg with PURGE, Delta's folder deleted), so no old
+    snapshot keeps earlier data. Cost: writes all rows once; one commit per events batch.
     """
     if users < 1 or events < 0:
         raise ValueError("need at least one user and a non-negative number of events")
     progress = progress or Silent()
     batches = batches or max(1, min(10, math.ceil(events / 1_000_000)))
     ns = settings.demo_namespace
+    if table_format == "delta":
+        if layers or settings.datamap.shredded:
+            raise ValueError("the demo's derived tables and vault copy are Iceberg tables only: generate Delta "
+                             "tables with a data map without them")
+        layers = False
+        warehouse = settings.delta.warehouse.rstrip("/")
+        located = settings.delta_tables()
+        delta = {f"{ns}.{t}": located.get(f"{ns}.{t}", f"{warehouse}/{ns}/{t}")
+                 for t in ("users", "newsletter", "orders", "events")}
+    else:
+        delta = settings.delta_tables()
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.namespace(ns)}")
     layers = any(t in settings.datamap.derived for t in DEMO_DERIVED) if layers is None else layers
     vault_copy = next((f"{ns}_vault.{t.split('.')[1]}" for t in DEMO_SHREDDED
@@ -212,13 +234,15 @@ def generate(
         ("orders", orders_df(spark, users, users, seed), PLAIN_PROPS),
     ):
         progress.step(f"{ns}.{table}")
-        _create(spark, settings, f"{ns}.{table}", df, props)
+        _create(spark, settings, f"{ns}.{table}", df, props, delta.get(f"{ns}.{table}"))
     size = math.ceil(events / batches) if events else 0
     for b in range(batches):
         progress.step(f"{ns}.events batch {b + 1}/{batches}")
         df = events_df(spark, b * size, min(events, (b + 1) * size), users, seed)
         if b == 0:
-            _create(spark, settings, f"{ns}.events", df, EVENTS_PROPS)
+            _create(spark, settings, f"{ns}.events", df, EVENTS_PROPS, delta.get(f"{ns}.events"))
+        elif f"{ns}.events" in delta:
+            df.write.format("delta").mode("append").save(delta[f"{ns}.events"])
         else:
             df.writeTo(settings.table(f"{ns}.events")).append()
     if layers:
@@ -231,7 +255,16 @@ def generate(
     return GenerateResult(users, events, batches, users)
 
 
-def _create(spark: SparkSession, settings: Settings, table: str, df: DataFrame, props: dict[str, str]) -> None:
+def _create(spark: SparkSession, settings: Settings, table: str, df: DataFrame, props: dict[str, str],
+            delta_path: str | None = None) -> None:
+    """(Re)create `table` from `df`: an Iceberg table of the catalog with `props`, or a Delta table at
+    `delta_path` with the Delta equivalent of `props` (DELTA_PROPS)."""
+    if delta_path is not None:
+        path = spark._jvm.org.apache.hadoop.fs.Path(delta_path)  # type: ignore[union-attr]
+        path.getFileSystem(spark._jsc.hadoopConfiguration()).delete(path, True)
+        options = DELTA_PROPS.get(props.get("write.delete.mode", "plain"), DELTA_PROPS["plain"])
+        df.write.format("delta").options(**options).mode("overwrite").save(delta_path)
+        return
     spark.sql(f"DROP TABLE IF EXISTS {settings.table(table)} PURGE")
     writer = df.writeTo(settings.table(table))
     for key, value in props.items():

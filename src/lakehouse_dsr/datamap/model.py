@@ -254,6 +254,11 @@ class TableMapping(BaseModel):
     identifier: str | None = None  # defaults to the data map's subject identifier
     action: Literal["delete", "redact", "shred"] = "delete"
     redact: list[str] = Field(default_factory=list)
+    # The table format (lake/table.py): an Iceberg table of the catalog, or a Delta table at `path`
+    # (default `<delta.warehouse>/<namespace>/<table>`). None: Delta where `path` is given or a Delta
+    # log exists at the default place, else Iceberg (Settings.delta_tables).
+    format: Literal["iceberg", "delta"] | None = None
+    path: str | None = None
     # action: shred (the key holds vault pseudonyms): the columns `dsr pseudonymize` encrypted, and the
     # columns that may still single a person out, with the k-anonymity a shred must leave
     encrypted: list[str] = Field(default_factory=list)
@@ -278,6 +283,8 @@ class TableMapping(BaseModel):
 
     def _checked(self) -> TableMapping:
         """The rules of a keyed mapping (DerivedMapping's own validator applies them to keyed derived tables)."""
+        if self.format == "iceberg" and self.path is not None:
+            raise ValueError("'path' belongs to Delta tables: an Iceberg table is found through the catalog")
         if (self.key is None) == (self.keys is None):
             raise ValueError("give either 'key' (one subject column) or 'keys' (several), not "
                              + ("both" if self.key else "neither"))
@@ -356,7 +363,7 @@ class FileMapping(TableMapping):
     erasure rewrites only the files holding an erased subject."""
 
     path: str  # a folder: local, file:, s3a:, hdfs: ...
-    format: FileFormat
+    format: FileFormat  # type: ignore[assignment]  # a file format here, where a table names its table format
     options: dict[str, str] = Field(default_factory=dict)  # Spark reader/writer options (csv: header ...)
 
     def spark_options(self) -> dict[str, str]:

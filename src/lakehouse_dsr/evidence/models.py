@@ -33,6 +33,7 @@ class Checks(_Document):
     collateral: bool | None = Field(None, description="the erase commit changed no row nobody asked about")
     history: bool | None = Field(None, description="the files of every retained snapshot, branches and tags")
     storage: bool | None = Field(None, description="every file under the table's location")
+    metadata: bool | None = Field(None, description="every value of the table's metadata files (a Delta log)")
 
 
 class Proof(_Document):
@@ -148,6 +149,8 @@ class VerificationRecord(_Document):
     live: int = Field(description="rows of the batch's subjects in the current snapshot")
     history: int
     storage: int
+    metadata: int = Field(0, description="values of the batch's subjects in the table's metadata files (a Delta "
+                          "log's statistics and predicates); 0 for formats whose metadata holds none")
     refs: dict[str, int]
     physical: bool = Field(description="false: live data only (the purge is still scheduled)")
     one_scan: bool

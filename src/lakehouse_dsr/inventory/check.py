@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -132,6 +132,20 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
     if problems:
         raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(problems))
     return key_types
+
+
+def delta_problems(datamap: DataMap, delta: Collection[str]) -> list[str]:
+    """What the data map asks of its Delta tables (`delta`: their names) that the engine does not do on
+    Delta yet: derived tables (propagation), retention rules, shredding, shares read from them."""
+    problems = [f"table {t}: a derived table in Delta is not supported yet (map an Iceberg table)"
+                for t in datamap.derived if t in delta]
+    problems += [f"table {t}: retention rules (expire:) on a Delta table are not supported yet"
+                 for t in datamap.expiring if t in delta]
+    problems += [f"table {t}: action: shred on a Delta table is not supported yet"
+                 for t in datamap.shredded if t in delta]
+    problems += [f"share {s}: a share of a Delta table is not supported yet" for s, m in datamap.shares.items()
+                 if m.source in delta]
+    return problems
 
 
 CLOCK_TYPES = (DateType, TimestampType, TimestampNTZType)

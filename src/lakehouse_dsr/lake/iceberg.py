@@ -1,10 +1,5 @@
-"""The table-format seam: every Iceberg procedure, action and metadata table the engine uses.
-
-A `Lake` is bound to a SparkSession and one Iceberg catalog; `lake.table("ns.t")` is an
-`IcebergTable`, a handle whose methods are the seam's operations (its snapshots, refs, files,
-rewrites, expiry, reads at a snapshot), much as pyiceberg's `Table` carries its catalog and
-delta-rs's `DeltaTable` has its operations as methods. Other modules call these instead of
-writing Iceberg SQL, so another format (Delta) can be added by providing the same operations.
+"""Apache Iceberg behind the format seam (lake/table.py): every Iceberg procedure, action and
+metadata table the engine uses, as the methods of `IcebergTable`.
 
 The handle holds names, never a loaded table: Iceberg's Java table is loaded through Spark's
 catalog on each call, as commits (ours and other writers') move it on.
@@ -12,180 +7,39 @@ catalog on each call, as commits (ours and other writers') move it on.
 
 from __future__ import annotations
 
-import random
-import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast, overload
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType
+from pyspark.sql.types import ArrayType, MapType
 
-from ..config import CatalogSettings, EraseSettings
-from ..exceptions import CommitConflictError
 from .bridge import bridge, call, jclass
+from .table import (
+    Capabilities,
+    Commit,
+    CommitFiles,
+    CommitStats,
+    ExpireResult,
+    Ref,
+    RewriteResult,
+    Snapshot,
+    is_conflict,
+    listing,
+    parquet_files_under,
+    same_file,
+    type_holds,
+)
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from .lakehouse import Lake
 
-# Iceberg's own retries cover plain appends; these mean a concurrent commit invalidated the whole operation.
-_CONFLICTS = ("org.apache.iceberg.exceptions.ValidationException",
-              "org.apache.iceberg.exceptions.CommitFailedException")
+_CAPABILITIES = Capabilities(file_rewrite=True, subquery_dml=True, refs=True, commit_files=True)
 
 # Larger than any file: with min 0 and max this, rewrite_data_files selects files only for their deletes.
 _NO_SIZE_LIMIT = str(2**62)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    snapshot_id: int
-    committed_ms: int
-    summary: dict[str, str]
-    parent_id: int | None = None
-    operation: str | None = None
-    sequence_number: int | None = None  # the commit's data sequence number (0 in format v1)
-
-    @overload
-    @classmethod
-    def from_bridge(cls, answer: dict) -> Snapshot: ...
-
-    @overload
-    @classmethod
-    def from_bridge(cls, answer: dict | None) -> Snapshot | None: ...
-
-    @classmethod
-    def from_bridge(cls, answer: dict | None) -> Snapshot | None:
-        """From the bridge's JSON for one snapshot (None: no snapshot)."""
-        if answer is None:
-            return None
-        return cls(answer["id"], answer["ms"], answer["summary"], answer["parent"], answer["operation"],
-                   answer.get("sequence"))
-
-    def counts(self) -> dict[str, int]:
-        """The summary's numeric entries (`total-records`, `added-position-deletes`, ...)."""
-        return {k: int(v) for k, v in self.summary.items() if v.lstrip("-").isdigit()}
-
-
-@dataclass(frozen=True)
-class Ref:
-    name: str
-    kind: str  # BRANCH | TAG
-    snapshot_id: int
-
-
-@dataclass(frozen=True)
-class CommitFiles:
-    """The data files one commit changed, from its own manifests."""
-
-    parent_id: int | None
-    removed: frozenset[str]  # data files it removed (copy-on-write: rewritten)
-    added: frozenset[str]  # data files it added
-    added_rows: int | None  # their rows (the snapshot's summary; None when it does not say)
-    deleted_from: frozenset[str]  # data files its new delete files or deletion vectors apply to
-
-
-@dataclass(frozen=True)
-class RewriteResult:
-    data_files_rewritten: int
-    data_files_added: int
-    bytes_rewritten: int
-    delete_files_removed: int
-
-
-@dataclass(frozen=True)
-class ExpireResult:
-    snapshots_expired: int
-    files_deleted: int  # data and delete files (manifests and manifest lists not counted)
-
-
-@dataclass(frozen=True)
-class Commit:
-    snapshot_id: int
-    operation: str
-    summary: dict[str, str]
-
-
-@dataclass(frozen=True)
-class CommitRetries:
-    """How an operation a concurrent writer's commit invalidated is retried: at most `retries` more
-    attempts, with exponential backoff from `backoff_seconds` (`erase.commit_retries`,
-    `erase.retry_backoff_seconds`)."""
-
-    retries: int = 4
-    backoff_seconds: float = 1.0
-
-    @classmethod
-    def of(cls, erase: EraseSettings) -> CommitRetries:
-        return cls(erase.commit_retries, erase.retry_backoff_seconds)
-
-
-class LakeSettings(Protocol):
-    """The sections of the settings a Lake is made from (`Settings` has them)."""
-
-    @property
-    def catalog(self) -> CatalogSettings: ...
-
-    @property
-    def erase(self) -> EraseSettings: ...
-
-
-@dataclass(frozen=True)
-class Lake:
-    """The lake as the engine sees it: one Iceberg catalog, reached through one SparkSession.
-
-    ```python
-    lake = Lake(spark, "lakehouse")  # or Lake.of(spark, settings)
-    events = lake.table("demo.events")
-    events.current_snapshot(), events.refs()
-    ```
-
-    `catalog` is the catalog's settings (or just its name; the session must have it registered, e.g.
-    by `lakehouse_dsr.attach`); `retries` govern operations retried after a commit conflict. Immutable,
-    and safe to share between threads that share the session.
-    """
-
-    spark: SparkSession
-    catalog: CatalogSettings
-    retries: CommitRetries
-
-    def __init__(self, spark: SparkSession, catalog: CatalogSettings | str | None = None,
-                 retries: CommitRetries | None = None) -> None:
-        object.__setattr__(self, "spark", spark)
-        if catalog is None:
-            catalog = CatalogSettings()
-        elif isinstance(catalog, str):  # validated: the name is spelled into procedure calls
-            catalog = CatalogSettings(name=catalog)
-        object.__setattr__(self, "catalog", catalog)
-        object.__setattr__(self, "retries", retries or CommitRetries())
-
-    @classmethod
-    def of(cls, spark: SparkSession, settings: LakeSettings) -> Lake:
-        """The lake of `settings` (its catalog and erase retries) on `spark`."""
-        return cls(spark, settings.catalog, CommitRetries.of(settings.erase))
-
-    @property
-    def catalog_name(self) -> str:
-        return self.catalog.name
-
-    def table(self, name: str) -> IcebergTable:
-        """The handle of table `name` (`namespace.table`). Nothing is loaded until an operation runs."""
-        return IcebergTable(self, name)
-
-    def quoted(self, name: str) -> str:
-        """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text."""
-        return self.catalog.quoted(name)
-
-    def quoted_namespace(self, namespace: str) -> str:
-        """Fully qualified, quoted name of a namespace of this catalog, for SQL text."""
-        return self.catalog.quoted(namespace)
-
-    def with_conflict_retries(self, what: str, operation: Callable[[], T]) -> tuple[T, int]:
-        """`with_conflict_retries` with this lake's retries."""
-        return with_conflict_retries(self.retries, what, operation)
-
-    def _actions(self):
-        return jclass(self.spark, "org.apache.iceberg.spark.actions.SparkActions").get(self.spark._jsparkSession)
 
 
 @dataclass(frozen=True)
@@ -202,6 +56,10 @@ class IcebergTable:
     @property
     def spark(self) -> SparkSession:
         return self.lake.spark
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
 
     @property
     def identifier(self) -> str:
@@ -248,6 +106,20 @@ class IcebergTable:
 
     def format_version(self) -> int:
         return int(self.java().operations().current().formatVersion())
+
+    def sorted_by_order(self) -> bool:
+        """Whether the table declares a sort order (see `sorted_by_order` of a Java table)."""
+        return sorted_by_order(self.java())
+
+    def replace_files(self, jtable: Any, old_files: Any, new_files: Any, read_snapshot_id: int,
+                      conflict_filter: Any) -> None:
+        """`replace_files` on `jtable` (the Java table the old files were planned from)."""
+        replace_files(self.spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter)
+
+    def add_position_deletes(self, jtable: Any, delete_files: Any, data_locations: list[str], read_snapshot_id: int,
+                             conflict_filter: Any) -> None:
+        """`add_position_deletes` on `jtable` (the Java table the data files were planned from)."""
+        add_position_deletes(self.spark, jtable, delete_files, data_locations, read_snapshot_id, conflict_filter)
 
     def summary_count(self, key: str) -> int:
         """A count from the current snapshot's summary (`total-data-files`, `total-delete-files`, ...)."""
@@ -429,6 +301,42 @@ class IcebergTable:
             row.removed_delete_files_count,
         )
 
+    def compact_deletes(self, target_file_size_bytes: int) -> RewriteResult:
+        """Make deleted rows leave the live files: the data files carrying delete files rewritten
+        (`rewrite_files_with_deletes`), then position delete files that apply to no live file
+        dropped. Nothing to do (no Spark job) for a table without delete files."""
+        if not self.summary_count("total-delete-files"):
+            return RewriteResult(0, 0, 0, 0)
+        rewrite = self.rewrite_files_with_deletes(target_file_size_bytes)
+        if not self.summary_count("total-position-deletes"):
+            return rewrite
+        if type_holds(self.spark.table(self.quoted).schema, ArrayType, MapType):
+            # Iceberg 1.10's position-delete rewrite fails on such tables (apache/iceberg#14619). The
+            # dangling files hold file paths and positions only, no values: kept, they cost scan planning.
+            return replace(rewrite, dangling_deletes_kept=True)
+        return replace(rewrite, delete_files_removed=rewrite.delete_files_removed
+                       + self.drop_dangling_position_deletes())
+
+    def scrub_metadata(self) -> int:
+        """Metadata that describes removed files made to stop doing so: the manifests rewritten
+        (`rewrite_manifests`: their DELETED entries keep removed files' column bounds); returns the
+        manifests replaced. The expiry then deletes the old ones."""
+        return self.rewrite_manifests()
+
+    def refusal(self) -> str | None:
+        """None: the engine erases from and proves every Iceberg table the catalog serves."""
+        return None
+
+    def data_files_on_storage(self) -> list[str]:
+        """Every Parquet file under the location, referenced or not: one listing."""
+        return parquet_files_under(self.spark, self.location())
+
+    def metadata_files(self) -> list[str]:
+        """Metadata files whose raw text the proof scans for identifiers: none. Iceberg's metadata JSON
+        names no value; manifests keep column bounds (16-character prefixes), which `scrub_metadata`
+        and the expiry remove, and which are not read back here."""
+        return []
+
     def drop_dangling_position_deletes(self) -> int:
         """Drop position delete files that apply to no live data file; returns how many were removed.
 
@@ -512,7 +420,7 @@ class IcebergTable:
         refs) or two metadata-table queries, against the orphan action's distributed listing and
         anti-join; when in doubt (a file kind not accounted for) it says yes, so the action runs."""
         spark = self.spark
-        old = [same_file(path) for path, modified_ms in _listing(spark, jtable.location())
+        old = [same_file(path) for path, modified_ms in listing(spark, jtable.location())
                if modified_ms < cutoff_ms]
         if not old:
             return False
@@ -605,7 +513,7 @@ class IcebergTable:
 
 def snapshot_of(spark: SparkSession, jsnapshot) -> Snapshot | None:
     """A Java Snapshot (or None) as a Snapshot, read in one round trip."""
-    return Snapshot.from_bridge(call(spark, "snapshot", jsnapshot))
+    return _snapshot(call(spark, "snapshot", jsnapshot))
 
 
 def snapshot_at(spark: SparkSession, jtable, snapshot_id: int) -> Snapshot:
@@ -652,7 +560,7 @@ def _commit_written(spark: SparkSession, jtable, operation, written) -> None:
     try:
         operation.set("spark.app.id", spark.sparkContext.applicationId).commit()
     except Exception as exc:
-        if any(name in str(exc) for name in _CONFLICTS):  # nothing committed: the new files belong to nobody
+        if is_conflict(exc):  # nothing committed: the new files belong to nobody
             for location in call(spark, "locations", written):  # (an unknown commit state keeps them:
                 jtable.io().deleteFile(location)  # the commit may have landed)
         raise
@@ -699,49 +607,9 @@ def snapshot_files(spark: SparkSession, jtable, snapshot_id: int) -> list[str]:
     return _live_files(spark, jtable, jtable.snapshot(snapshot_id))
 
 
-def _listing(spark: SparkSession, location: str) -> list[tuple[str, int]]:
-    """(path, modified ms) of every file below a location: one recursive listing of storage."""
-    path = jclass(spark, "org.apache.hadoop.fs.Path")(location)
-    return call(spark, "listFiles", path.getFileSystem(spark._jsc.hadoopConfiguration()), path)
-
-
-def parquet_files_under(spark: SparkSession, location: str) -> list[str]:
-    """Every Parquet file below a location, referenced or not: one recursive listing of storage."""
-    return [path for path, _ in _listing(spark, location) if path.endswith(".parquet")]
-
-
-def same_file(path: str) -> str:
-    """One spelling per local file (`file:/x`, `file:///x` and `/x` name the same file)."""
-    return re.sub(r"^file:/+", "/", path)
-
-
-def type_holds(data_type: DataType, *kinds: type[DataType]) -> bool:
-    """`data_type` is, or nests at any depth, one of `kinds` (e.g. MapType)."""
-    if isinstance(data_type, kinds):
-        return True
-    if isinstance(data_type, ArrayType):
-        return type_holds(data_type.elementType, *kinds)
-    if isinstance(data_type, MapType):
-        return type_holds(data_type.keyType, *kinds) or type_holds(data_type.valueType, *kinds)
-    return isinstance(data_type, StructType) and any(type_holds(f.dataType, *kinds) for f in data_type.fields)
-
-
-def read_columns_from_files(spark: SparkSession, paths: list[str] | str, schema: StructType, recursive: bool = False
-                            ) -> DataFrame:
-    """Read columns (`schema`: a pruned table schema, nested fields included) straight from Parquet
-    files, bypassing Iceberg (so deleted rows are seen).
-
-    Files without a column (delete files) yield NULLs. Reads only those columns' pages.
-    """
-    reader = spark.read.schema(schema)
-    if recursive:
-        reader = reader.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.parquet")
-    return reader.parquet(*([paths] if isinstance(paths, str) else paths))
-
-
 def _snapshots_by_id(spark: SparkSession, jtable) -> dict[int, Snapshot]:
     """Every snapshot in the table's metadata, read in one round trip."""
-    return {s["id"]: Snapshot.from_bridge(s) for s in call(spark, "snapshots", jtable)}
+    return {s["id"]: cast(Snapshot, _snapshot(s)) for s in call(spark, "snapshots", jtable)}
 
 
 def _ancestors(snapshots: dict[int, Snapshot], start_id: int | None, stop_id: int | None):
@@ -753,23 +621,19 @@ def _ancestors(snapshots: dict[int, Snapshot], start_id: int | None, stop_id: in
         snap = snapshots.get(snap.parent_id) if snap.parent_id is not None else None
 
 
-def with_conflict_retries(retries: CommitRetries, what: str, operation: Callable[[], T]) -> tuple[T, int]:
-    """Run `operation`, again after a commit conflict with another writer (exponential backoff with
-    jitter, at most `retries.retries` more times); returns (its result, attempts made).
+def _snapshot(answer: dict | None) -> Snapshot | None:
+    """A Snapshot from the bridge's JSON for one snapshot (None: no snapshot), its summary read into
+    CommitStats."""
+    if answer is None:
+        return None
+    summary = answer["summary"]
 
-    Only for operations that are safe to repeat: each attempt reads the table afresh. Raises
-    CommitConflictError when the retries are exhausted; other errors are not retried.
-    """
-    attempt = 1
-    while True:
-        try:
-            return operation(), attempt
-        except Exception as exc:
-            if not any(name in str(exc) for name in _CONFLICTS):
-                raise
-            if attempt > retries.retries:
-                raise CommitConflictError(
-                    f"{what} conflicted with concurrent writers {attempt} times (erase.commit_retries = "
-                    f"{retries.retries}); nothing was committed, the next run retries") from None
-            time.sleep(retries.backoff_seconds * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
-            attempt += 1
+    def count(key: str) -> int:
+        return int(summary.get(key, 0))
+    stats = CommitStats(files_added=count("added-data-files"), files_removed=count("deleted-data-files"),
+                        bytes_removed=count("removed-files-size"),
+                        rows_added=int(summary["added-records"]) if "added-records" in summary else None,
+                        rows_removed=int(summary["deleted-records"]) if "deleted-records" in summary else None,
+                        delete_files_added=count("added-delete-files"), app_id=summary.get("spark.app.id"))
+    return Snapshot(answer["id"], answer["ms"], summary, answer["parent"], answer["operation"],
+                    answer.get("sequence"), stats)

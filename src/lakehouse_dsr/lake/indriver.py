@@ -130,6 +130,8 @@ def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], 
     columns only, with no key set: each value's text must be the one Spark's cast gives."""
     if candidates.bytes > max_bytes:
         return f"{candidates.bytes} bytes of files, more than {max_bytes}"
+    if candidates.jtable is None and not candidates.empty:
+        return "files of a table the driver's reader does not read (not Iceberg)"
     if any(not _flat(k.column) or not all(_flat(c) for c in k.redact) for k in keys):
         return "a nested or array column"
     if hashed is not None:

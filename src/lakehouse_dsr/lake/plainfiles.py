@@ -21,8 +21,8 @@ from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from ..datamap import FileMapping
 from ..datamap.model import FILE_FORMATS, FileFormat, check_table_name
 from ..exceptions import DataMapError, first_line
-from .iceberg import Lake
 from .indriver import local_rows
+from .lakehouse import Lake
 
 _PUBLISHED = re.compile(r"^dsr-[0-9a-f]{8}-(.+)$")
 _TEMP_PREFIX = ".dsr-tmp-"  # hidden: Spark's readers skip names starting with "." or "_"
@@ -164,7 +164,7 @@ def adopt(lake: Lake, path: str, table: str, fmt: str = "parquet") -> Adopted:
         check_table_name(table)
     except ValueError as exc:
         raise DataMapError(str(exc)) from None
-    spark, handle = lake.spark, lake.table(table)
+    spark, handle = lake.spark, lake.iceberg(table)
     name = handle.quoted
     if spark.catalog.tableExists(name):
         raise DataMapError(f"table {table} exists already; adopt into a new table")

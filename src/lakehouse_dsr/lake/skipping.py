@@ -31,7 +31,9 @@ from pyspark.sql.types import DataType, IntegerType, LongType, StringType
 from ..datamap import KeyGroup, column_path
 from . import iceberg
 from .bridge import bridge, call, compiled, jclass
+from .delta import DeltaTable
 from .iceberg import IcebergTable
+from .table import TableHandle
 
 # Iceberg's metrics, manifest and row-group evaluators treat an IN of more than 200 values as
 # "may match" (IN_PREDICATE_LIMIT): larger sets are split into ORed chunks of sorted values.
@@ -118,7 +120,7 @@ def release() -> None:
 class Candidates:
     """The files of one snapshot that may hold a batch's keys, planned on the driver (see the module doc)."""
 
-    source: IcebergTable  # the table the files belong to
+    source: TableHandle  # the table the files belong to
     snapshot_id: int | None
     files: int = 0  # candidate data files
     bytes: int = 0
@@ -173,7 +175,10 @@ class Candidates:
 
     def sequence_numbers(self, spark: SparkSession) -> list[int | None]:
         """Each candidate file's data sequence number (Iceberg gives a commit's new files the commit's
-        number; a compaction may keep its inputs'), in `paths()` order; None in format v1. Metadata only."""
+        number; a compaction may keep its inputs'), in `paths()` order; None in format v1. A Delta
+        table's files: the version whose commit added them (DeltaTable.added_versions). Metadata only."""
+        if not isinstance(self.source, IcebergTable):
+            return cast(DeltaTable, self.source).added_versions(self._paths)
         return call(spark, "taskSequences", self._tasks) if self._tasks is not None else []
 
     def data_files(self, spark: SparkSession):
@@ -187,11 +192,14 @@ class Candidates:
                 "total_bytes": self.total_bytes, "pruned": self.pruned}
 
 
-def plan(table: IcebergTable, snapshot_id: int | None, groups: tuple[KeyGroup, ...],
+def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ...],
          values: tuple[KeyValues | None, ...]) -> Candidates:
     """The candidate files of `table` at `snapshot_id` (None: an empty table) for the key values
     (one KeyValues per key group, None where the group cannot be pruned on). Metadata only, on the
-    driver: manifests and their file entries are read, no data file and no Spark job."""
+    driver: manifests and their file entries are read, no data file and no Spark job. A Delta table's
+    candidates are every file of the version (its log's replay, without pruning yet)."""
+    if not isinstance(table, IcebergTable):
+        return _every_file(table, snapshot_id)
     spark = table.spark
     predicate = expression(spark, groups, values)
     if snapshot_id is None:
@@ -212,6 +220,17 @@ def plan(table: IcebergTable, snapshot_id: int | None, groups: tuple[KeyGroup, .
                       int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable, rows)
 
 
+def _every_file(table: TableHandle, snapshot_id: int | None) -> Candidates:
+    """Every data file of a table without Iceberg's planning (a DeltaTable: `live_files`), at a
+    version (None: an empty table). Metadata only."""
+    if snapshot_id is None:
+        return Candidates(table, None)
+    files = cast(DeltaTable, table).live_files(snapshot_id)
+    paths, sizes, rows = [p for p, _, _ in files], [size for _, size, _ in files], [r for _, _, r in files]
+    return Candidates(table, snapshot_id, len(paths), sum(sizes), len(paths), sum(sizes), False,
+                      _paths=paths, _sizes=sizes, _rows=rows)
+
+
 def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, file_per_task: bool = False,
          position: bool = False) -> DataFrame | None:
     """The candidate files' rows as of the candidates' snapshot (delete files applied), or of the
@@ -226,6 +245,10 @@ def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, 
         candidates = candidates.subset(spark, set(only))
     if candidates.empty:
         return None
+    if not isinstance(candidates.source, IcebergTable):  # a Delta table: its files as of the version
+        every = candidates.files == candidates.total_files
+        return cast(DeltaTable, candidates.source).read_files(candidates.snapshot_id,
+                                                              None if every else set(candidates.paths()))
     jtable = candidates.source.java()
     # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
     columns = [F.col(f"`{c}`") for c in call(spark, "columns", jtable)] + (
@@ -258,6 +281,7 @@ def _staged_read(candidates: Candidates, jtable: Any, tasks: Any, options: dict[
     """The scan tasks `tasks` of the candidates' table (`jtable`, its Java Table), read through a
     staged task set."""
     spark = candidates.source.spark
+    source = cast(IcebergTable, candidates.source)
     set_id = f"dsr-{uuid.uuid4().hex}"
     manager = jclass(spark, "org.apache.iceberg.spark.ScanTaskSetManager").get()
     manager.stageTasks(jtable, set_id, tasks)
@@ -265,7 +289,7 @@ def _staged_read(candidates: Candidates, jtable: Any, tasks: Any, options: dict[
     reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
     for key, value in options.items():
         reader = reader.option(key, value)
-    return reader.load(candidates.source.identifier)
+    return reader.load(source.identifier)
 
 
 def balanced_groups(sizes: list[int], parallelism: int, split: int = _SPLIT) -> list[list[int]] | None:

@@ -103,6 +103,9 @@ def session_conf(settings: Settings, java_options: Sequence[str] = (), interpret
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",  # our own progress bars
         "spark.sql.shuffle.partitions": "8",
+        # Delta replays a table's log into this many partitions (default 50): tasks of a few files each
+        # on a lake of small tables, every time a table's state is read.
+        "spark.databricks.delta.snapshotPartitions": "8",
         # With it on, Spark starts SQL UDFs' Python workers from a second daemon (its env differs from
         # the RDDs'): a second interpreter start, 1.5 s of a small run, for tracebacks with fewer frames.
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",

@@ -16,7 +16,7 @@ from ..config import Settings
 from ..evidence.report import RunReport
 from ..inventory.check import KeyTypes
 from ..lake import indriver
-from ..lake.iceberg import Lake
+from ..lake.lakehouse import Lake
 from ..lake.metrics import IoCost, StageMeter, beside
 from ..ledger.ledger import Ledger
 from ..progress import Progress

@@ -387,16 +387,18 @@ class ErasureBatch:
         settings, datamap, tables = self.settings, self.settings.datamap, list(plans)
         if not tables:
             return Committed(key_sets)
-        content = settings.erase.collateral_check == "content"
+        # The content check reads what a commit changed: where a format cannot say (capabilities), counts.
+        content = {t for t in tables if settings.erase.collateral_check == "content"
+                   and self.lake.table(t).capabilities.commit_files}
 
         def commit(table: str) -> erase.TableErasure:
             start, keys = time.perf_counter(), key_sets[table]
             try:
                 erasure = erase.apply(self.lake, datamap, settings.erase, plans[table], keys,
-                                      observe=keys if content else None)
+                                      observe=keys if table in content else None)
             except Exception as exc:  # recorded; verification then shows what is left
                 erasure = erase.TableErasure(plans[table], error=first_line(exc, with_type=True))
-            if erasure.snapshot_id is not None and not content:
+            if erasure.snapshot_id is not None and table not in content:
                 erasure.collateral = collateral.check_counts(self.lake.table(table), erasure.plan.snapshot_before,
                                                              erasure.snapshot_id, erasure.plan.expected_rows_after,
                                                              erasure.rows_after)
@@ -409,7 +411,7 @@ class ErasureBatch:
         committed = [collateral.Commit(t, key_sets[t], e.plan.snapshot_before, e.snapshot_id, e.observed,
                                        None if e.plan.folded else  # a folded plan counted no file's rows
                                        collateral.Planned(frozenset(e.plan.candidate_files), e.plan.requested_by_file))
-                     for t, e in erasures.items() if e.snapshot_id is not None]
+                     for t, e in erasures.items() if e.snapshot_id is not None and t in content]
         decided, pending = collateral.prepare_many(self.lake, datamap, settings.erase, committed,
                                                    parallel_tables=settings.run.parallel_tables)
         for table, result in decided.items():

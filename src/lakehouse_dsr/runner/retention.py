@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 
 from ..config import Settings
 from ..inventory.check import check_against_catalog
-from ..lake.iceberg import Lake
+from ..lake.lakehouse import Lake
 from ..ledger.holds import active_holds
 from ..ledger.lease import Lease
 from ..ledger.ledger import Ledger

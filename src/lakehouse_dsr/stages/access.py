@@ -28,7 +28,7 @@ from ..datamap import DataMap
 from ..inventory.check import KeyTypes, check_against_catalog
 from ..keys import private_dir, write_private
 from ..lake import plainfiles, privatefiles, skipping
-from ..lake.iceberg import Lake
+from ..lake.lakehouse import Lake
 from ..vault import vault
 from ..vault.pseudonymize import PROPERTY
 from . import identity, matching

@@ -38,10 +38,12 @@ from pyspark.sql.types import MapType, StructField, StructType
 
 from ..config import EraseSettings
 from ..datamap import DataMap, column_ref
-from ..lake import iceberg, indriver, skipping
+from ..lake import indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hashsum import HashSum, hash_sum
-from ..lake.iceberg import IcebergTable, Lake
+from ..lake.iceberg import IcebergTable
+from ..lake.lakehouse import Lake
+from ..lake.table import CommitFiles, TableHandle, read_columns_from_files, type_holds
 from . import matching
 from .matching import Redaction, TableKeys
 
@@ -96,7 +98,7 @@ def row_hash(schema: StructType, redactions: dict[str, list[Redaction]] | None =
     values = []
     for f in schema.fields:
         col = erased_value(f, redactions or {})
-        if iceberg.type_holds(f.dataType, MapType):  # Spark cannot hash maps
+        if type_holds(f.dataType, MapType):  # Spark cannot hash maps
             col = F.to_json(F.struct(col))
         values.append(col)
     masks = [reduce(operator.add, (F.when(col.isNull(), F.lit(1 << bit)).otherwise(F.lit(0))
@@ -360,7 +362,7 @@ def prepare_many(lake: Lake, datamap: DataMap, erase: EraseSettings, commits: li
     results: dict[str, CollateralResult] = {}
     pending: dict[str, Pending] = {}
     prepared_all = map_in_threads(
-        lambda commit: _prepare(lake.table(commit.table), datamap.table_mapping(commit.table).action, erase, commit),
+        lambda commit: _prepare(lake.iceberg(commit.table), datamap.table_mapping(commit.table).action, erase, commit),
         commits, parallel_tables)
     for commit, prepared in zip(commits, prepared_all, strict=True):
         if isinstance(prepared, CollateralResult):
@@ -397,7 +399,7 @@ def _verdict(commit: Commit, expected: Fingerprint, found: Fingerprint) -> Colla
 
 
 def _fingerprinted_in_driver(spark: SparkSession, action: str, erase: EraseSettings, commit: Commit,
-                             changed: iceberg.CommitFiles, before: skipping.Candidates) -> CollateralResult | None:
+                             changed: CommitFiles, before: skipping.Candidates) -> CollateralResult | None:
     """The check of a small rewrite, fingerprinted in the driver (lake/indriver.py): the replaced files
     as the commit's parent held them, the added files as the commit holds them, each read back from
     storage. None when Spark must read them (too large, deletes, nested columns)."""
@@ -465,7 +467,7 @@ def _prepare(handle: IcebergTable, action: str, erase: EraseSettings, commit: Co
         if in_driver is not None:
             return in_driver
     removed = skipping.read(before, set(changed.removed)) if seen is None else None
-    added = iceberg.read_columns_from_files(spark, sorted(changed.added), spark.table(handle.quoted).schema
+    added = read_columns_from_files(spark, sorted(changed.added), spark.table(handle.quoted).schema
                                             ) if changed.added else None  # new files: no deletes yet
     return _Reads(removed, added, changed.added, changed.added_rows, requested_kept, seen,
                   kept if not requested_after else frozenset())
@@ -501,7 +503,7 @@ def _count_split(rows: DataFrame | None, table_keys: TableKeys) -> tuple[int, in
     return int(totals["other"] or 0), int(totals["requested"] or 0)
 
 
-def check_counts(table: IcebergTable, snapshot_before: int | None, erase_snapshot: int, expected_rows: int,
+def check_counts(table: TableHandle, snapshot_before: int | None, erase_snapshot: int, expected_rows: int,
                  rows_after: int) -> CollateralResult:
     """The cheap check (`erase.collateral_check: count`): rows after the commit, from its metadata.
 

@@ -22,10 +22,11 @@ from pyspark.sql import functions as F
 
 from ..config import EraseSettings
 from ..datamap import DataMap, TableMapping, column_ref, is_array
-from ..lake import iceberg, indriver, membership, skipping
+from ..lake import indriver, membership, skipping
 from ..lake.batching import collect_union, map_in_threads
-from ..lake.iceberg import IcebergTable, Lake
+from ..lake.lakehouse import Lake
 from ..lake.skipping import POSITION, Candidates
+from ..lake.table import FileRewriting, Snapshot, TableHandle
 from . import collateral, matching
 from .collateral import CollateralResult, Observed
 from .matching import TableKeys
@@ -137,15 +138,14 @@ class TableErasure:
     def rows_changed(self) -> int:
         return self.plan.rows_matched if self.plan.action == "redact" else self.plan.rows_before - self.rows_after
 
-    def took(self, snapshot: iceberg.Snapshot | None) -> None:
-        """Record our commit (None: nothing committed) and what its summary says it rewrote."""
+    def took(self, snapshot: Snapshot | None) -> None:
+        """Record our commit (None: nothing committed) and what its stats say it rewrote."""
         if snapshot is None:
             return
-        s = snapshot.summary
         self.snapshot_id = snapshot.snapshot_id
-        self.data_files_rewritten = int(s.get("deleted-data-files", 0))
-        self.bytes_rewritten = int(s.get("removed-files-size", 0))
-        self.delete_files_added = int(s.get("added-delete-files", 0))
+        self.data_files_rewritten = snapshot.stats.files_removed
+        self.bytes_rewritten = snapshot.stats.bytes_removed
+        self.delete_files_added = snapshot.stats.delete_files_added
 
     def absorb(self, later: TableErasure) -> None:
         """Fold a later round (late rows erased) into this result: counts add up, the newest commit wins."""
@@ -172,14 +172,15 @@ class TableErasure:
 
 
 def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, modes: dict[str, str],
-                    simple: bool = True, rewrite: bool = False, positions: bool = False) -> str:
+                    simple: bool = True, rewrite: bool = False, positions: bool = False,
+                    subquery_dml: bool = True) -> str:
     """Rewrite the files holding matches where allowed, else write position deletes where the plan
     found the positions, else MERGE with a broadcast key set while it fits and the table's modes
     allow, else DELETE/UPDATE.
 
     `rewrite_files` (`rewrite`: format v1/v2, and copy-on-write for this change or a purge in this
     run): only the files the plan found matches in are read and rewritten (without the requested
-    rows, or with their groups nulled), in one overwrite commit (IcebergTable.overwrite_files). Spark's
+    rows, or with their groups nulled), in one overwrite commit (TableHandle.overwrite_files). Spark's
     MERGE plans its own scan and reads the key columns of every file first, since data skipping
     cannot reach it without values in its text. On a merge-on-read table whose purge runs in the
     same run, delete files would be rewritten by the purge minutes later: rewriting the files at
@@ -205,6 +206,11 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
     an array key), which an UPDATE cannot say (Spark allows no subquery in SET); a delete ORing one
     EXISTS per key column was measured slower (bench/keys.py, 2M rows: 6.3 s against 3.9 s, where
     one key takes 3.0 s), and a MERGE on `k1 = v OR k2 = v` would be a nested-loop join.
+
+    Without `subquery_dml` (open-source Delta refuses a subquery in DELETE and UPDATE), a MERGE
+    against the key set erases: broadcast while it fits (`merge_broadcast`), else joined by a shuffle
+    (`merge_keys`). A MERGE also keeps identifiers out of Delta's log, which records a DELETE's or
+    UPDATE's predicate text but only a MERGE's join condition.
     """
     natural = "delete" if action == "delete" else "update"
     if rewrite and distinct_keys <= broadcast_max_keys:  # its join broadcasts the key set
@@ -213,21 +219,22 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
         return "delete_positions"
     if not simple:
         return "merge_key_tuples"
-    if distinct_keys <= broadcast_max_keys and modes["merge"] == modes[natural]:
+    if distinct_keys <= broadcast_max_keys and (modes["merge"] == modes[natural] or not subquery_dml):
         return "merge_broadcast"
-    return f"{natural}_where_exists"
+    return f"{natural}_where_exists" if subquery_dml else "merge_keys"
 
 
-def write_modes(table: IcebergTable) -> dict[str, str]:
+def write_modes(table: TableHandle) -> dict[str, str]:
     return {op: table.write_mode(op) for op in ("delete", "update", "merge")}
 
 
-def positional(table: IcebergTable, mapping: TableMapping, erase: EraseSettings, purging: bool) -> bool:
+def positional(table: TableHandle, mapping: TableMapping, erase: EraseSettings, purging: bool) -> bool:
     """Whether the plan's scan should record the requested rows' positions for `delete_positions`:
     a deletion on a format-v2 table whose owner chose merge-on-read deletes, its purge not in this
     run (else the files are rewritten at once). Format v3 takes deletion vectors: Spark writes those."""
     return (mapping.action == "delete" and erase.max_delete_positions > 0 and not purging
-            and table.format_version() == 2 and table.write_mode("delete") == "merge-on-read")
+            and table.capabilities.file_rewrite and _rewriting(table).format_version() == 2
+            and table.write_mode("delete") == "merge-on-read")
 
 
 def plan(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, keys: TableKeys, purging: bool = False
@@ -314,19 +321,25 @@ def _in_driver(spark: SparkSession, erase: EraseSettings, candidates: skipping.C
     return indriver.refusal(spark, candidates, keys.key_columns(), erase.in_driver_max_bytes) is None
 
 
-def _rewrites(handle: IcebergTable, mapping: TableMapping, purging: bool, modes: dict[str, str]) -> bool:
+def _rewrites(handle: TableHandle, mapping: TableMapping, purging: bool, modes: dict[str, str]) -> bool:
     """Whether the table's files may be rewritten at once (choose_strategy's `rewrite`)."""
-    return handle.format_version() <= 2 and (
+    return handle.capabilities.file_rewrite and _rewriting(handle).format_version() <= 2 and (
         purging or modes["delete" if mapping.action == "delete" else "update"] == "copy-on-write")
 
 
-def _plan(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, keys: TableKeys, purging: bool,
+def _rewriting(handle: TableHandle) -> FileRewriting:
+    """`handle` as one that rewrites named files (only where `capabilities.file_rewrite` holds)."""
+    return cast(FileRewriting, handle)
+
+
+def _plan(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys: TableKeys, purging: bool,
           candidates: skipping.Candidates, groups: list, with_positions: bool, folded: bool = False) -> TablePlan:
     snapshot_id = candidates.snapshot_id
     positions = _positions_by_file(groups) if with_positions else None
     modes = write_modes(handle)
     strategy = choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, modes, mapping.simple,
-                               _rewrites(handle, mapping, purging, modes), positions is not None)
+                               _rewrites(handle, mapping, purging, modes), positions is not None,
+                               handle.capabilities.subquery_dml)
     # the write mode the strategy leaves the table's files in
     mode = {"rewrite_files": "copy-on-write", "delete_positions": "merge-on-read"}.get(strategy) \
         or modes[strategy.split("_")[0]]
@@ -345,7 +358,7 @@ _FOLD_MIN_REQUESTS = 2
 _FOLD_MIN_FILES = 4
 
 
-def folds(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, keys: TableKeys,
+def folds(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys: TableKeys,
           candidates: skipping.Candidates, purging: bool) -> bool:
     """Whether the plan should read nothing and leave finding the requested rows to the rewrite:
     when its scan could only learn that every candidate file holds someone, and the rewrite reads
@@ -361,7 +374,8 @@ def folds(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, key
     the unclustered 10M-event table, 190 MB of a 670 MB erase stage, about 3 s)."""
     if (not keys.single or keys.groups[0].is_array or candidates.files < _FOLD_MIN_FILES
             or candidates.rows is None or candidates.bytes <= erase.in_driver_max_bytes
-            or candidates.files < candidates.total_files or iceberg.sorted_by_order(candidates.jtable)):
+            or candidates.files < candidates.total_files or not handle.capabilities.file_rewrite
+            or _rewriting(handle).sorted_by_order()):
         return False
     key_type = keys.sets[0].requesters.schema["key_value"].dataType
     if not membership.supported(key_type) or keys.size > erase.broadcast_max_keys or \
@@ -384,7 +398,7 @@ def _view(df: DataFrame) -> str:
     return view
 
 
-def _run_statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, strategy: str,
+def _run_statement(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, strategy: str,
                    table_plan: TablePlan, keys: TableKeys) -> None:
     """Run `strategy`'s SQL statement once, its key views dropped after it."""
     views: list[str] = []
@@ -395,7 +409,7 @@ def _run_statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSett
             handle.spark.catalog.dropTempView(view)
 
 
-def _statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, strategy: str,
+def _statement(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, strategy: str,
                table_plan: TablePlan, keys: TableKeys, views: list[str]) -> str:
     """`strategy`'s one SQL statement; identifiers stay in temporary views (`views` collects their names)."""
     if strategy == "merge_key_tuples":
@@ -404,16 +418,18 @@ def _statement(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings
     views.append(_view(keys.sets[0].hits))
     nulls = ", ".join(f"t.{column_ref(c)} = NULL" for c in sorted(mapping.redacted_columns))
     exists = f"EXISTS (SELECT 1 FROM {views[0]} s WHERE s.key_value = {key})"
+    matched = "DELETE" if mapping.action == "delete" else f"UPDATE SET {nulls}"
     return {
         "merge_broadcast": f"MERGE INTO {target} AS t USING (SELECT /*+ BROADCAST({views[0]}) */ key_value FROM "
-                           f"{views[0]}) AS s ON {key} = s.key_value WHEN MATCHED THEN "
-                           + ("DELETE" if mapping.action == "delete" else f"UPDATE SET {nulls}"),
+                           f"{views[0]}) AS s ON {key} = s.key_value WHEN MATCHED THEN {matched}",
+        "merge_keys": f"MERGE INTO {target} AS t USING (SELECT key_value FROM {views[0]}) AS s "
+                      f"ON {key} = s.key_value WHEN MATCHED THEN {matched}",
         "delete_where_exists": f"DELETE FROM {target} AS t WHERE {exists}",
         "update_where_exists": f"UPDATE {target} AS t SET {nulls} WHERE {exists}",
     }[strategy]
 
 
-def _merge_key_tuples(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
+def _merge_key_tuples(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
                       keys: TableKeys, views: list[str]) -> str:
     """MERGE on the requested rows' distinct key tuples (read from the key columns of the plan's
     snapshot), each with which of its keys were requested: every target row matches at most one
@@ -445,7 +461,7 @@ def _merge_key_tuples(handle: IcebergTable, mapping: TableMapping, erase: EraseS
             f"ON {on} WHEN MATCHED THEN {action}")
 
 
-def _rewrite_files(handle: IcebergTable, action: str, erase: EraseSettings, table_plan: TablePlan, keys: TableKeys,
+def _rewrite_files(handle: TableHandle, action: str, erase: EraseSettings, table_plan: TablePlan, keys: TableKeys,
                    observe: TableKeys | None) -> collateral.Observed | None:
     """The `rewrite_files` commit at the current snapshot: the plan's files holding matches, and any
     candidate file added since the plan (appends may hold requested rows), rewritten as the erasure
@@ -465,14 +481,14 @@ def _rewrite_files(handle: IcebergTable, action: str, erase: EraseSettings, tabl
         new_files = indriver.attempt(f"{table}: the rewrite",
                                      lambda: indriver.rewrite(spark, chosen, keys.key_columns(), action == "delete"))
         if new_files is not None:
-            iceberg.replace_files(spark, chosen.jtable, chosen.data_files(spark), new_files, read_snapshot_id,
-                                  now.predicate)
+            _rewriting(handle).replace_files(chosen.jtable, chosen.data_files(spark), new_files, read_snapshot_id,
+                                             now.predicate)
             return None
     # A sorted table's files are rewritten one per task, each in its order (bounds stay narrow for
     # data skipping); other tables' files are packed into the read's splits, as compaction would:
     # at 10M unsorted events, 40 files in 4 tasks took 12.2 s against 15.7 s in 40.
     rows = cast(DataFrame, skipping.read(chosen,  # `chosen` is not empty
-                                         file_per_task=iceberg.sorted_by_order(chosen.jtable)))
+                                         file_per_task=_rewriting(handle).sorted_by_order()))
     counter = None
     if table_plan.folded:  # one scalar key whose values are held in the driver (`folds`)
         key_set = keys.sets[0]
@@ -489,12 +505,12 @@ def _rewrite_files(handle: IcebergTable, action: str, erase: EraseSettings, tabl
         table_plan.rows_matched, table_plan.matches_by_request = counter.counted()
         return table_plan.rows_matched > 0
 
-    committed = handle.overwrite_files(chosen.data_files(spark), collateral.erased_rows(rows, keys, action),
+    committed = _rewriting(handle).overwrite_files(chosen.data_files(spark), collateral.erased_rows(rows, keys, action),
                                        read_snapshot_id, now.predicate, commit_if=found_any)
     return collateral.observed(sums, chosen.paths()) if sums and committed else None
 
 
-def _delete_positions(handle: IcebergTable, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
+def _delete_positions(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, table_plan: TablePlan,
                       keys: TableKeys) -> None:
     """The `delete_positions` commit: the plan's positions as position delete files, committed as one
     row delta, while the table is still at the plan's snapshot. Once another writer has committed
@@ -503,13 +519,13 @@ def _delete_positions(handle: IcebergTable, mapping: TableMapping, erase: EraseS
     now = keys.current_candidates(handle)
     if now.snapshot_id != table_plan.snapshot_before:  # one of Spark's statements, never a rewrite
         statement = choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, write_modes(handle),
-                                    mapping.simple)
+                                    mapping.simple, subquery_dml=handle.capabilities.subquery_dml)
         _run_statement(handle, mapping, erase, statement, table_plan, keys)
         return
     spark = handle.spark
     written = indriver.position_deletes(spark, now, table_plan.positions)
-    iceberg.add_position_deletes(spark, now.jtable, written, sorted(table_plan.positions),
-                                 cast(int, now.snapshot_id), now.predicate)
+    _rewriting(handle).add_position_deletes(now.jtable, written, sorted(table_plan.positions),
+                                            cast(int, now.snapshot_id), now.predicate)
 
 
 def apply(lake: Lake, datamap: DataMap, erase: EraseSettings, table_plan: TablePlan, keys: TableKeys,

@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 
 from ..datamap import DataMap
 from ..lake import indriver
-from ..lake.iceberg import Lake
+from ..lake.lakehouse import Lake
 
 
 def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:

@@ -15,7 +15,7 @@ from ..datamap import DataMap, KeyGroup, column_path, column_ref, is_array
 from ..inventory.check import KeyTypes
 from ..lake import indriver, membership, skipping
 from ..lake.bridge import jclass
-from ..lake.iceberg import IcebergTable
+from ..lake.table import TableHandle
 
 
 def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) -> DataFrame:
@@ -93,11 +93,11 @@ class TableKeys:
         """Each group's values for data skipping (None: that group cannot be pruned on)."""
         return tuple(s.values for s in self.sets)
 
-    def candidates(self, table: IcebergTable, snapshot_id: int | None) -> skipping.Candidates:
+    def candidates(self, table: TableHandle, snapshot_id: int | None) -> skipping.Candidates:
         """The files of `table` at `snapshot_id` that may hold these keys (metadata only)."""
         return skipping.plan(table, snapshot_id, self.groups, self.values)
 
-    def current_candidates(self, table: IcebergTable) -> skipping.Candidates:
+    def current_candidates(self, table: TableHandle) -> skipping.Candidates:
         """`candidates` at the table's current snapshot (none for an empty table)."""
         snapshot = table.current_snapshot()
         return self.candidates(table, snapshot.snapshot_id if snapshot else None)

@@ -17,12 +17,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import date, timedelta
 
-from pyspark.sql.types import ArrayType, MapType
-
 from ..config import PurgeSettings
 from ..datamap import DataMap
-from ..lake import iceberg
-from ..lake.iceberg import Lake
+from ..lake.lakehouse import Lake
 from . import refs
 
 
@@ -94,26 +91,19 @@ def purge_table(lake: Lake, datamap: DataMap, purge: PurgeSettings, table: str, 
     and the orphans' age."""
     handle = lake.table(table)
     result = TablePurge(table)
-    if handle.summary_count("total-delete-files"):
-        rewrite = handle.rewrite_files_with_deletes(purge.target_file_size_mb * 1024 * 1024)
-        result.data_files_rewritten = rewrite.data_files_rewritten
-        result.bytes_rewritten = rewrite.bytes_rewritten
-        result.delete_files_removed = rewrite.delete_files_removed
-        if handle.summary_count("total-position-deletes"):
-            if iceberg.type_holds(lake.spark.table(handle.quoted).schema, ArrayType, MapType):
-                # Iceberg 1.10's position-delete rewrite fails on such tables (apache/iceberg#14619). The
-                # dangling files hold file paths and positions only, no values: kept, they cost scan planning.
-                result.dangling_deletes_kept = True
-            else:
-                result.delete_files_removed += handle.drop_dangling_position_deletes()
-    result.manifests_rewritten = handle.rewrite_manifests()
+    rewrite = handle.compact_deletes(purge.target_file_size_mb * 1024 * 1024)
+    result.data_files_rewritten = rewrite.data_files_rewritten
+    result.bytes_rewritten = rewrite.bytes_rewritten
+    result.delete_files_removed = rewrite.delete_files_removed
+    result.dangling_deletes_kept = rewrite.dangling_deletes_kept
+    result.manifests_rewritten = handle.scrub_metadata()
     current = handle.current_snapshot()
     settled = {"kept": result.refs_kept, "clean": result.refs_clean, "dropped": result.refs_dropped,
                "rewritten": result.refs_rewritten}
-    for ref in refs.without_leftovers(handle):
+    for ref in refs.without_leftovers(handle):  # none where the format has no refs
         if current and ref.snapshot_id == current.snapshot_id:
             continue  # points at the clean snapshot: pins nothing old
-        settled[refs.settle(handle, datamap, purge, ref, erased)].append(refs.label(ref))
+        settled[refs.settle(lake.iceberg(table), datamap, purge, ref, erased)].append(refs.label(ref))
     kept = handle.current_snapshot()
     result.kept_snapshot = kept.snapshot_id if kept else None
     result.own_line = line_from is not None and handle.own_line_since(line_from)

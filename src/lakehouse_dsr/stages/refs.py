@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -35,8 +35,9 @@ from pyspark.sql import functions as F
 from ..config import PurgeSettings
 from ..datamap import DataMap
 from ..inventory.check import KeyTypes
-from ..lake import iceberg, skipping
+from ..lake import skipping
 from ..lake.iceberg import IcebergTable
+from ..lake.table import Ref, TableHandle
 from . import collateral, matching, verify
 from .matching import TableKeys
 
@@ -84,23 +85,23 @@ class Unwanted(Protocol):
         ...
 
 
-def label(ref: iceberg.Ref) -> str:
+def label(ref: Ref) -> str:
     """How the report names a ref: `tag audit_q3`, `branch staging`."""
     return f"{ref.kind.lower()} {ref.name}"
 
 
-def without_leftovers(table: IcebergTable) -> list[iceberg.Ref]:
+def without_leftovers(table: TableHandle) -> list[Ref]:
     """The table's refs, after removing the temporary branches an interrupted tag rewrite left."""
     kept = []
     for ref in table.refs():
         if ref.kind == "BRANCH" and ref.name.startswith(TEMPORARY):
-            table.drop_ref(ref)
+            cast(IcebergTable, table).drop_ref(ref)  # refs: an Iceberg table's (capabilities.refs)
         else:
             kept.append(ref)
     return kept
 
 
-def settle(table: IcebergTable, datamap: DataMap, purge: PurgeSettings, ref: iceberg.Ref,
+def settle(table: IcebergTable, datamap: DataMap, purge: PurgeSettings, ref: Ref,
            erased: Unwanted | None) -> Outcome:
     """Apply `purge.pinned_refs` to one ref of `table` not at the current snapshot (see the module doc).
     `erased` None (the caller knows no hashes): the ref cannot be told clean, so it is kept.

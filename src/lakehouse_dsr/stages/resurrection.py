@@ -28,9 +28,10 @@ from pyspark.sql import functions as F
 
 from ..datamap import DataMap
 from ..inventory.check import KeyTypes
-from ..lake import iceberg, indriver, plainfiles, skipping
+from ..lake import indriver, plainfiles, skipping
 from ..lake.batching import map_in_threads, map_unions
-from ..lake.iceberg import Lake
+from ..lake.lakehouse import Lake
+from ..lake.table import Snapshot
 from ..ledger.journal import Step
 from . import verify
 from .purge import TablePurge
@@ -71,7 +72,7 @@ class Scope:
     """What one table's check reads: the files added since its checkpoint, at the current snapshot."""
 
     table: str
-    snapshot: iceberg.Snapshot | None  # current when checked (None: an empty table)
+    snapshot: Snapshot | None  # current when checked (None: an empty table)
     whole: bool = False  # every live file is read (no usable checkpoint)
     candidates: skipping.Candidates | None = None  # the files to read (None: none)
     sequences: dict[str, int | None] = field(default_factory=dict)  # file -> its data sequence number

@@ -47,7 +47,9 @@ from ..datamap.model import DataMap, ExpiryRule, column_ref
 from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
 from ..lake import iceberg, indriver, skipping
-from ..lake.iceberg import IcebergTable, Lake
+from ..lake.iceberg import IcebergTable
+from ..lake.lakehouse import Lake
+from ..lake.table import Ref, Snapshot, read_columns_from_files, same_file
 from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
 from ..ledger.ledger import Ledger
@@ -242,7 +244,7 @@ def _held_subjects_past(lake: Lake, datamap: DataMap, table: str, rules: list[_R
     current snapshot and of each branch's and tag's), each distinct value hashed once per key the
     holds were made with."""
     spark = lake.spark
-    handle = lake.table(table)
+    handle = lake.iceberg(table)
     held = [h for h in holds.holds if h.kind == "subject"]
     if not held:
         return None
@@ -268,7 +270,7 @@ def _held_subjects_past(lake: Lake, datamap: DataMap, table: str, rules: list[_R
 def _table(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: Ledger, table: str,
            rules: list[_Rule], run_id: str, dry_run: bool) -> TableExpiry:
     spark = lake.spark
-    handle = lake.table(table)
+    handle = lake.iceberg(table)
     name = lake.quoted(table)
     start = handle.current_snapshot()
     unwanted = _PastRows(rules)
@@ -327,7 +329,7 @@ def _rows_past(spark: SparkSession, name: str, rules: list[_Rule]) -> list[int]:
     return [int(row[f"past{i}"]) for i in range(len(rules))]
 
 
-def _blocked(spark: SparkSession, name: str, rules: list[_Rule], pinning: dict[iceberg.Ref, int], dry_run: bool
+def _blocked(spark: SparkSession, name: str, rules: list[_Rule], pinning: dict[Ref, int], dry_run: bool
              ) -> TableExpiry:
     """`pinned_refs: block` and refs pinning rows past a rule: nothing is committed (expiring main
     alone would leave those rows in the refs' files, and the proof failing); the refs are named and
@@ -344,14 +346,14 @@ def _blocked(spark: SparkSession, name: str, rules: list[_Rule], pinning: dict[i
         blocked=why, passed=dry_run)
 
 
-def _would(purge_settings: PurgeSettings, ref: iceberg.Ref, rows_past: int) -> RefOutcome:
+def _would(purge_settings: PurgeSettings, ref: Ref, rows_past: int) -> RefOutcome:
     """What a pass under the current `pinned_refs` does with a ref pinning `rows_past` rows (not block)."""
     if not rows_past:
         return "clean"
     return "dropped" if ref.kind == "TAG" and purge_settings.pinned_refs == "drop" else "rewritten"
 
 
-def _settled(lake: Lake, table: str, unwanted: _PastRows, pinning: dict[iceberg.Ref, int],
+def _settled(lake: Lake, table: str, unwanted: _PastRows, pinning: dict[Ref, int],
              purged: purge.TablePurge | None) -> dict[str, RefExpiry]:
     """Each ref counted before the pass, by what the purge did with it (refs.settle), and the rows past
     a rule its snapshot holds afterwards when it was rewritten (the proof; one count each)."""
@@ -362,7 +364,7 @@ def _settled(lake: Lake, table: str, unwanted: _PastRows, pinning: dict[iceberg.
                                                         ("rewritten", purged.refs_rewritten)]
         for outcome, labels in settled:
             done.update(dict.fromkeys(labels, outcome))
-    now = {refs.label(ref): ref for ref in lake.table(table).refs()}
+    now = {refs.label(ref): ref for ref in lake.iceberg(table).refs()}
     out = {}
     for ref, n in pinning.items():
         label = refs.label(ref)
@@ -370,7 +372,7 @@ def _settled(lake: Lake, table: str, unwanted: _PastRows, pinning: dict[iceberg.
         if outcome == "kept" and not n:
             outcome = "clean"  # counted clean before the pass (the purge keeps refs unchecked under block)
         after = now.get(label)
-        left = (unwanted.rows_past(lake.table(table), after.snapshot_id)
+        left = (unwanted.rows_past(lake.iceberg(table), after.snapshot_id)
                 if after is not None and outcome == "rewritten" else None)
         out[label] = RefExpiry(rows_past=n, outcome=outcome, snapshot_id=after.snapshot_id if after else None,
                                rows_left=left)
@@ -393,8 +395,8 @@ def _physical(table: IcebergTable, rules: list[_Rule], live: int) -> tuple[int, 
 
     paths, _ = table.retained_files()
     location = table.location()
-    history = count(iceberg.read_columns_from_files(spark, paths, columns)) if paths else 0
-    return history, count(iceberg.read_columns_from_files(spark, location, columns, recursive=True)), False
+    history = count(read_columns_from_files(spark, paths, columns)) if paths else 0
+    return history, count(read_columns_from_files(spark, location, columns, recursive=True)), False
 
 
 def _keep_checkpoint(table: IcebergTable, ledger: Ledger, start_id: int, run_id: str) -> None:
@@ -424,7 +426,7 @@ def status(lake: Lake, datamap: DataMap, holds: ActiveHolds, today: date,
         live = _live_status(lake, table, built)
         holding = _oldest_holding(lake, table, built, [past for _, past, _, _ in live])
         hold = holds.table(table)
-        snapshots = lake.table(table).history()
+        snapshots = lake.iceberg(table).history()
         oldest_ms = min((s.committed_ms for s in snapshots), default=None)
         statuses = []
         for r, (oldest, past, nxt, size), held in zip(built, live, holding, strict=True):
@@ -482,14 +484,14 @@ def _oldest_holding(lake: Lake, table: str, rules: list[_Rule], live_past: list[
     None: no retained snapshot holds one. When history is the live files alone and no delete file
     (as a purge leaves it), the live count answers: the current snapshot holds them, or none does."""
     spark = lake.spark
-    handle = lake.table(table)
+    handle = lake.iceberg(table)
     current = handle.current_snapshot()
     refs = [*handle.refs(),
-            *([iceberg.Ref("main", "BRANCH", current.snapshot_id)] if current is not None else [])]
+            *([Ref("main", "BRANCH", current.snapshot_id)] if current is not None else [])]
     jtable = handle.java()
     snapshots = sorted(handle.history(), key=lambda s: (s.committed_ms, s.snapshot_id))
 
-    def holding(snapshot: iceberg.Snapshot) -> SnapshotHolding:
+    def holding(snapshot: Snapshot) -> SnapshotHolding:
         return SnapshotHolding(snapshot_id=snapshot.snapshot_id, committed_at=_at(snapshot.committed_ms),
                                refs=sorted(r.name for r in refs if r.snapshot_id == snapshot.snapshot_id))
 
@@ -503,17 +505,17 @@ def _oldest_holding(lake: Lake, table: str, rules: list[_Rule], live_past: list[
         return [None for _ in rules]
     schema = spark.table(lake.quoted(table)).schema
     columns = schema_of({c: field_at(schema, c).dataType for r in rules for c in r.columns})
-    raw = iceberg.read_columns_from_files(spark, paths, columns).select(
+    raw = read_columns_from_files(spark, paths, columns).select(
         F.input_file_name().alias("dsr_file"), *[F.col(f"`{c}`") for c in columns.fieldNames()])
     counts = [F.count_if(F.expr(r.framed_past)).alias(f"past{i}") for i, r in enumerate(rules)]
     found = framed(spark, raw, rules).groupBy("dsr_file").agg(*counts) \
         .where(" OR ".join(f"past{i} > 0" for i in range(len(rules)))).collect()  # file paths and counts only
-    held = [{iceberg.same_file(f.dsr_file) for f in found if f[f"past{i}"]} for i in range(len(rules))]
+    held = [{same_file(f.dsr_file) for f in found if f[f"past{i}"]} for i in range(len(rules))]
     oldest: list[SnapshotHolding | None] = [None for _ in rules]
     for snapshot in snapshots:
         if all(o is not None or not h for o, h in zip(oldest, held, strict=True)):
             break
-        files = {iceberg.same_file(p) for p in iceberg.snapshot_files(spark, jtable, snapshot.snapshot_id)}
+        files = {same_file(p) for p in iceberg.snapshot_files(spark, jtable, snapshot.snapshot_id)}
         oldest = [o if o is not None or not (h & files) else holding(snapshot)
                   for o, h in zip(oldest, held, strict=True)]
     return oldest

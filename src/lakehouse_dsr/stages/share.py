@@ -41,9 +41,11 @@ from ..datamap import shares as share_sql
 from ..datamap.lineage import Query
 from ..exceptions import first_line
 from ..keys import keyed_hash
-from ..lake import iceberg, indriver
+from ..lake import indriver
 from ..lake.hmac import join_on_key, with_keyring_hashes
-from ..lake.iceberg import IcebergTable, Lake
+from ..lake.iceberg import IcebergTable
+from ..lake.lakehouse import Lake
+from ..lake.table import Snapshot
 from ..ledger import consent
 from ..ledger.ledger import Ledger, Outcome
 from ..progress import Progress
@@ -223,7 +225,7 @@ def _maintain(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, key_f
                                                       {share.key: key_type}, subjects.excluded, subjects.keys)
             result.verification.seconds = round(time.perf_counter() - began, 3)
             result.verification.details["method"] = METHOD
-        current = lake.table(name).current_snapshot()
+        current = lake.iceberg(name).current_snapshot()
         result.snapshot_id = current.snapshot_id if current else None
         if not source_held:
             _record(lake, datamap, name, result)
@@ -249,7 +251,7 @@ def _take_out(lake: Lake, datamap: DataMap, name: str, subjects: _Subjects, resu
             f"DELETE FROM {lake.quoted(name)} WHERE `{key}` IN (SELECT dsr_value FROM {view})"))
     finally:
         spark.catalog.dropTempView(view)
-    summary = cast(iceberg.Snapshot, lake.table(name).current_snapshot()).summary  # our DELETE's
+    summary = cast(Snapshot, lake.iceberg(name).current_snapshot()).summary  # our DELETE's
     # copy-on-write: the files holding the rows went (deleted-records), rewritten without them (added-records)
     result.rows_removed = int(summary.get("deleted-records", 0)) - int(summary.get("added-records", 0))
     result.data_files_rewritten = int(summary.get("deleted-data-files", 0))
@@ -274,10 +276,10 @@ def _refresh(lake: Lake, datamap: DataMap, name: str, shared: Query, whole: Data
         for prop, value in _TABLE_PROPERTIES.items():
             writer = writer.tableProperty(prop, value)
         writer.createOrReplace()  # one commit; the old content stays in history until the purge
-        _count_added(lake.table(name), result)
+        _count_added(lake.iceberg(name), result)
         return
     parts = []
-    previous = _previous_source(lake.table(name))
+    previous = _previous_source(lake.iceberg(name))
     if previous != at:
         # incremental: both snapshots are known (_full_refresh_reason), or both None and equal
         appended = share_sql.over(spark, shared, lake.table(share.source).read_appends(
@@ -294,11 +296,11 @@ def _refresh(lake: Lake, datamap: DataMap, name: str, shared: Query, whole: Data
         result.mode = "unchanged"
         return
     rows.writeTo(lake.quoted(name)).append()
-    _count_added(lake.table(name), result)
+    _count_added(lake.iceberg(name), result)
 
 
 def _count_added(table: IcebergTable, result: ShareRefresh) -> None:
-    summary = cast(iceberg.Snapshot, table.current_snapshot()).summary  # we just wrote
+    summary = cast(Snapshot, table.current_snapshot()).summary  # we just wrote
     result.rows_added = int(summary.get("added-records", 0))
     result.data_files_added = int(summary.get("added-data-files", 0))
 
@@ -317,18 +319,18 @@ def _full_refresh_reason(lake: Lake, datamap: DataMap, name: str, whole: DataFra
     """Why appending what the source's appends added since the last refresh would not give the exact
     share (None: it would). Metadata and plan inspection only."""
     share = datamap.shares[name]
-    props = lake.table(name).properties()
+    props = lake.iceberg(name).properties()
     if SQL_DIGEST not in props:
         return "no refresh recorded"
     if props[SQL_DIGEST] != _digest(share.sql):
         return "its sql changed"
-    current = lake.table(name).current_snapshot()
+    current = lake.iceberg(name).current_snapshot()
     if props.get(SHARE_SNAPSHOT) != str(current.snapshot_id if current else None):
         return "the share changed after its last refresh (an interrupted run, or another writer)"
     row_wise = share_sql.full_refresh_reason(whole)
     if row_wise:
         return row_wise
-    previous = _previous_source(lake.table(name))
+    previous = _previous_source(lake.iceberg(name))
     if previous is None or at is None:
         return None if previous == at else "the source had no snapshot at the last refresh, or has none now"
     commits = lake.table(share.source).commits_since(previous, at)

@@ -24,9 +24,11 @@ from .. import faults
 from ..config import PurgeSettings
 from ..datamap.model import PSEUDONYM_PREFIX, DataMap, TableMapping, column_ref
 from ..exceptions import first_line
-from ..lake import iceberg, indriver
+from ..lake import indriver
 from ..lake.hmac import with_keyring_hashes
-from ..lake.iceberg import IcebergTable, Lake
+from ..lake.iceberg import IcebergTable
+from ..lake.lakehouse import Lake
+from ..lake.table import parquet_files_under, read_columns_from_files, same_file
 from ..vault import vault
 from ..vault.risk import assess_table
 from .erase import TableErasure, TablePlan
@@ -65,7 +67,7 @@ def shred(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, keys: Dat
                                  vault_keys.ring.keys())
     entries = _captured(vault_table, probes)
     table = vault_table.name
-    before = lake.table(table).current_snapshot()
+    before = lake.iceberg(table).current_snapshot()
     result = Shred({}, entries, probes, before.snapshot_id if before else None)
     per_request: dict[tuple[str, str], int] = {}
     found: dict[str, int] = {}
@@ -83,12 +85,12 @@ def shred(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, keys: Dat
                 f"DELETE FROM {vault_table.quoted} WHERE pseudonym IN (SELECT pseudonym FROM {view})"))
         finally:
             spark.catalog.dropTempView(view)
-        commit = lake.table(table).current_snapshot()
+        commit = lake.iceberg(table).current_snapshot()
         result.snapshot_id = commit.snapshot_id if commit else None
     seconds = round(time.perf_counter() - start, 3)
     for name, mapping in mappings.items():
         key, identifier = _shred_key(mapping)
-        current = lake.table(name).current_snapshot()
+        current = lake.iceberg(name).current_snapshot()
         matches = {rid: n for (rid, ident), n in per_request.items() if ident == identifier}
         plan = TablePlan(name, key, identifier, "shred", "vault", "none", 0, sum(matches.values()),
                          matches, current.snapshot_id if current else None,
@@ -125,11 +127,11 @@ def _captured(vault_table: vault.VaultTable, probes: DataFrame) -> DataFrame:
                                            "live boolean")
     if not vault_table.exists():
         return empty
-    paths, current = vault_table.lake.table(vault_table.name).retained_files()
+    paths, current = vault_table.lake.iceberg(vault_table.name).retained_files()
     if not paths:
         return empty
-    stored = iceberg.read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND))).withColumn(
-        "live", F.regexp_replace(F.input_file_name(), "^file:/+", "/").isin(*{iceberg.same_file(p) for p in current}))
+    stored = read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND))).withColumn(
+        "live", F.regexp_replace(F.input_file_name(), "^file:/+", "/").isin(*{same_file(p) for p in current}))
     return (stored.join(F.broadcast(probes), ["key_hash", "key_id"])
             .where(F.col("identifier") == F.col("key_type"))
             .groupBy("request_id", "identifier", "pseudonym", "key_check").agg(F.max("live").alias("live"))
@@ -166,15 +168,15 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
     probes = result.probes.where(F.col("key_type") == identifier)
     entries = result.entries.where(F.col("identifier") == identifier)
     _prove_vault(vault_table, table, check, probes, entries)
-    unproven = _files_without_pseudonym_bounds(lake.table(table), key)
+    unproven = _files_without_pseudonym_bounds(lake.iceberg(table), key)
     if unproven:
-        stored = iceberg.read_columns_from_files(spark, unproven, _schema([key]))
+        stored = read_columns_from_files(spark, unproven, _schema([key]))
         plain = stored.join(F.broadcast(probes.select("request_id", F.col("key_value").alias(key))),
                             key).groupBy("request_id").count().collect()
         for r in plain:
             check.fail(r.request_id, f"{table}: {r['count']} stored rows hold the subject's identifier in plaintext")
     erasure = result.erasures.get(table)
-    current = lake.table(table).current_snapshot()
+    current = lake.iceberg(table).current_snapshot()
     check.details = {
         "method": "crypto-shred: vault entry deleted and purged",
         "vault_entries_deleted": result.deleted.get(identifier, 0),
@@ -192,16 +194,16 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
 def _prove_vault(vault_table: vault.VaultTable, table: str, check: TableVerification,
                  probes: DataFrame, entries: DataFrame) -> None:
     lake, spark, name = vault_table.lake, vault_table.lake.spark, vault_table.name
-    paths, current = lake.table(name).retained_files()
-    location = lake.table(name).location()
-    same = {iceberg.same_file(p) for p in current}
-    check.one_scan = ({iceberg.same_file(p) for p in paths} == same
-                      and {iceberg.same_file(p) for p in iceberg.parquet_files_under(spark, location)} == same)
+    paths, current = lake.iceberg(name).retained_files()
+    location = lake.iceberg(name).location()
+    same = {same_file(p) for p in current}
+    check.one_scan = ({same_file(p) for p in paths} == same
+                      and {same_file(p) for p in parquet_files_under(spark, location)} == same)
     schema = _schema(_FOUND)
     sources: dict[str, DataFrame | None] = {"live": vault_table.rows().select(*_FOUND)}
     if not check.one_scan:
-        sources["history"] = iceberg.read_columns_from_files(spark, paths, schema) if paths else None
-        sources["storage"] = iceberg.read_columns_from_files(spark, location, schema, recursive=True)
+        sources["history"] = read_columns_from_files(spark, paths, schema) if paths else None
+        sources["storage"] = read_columns_from_files(spark, location, schema, recursive=True)
     what = {"live": "vault entries in its current snapshot", "history": "vault entries in files its snapshots keep",
             "storage": "vault entries in files on storage (incl. orphans)"}
     tagged = [rows.select(*_FOUND, F.lit(where).alias("dsr_where")) for where, rows in sources.items() if rows]
@@ -227,10 +229,10 @@ def _files_without_pseudonym_bounds(table: IcebergTable, key: str) -> list[str]:
     # position delete files (content 1) hold file paths and positions, no key values
     rows = spark.sql(f"SELECT file_path, content = 1 OR coalesce({proven}, false) AS proven FROM {name}.all_files"
                      ).collect()
-    known = {iceberg.same_file(r.file_path) for r in rows}
+    known = {same_file(r.file_path) for r in rows}
     unproven = list(dict.fromkeys(r.file_path for r in rows if not r.proven))
     location = table.location()
-    return unproven + [p for p in iceberg.parquet_files_under(spark, location) if iceberg.same_file(p) not in known]
+    return unproven + [p for p in parquet_files_under(spark, location) if same_file(p) not in known]
 
 
 def _vault_hits(rows: DataFrame, probes: DataFrame, entries: DataFrame) -> dict[tuple[str, str], int]:

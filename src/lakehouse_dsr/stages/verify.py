@@ -3,7 +3,9 @@
 For one table and a set of identifier hashes, count rows still holding an identifier in:
   live     the current snapshot (what every reader sees)
   history  every data/delete file referenced by any retained snapshot (time travel)
-  storage  every Parquet file under the table location, referenced or not (orphans)
+  storage  every Parquet data file under the table location, referenced or not (orphans)
+  metadata every value the table's metadata files hold as text (a Delta log's statistics and
+           predicates; TableHandle.metadata_files)
   refs     each branch/tag snapshot (reported by name, as they block expiry)
 Values are grouped first, then hashed (HMAC-SHA256 in Spark) and joined to the hashes, so no
 plaintext identifier is needed and the driver receives only per-request counts. After a key
@@ -28,10 +30,11 @@ from ..datamap import DataMap, KeyGroup, column_ref
 from ..exceptions import LedgerError
 from ..inventory.check import KeyTypes, check_against_catalog, schema_of
 from ..keys import Keyring, as_keyring, key_id, keys_in_use
-from ..lake import iceberg, indriver, plainfiles, skipping
+from ..lake import indriver, plainfiles, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hmac import join_on_key, with_keyring_hashes
-from ..lake.iceberg import IcebergTable, Lake
+from ..lake.lakehouse import Lake
+from ..lake.table import TableHandle, read_columns_from_files
 from ..ledger.ledger import Ledger
 from .matching import TableKeys
 
@@ -159,7 +162,7 @@ def driver_lookup(hashes: DataFrame, key: HashKeys) -> Callable[[], Any]:
     return lookup
 
 
-def _live_rows(table: IcebergTable, prune: TableKeys | None, proven: frozenset[str] | None = None
+def _live_rows(table: TableHandle, prune: TableKeys | None, proven: frozenset[str] | None = None
                ) -> DataFrame | None:
     """The current snapshot's rows (only the files that may hold `prune`'s keys and are not `proven`;
     None when no file is left)."""
@@ -168,7 +171,7 @@ def _live_rows(table: IcebergTable, prune: TableKeys | None, proven: frozenset[s
     return skipping.read(_live_candidates(table, prune, proven))
 
 
-def _live_candidates(table: IcebergTable, prune: TableKeys, proven: frozenset[str] | None) -> skipping.Candidates:
+def _live_candidates(table: TableHandle, prune: TableKeys, proven: frozenset[str] | None) -> skipping.Candidates:
     """The current snapshot's files that may hold `prune`'s keys (metadata only), without those
     proven free of them already (`proven`): a data file never changes, and deletes attached to it
     since can only remove rows."""
@@ -223,6 +226,7 @@ class TableVerification:
     live: int = 0
     history: int = 0
     storage: int = 0
+    metadata: int = 0
     refs: dict[str, int] = field(default_factory=dict)
     physical: bool = True  # False: live data only (logical erasure, purge still scheduled)
     # True when history and storage hold exactly the current snapshot's files: the live scan proved all three
@@ -250,8 +254,10 @@ class TableVerification:
     def evidence(self, request_id: str, collateral: bool = True) -> dict:
         """The proof as a request's evidence records it: the batch's `checks` (collateral only where one
         was made), whether none of them found this request's subject (`passed`), and how (`method`)."""
+        scanned_metadata = self.physical and self.details.get("metadata_files")
         return {"checks": {"live": self.live == 0, **({"collateral": self.collateral_ok} if collateral else {}),
-                           **({"history": self.history == 0, "storage": self.storage == 0} if self.physical else {})},
+                           **({"history": self.history == 0, "storage": self.storage == 0} if self.physical else {}),
+                           **({"metadata": self.metadata == 0} if scanned_metadata else {})},
                 "verification": {"method": self.details.get("method", ""), "passed": not self.failing.get(request_id),
                                  "one_scan": self.one_scan, "refs_checked": sorted(self.refs)}}
 
@@ -299,14 +305,18 @@ def verify_table(
         history = storage = live
     else:
         paths, _ = handle.retained_files()
-        location = handle.location()
+        on_storage = handle.data_files_on_storage()
         schema = schema_of(types)
-        history = find_hashed(spark, key_values(iceberg.read_columns_from_files(spark, paths, schema), groups),
+        history = find_hashed(spark, key_values(read_columns_from_files(spark, paths, schema), groups),
                               hashes, keys) if paths else {}
-        stored = iceberg.read_columns_from_files(spark, location, schema, recursive=True)
-        storage = find_hashed(spark, key_values(stored, groups), hashes, keys)
+        storage = find_hashed(spark, key_values(read_columns_from_files(spark, on_storage, schema), groups),
+                              hashes, keys) if on_storage else {}
     result.history = _record(result, history, "rows in files retained by snapshots (time travel)")
     result.storage = _record(result, storage, "rows in files on storage (incl. unreferenced/orphan files)")
+    if metadata := handle.metadata_files():
+        found = find_hashed(spark, metadata_values(spark, metadata, groups), hashes, keys)
+        result.metadata = _record(result, found, "values in the table's metadata (its log's statistics)")
+        result.details["metadata_files"] = len(metadata)
 
     for ref in handle.refs():
         pinned = handle.read_at(ref.snapshot_id)
@@ -317,6 +327,36 @@ def verify_table(
             "remove the ref or set purge.pinned_refs: drop or rewrite"
         )
     return result
+
+
+# Text in a metadata file that may be a value: a JSON string (whole), a string inside a JSON string
+# (a Delta commit's `stats`), and the words and numbers between JSON's and SQL's punctuation (a
+# predicate's literal, a numeric statistic).
+_QUOTED = r'"((?:[^"\\\\]|\\\\.)*)"'
+_NESTED = r'\\\\"([^"\\\\]*)\\\\"'
+_WORDS = r'[\s"{}\[\](),:=<>\\]+'
+
+
+def metadata_values(spark: SparkSession, files: list[str], groups: list[KeyGroup]) -> DataFrame:
+    """(dsr_group, key_type, dsr_value): every value `files` (metadata: JSON or text, and Parquet
+    such as a Delta checkpoint, read row by row as JSON) may hold, once per key group, for a check
+    by keyed hash (`find_hashed`). Reads each file whole; the values stay in Spark."""
+    texts = [f for f in files if not f.endswith(".parquet")]
+    parts = [spark.read.text(texts)] if texts else []
+    for path in (f for f in files if f.endswith(".parquet")):
+        table = spark.read.parquet(path)
+        parts.append(table.select(F.to_json(F.struct(*[F.col(f"`{c}`") for c in table.columns])).alias("value")))
+    lines = parts[0]
+    for part in parts[1:]:
+        lines = lines.unionByName(part)
+    tokens = F.array_union(F.array_union(
+        F.expr(f"regexp_extract_all(value, '{_QUOTED}', 1)"), F.expr(f"regexp_extract_all(value, '{_NESTED}', 1)")),
+        F.split("value", _WORDS))
+    values = lines.select(F.explode(tokens).alias("dsr_value")).where("dsr_value != ''").distinct()
+    each_group = F.array(*[F.struct(F.lit(i).alias("dsr_group"), F.lit(g.identifier).alias("key_type"))
+                           for i, g in enumerate(groups)])
+    return values.select(F.explode(each_group).alias("g"), "dsr_value").select("g.dsr_group", "g.key_type",
+                                                                                 "dsr_value")
 
 
 def _started(key_file: Path, table: str, hashes: DataFrame, key: bytes | Keyring | HashKeys, **flags

@@ -21,8 +21,8 @@ from pyspark.sql.types import BinaryType, StringType
 from ..config import Settings
 from ..datamap.model import PSEUDONYMIZED_PROPERTY, check_table_name
 from ..exceptions import DataMapError, DsrError
-from ..lake.iceberg import Lake
 from ..lake.indriver import local_rows
+from ..lake.lakehouse import Lake
 from . import vault
 
 # Up to this many subjects in a batch (about 100 bytes each), their links are broadcast to the rows

@@ -21,7 +21,7 @@ from ..config import Settings
 from ..datamap import DataMap, column_ref
 from ..exceptions import DataMapError, DsrError
 from ..inventory.check import field_at
-from ..lake.iceberg import Lake
+from ..lake.lakehouse import Lake
 
 # more quasi-identifiers: single columns and pairs only (each subset: one more roll-up of the classes)
 ALL_SUBSETS_UP_TO = 4

@@ -30,8 +30,8 @@ from ..datamap.model import PSEUDONYM_PREFIX
 from ..exceptions import ConfigError
 from ..keys import Keyring, as_keyring, load_key
 from ..lake.hmac import join_on_key, with_keyed_hash, with_keyring_hashes
-from ..lake.iceberg import Lake
 from ..lake.indriver import local_rows
+from ..lake.lakehouse import Lake
 from .keys import MasterKeys, drop_retired, load_master_keys, new_master_key
 
 _COLUMNS = ("identifier string, key_hash string, key_id string, pseudonym string, wrapped_key binary, "
@@ -68,11 +68,11 @@ class VaultTable:
         return self.lake.quoted(self.name)
 
     def exists(self) -> bool:
-        return self.lake.spark.catalog.tableExists(self.lake.table(self.name).identifier)
+        return self.lake.spark.catalog.tableExists(self.lake.iceberg(self.name).identifier)
 
     def rows(self, snapshot_id: int | None = None) -> DataFrame:
         """The vault's entries as stored (wrapped keys), now or at a snapshot."""
-        return self.lake.table(self.name).read_at(snapshot_id)
+        return self.lake.iceberg(self.name).read_at(snapshot_id)
 
     def unwrapped(self, keys: Keys, entries: DataFrame | None = None) -> DataFrame:
         """Vault entries (all, or `entries`: vault rows) with `data_key` unwrapped. Cost: one AES-GCM
@@ -100,8 +100,8 @@ class VaultTable:
         copy-on-write delete replaced), and remove unreferenced files older than the orphan window.
         No delete files and no column statistics exist here, so nothing else can hold an old entry.
         Cost: reads the vault's metadata, lists its location."""
-        expired = self.lake.table(self.name).expire_snapshots_before_current()
-        orphans = self.lake.table(self.name).remove_orphan_files(orphan_min_age_minutes)
+        expired = self.lake.iceberg(self.name).expire_snapshots_before_current()
+        orphans = self.lake.iceberg(self.name).remove_orphan_files(orphan_min_age_minutes)
         return VaultPurge(expired.snapshots_expired, expired.files_deleted, orphans)
 
 
@@ -173,7 +173,7 @@ def ensure_entries(spark: SparkSession, settings: Settings, values: DataFrame, i
     pseudonym and data key, in one MERGE commit (none when every value has one). Returns the number
     created. Cost: one HMAC per distinct value and key, an anti-join with the vault, and a rewrite of
     nothing (inserts only); a concurrent creator of the same entry makes the commit conflict and it
-    is recomputed (lake/iceberg.with_conflict_retries)."""
+    is recomputed (lake/table.py's with_conflict_retries)."""
     lake = Lake.of(spark, settings)
     _create(spark, settings)
     distinct = values.select(F.col("value").cast("string").alias("value")).where(F.col("value").isNotNull()).distinct()

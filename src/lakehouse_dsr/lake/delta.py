@@ -1,0 +1,475 @@
+"""Delta Lake behind the format seam (lake/table.py): `DeltaTable`, a handle on a Delta table at a
+path, with the operations the stages use.
+
+Versions come from the table's history (`DESCRIBE HISTORY`: its commit log; the `operationParameters`
+column, where other writers' DELETE predicates keep their literals, is never read), files from the
+log's replay (`DeltaLog.update().allFiles`, through the JVM: paths, sizes and row counts reach the
+driver, never a column statistic), rows through Spark's Delta reader.
+
+What a purge removes, and why: a deletion vector only masks rows, so `compact_deletes` runs
+`REORG TABLE … APPLY (PURGE)`; a commit's removed files (and the change data feed's `_change_data`
+copies of the rows it changed) stay on storage for time travel, so the expiry deletes them itself
+(VACUUM's one retention window would also take files a concurrent writer has written but not yet
+committed: orphans go only past `purge.orphan_min_age_minutes`); and the log itself
+holds values (`add` actions carry per-file min/max statistics, strings up to 32 characters; `.crc`
+files list files with theirs): after a checkpoint of a version whose commit holds no statistic,
+the log files before it are deleted. Delta's own log cleanup never removes today's commits (its
+cutoff is truncated to the day, and it runs only at checkpoints), hence the engine's.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+
+from .bridge import jclass
+from .table import (
+    Capabilities,
+    Commit,
+    CommitStats,
+    ExpireResult,
+    Ref,
+    RewriteResult,
+    Snapshot,
+    listing,
+    same_file,
+)
+
+if TYPE_CHECKING:
+    from .lakehouse import Lake
+
+_CAPABILITIES = Capabilities(file_rewrite=False, subquery_dml=False, refs=False, commit_files=False)
+
+# What marks this application's commits (Delta writes the session's value into each commitInfo).
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+MARK = "lakehouse-dsr "
+
+# Operations that change no row: compaction, the purge's rewrite, metadata and protocol changes.
+_ROW_PRESERVING = {"OPTIMIZE", "REORG", "SET TBLPROPERTIES", "UNSET TBLPROPERTIES", "ADD COLUMNS", "CHANGE COLUMN",
+                   "RENAME COLUMN", "DROP COLUMNS", "REPLACE COLUMNS", "UPGRADE PROTOCOL", "ADD CONSTRAINT",
+                   "DROP CONSTRAINT", "COMPUTE STATS", "VACUUM START", "VACUUM END", "CLUSTER BY", "ADD FEATURE",
+                   "DROP FEATURE", "ADD DELETION VECTORS TOMBSTONES"}
+# A log file of a version: its commit, checksum, checkpoint (classic, multi-part or v2) or log compaction.
+_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+)*(\.[0-9a-f-]+)?\.(parquet|json)"
+                       r"|\d{20}\.compacted\.json)$")
+# Table features whose data the engine would misread: Parquet columns named apart from the table's.
+_REFUSED_PROPERTIES = {"delta.columnMapping.mode": ("none",)}
+
+
+def mark_commits(spark: SparkSession) -> None:
+    """Make this session's Delta commits name this Spark application (`own_commit_since` finds ours by
+    it). A session-wide setting: other Delta commits of this application carry it too, as Iceberg's
+    snapshots carry the application's id."""
+    spark.conf.set(USER_METADATA, MARK + spark.sparkContext.applicationId)
+
+
+def _metric(metrics: dict[str, str] | None, *names: str) -> int | None:
+    """The first of `names` a commit's operationMetrics record (None: none)."""
+    for name in names:
+        if metrics and name in metrics:
+            return int(metrics[name])
+    return None
+
+
+def _version(row: Row) -> Snapshot:
+    """A Snapshot from one row of DESCRIBE HISTORY (version, timestamp, operation, isBlindAppend,
+    operationMetrics, userMetadata)."""
+    m = row.operationMetrics or {}
+    operation = row.operation
+    kind = ("append" if row.isBlindAppend else "replace" if operation in _ROW_PRESERVING
+            else "delete" if operation == "DELETE" else "overwrite")
+    marker = row.userMetadata or ""
+    stats = CommitStats(
+        files_added=_metric(m, "numTargetFilesAdded", "numAddedFiles", "numFiles") or 0,
+        files_removed=_metric(m, "numTargetFilesRemoved", "numRemovedFiles") or 0,
+        bytes_removed=_metric(m, "numTargetBytesRemoved", "numRemovedBytes") or 0,
+        rows_added=_metric(m, "numTargetRowsInserted", "numOutputRows") if kind == "append" or
+        operation == "MERGE" else None,
+        rows_removed=_metric(m, "numTargetRowsDeleted", "numDeletedRows"),
+        delete_files_added=_metric(m, "numTargetDeletionVectorsAdded", "numDeletionVectorsAdded") or 0,
+        app_id=marker.removeprefix(MARK) if marker.startswith(MARK) else None)
+    version = int(row.version)
+    return Snapshot(version, int(row.timestamp.timestamp() * 1000), {}, version - 1 if version else None, kind,
+                    version, stats)
+
+
+@dataclass(frozen=True)
+class DeltaTable:
+    """One Delta table of a Lake, at `location`: its versions, files, reads and purge.
+
+    Each operation reads the table's log afresh (Delta's log cache checks for new commits), so the
+    handle never serves a stale version.
+    """
+
+    lake: Lake
+    name: str  # namespace.table, as the data map names it
+    path: str  # its location
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.lake.spark
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    @property
+    def quoted(self) -> str:
+        """delta.`/path`, as Spark SQL names a Delta table by its location."""
+        return self.lake.quoted(self.name)
+
+    @property
+    def identifier(self) -> str:
+        return self.quoted
+
+    def location(self) -> str:
+        return self.path
+
+    def _log(self) -> Any:
+        """Delta's DeltaLog of the table (cached by Delta per location)."""
+        return jclass(self.spark, "org.apache.spark.sql.delta.DeltaLog").forTable(self.spark._jsparkSession,
+                                                                                  self.path)
+
+    def _snapshot(self) -> Any:
+        """The log replayed to its newest version (DeltaLog.update, its default arguments)."""
+        log = self._log()
+        return _with_defaults(log, "update")
+
+    def exists(self) -> bool:
+        return bool(self._log().tableExists())
+
+    # Metadata
+
+    def properties(self) -> dict[str, str]:
+        """The table's configuration (`delta.*` properties and the owner's own). Metadata only."""
+        conf = self._snapshot().metadata().configuration()
+        return {str(k): str(conf.apply(k)) for k in _scala_keys(conf)}
+
+    def write_mode(self, operation: str) -> str:
+        """`merge-on-read` where deletion vectors are on (a DELETE, UPDATE or MERGE masks rows), else
+        `copy-on-write` (the files holding changed rows are rewritten)."""
+        enabled = self.properties().get("delta.enableDeletionVectors", "false").lower() == "true"
+        return "merge-on-read" if enabled else "copy-on-write"
+
+    def refusal(self) -> str | None:
+        """Why the engine cannot erase from this table and prove it (None: it can): a table feature
+        whose data it would misread. Metadata only."""
+        if not self.exists():
+            return f"table {self.name}: no Delta table at {self.path}"
+        properties = self.properties()
+        for key, allowed in _REFUSED_PROPERTIES.items():
+            if key in properties and properties[key] not in allowed:
+                return (f"table {self.name}: Delta {key} = {properties[key]} is not supported yet (its Parquet "
+                        "columns are named apart from the table's, which the proof reads by name)")
+        return None
+
+    def history(self) -> list[Snapshot]:
+        """Every version the log still holds, oldest first. Metadata only (DESCRIBE HISTORY)."""
+        rows = self.spark.sql(f"DESCRIBE HISTORY {self.quoted}").select(
+            "version", "timestamp", "operation", "isBlindAppend", "operationMetrics", "userMetadata").collect()
+        return sorted((_version(r) for r in rows), key=lambda s: s.snapshot_id)
+
+    def current_snapshot(self) -> Snapshot | None:
+        if not self.exists():
+            return None
+        rows = self.spark.sql(f"DESCRIBE HISTORY {self.quoted} LIMIT 1").select(
+            "version", "timestamp", "operation", "isBlindAppend", "operationMetrics", "userMetadata").collect()
+        return _version(rows[0]) if rows else None
+
+    def refs(self) -> list[Ref]:
+        """Delta has no branches or tags: none."""
+        return []
+
+    # Rows
+
+    def read_at(self, snapshot_id: int | None) -> DataFrame:
+        """The table as of a version (the current one when None)."""
+        reader = self.spark.read.format("delta")
+        if snapshot_id is not None:
+            reader = reader.option("versionAsOf", str(snapshot_id))
+        return reader.load(self.path)
+
+    def read_appends(self, after_id: int, until_id: int) -> DataFrame:
+        """The rows of the files that commits after `after_id` up to `until_id` added and that are still
+        live at `until_id` (deletion vectors applied): the log's `add` actions of those versions, then
+        a read of those files only."""
+        added = self._files_added_between(after_id, until_id)
+        return self.read_files(until_id, added)
+
+    def read_files(self, snapshot_id: int | None, paths: set[str] | None) -> DataFrame:
+        """The rows of the files at `paths` (None: all) as of a version, deletion vectors applied."""
+        rows = self.read_at(snapshot_id)
+        if paths is None:
+            return rows
+        wanted = sorted({same_file(p) for p in paths})
+        return rows.where(F.regexp_replace(F.col("_metadata.file_path"), "^file:/+", "/").isin(wanted)).drop(
+            "_metadata")
+
+    def live_rows(self, snapshot_id: int | None) -> int:
+        """Rows a reader sees at a version: a count (deletion vectors applied)."""
+        return 0 if snapshot_id is None else self.read_at(snapshot_id).count()
+
+    def rows_after_commit(self, snapshot_id: int | None, rows_before: int) -> int:
+        """Rows a reader sees after a commit, given the rows before it: from the commit's own metrics
+        when it only removed rows, else a count."""
+        if snapshot_id is None:
+            return self.read_at(None).count()
+        commit = next((s for s in self.history() if s.snapshot_id == snapshot_id), None)
+        if commit is not None and commit.stats.rows_removed is not None and not commit.stats.rows_added \
+                and commit.operation in ("delete", "overwrite"):
+            return rows_before - commit.stats.rows_removed
+        return self.read_at(snapshot_id).count()
+
+    # The line of commits
+
+    def own_commit_since(self, after_id: int | None) -> Snapshot | None:
+        """This Spark application's newest commit after `after_id` that is not an append (found by the
+        userMetadata `mark_commits` sets). Metadata only."""
+        app_id = self.spark.sparkContext.applicationId
+        for snap in reversed(self.history()):
+            if after_id is not None and snap.snapshot_id <= after_id:
+                break
+            if snap.stats.app_id == app_id and snap.operation != "append":
+                return snap
+        return None
+
+    def commits_since(self, after_id: int, until_id: int) -> list[Commit] | None:
+        """Commits after `after_id` up to `until_id` included, oldest first; None when the log no longer
+        holds them all, or `until_id` is not after `after_id` (a RESTORE makes a new version: it is a
+        commit like any other). Metadata only."""
+        if after_id == until_id:
+            return []
+        versions = {s.snapshot_id: s for s in self.history()}
+        wanted = range(after_id + 1, until_id + 1)
+        if until_id < after_id or any(v not in versions for v in wanted):
+            return None
+        return [Commit(v, cast(str, versions[v].operation), {}) for v in wanted]
+
+    def commits_between(self, after_id: int | None, before_id: int) -> list[Commit] | None:
+        """Commits after `after_id` and before `before_id`, oldest first (None: not all in the log)."""
+        start = -1 if after_id is None else after_id
+        found = self.commits_since(start, before_id) if start < before_id else None
+        return None if found is None else found[:-1]
+
+    def descends_from(self, snapshot_id: int) -> bool:
+        """Whether the current version is `snapshot_id` or later (a Delta log is one line of versions;
+        a RESTORE is a later version too, and resurrection checks what it added)."""
+        current = self.current_snapshot()
+        return current is not None and current.snapshot_id >= snapshot_id
+
+    def own_line_since(self, after_id: int) -> bool:
+        """Whether no writer but this application changed rows after version `after_id`: every commit
+        since is this application's erase or a row-preserving one. Metadata only."""
+        current = self.current_snapshot()
+        if current is None:
+            return False
+        app_id = self.spark.sparkContext.applicationId
+        versions = {s.snapshot_id: s for s in self.history()}
+        later = [versions.get(v) for v in range(after_id + 1, current.snapshot_id + 1)]
+        return all(s is not None and (s.operation == "replace" or (s.operation in ("overwrite", "delete")
+                                                                     and s.stats.app_id == app_id))
+                   for s in later)
+
+    # Files
+
+    def live_files(self, snapshot_id: int | None = None) -> list[tuple[str, int, int | None]]:
+        """(path, size, rows a reader sees) of each data file live at a version (default the newest):
+        the log's replay, read in Spark, its statistics reduced to row counts there (None where a
+        file has none). Metadata only."""
+        log = self._log()
+        snapshot = _with_defaults(log, "update") if snapshot_id is None else _with_defaults(
+            log, "getSnapshotAt", snapshot_id)
+        files = DataFrame(snapshot.allFiles().toDF(), self.spark)
+        root = str(log.dataPath().toString()).rstrip("/")
+        records = F.get_json_object("stats", "$.numRecords").cast("long")
+        deleted = F.coalesce(F.col("deletionVector.cardinality"), F.lit(0)) \
+            if "deletionVector" in files.columns else F.lit(0)
+        rows = files.select("path", "size", (records - deleted).alias("rows")).collect()
+        return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows)) for r in rows]
+
+    def _log_paths(self) -> list[tuple[str, int]]:
+        """(path, modified ms) of every file under `_delta_log`."""
+        return listing(self.spark, self.path.rstrip("/") + "/_delta_log")
+
+    def _commit_actions(self, kinds: tuple[str, ...], versions: range | None = None) -> set[str]:
+        """The paths the log's JSON commits name in actions of `kinds` (add, remove, cdc), of
+        `versions` (default all the log holds), read in Spark as text (only paths reach the driver)."""
+        root = self.path.rstrip("/")
+        commits = [p for p, _ in self._log_paths() if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1]))
+                   and m.group(2) == "json" and (versions is None or int(m.group(1)) in versions)]
+        if not commits:
+            return set()
+        lines = self.spark.read.text(commits)
+        paths = [F.get_json_object("value", f"$.{kind}.path") for kind in kinds]
+        found = lines.select(F.explode(F.array(*paths)).alias("p")).where("p IS NOT NULL").distinct().collect()
+        return {_absolute(root, r.p) for r in found}
+
+    def added_versions(self, paths: list[str]) -> list[int | None]:
+        """For each of `paths` (live files), the newest version whose commit added it, from the JSON
+        commits the log holds; a file none of them adds came with the log's checkpoint: the oldest
+        version the log holds (it was added then or before). The log read as text in Spark."""
+        root = self.path.rstrip("/")
+        commits = {p: int(m.group(1)) for p, _ in self._log_paths()
+                   if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and m.group(2) == "json"}
+        history = self.history()
+        oldest = history[0].snapshot_id if history else None
+        added: dict[str, int] = {}
+        if commits:
+            lines = self.spark.read.text(sorted(commits)).select(
+                F.get_json_object("value", "$.add.path").alias("p"), F.input_file_name().alias("f"))
+            for r in lines.where("p IS NOT NULL").groupBy("p", "f").count().collect():
+                version = next(v for c, v in commits.items() if same_file(c) == same_file(r.f))
+                path = same_file(_absolute(root, r.p))
+                added[path] = max(added.get(path, -1), version)
+        return [added.get(same_file(p), oldest) for p in paths]
+
+    def _files_added_between(self, after_id: int, until_id: int) -> set[str]:
+        return self._commit_actions(("add",), range(after_id + 1, until_id + 1))
+
+    def retained_files(self) -> tuple[list[str], set[str]]:
+        """(paths of every data file a version the log can still reach references and storage still
+        holds, the current version's among them). The log's commits and the current file list: metadata
+        and one listing."""
+        current = {p for p, _, _ in self.live_files()}
+        named = self._commit_actions(("add", "remove")) | current
+        on_storage = {same_file(p) for p in self.data_files_on_storage()}
+        return sorted(p for p in named if same_file(p) in on_storage), current
+
+    def data_files_on_storage(self) -> list[str]:
+        """Every Parquet file under the location but the log's own (data files, referenced or not, and
+        the change data feed's `_change_data` files): one listing."""
+        return [p for p, _ in listing(self.spark, self.path) if p.endswith(".parquet") and "/_delta_log/" not in p]
+
+    def metadata_files(self) -> list[str]:
+        """Every file of `_delta_log` (JSON commits, `.crc` files, checkpoints and their sidecars,
+        `_last_checkpoint`): what the proof scans for identifiers as text. One listing."""
+        return [p for p, _ in self._log_paths() if not p.rsplit("/", 1)[-1].startswith(".")]
+
+    def history_is_live(self) -> bool:
+        """Whether history and storage hold exactly the current files and no row is masked by a
+        deletion vector: a scan of live data then reads what a scan of either would."""
+        paths, current = self.retained_files()
+        if any(p.endswith(".bin") for p, _ in listing(self.spark, self.path)):  # deletion vectors left
+            return False
+        current_files = {same_file(p) for p in current}
+        return ({same_file(p) for p in paths} == current_files
+                and {same_file(p) for p in self.data_files_on_storage()} == current_files)
+
+    # Purge
+
+    def compact_deletes(self, target_file_size_bytes: int) -> RewriteResult:
+        """Rows masked by deletion vectors made to leave the files: REORG TABLE … APPLY (PURGE) rewrites
+        the files carrying deletion vectors (only those). Nothing to do without deletion vectors. A
+        command that reports success proves nothing: the proof reads the files."""
+        if not self._masks_rows():
+            return RewriteResult(0, 0, 0, 0)
+        before = self.current_snapshot()
+        self.spark.sql(f"REORG TABLE {self.quoted} APPLY (PURGE)")
+        after = self.current_snapshot()
+        if after is None or before is None or after.snapshot_id == before.snapshot_id:
+            return RewriteResult(0, 0, 0, 0)
+        return RewriteResult(after.stats.files_removed, after.stats.files_added, after.stats.bytes_removed,
+                             after.stats.files_removed)
+
+    def _masks_rows(self) -> bool:
+        """Whether a live file carries a deletion vector. Metadata only."""
+        log = self._log()
+        files = DataFrame(_with_defaults(log, "update").allFiles().toDF(), self.spark)
+        return "deletionVector" in files.columns and not files.where("deletionVector IS NOT NULL").isEmpty()
+
+    def scrub_metadata(self) -> int:
+        """Nothing before the expiry: the log's values go with the expiry's log cleanup (it must follow
+        every commit of the purge)."""
+        return 0
+
+    def expire_snapshots_before_current(self) -> ExpireResult:
+        """Every version before the current one made unreachable, with what only they held:
+
+        1. a commit that changes only a table property (`dsr.purged`), so the newest version's own
+           JSON names no file statistic;
+        2. the data files no live file list holds any more, and the `_change_data` files, that the
+           log's commits name, deleted from storage (time travel to those versions ends here);
+        3. a checkpoint of the new version, then every log file before it deleted: JSON commits,
+           `.crc` files, older checkpoints. Delta reads the table from the checkpoint on.
+        Cost: one small commit, the log's JSON read as text, a checkpoint (the live file list
+        written once), deletes. A concurrent writer whose read version is older than the
+        checkpoint finds its conflict check's log gone: its commit fails and it retries."""
+        spark = self.spark
+        spark.sql(f"ALTER TABLE {self.quoted} SET TBLPROPERTIES ('dsr.purged' = '{int(time.time() * 1000)}')")
+        log = self._log()
+        snapshot = _with_defaults(log, "update")
+        version = int(snapshot.version())
+        live = {same_file(p) for p, _, _ in self.live_files()}
+        named = self._commit_actions(("add", "remove", "cdc"), range(0, version + 1))
+        stale = [p for p in named if same_file(p) not in live]
+        deleted = _delete(spark, stale)
+        log.checkpoint()
+        before = [p for p, _ in self._log_paths() if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1]))
+                  and int(m.group(1)) < version]
+        _delete(spark, before)
+        jclass(spark, "org.apache.spark.sql.delta.DeltaLog").clearCache()  # the log it cached is gone
+        commits = len({m.group(1) for p in before if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1]))
+                       and m.group(2) == "json"})
+        return ExpireResult(commits, deleted)
+
+    def remove_orphan_files(self, min_age_minutes: float) -> int:
+        """Files under the location that no version the log can reach names, older than the window
+        (which protects writers still committing), deleted: data files, `_change_data` files, and
+        deletion vectors once no live file carries one (they hold row positions, never values).
+        VACUUM decides the same, but lists storage with a Spark job of thousands of tasks (a minute
+        for a tiny table on two cores): here, one listing and the log's JSON read as text. Returns
+        the files deleted."""
+        cutoff = (time.time() - max(min_age_minutes, 0) * 60) * 1000
+        root = self.path.rstrip("/")
+        live = self.live_files()
+        named = {same_file(p) for p, _, _ in live} | {same_file(p) for p in self._commit_actions(
+            ("add", "remove", "cdc"))}
+        vectors_live = self._masks_rows()
+        orphans = [p for p, modified in listing(self.spark, root) if modified < cutoff
+                   and "/_delta_log/" not in p and not p.rsplit("/", 1)[-1].startswith((".", "_"))
+                   and same_file(p) not in named and (not p.endswith(".bin") or not vectors_live)]
+        return _delete(self.spark, orphans)
+
+
+def _absolute(root: str, path: str) -> str:
+    """A log action's path (relative to the table, URL-encoded, or absolute) as an absolute one."""
+    from urllib.parse import unquote
+
+    return path if re.match(r"^[a-z][a-z0-9+.-]*:", path) else f"{root}/{unquote(path)}"
+
+
+def _delete(spark: SparkSession, paths: list[str]) -> int:
+    """Delete `paths` through Hadoop's file system (their checksum files go with them); returns how
+    many existed."""
+    deleted = 0
+    conf = spark._jsc.hadoopConfiguration()
+    for location in paths:
+        path = jclass(spark, "org.apache.hadoop.fs.Path")(location)
+        if path.getFileSystem(conf).delete(path, False):
+            deleted += 1
+    return deleted
+
+
+def _with_defaults(target: Any, method: str, *given: Any) -> Any:
+    """`target.method(*given, <the rest at their Scala defaults>)`: Delta's Scala methods take defaults
+    that differ between releases, which Py4J cannot fill in; the overload with the most parameters
+    whose missing ones all have defaults is called, each from `method$default$N`."""
+    names = {str(m.getName()) for m in target.getClass().getMethods()}
+    arities = sorted({len(m.getParameterTypes()) for m in target.getClass().getMethods()
+                      if m.getName() == method}, reverse=True)
+    arity = next(n for n in arities if n >= len(given)
+                 and all(f"{method}$default${i}" in names for i in range(len(given) + 1, n + 1)))
+    rest = [getattr(target, f"{method}$default${i}")() for i in range(len(given) + 1, arity + 1)]
+    return getattr(target, method)(*given, *rest)
+
+
+def _scala_keys(scala_map: Any) -> list[Any]:
+    keys, out = scala_map.keys().iterator(), []
+    while keys.hasNext():
+        out.append(keys.next())
+    return out

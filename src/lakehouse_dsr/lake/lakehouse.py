@@ -1,0 +1,101 @@
+"""The lake as the engine sees it: one Iceberg catalog and the data map's Delta tables, reached
+through one SparkSession; `lake.table(name)` is the table's handle, whichever its format."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol, TypeVar
+
+from pyspark.sql import SparkSession
+
+from ..config import CatalogSettings, EraseSettings, delta_quoted
+from .bridge import jclass
+from .delta import DeltaTable, mark_commits
+from .iceberg import IcebergTable
+from .table import CommitRetries, TableHandle, with_conflict_retries
+
+T = TypeVar("T")
+
+
+class LakeSettings(Protocol):
+    """The sections of the settings a Lake is made from (`Settings` has them)."""
+
+    @property
+    def catalog(self) -> CatalogSettings: ...
+
+    @property
+    def erase(self) -> EraseSettings: ...
+
+    def delta_tables(self) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class Lake:
+    """The lake as the engine sees it: one Iceberg catalog and the Delta tables of the data map,
+    reached through one SparkSession.
+
+    ```python
+    lake = Lake(spark, "lakehouse")  # or Lake.of(spark, settings)
+    events = lake.table("demo.events")
+    events.current_snapshot(), events.refs()
+    ```
+
+    `catalog` is the catalog's settings (or just its name; the session must have it registered, e.g.
+    by `lakehouse_dsr.attach`); `retries` govern operations retried after a commit conflict; `delta`
+    maps the Delta tables' names to their locations (Settings.delta_tables): every other name is a
+    table of the catalog. Immutable, and safe to share between threads that share the session.
+    """
+
+    spark: SparkSession
+    catalog: CatalogSettings
+    retries: CommitRetries
+    delta: Mapping[str, str] = field(default_factory=dict)
+
+    def __init__(self, spark: SparkSession, catalog: CatalogSettings | str | None = None,
+                 retries: CommitRetries | None = None, delta: Mapping[str, str] | None = None) -> None:
+        object.__setattr__(self, "spark", spark)
+        if catalog is None:
+            catalog = CatalogSettings()
+        elif isinstance(catalog, str):  # validated: the name is spelled into procedure calls
+            catalog = CatalogSettings(name=catalog)
+        object.__setattr__(self, "catalog", catalog)
+        object.__setattr__(self, "retries", retries or CommitRetries())
+        object.__setattr__(self, "delta", MappingProxyType(dict(delta or {})))
+        if self.delta:
+            mark_commits(spark)
+
+    @classmethod
+    def of(cls, spark: SparkSession, settings: LakeSettings) -> Lake:
+        """The lake of `settings` (its catalog, Delta tables and erase retries) on `spark`."""
+        return cls(spark, settings.catalog, CommitRetries.of(settings.erase), settings.delta_tables())
+
+    @property
+    def catalog_name(self) -> str:
+        return self.catalog.name
+
+    def table(self, name: str) -> TableHandle:
+        """The handle of table `name` (`namespace.table`). Nothing is loaded until an operation runs."""
+        if name in self.delta:
+            return DeltaTable(self, name, self.delta[name])
+        return IcebergTable(self, name)
+
+    def iceberg(self, name: str) -> IcebergTable:
+        """The handle of an Iceberg table of the catalog (the engine's own tables: shares, the vault)."""
+        return IcebergTable(self, name)
+
+    def quoted(self, name: str) -> str:
+        """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text."""
+        return delta_quoted(self.delta[name]) if name in self.delta else self.catalog.quoted(name)
+
+    def quoted_namespace(self, namespace: str) -> str:
+        """Fully qualified, quoted name of a namespace of this catalog, for SQL text."""
+        return self.catalog.quoted(namespace)
+
+    def with_conflict_retries(self, what: str, operation: Callable[[], T]) -> tuple[T, int]:
+        """`with_conflict_retries` with this lake's retries."""
+        return with_conflict_retries(self.retries, what, operation)
+
+    def _actions(self):
+        return jclass(self.spark, "org.apache.iceberg.spark.actions.SparkActions").get(self.spark._jsparkSession)
