@@ -8,6 +8,7 @@ from datetime import date
 from ..config import Settings
 from ..lake import plainfiles
 from ..lake.catalog import open_catalog
+from ..lake.delta import latest_version
 from ..ledger.holds import active_holds
 from ..ledger.journal import Step
 from ..ledger.ledger import OPEN_STATUSES, Ledger
@@ -97,14 +98,20 @@ def _moved_since_checked(ledger: Ledger, settings: Settings, steps: list[Step], 
     """Keyed tables whose current snapshot is not the one their last resurrection check saw, and
     `files:` datasets holding files their last check did not see, once some erase request was
     completed (before that nobody can come back). Cost: two small ledger reads, one metadata read
-    per keyed table (pyiceberg) and one listing per dataset (pyarrow; a scheme pyarrow does not know,
-    such as s3a://, is checked only by runs that start Spark): no JVM."""
+    per keyed Iceberg table (pyiceberg), one listing per Delta log and per dataset (pyarrow; a scheme
+    pyarrow does not know, such as s3a://, is checked only by runs that start Spark): no JVM."""
     if not ledger.erased_ids():
         return []
     catalog = open_catalog(settings)
     tables = [t for t in settings.datamap.keyed if t not in legal_tables]
+    delta = settings.delta_tables()
+
+    def current(table: str) -> int | None:  # a Delta log's newest version, or an Iceberg snapshot's id
+        if table in delta:
+            return latest_version(delta[table])
+        return catalog.load_table(table).metadata.current_snapshot_id
     files = {d: plainfiles.listing(m.path) for d, m in settings.datamap.files.items() if d not in legal_tables}
     return resurrection.unchecked(resurrection.checkpoints(steps),
-                                  {t: catalog.load_table(t).metadata.current_snapshot_id for t in tables},
+                                  {t: current(t) for t in tables},
                                   resurrection.dataset_checkpoints(steps),
                                   {d: names for d, names in files.items() if names is not None})
