@@ -4,6 +4,7 @@ files and a byte scan of `_delta_log` (pyiceberg and the run's own proof for the
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from pathlib import Path
 
@@ -60,9 +61,12 @@ def erased_lake(spark, tmp_path_factory, request):
     kept = synth.user_id(SEED, USERS - 1)
     ledger = Ledger(settings)
     submitted = ledger.submit([RequestInput(s, "erase", "gdpr") for s in ids]).created
+    (access,) = ledger.submit([RequestInput(kept, "access", "gdpr")]).created
+    events = _rows(settings.delta_tables()["demo.events"]).to_pylist()  # before the run: delta-rs's view
     report = run(spark, settings)
     return {"settings": settings, "ids": ids, "emails": emails, "kept": kept, "report": report,
-            "submitted": submitted, "layout": request.param, "ledger": ledger}
+            "submitted": submitted, "layout": request.param, "ledger": ledger, "access": access,
+            "kept_events": sorted(r["event_id"] for r in events if r["user_id"] == kept)}
 
 
 def _delta_paths(settings) -> dict[str, str]:
@@ -85,13 +89,22 @@ def _needles(lake) -> list[bytes]:
 
 def test_a_run_completes_every_request_on_delta_tables(erased_lake):
     report = erased_lake["report"]
-    assert sorted(r.request_id for r in report.completed) == sorted(erased_lake["submitted"])
+    assert sorted(r.request_id for r in report.completed) == sorted([*erased_lake["submitted"], erased_lake["access"]])
     assert not report.failed
     for table in LAYOUTS[erased_lake["layout"]]:
         verification = report.tables[table]["verification"]
         assert verification["passed"] and verification["details"]["metadata_files"] > 0
     assert report.tables["demo.events"]["erase"]["strategy"] == "merge_broadcast"
     assert report.tables["demo.events"]["purge"]["data_files_rewritten"] > 0  # the deletion vectors purged
+
+
+def test_an_access_package_holds_the_delta_rows_delta_rs_reads(erased_lake):
+    settings, report = erased_lake["settings"], erased_lake["report"]
+    assert erased_lake["access"] in {r.request_id for r in report.completed}
+    package = json.loads((Path(settings.export.directory) / report.run_id / f"{erased_lake['access']}.json")
+                         .read_text(encoding="utf-8"))
+    assert erased_lake["kept_events"]
+    assert sorted(row["event_id"] for row in package["tables"]["demo.events"]) == erased_lake["kept_events"]
 
 
 def test_no_live_row_and_no_reachable_version_holds_an_erased_person(erased_lake):

@@ -32,8 +32,8 @@ def test_catalog_properties_and_user_conf_become_spark_conf(tmp_path):
 
 def test_every_session_gets_both_formats_extensions_and_deltas_session_catalog(tmp_path):
     conf = spark_module.session_conf(settings_from_dict({}, base=tmp_path))
-    assert conf["spark.sql.extensions"].split(",") == [
-        "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions", "io.delta.sql.DeltaSparkSessionExtension"]
+    assert conf["spark.sql.extensions"].split(",") == [  # Iceberg's parser outermost: its procedures need it
+        "io.delta.sql.DeltaSparkSessionExtension", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"]
     assert conf["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
     assert conf["spark.sql.catalog.lakehouse"] == "org.apache.iceberg.spark.SparkCatalog"
     names = [Path(jar).name for jar in conf["spark.jars"].split(",")]

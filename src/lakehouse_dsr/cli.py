@@ -530,7 +530,7 @@ def optimize(
 ) -> None:
     """Cluster tables by their subject key: write order, bloom filter, sorted rewrite."""
     from .lake import layout
-    from .lake.iceberg import Lake
+    from .lake.lakehouse import Lake
 
     settings = _settings()
     tables = table or list(settings.datamap.tables)
@@ -560,7 +560,7 @@ def adopt(
                    ] = "parquet",
 ) -> None:
     """Bring a plain Parquet/JSON/CSV dataset under Iceberg, so it gets the full erase-purge-verify cycle."""
-    from .lake.iceberg import Lake
+    from .lake.lakehouse import Lake
     from .lake.plainfiles import adopt as adopt_dataset
 
     done = adopt_dataset(Lake.of(_spark(), _settings()), path, table, fmt)

@@ -27,8 +27,10 @@ from .catalog import create_catalog_tables, spark_catalog_properties
 
 # Both table formats on every session: Iceberg's SQL extensions and Delta's, Delta's catalog as the
 # session catalog (Delta tables by path or by name); Iceberg tables live in our own catalog.
-EXTENSIONS = ",".join(["org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-                       "io.delta.sql.DeltaSparkSessionExtension"])
+# Delta's first: each extension's parser wraps the one before, and Iceberg's procedures (a sort order
+# for rewrite_data_files) need Iceberg's to be the session's parser; it hands Delta's statements on.
+EXTENSIONS = ",".join(["io.delta.sql.DeltaSparkSessionExtension",
+                       "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"])
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 # A class of each format's jar, checked on the driver once the session is up.
 _FORMAT_CLASSES = {"the Iceberg Spark runtime": "org.apache.iceberg.spark.SparkCatalog",
