@@ -14,7 +14,7 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Literal, cast
 
 import typer
 from rich.console import Console
@@ -35,6 +35,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 _state: dict = {}  # per invocation: the --config path and the settings loaded from it
+TableFormat = Literal["iceberg", "delta"]
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="dsr.yaml to use (default: ./dsr.yaml)")]
 
@@ -145,13 +146,16 @@ def generate(
     events: Annotated[int, typer.Option(min=0, help="number of events (the notebook: 10,000,000)")] = 1_000_000,
     seed: Annotated[int, typer.Option(help="random seed; same seed, same data")] = 42,
     batches: Annotated[int | None, typer.Option(min=1, help="event append batches (default: one per 1M)")] = None,
+    table_format: Annotated[TableFormat, typer.Option("--format", help="iceberg | delta (under delta.warehouse)")
+                            ] = "iceberg",
 ) -> None:
     """(Re)create the demo tables: users, events, newsletter (by email), orders (redacted)."""
     from . import synth
 
+    settings = _demo_settings(table_format)
     spark = _spark()
     with Bars() as bars:
-        result = synth.generate(spark, _settings(), users, events, seed, batches, bars)
+        result = synth.generate(spark, settings, users, events, seed, batches, bars, table_format=table_format)
     console.print(f"generated {result.users:,} users, {result.events:,} events in {result.batches} batch(es), "
                   f"{result.orders:,} orders and the newsletter list")
 
@@ -818,17 +822,19 @@ def demo(
     access_requests: Annotated[int, typer.Option("--access", min=0, help="access requests to submit")] = 10,
     seed: int = 42,
     report: Annotated[Path, typer.Option(help="JSON run report")] = Path("reports/demo-run.json"),
+    table_format: Annotated[TableFormat, typer.Option("--format", help="iceberg | delta (under delta.warehouse)")
+                            ] = "iceberg",
 ) -> None:
     """Generate the demo lakehouse, submit erase and access requests, run them, show the ledger."""
     from . import synth
     from .datamap import demo_datamap
 
-    spark = _spark()
-    settings = _settings()
+    settings = _demo_settings(table_format)
     if settings.datamap == demo_datamap():  # the embedded map: the demo also enforces the events' 25 months
         settings = _state["settings"] = settings.replace(datamap=demo_datamap(expire=True))
+    spark = _spark()
     with Bars() as bars:
-        synth.generate(spark, settings, users, events, seed, None, bars)
+        synth.generate(spark, settings, users, events, seed, None, bars, table_format=table_format)
     rng = random.Random(seed)
     unknown = max(1, erase // 20)  # subjects no table knows: they must complete too
     picks = rng.sample(range(users), min(users, erase - unknown + access_requests))
@@ -848,6 +854,17 @@ def demo(
     run_cmd(report)
     console.print(f"run report: {report}")
     status()
+
+
+def _demo_settings(table_format: TableFormat) -> Settings:
+    """The settings, with the embedded demo map's tables in Delta for `--format delta` (for this
+    command: a `dsr.yaml` maps the Delta demo for the commands after it, see datamap/delta.md)."""
+    from .datamap import demo_datamap
+
+    settings = _settings()
+    if table_format == "delta" and settings.datamap == demo_datamap():
+        settings = _state["settings"] = settings.replace(datamap=demo_datamap(table_format="delta"))
+    return settings
 
 
 def entry() -> None:

@@ -139,6 +139,8 @@ def delta_problems(datamap: DataMap, delta: Collection[str]) -> list[str]:
     Delta yet: derived tables (propagation), retention rules, shredding, shares read from them."""
     problems = [f"table {t}: a derived table in Delta is not supported yet (map an Iceberg table)"
                 for t in datamap.derived if t in delta]
+    problems += [f"table {t}: a derived table of a Delta table ({', '.join(sorted(set(m.sources) & set(delta)))}) "
+                 "is not supported yet" for t, m in datamap.derived.items() if set(m.sources) & set(delta)]
     problems += [f"table {t}: retention rules (expire:) on a Delta table are not supported yet"
                  for t in datamap.expiring if t in delta]
     problems += [f"table {t}: action: shred on a Delta table is not supported yet"
