@@ -17,6 +17,7 @@ from helpers import SEED, datamap_dict, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import DataMapError
+from lakehouse_dsr.lake import layout
 from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -242,3 +243,21 @@ def test_a_delta_table_in_the_data_map_is_found_without_its_format(spark, tmp_pa
     assert found.delta_tables() == {"demo.events": str(tmp_path / "delta" / "demo" / "events")}
     assert type(Lake.of(spark, found).table("demo.events")).__name__ == "DeltaTable"
     assert type(Lake.of(spark, found).table("demo.users")).__name__ == "IcebergTable"
+
+
+def test_a_clustered_delta_table_is_planned_from_its_file_statistics(spark, tmp_path):
+    settings = delta_settings(tmp_path, ["demo.events"])
+    attach(spark, settings)
+    synth.generate(spark, settings, users=USERS, events=400, seed=SEED, batches=1)
+    events = settings.delta_tables()["demo.events"]
+    spark.read.format("delta").load(events).repartition(6).write.format("delta").mode("overwrite").save(events)
+    optimized = layout.optimize(Lake.of(spark, settings).table("demo.events"), settings.datamap,
+                                target_file_size_bytes=4096)
+    assert optimized.files_after > 1 and optimized.bytes_rewritten > 0
+    erased = synth.user_id(SEED, 7)
+    Ledger(settings).submit([RequestInput(erased, "erase", "gdpr")])
+    report = run(spark, settings)
+    plan = report.tables["demo.events"]["erase"]
+    assert plan["skipping"]["pruned"] and plan["skipping"]["files"] < plan["skipping"]["total_files"]
+    assert plan["rows_matched"] > 0 and len(report.completed) == 1
+    assert erased not in _values(_rows(events).select(["user_id"]))

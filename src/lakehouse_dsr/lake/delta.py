@@ -29,6 +29,7 @@ import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from ..datamap import column_path, column_ref
 from .bridge import jclass
 from .table import (
     Capabilities,
@@ -59,6 +60,7 @@ _ROW_PRESERVING = {"OPTIMIZE", "REORG", "SET TBLPROPERTIES", "UNSET TBLPROPERTIE
 # A log file of a version: its commit, checksum, checkpoint (classic, multi-part or v2) or log compaction.
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+)*(\.[0-9a-f-]+)?\.(parquet|json)"
                        r"|\d{20}\.compacted\.json)$")
+_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
 # Table features whose data the engine would misread: Parquet columns named apart from the table's.
 _REFUSED_PROPERTIES = {"delta.columnMapping.mode": ("none",)}
 
@@ -292,10 +294,17 @@ class DeltaTable:
 
     # Files
 
-    def live_files(self, snapshot_id: int | None = None) -> list[tuple[str, int, int | None]]:
+    def live_files(self, snapshot_id: int | None = None, keys: list[tuple[str, DataFrame]] | None = None
+                   ) -> list[tuple[str, int, int | None]]:
         """(path, size, rows a reader sees) of each data file live at a version (default the newest):
         the log's replay, read in Spark, its statistics reduced to row counts there (None where a
-        file has none). Metadata only."""
+        file has none). Metadata only.
+
+        `keys` (key column, the batch's values of it as `key_value`): only the files whose
+        statistics say they may hold one of the values in one of the columns (min <= value <= max;
+        a file without statistics for a column may hold any), decided in Spark by a join of the file
+        list with the values: only paths reach the driver. One small job, its size files x values;
+        it narrows a table clustered by the key (`dsr optimize`: Z-order or liquid clustering)."""
         log = self._log()
         snapshot = _with_defaults(log, "update") if snapshot_id is None else _with_defaults(
             log, "getSnapshotAt", snapshot_id)
@@ -304,8 +313,37 @@ class DeltaTable:
         records = F.get_json_object("stats", "$.numRecords").cast("long")
         deleted = F.coalesce(F.col("deletionVector.cardinality"), F.lit(0)) \
             if "deletionVector" in files.columns else F.lit(0)
-        rows = files.select("path", "size", (records - deleted).alias("rows")).collect()
+        listed = files.select("path", "size", (records - deleted).alias("rows"), "stats")
+        if keys:
+            listed = _may_hold(listed, keys)
+        rows = listed.select("path", "size", "rows").collect()
         return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows)) for r in rows]
+
+    def cluster_by_key(self, key: str, target_file_size_bytes: int) -> tuple[int, int, int]:
+        """Cluster the table by `key` with OPTIMIZE: by its clustering columns where it uses liquid
+        clustering (`CLUSTER BY`), else Z-ordered by the key; the key's statistics collected first
+        where the table would not (beyond `delta.dataSkippingNumIndexedCols`). Returns (data files
+        before, after, bytes rewritten). Reads and rewrites the whole table (a Z-order: a shuffle)."""
+        spark, column = self.spark, column_ref(key)
+        detail = spark.sql(f"DESCRIBE DETAIL {self.quoted}").select("clusteringColumns", "numFiles").first()
+        files_before = int(detail.numFiles or 0) if detail else 0
+        properties = self.properties()
+        top = key.split(".")[0]
+        indexed = int(properties.get("delta.dataSkippingNumIndexedCols", "32"))
+        columns = self.read_at(None).columns
+        if "delta.dataSkippingStatsColumns" not in properties and (top not in columns
+                                                                   or columns.index(top) >= indexed):
+            spark.sql(f"ALTER TABLE {self.quoted} SET TBLPROPERTIES ('delta.dataSkippingStatsColumns' = '{top}')")
+        clustered = detail is not None and bool(detail.clusteringColumns)
+        before = spark.conf.get(_MAX_FILE_SIZE, None)
+        spark.conf.set(_MAX_FILE_SIZE, str(int(target_file_size_bytes)))
+        try:
+            spark.sql(f"OPTIMIZE {self.quoted}" + ("" if clustered else f" ZORDER BY ({column})"))
+        finally:
+            spark.conf.unset(_MAX_FILE_SIZE) if before is None else spark.conf.set(_MAX_FILE_SIZE, before)
+        after = self.current_snapshot()
+        rewritten = after.stats.bytes_removed if after is not None and after.operation == "replace" else 0
+        return files_before, len(self.live_files()), rewritten
 
     def _log_paths(self) -> list[tuple[str, int]]:
         """(path, modified ms) of every file under `_delta_log`."""
@@ -449,6 +487,24 @@ class DeltaTable:
                    and "/_delta_log/" not in p and not p.rsplit("/", 1)[-1].startswith((".", "_"))
                    and same_file(p) not in named and (not p.endswith(".bin") or not vectors_live)]
         return _delete(self.spark, orphans)
+
+
+def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
+    """The rows of `files` (a log's file list with `stats`) whose statistics say they may hold one
+    of the values of one of the key columns (see DeltaTable.live_files)."""
+    kept = None
+    for column, values in keys:
+        path = column_path(column)
+        low = F.get_json_object("stats", f"$.minValues.{path}")
+        high = F.get_json_object("stats", f"$.maxValues.{path}")
+        key_type = values.schema["key_value"].dataType
+        bounded = files.select("path", low.cast(key_type).alias("dsr_low"), high.cast(key_type).alias("dsr_high"))
+        inside = (F.col("dsr_low").isNull() | F.col("dsr_high").isNull()
+                  | ((F.col("key_value") >= F.col("dsr_low")) & (F.col("key_value") <= F.col("dsr_high"))))
+        found = bounded.join(F.broadcast(values.select("key_value")), inside, "left_semi").select("path")
+        kept = found if kept is None else kept.union(found)
+    assert kept is not None, "called with key columns"
+    return files.join(kept.distinct(), "path", "left_semi")
 
 
 def _absolute(root: str, path: str) -> str:

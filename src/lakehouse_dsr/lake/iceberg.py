@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, MapType
 
+from ..datamap import column_ref
 from .bridge import bridge, call, jclass
 from .table import (
     Capabilities,
@@ -267,6 +268,17 @@ class IcebergTable:
         return None
 
     # Rewrites
+
+    def cluster_by_key(self, key: str, target_file_size_bytes: int) -> tuple[int, int, int]:
+        """Cluster the table by `key`: its write order (later appends arrive sorted), a Parquet bloom
+        filter on the key, and every data file rewritten sorted by it (`rewrite_sorted`); returns
+        (data files before, after, bytes rewritten). Reads and rewrites the whole table (a sort)."""
+        files_before = self.summary_count("total-data-files")
+        self.spark.sql(f"ALTER TABLE {self.quoted} WRITE ORDERED BY {column_ref(key)}")
+        self.spark.sql(f"ALTER TABLE {self.quoted} SET TBLPROPERTIES "
+                       f"('write.parquet.bloom-filter-enabled.column.{key}' = 'true')")
+        rewritten = self.rewrite_sorted(key, target_file_size_bytes)
+        return files_before, self.summary_count("total-data-files"), rewritten
 
     def rewrite_sorted(self, key: str, target_file_size_bytes: int) -> int:
         """Rewrite all data files sorted by `key`; returns bytes rewritten. Reads and writes the whole table."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from ..datamap import DataMap, column_ref, is_array
+from ..datamap import DataMap, is_array
 from ..exceptions import DataMapError
-from .iceberg import IcebergTable
+from .table import TableHandle
 
 
 @dataclass
@@ -30,16 +30,13 @@ class OptimizeResult:
 
 
 def optimize(
-    handle: IcebergTable, datamap: DataMap, key: str | None = None, target_file_size_bytes: int = 128 * 1024 * 1024,
+    handle: TableHandle, datamap: DataMap, key: str | None = None, target_file_size_bytes: int = 128 * 1024 * 1024,
 ) -> OptimizeResult:
-    """Cluster a table by its subject key (the data map's, unless `key` is given).
-
-    Sets the table's write order (later appends arrive sorted), enables a Parquet bloom filter on
-    the key, and rewrites every data file sorted by the key into files of about the target size.
-    Cost: reads and rewrites the whole table once (a sort: one shuffle of all rows).
-    """
+    """Cluster a table by its subject key (the data map's, unless `key` is given): the handle's
+    `cluster_by_key` (Iceberg: write order, bloom filter, a sorted rewrite; Delta: Z-order, or
+    liquid clustering where the table uses it). Cost: reads and rewrites the whole table once."""
     start = time.perf_counter()
-    spark, table = handle.spark, handle.name
+    table = handle.name
     if key is None:
         mapping = datamap.keyed.get(table)
         if mapping is None:
@@ -48,10 +45,5 @@ def optimize(
         if not flat:
             raise DataMapError(f"{table}: its only key is an array, which cannot order a table; pass a key column")
         key = flat[0]  # the first key column: a shared row sits with its first person
-    name = handle.quoted
-    files_before = handle.summary_count("total-data-files")
-    spark.sql(f"ALTER TABLE {name} WRITE ORDERED BY {column_ref(key)}")
-    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.parquet.bloom-filter-enabled.column.{key}' = 'true')")
-    rewritten = handle.rewrite_sorted(key, target_file_size_bytes)
-    files_after = handle.summary_count("total-data-files")
+    files_before, files_after, rewritten = handle.cluster_by_key(key, target_file_size_bytes)
     return OptimizeResult(table, key, files_before, files_after, rewritten, round(time.perf_counter() - start, 3))

@@ -193,13 +193,17 @@ class Candidates:
 
 
 def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ...],
-         values: tuple[KeyValues | None, ...]) -> Candidates:
+         values: tuple[KeyValues | None, ...], hits: tuple[DataFrame, ...] | None = None) -> Candidates:
     """The candidate files of `table` at `snapshot_id` (None: an empty table) for the key values
     (one KeyValues per key group, None where the group cannot be pruned on). Metadata only, on the
-    driver: manifests and their file entries are read, no data file and no Spark job. A Delta table's
-    candidates are every file of the version (its log's replay, without pruning yet)."""
+    driver: manifests and their file entries are read, no data file and no Spark job. A Delta
+    table's candidates come from its log's file statistics against `hits` (each group's values as
+    `key_value`, in Spark: DeltaTable.live_files), every file where a group cannot be pruned on."""
     if not isinstance(table, IcebergTable):
-        return _every_file(table, snapshot_id)
+        prunable = hits is not None and not any(g.is_array for g in groups) and \
+            all(type(h.schema["key_value"].dataType) in _PRUNABLE for h in hits)
+        keys = [(g.column, h) for g, h in zip(groups, hits or (), strict=False)] if prunable else None
+        return _delta_files(cast(DeltaTable, table), snapshot_id, keys)
     spark = table.spark
     predicate = expression(spark, groups, values)
     if snapshot_id is None:
@@ -220,15 +224,17 @@ def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ..
                       int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable, rows)
 
 
-def _every_file(table: TableHandle, snapshot_id: int | None) -> Candidates:
-    """Every data file of a table without Iceberg's planning (a DeltaTable: `live_files`), at a
-    version (None: an empty table). Metadata only."""
+def _delta_files(table: DeltaTable, snapshot_id: int | None, keys: list[tuple[str, DataFrame]] | None
+                 ) -> Candidates:
+    """A Delta table's files at a version (None: an empty table) that may hold `keys` (None: all):
+    DeltaTable.live_files, then its whole file list for the totals when the keys narrowed it."""
     if snapshot_id is None:
         return Candidates(table, None)
-    files = cast(DeltaTable, table).live_files(snapshot_id)
+    files = table.live_files(snapshot_id, keys)
+    every = table.live_files(snapshot_id) if keys else files
     paths, sizes, rows = [p for p, _, _ in files], [size for _, size, _ in files], [r for _, _, r in files]
-    return Candidates(table, snapshot_id, len(paths), sum(sizes), len(paths), sum(sizes), False,
-                      _paths=paths, _sizes=sizes, _rows=rows)
+    return Candidates(table, snapshot_id, len(paths), sum(sizes), len(every), sum(s for _, s, _ in every),
+                      keys is not None, _paths=paths, _sizes=sizes, _rows=rows)
 
 
 def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, file_per_task: bool = False,

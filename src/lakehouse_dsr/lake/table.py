@@ -220,6 +220,8 @@ class TableHandle(Protocol):
 
     def remove_orphan_files(self, min_age_minutes: float) -> int: ...
 
+    def cluster_by_key(self, key: str, target_file_size_bytes: int) -> tuple[int, int, int]: ...
+
 
 class FileRewriting(TableHandle, Protocol):
     """A handle whose `capabilities.file_rewrite` holds: it replaces named data files by rows the

@@ -95,7 +95,7 @@ class TableKeys:
 
     def candidates(self, table: TableHandle, snapshot_id: int | None) -> skipping.Candidates:
         """The files of `table` at `snapshot_id` that may hold these keys (metadata only)."""
-        return skipping.plan(table, snapshot_id, self.groups, self.values)
+        return skipping.plan(table, snapshot_id, self.groups, self.values, tuple(s.hits for s in self.sets))
 
     def current_candidates(self, table: TableHandle) -> skipping.Candidates:
         """`candidates` at the table's current snapshot (none for an empty table)."""
