@@ -40,6 +40,7 @@ from .table import (
     RewriteResult,
     Snapshot,
     listing,
+    only_current,
     same_file,
 )
 
@@ -407,11 +408,7 @@ class DeltaTable:
         """Whether history and storage hold exactly the current files and no row is masked by a
         deletion vector: a scan of live data then reads what a scan of either would."""
         paths, current = self.retained_files()
-        if any(p.endswith(".bin") for p, _ in listing(self.spark, self.path)):  # deletion vectors left
-            return False
-        current_files = {same_file(p) for p in current}
-        return ({same_file(p) for p in paths} == current_files
-                and {same_file(p) for p in self.data_files_on_storage()} == current_files)
+        return not self._masks_rows() and only_current(current, paths, self.data_files_on_storage())
 
     # Purge
 

@@ -29,6 +29,7 @@ from .table import (
     Snapshot,
     is_conflict,
     listing,
+    only_current,
     parquet_files_under,
     same_file,
     type_holds,
@@ -468,10 +469,8 @@ class IcebergTable:
         files and no delete file (the state a purge leaves): then a scan of live data reads the same
         rows as a scan of history or of storage would. Metadata and one listing of the location."""
         paths, current = self.retained_files()
-        current_files = {same_file(p) for p in current}
-        return (not self.summary_count("total-delete-files")
-                and {same_file(p) for p in paths} == current_files
-                and {same_file(p) for p in parquet_files_under(self.spark, self.location())} == current_files)
+        return not self.summary_count("total-delete-files") and only_current(current, paths,
+                                                                          self.data_files_on_storage())
 
     # The line of commits
 

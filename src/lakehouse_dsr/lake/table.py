@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -255,6 +255,14 @@ def parquet_files_under(spark: SparkSession, location: str) -> list[str]:
 def same_file(path: str) -> str:
     """One spelling per local file (`file:/x`, `file:///x` and `/x` name the same file)."""
     return re.sub(r"^file:/+", "/", path)
+
+
+def only_current(current: Iterable[str], retained: Iterable[str], stored: Iterable[str]) -> bool:
+    """Whether history (the files `retained` versions reference) and storage (the data files
+    `stored` under the location) hold exactly the `current` version's files, however each spells a
+    path: a scan of live data then reads the same rows a scan of either would."""
+    files = {same_file(p) for p in current}
+    return {same_file(p) for p in retained} == files and {same_file(p) for p in stored} == files
 
 
 def type_holds(data_type: DataType, *kinds: type[DataType]) -> bool:

@@ -28,7 +28,7 @@ from ..lake import indriver
 from ..lake.hmac import with_keyring_hashes
 from ..lake.iceberg import IcebergTable
 from ..lake.lakehouse import Lake
-from ..lake.table import parquet_files_under, read_columns_from_files, same_file
+from ..lake.table import only_current, parquet_files_under, read_columns_from_files, same_file
 from ..vault import vault
 from ..vault.risk import assess_table
 from .erase import TableErasure, TablePlan
@@ -194,11 +194,10 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
 def _prove_vault(vault_table: vault.VaultTable, table: str, check: TableVerification,
                  probes: DataFrame, entries: DataFrame) -> None:
     lake, spark, name = vault_table.lake, vault_table.lake.spark, vault_table.name
-    paths, current = lake.iceberg(name).retained_files()
-    location = lake.iceberg(name).location()
-    same = {same_file(p) for p in current}
-    check.one_scan = ({same_file(p) for p in paths} == same
-                      and {same_file(p) for p in parquet_files_under(spark, location)} == same)
+    handle = lake.iceberg(name)
+    paths, current = handle.retained_files()
+    location = handle.location()
+    check.one_scan = only_current(current, paths, parquet_files_under(spark, location))
     schema = _schema(_FOUND)
     sources: dict[str, DataFrame | None] = {"live": vault_table.rows().select(*_FOUND)}
     if not check.one_scan:
