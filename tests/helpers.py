@@ -87,18 +87,41 @@ def add_subjects(spark, settings, ids: list[str], tag: str) -> None:
     """Give each id a user (email <tag><i>@example.net), 3 events, an order and a newsletter row."""
     rows = [(sid, f"{tag}{i}@example.net") for i, sid in enumerate(ids)]
     people = spark.createDataFrame(rows, "user_id string, email string")
-    people.selectExpr("user_id", "timestamp'2024-01-01' created_at", "'Hostile Name' name", "email") \
-        .writeTo(settings.table("demo.users")).append()
-    people.crossJoin(spark.range(3)).selectExpr(
+    delta = settings.delta_tables()
+
+    def append(df, table: str) -> None:
+        if table in delta:
+            df.write.format("delta").mode("append").save(delta[table])
+        else:
+            df.writeTo(settings.table(table)).append()
+    append(people.selectExpr("user_id", "timestamp'2024-01-01' created_at", "'Hostile Name' name", "email"),
+           "demo.users")
+    append(people.crossJoin(spark.range(3)).selectExpr(
         "uuid() event_id", "user_id", "'login' event_type", "timestamp'2024-05-01' event_timestamp",
-        "cast(null as string) page_url", "cast(null as string) product_id", "'Logged in' event_details",
-    ).writeTo(settings.table("demo.events")).append()
-    people.selectExpr("uuid() order_id", "user_id", "cast(9.99 as decimal(10,2)) amount",
-                      "'Hostile Name' customer_name",
-                      "'1 Main Street' shipping_address", "timestamp'2024-06-01' ordered_at") \
-        .writeTo(settings.table("demo.orders")).append()
-    people.selectExpr("email", "timestamp'2024-02-01' subscribed_at", "'weekly' list_name", "'account' source") \
-        .writeTo(settings.table("demo.newsletter")).append()
+        "cast(null as string) page_url", "cast(null as string) product_id", "'Logged in' event_details"),
+        "demo.events")
+    append(people.selectExpr("uuid() order_id", "user_id", "cast(9.99 as decimal(10,2)) amount",
+                             "'Hostile Name' customer_name", "'1 Main Street' shipping_address",
+                             "timestamp'2024-06-01' ordered_at"), "demo.orders")
+    append(people.selectExpr("email", "timestamp'2024-02-01' subscribed_at", "'weekly' list_name", "'account' source"),
+           "demo.newsletter")
+
+
+# The demo tables each layout keeps in Delta (the rest stay Iceberg tables of the catalog).
+DELTA_LAYOUTS = {"iceberg": [], "delta": ["demo.users", "demo.events", "demo.newsletter", "demo.orders"],
+                 "mixed": ["demo.events", "demo.newsletter"]}
+
+
+def delta_settings(root: Path, delta_tables: list[str], **overrides) -> Settings:
+    """`make_settings` whose data map keeps `delta_tables` in Delta (`format: delta`, under root/delta),
+    without retention rules (not on Delta yet), orphans removed at once (`purge` overrides merge in)."""
+    raw = datamap_dict(demo_datamap(derived=False))
+    for name, mapping in raw["tables"].items():
+        mapping.pop("expire", None)
+        if name in delta_tables:
+            mapping["format"] = "delta"
+    purge = {"orphan_min_age_minutes": 0, **overrides.pop("purge", {})}
+    return make_settings(root, datamap=raw, delta={"warehouse": str(root / "delta")}, purge=purge, **overrides)
 
 
 def datamap_dict(datamap) -> dict:

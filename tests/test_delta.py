@@ -13,11 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from helpers import SEED, datamap_dict, make_settings
+from helpers import DELTA_LAYOUTS, SEED, delta_settings, make_settings
 from lakehouse_dsr import synth
-from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import DataMapError
-from lakehouse_dsr.lake import layout
+from lakehouse_dsr.lake import layout, plainfiles
 from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -26,21 +25,7 @@ from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages.verify import verify_completed
 
 USERS = 30
-# The tables each layout keeps in Delta (the rest stay Iceberg tables of the catalog).
-LAYOUTS = {"delta": ["demo.users", "demo.events", "demo.newsletter", "demo.orders"],
-           "mixed": ["demo.events", "demo.newsletter"]}
-
-
-def delta_settings(root: Path, delta_tables: list[str], **overrides):
-    """Settings whose data map keeps `delta_tables` in Delta (`format: delta`, under root/delta), with
-    no retention rules (not on Delta yet) and orphans removed at once."""
-    raw = datamap_dict(demo_datamap(derived=False))
-    for name, mapping in raw["tables"].items():
-        mapping.pop("expire", None)
-        if name in delta_tables:
-            mapping["format"] = "delta"
-    purge = {"orphan_min_age_minutes": 0, **overrides.pop("purge", {})}
-    return make_settings(root, datamap=raw, delta={"warehouse": str(root / "delta")}, purge=purge, **overrides)
+LAYOUTS = {layout: tables for layout, tables in DELTA_LAYOUTS.items() if tables}
 
 
 def _subscribed(settings, spark) -> tuple[list[str], list[str]]:
@@ -261,3 +246,51 @@ def test_a_clustered_delta_table_is_planned_from_its_file_statistics(spark, tmp_
     assert plan["skipping"]["pruned"] and plan["skipping"]["files"] < plan["skipping"]["total_files"]
     assert plan["rows_matched"] > 0 and len(report.completed) == 1
     assert erased not in _values(_rows(events).select(["user_id"]))
+
+
+def test_a_numeric_key_leaves_no_byte_in_the_log(spark, tmp_path):
+    """A key held as a number (a BIGINT account reached through a linked identifier), sitting whole
+    in the log's statistics as the smallest value of its file: gone from every byte after the run."""
+    raw = {"subject": "user_id",
+           "identifiers": {"account_no": {"table": "crm.accounts", "subject_column": "user_id",
+                                          "column": "account_no"}},
+           "tables": {"crm.accounts": {"key": "user_id", "format": "delta"},
+                      "fin.payments": {"key": "account_no", "identifier": "account_no", "format": "delta"}}}
+    settings = make_settings(tmp_path, datamap=raw, delta={"warehouse": str(tmp_path / "delta")},
+                             purge={"orphan_min_age_minutes": 0})
+    attach(spark, settings)
+    paths = settings.delta_tables()
+    accounts = spark.range(20).selectExpr("concat('user-', cast(id as string)) user_id",
+                                          "900000000 + id * 7919 account_no")
+    accounts.coalesce(1).write.format("delta").save(paths["crm.accounts"])
+    accounts.crossJoin(spark.range(3).withColumnRenamed("id", "n")).selectExpr(
+        "account_no", "cast(n * 10 as double) amount").coalesce(1).write.format("delta").save(paths["fin.payments"])
+    needle = b"900000000"  # user-0's account: the smallest in the payments file's statistics
+    assert needle in b"".join(f.read_bytes() for f in Path(paths["fin.payments"], "_delta_log").glob("*.json"))
+    Ledger(settings).submit([RequestInput("user-0", "erase", "gdpr")])
+    report = run(spark, settings)
+    assert len(report.completed) == 1 and report.tables["fin.payments"]["erase"]["rows_matched"] == 3
+    for path in paths.values():
+        assert not [f for f in Path(path).rglob("*") if f.is_file() and needle in f.read_bytes()], path
+    assert 900000000 not in _rows(paths["fin.payments"]).column("account_no").to_pylist()
+
+
+def test_a_parquet_folder_adopted_as_delta_is_erased_in_place(spark, tmp_path):
+    folder = tmp_path / "legacy"
+    folder.mkdir()
+    for part in range(2):  # seed 002's first step: Parquet files converted to Delta where they are
+        rows = {"customer": [f"c{part}-{i}" for i in range(5)], "spend": [float(i) for i in range(5)]}
+        pq.write_table(pa.table(rows), folder / f"part-{part}.parquet")
+    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0}, datamap={
+        "subject": "customer", "tables": {"legacy.spend": {"key": "customer", "format": "delta", "path": str(folder)}}})
+    attach(spark, settings)
+    adopted = plainfiles.adopt(Lake.of(spark, settings), str(folder), "legacy.spend", "delta")
+    assert (adopted.files, adopted.rows, adopted.copied) == (2, 10, False)
+    with pytest.raises(DataMapError, match="Delta table already"):
+        plainfiles.adopt(Lake.of(spark, settings), str(folder), "legacy.spend", "delta")
+    Ledger(settings).submit([RequestInput("c1-3", "erase", "gdpr")])
+    report = run(spark, settings)
+    assert len(report.completed) == 1
+    assert sorted(_values(_rows(str(folder)).select(["customer"]))) == sorted(
+        f"c{p}-{i}" for p in range(2) for i in range(5) if (p, i) != (1, 3))
+    assert not [f for f in folder.rglob("*") if f.is_file() and b"c1-3" in f.read_bytes()]

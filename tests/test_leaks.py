@@ -26,7 +26,7 @@ from pyiceberg.avro.file import AvroFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyspark.sql.types import StringType
 
-from helpers import HOSTILE, SEED, USER_KEY, add_subjects, ledger_table, make_settings
+from helpers import DELTA_LAYOUTS, HOSTILE, SEED, USER_KEY, add_subjects, delta_settings, ledger_table, make_settings
 from lakehouse_dsr import suppress, synth
 from lakehouse_dsr.keys import KEY_ENV, key_id, load_key, retired_file, rotate_key
 from lakehouse_dsr.lake.lakehouse import Lake
@@ -231,13 +231,15 @@ class _Records(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-@pytest.fixture(scope="module")
-def lake(spark, tmp_path_factory):
-    """A tiny lakehouse with hostile ids, scanned, then one run of erase + access requests with logs captured.
+@pytest.fixture(scope="module", params=["iceberg", "mixed"])
+def lake(spark, tmp_path_factory, request):
+    """A tiny lakehouse with hostile ids, scanned, then one run of erase + access requests with logs captured:
+    all Iceberg, or with the events and the newsletter in Delta (their logs scanned with the rest).
 
     Shared by the leak checks and, after them, the key rotation test (which adds to it)."""
-    root = tmp_path_factory.mktemp("leaks")
-    settings = make_settings(root, erase={"collateral_check": "count"})
+    root = tmp_path_factory.mktemp(f"leaks-{request.param}")
+    settings = delta_settings(root, DELTA_LAYOUTS[request.param], erase={"collateral_check": "count"},
+                              purge={"orphan_min_age_minutes": 60})
     attach(spark, settings)
     synth.generate(spark, settings, users=20, events=200, seed=SEED, batches=2)
     add_subjects(spark, settings, HOSTILE, "gone")
@@ -246,7 +248,7 @@ def lake(spark, tmp_path_factory):
     erased = [synth.user_id(SEED, i) for i in range(3)] + HOSTILE
     accessed, waiting = synth.user_id(SEED, 5), synth.user_id(SEED, 6)
     needles = _needles(erased, users)
-    before = Scanner(needles).scan_tree(root / "wh")
+    before = Scanner(needles).scan_tree(root)
 
     submitted = Ledger(settings).submit([RequestInput(s, "erase") for s in erased] + [RequestInput(accessed, "access")])
     logs = tmp_path_factory.mktemp("logs")

@@ -559,11 +559,12 @@ def optimize(
 @app.command()
 def adopt(
     path: Annotated[str, typer.Argument(help="folder of the plain dataset (local, s3a:, hdfs: ...)")],
-    table: Annotated[str, typer.Option(help="new Iceberg table, namespace.table")],
-    fmt: Annotated[str, typer.Option("--format", help="parquet (registered in place) | json | csv (copied)")
-                   ] = "parquet",
+    table: Annotated[str, typer.Option(help="the new table's name, namespace.table")],
+    fmt: Annotated[str, typer.Option("--format", help="parquet (registered in place in Iceberg) | delta (Parquet "
+                                     "converted in place to Delta) | json | csv (copied into Iceberg)")] = "parquet",
 ) -> None:
-    """Bring a plain Parquet/JSON/CSV dataset under Iceberg, so it gets the full erase-purge-verify cycle."""
+    """Bring a plain Parquet/JSON/CSV dataset under Iceberg (or Parquet under Delta, in place), so it gets the
+    full erase-purge-verify cycle."""
     from .lake.lakehouse import Lake
     from .lake.plainfiles import adopt as adopt_dataset
 
@@ -571,7 +572,8 @@ def adopt(
     how = "copied into the table (the original files are untouched: remove them once you no longer need them)" \
         if done.copied else "registered in place (the table now owns those files; a purge deletes rewritten ones)"
     console.print(f"{done.table}: {done.rows} rows from {done.files} {done.format} file(s), {how}")
-    console.print(f"map it: {done.table}: {{key: <subject column>}}")
+    located = f", format: delta, path: {path}" if done.format == "delta" else ""
+    console.print(f"map it: {done.table}: {{key: <subject column>{located}}}")
 
 
 @app.command()

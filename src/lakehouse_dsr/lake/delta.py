@@ -52,6 +52,7 @@ _CAPABILITIES = Capabilities(file_rewrite=False, subquery_dml=False, refs=False,
 # What marks this application's commits (Delta writes the session's value into each commitInfo).
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 MARK = "lakehouse-dsr "
+FILES_IN_CRC = "spark.databricks.delta.allFilesInCrc.enabled"
 
 # Operations that change no row: compaction, the purge's rewrite, metadata and protocol changes.
 _ROW_PRESERVING = {"OPTIMIZE", "REORG", "SET TBLPROPERTIES", "UNSET TBLPROPERTIES", "ADD COLUMNS", "CHANGE COLUMN",
@@ -81,9 +82,12 @@ def latest_version(location: str) -> int | None:
 
 def mark_commits(spark: SparkSession) -> None:
     """Make this session's Delta commits name this Spark application (`own_commit_since` finds ours by
-    it). A session-wide setting: other Delta commits of this application carry it too, as Iceberg's
-    snapshots carry the application's id."""
+    it), and keep their `.crc` files from listing the table's files: with their statistics, that list
+    is one more copy of the values (and Delta prints it at INFO with every new snapshot). Session-wide
+    settings: other Delta commits of this application get both, as Iceberg's snapshots carry the
+    application's id."""
     spark.conf.set(USER_METADATA, MARK + spark.sparkContext.applicationId)
+    spark.conf.set(FILES_IN_CRC, "false")
 
 
 def _metric(metrics: dict[str, str] | None, *names: str) -> int | None:
@@ -390,9 +394,9 @@ class DeltaTable:
         holds, the current version's among them). The log's commits and the current file list: metadata
         and one listing."""
         current = {p for p, _, _ in self.live_files()}
-        named = self._commit_actions(("add", "remove")) | current
+        named = {same_file(p): p for p in [*self._commit_actions(("add", "remove")), *current]}  # one spelling each
         on_storage = {same_file(p) for p in self.data_files_on_storage()}
-        return sorted(p for p in named if same_file(p) in on_storage), current
+        return sorted(p for key, p in named.items() if key in on_storage), current
 
     def data_files_on_storage(self) -> list[str]:
         """Every Parquet file under the location but the log's own (data files, referenced or not, and

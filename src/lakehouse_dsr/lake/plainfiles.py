@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from ..datamap import FileMapping
 from ..datamap.model import FILE_FORMATS, FileFormat, check_table_name
 from ..exceptions import DataMapError, first_line
+from .bridge import jclass
 from .indriver import local_rows
 from .lakehouse import Lake
 
@@ -149,15 +150,19 @@ class Adopted:
 
 
 def adopt(lake: Lake, path: str, table: str, fmt: str = "parquet") -> Adopted:
-    """Bring a plain dataset under Iceberg as `table` (which must not exist), so it gets the full cycle.
+    """Bring a plain dataset under a table format as `table` (which must not exist), so it gets the
+    full cycle.
 
-    Parquet: an empty table with the files' schema, then Iceberg's `add_files` registers the files
-    where they are: nothing is copied, and from then on the table owns them (a purge deletes a
-    rewritten one at its original path). JSON/CSV, which Iceberg cannot reference: the rows are
-    copied into the table (one read and one write of the dataset); the original files stay as they are.
+    Parquet: an empty Iceberg table with the files' schema, then Iceberg's `add_files` registers the
+    files where they are: nothing is copied, and from then on the table owns them (a purge deletes a
+    rewritten one at its original path). `delta`: the Parquet folder converted in place into a Delta
+    table (`CONVERT TO DELTA`: a log written beside the files, which stay where they are; map it with
+    `format: delta` and `path:` the folder). JSON/CSV, which neither format can reference: the rows
+    are copied into an Iceberg table (one read and one write of the dataset); the original files stay
+    as they are.
     """
-    if fmt not in FILE_FORMATS:
-        raise DataMapError(f"unknown format {fmt!r} (expected one of {', '.join(FILE_FORMATS)})")
+    if fmt not in (*FILE_FORMATS, "delta"):
+        raise DataMapError(f"unknown format {fmt!r} (expected one of {', '.join((*FILE_FORMATS, 'delta'))})")
     if any(c in path for c in "`'\n"):
         raise DataMapError("the path must not contain quotes, backticks or line breaks")
     try:
@@ -166,12 +171,20 @@ def adopt(lake: Lake, path: str, table: str, fmt: str = "parquet") -> Adopted:
         raise DataMapError(str(exc)) from None
     spark, handle = lake.spark, lake.iceberg(table)
     name = handle.quoted
-    if spark.catalog.tableExists(name):
+    if fmt != "delta" and spark.catalog.tableExists(name):
         raise DataMapError(f"table {table} exists already; adopt into a new table")
-    mapping = FileMapping(path=path, format=cast(FileFormat, fmt), key="unused")  # a format, checked above
-    frame = check_dataset(spark, path, mapping)  # named by its path in errors
+    file_format = cast(FileFormat, "parquet" if fmt == "delta" else fmt)  # a format, checked above
+    frame = check_dataset(spark, path, FileMapping(path=path, format=file_format, key="unused"))  # errors name the path
     fs, root = _fs(spark, path)
     files = _visible(fs, root)
+    if fmt == "delta":
+        if fs.exists(jclass(spark, "org.apache.hadoop.fs.Path")(f"{path.rstrip('/')}/_delta_log")):
+            raise DataMapError(f"{path} is a Delta table already: map it with format: delta and path: {path}")
+        if any(len(_relative_parts(root, f)) > 1 for f in files):
+            raise DataMapError(f"{path} holds sub-folders: CONVERT TO DELTA needs the partition columns of a "
+                               "partitioned folder; convert it with Delta's own command, then map it")
+        spark.sql(f"CONVERT TO DELTA parquet.`{path}`")
+        return Adopted(table, fmt, len(files), spark.read.format("delta").load(path).count(), False)
     if fmt == "parquet":
         if any(len(_relative_parts(root, f)) > 1 for f in files):
             raise DataMapError(f"{path} holds sub-folders: add_files registers the files of one folder; adopt each "

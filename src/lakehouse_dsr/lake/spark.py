@@ -108,6 +108,8 @@ def session_conf(settings: Settings, java_options: Sequence[str] = (), interpret
         # Delta replays a table's log into this many partitions (default 50): tasks of a few files each
         # on a lake of small tables, every time a table's state is read.
         "spark.databricks.delta.snapshotPartitions": "8",
+        # No file list (with its statistics: values) in Delta's .crc files, nor in its INFO log lines.
+        "spark.databricks.delta.allFilesInCrc.enabled": "false",
         # With it on, Spark starts SQL UDFs' Python workers from a second daemon (its env differs from
         # the RDDs'): a second interpreter start, 1.5 s of a small run, for tracebacks with fewer frames.
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
