@@ -120,6 +120,7 @@ def main() -> None:
                 seconds["dsr_submit"] = round(submitted - start, 3)
                 report = json.loads((side / "report.json").read_text())
                 assert sum(1 for q in report["requests"] if q["status"] == "completed") == a.erase, "dsr run"
+                seconds.update({f"dsr_{stage}": s for stage, s in report["seconds"].items()})
             else:
                 seconds[variant] = _python_process(variant, __file__, "recipe", variant, str(side / "table"),
                                                    str(keys))[0]

@@ -80,8 +80,11 @@ def test_a_run_completes_every_request_on_delta_tables(erased_lake):
     for table in LAYOUTS[erased_lake["layout"]]:
         verification = report.tables[table]["verification"]
         assert verification["passed"] and verification["details"]["metadata_files"] > 0
-    assert report.tables["demo.events"]["erase"]["strategy"] == "merge_broadcast"
-    assert report.tables["demo.events"]["purge"]["data_files_rewritten"] > 0  # the deletion vectors purged
+    events = report.tables["demo.events"]
+    assert events["erase"]["strategy"] == "merge_broadcast"
+    # a deletion-vector table purged in the same run: the MERGE rewrote the files, REORG had nothing left
+    assert events["erase"]["write_mode"] == "copy-on-write" and events["erase"]["data_files_rewritten"] > 0
+    assert events["erase"]["delete_files_added"] == 0 and events["purge"]["data_files_rewritten"] == 0
 
 
 def test_an_access_package_holds_the_delta_rows_delta_rs_reads(erased_lake):
@@ -144,7 +147,7 @@ def test_a_batched_erasure_leaves_no_identifier_in_delta_history_and_purges_late
     ids, _ = _subscribed(settings, spark)
     ledger = Ledger(settings)
     submitted = ledger.submit([RequestInput(s, "erase", "gdpr") for s in ids]).created
-    run(spark, settings)
+    first = run(spark, settings)
     assert {s.request_id: s.status for s in ledger.statuses()} == {rid: "erased" for rid in submitted}
     events = settings.delta_tables()["demo.events"]
     history = spark.sql(f"DESCRIBE HISTORY {settings.table('demo.events')}").collect()
@@ -154,6 +157,9 @@ def test_a_batched_erasure_leaves_no_identifier_in_delta_history_and_purges_late
     later = date.fromisoformat(max(s.purge_by for s in ledger.statuses()))
     report = run(spark, settings, today=later)
     assert sorted(r.request_id for r in report.completed) == sorted(submitted)
+    # the rows left the data files: rewritten by the MERGE, or masked by it and rewritten by the purge
+    rewritten = first.tables["demo.events"]["erase"]["data_files_rewritten"]
+    assert rewritten + report.tables["demo.events"]["purge"]["data_files_rewritten"] > 0
     log = [f for f in Path(events, "_delta_log").iterdir() if f.is_file()]
     assert not [f.name for f in log for i in ids if i[:32].encode() in f.read_bytes()]
 

@@ -20,7 +20,10 @@ cutoff is truncated to the day, and it runs only at checkpoints), hence the engi
 from __future__ import annotations
 
 import re
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -324,6 +327,14 @@ class DeltaTable:
         rows = listed.select("path", "size", "rows").collect()
         return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows)) for r in rows]
 
+    def statements_in_mode(self, mode: str) -> AbstractContextManager[None]:
+        """DELETE, UPDATE and MERGE in the block `copy-on-write`: they rewrite the files holding the
+        changed rows instead of masking them with deletion vectors (Delta's
+        `<command>.deletionVectors.persistent`), where the purge would rewrite those files minutes
+        later anyway (REORG ... APPLY (PURGE)): the work is done once. Any other `mode`: the table's
+        own choice. Session-wide while a block runs (threads erasing other tables share it)."""
+        return _copy_on_write(self.spark) if mode == "copy-on-write" else nullcontext()
+
     def cluster_by_key(self, key: str, target_file_size_bytes: int) -> tuple[int, int, int]:
         """Cluster the table by `key` with OPTIMIZE: by its clustering columns where it uses liquid
         clustering (`CLUSTER BY`), else Z-ordered by the key; the key's statistics collected first
@@ -488,6 +499,34 @@ class DeltaTable:
                    and "/_delta_log/" not in p and not p.rsplit("/", 1)[-1].startswith((".", "_"))
                    and same_file(p) not in named and (not p.endswith(".bin") or not vectors_live)]
         return _delete(self.spark, orphans)
+
+
+_PERSISTENT_VECTORS = [f"spark.databricks.delta.{command}.deletionVectors.persistent"
+                       for command in ("delete", "update", "merge")]
+_rewriting = threading.Lock()
+_rewriters: list[tuple[Any, dict[str, str | None]]] = []  # (session, confs before) while blocks run
+
+
+@contextmanager
+def _copy_on_write(spark: SparkSession) -> Iterator[None]:
+    """The session's DML statements without persistent deletion vectors while any block is inside;
+    the session's own values back when the last one leaves."""
+    with _rewriting:
+        if not _rewriters:
+            before = {key: spark.conf.get(key, None) for key in _PERSISTENT_VECTORS}
+            for key in _PERSISTENT_VECTORS:
+                spark.conf.set(key, "false")
+        else:
+            before = _rewriters[0][1]
+        _rewriters.append((spark, before))
+    try:
+        yield
+    finally:
+        with _rewriting:
+            _rewriters.pop()
+            if not _rewriters:
+                for key, value in before.items():
+                    spark.conf.unset(key) if value is None else spark.conf.set(key, value)
 
 
 def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:

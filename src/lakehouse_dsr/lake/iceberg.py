@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -108,6 +109,11 @@ class IcebergTable:
 
     def format_version(self) -> int:
         return int(self.java().operations().current().formatVersion())
+
+    def statements_in_mode(self, mode: str) -> AbstractContextManager[None]:
+        """Spark's statements on an Iceberg table follow its write-mode properties, which the plan's
+        `mode` was read from: nothing to change."""
+        return nullcontext()
 
     def sorted_by_order(self) -> bool:
         """Whether the table declares a sort order (see `sorted_by_order` of a Java table)."""

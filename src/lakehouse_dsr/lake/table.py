@@ -14,6 +14,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -221,6 +222,8 @@ class TableHandle(Protocol):
     def remove_orphan_files(self, min_age_minutes: float) -> int: ...
 
     def cluster_by_key(self, key: str, target_file_size_bytes: int) -> tuple[int, int, int]: ...
+
+    def statements_in_mode(self, mode: str) -> AbstractContextManager[None]: ...
 
 
 class FileRewriting(TableHandle, Protocol):

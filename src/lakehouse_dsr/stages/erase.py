@@ -340,9 +340,10 @@ def _plan(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
     strategy = choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, modes, mapping.simple,
                                _rewrites(handle, mapping, purging, modes), positions is not None,
                                handle.capabilities.subquery_dml)
-    # the write mode the strategy leaves the table's files in
+    # the write mode the strategy leaves the table's files in; a statement that would mask rows the
+    # purge rewrites in this run rewrites them at once where the format lets it (statements_in_mode)
     mode = {"rewrite_files": "copy-on-write", "delete_positions": "merge-on-read"}.get(strategy) \
-        or modes[strategy.split("_")[0]]
+        or ("copy-on-write" if purging and not handle.capabilities.file_rewrite else modes[strategy.split("_")[0]])
     table_plan = TablePlan.from_groups(handle.name, mapping, groups, strategy, mode, snapshot_id,
                                        handle.live_rows(snapshot_id), candidates, positions)
     if folded:
@@ -403,7 +404,8 @@ def _run_statement(handle: TableHandle, mapping: TableMapping, erase: EraseSetti
     """Run `strategy`'s SQL statement once, its key views dropped after it."""
     views: list[str] = []
     try:
-        handle.spark.sql(_statement(handle, mapping, erase, strategy, table_plan, keys, views))
+        with handle.statements_in_mode(table_plan.write_mode):
+            handle.spark.sql(_statement(handle, mapping, erase, strategy, table_plan, keys, views))
     finally:
         for view in views:
             handle.spark.catalog.dropTempView(view)
