@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow as pa
 import yaml
+from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
 from lakehouse_dsr import synth
@@ -181,3 +183,21 @@ def dsr_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     out = capsys.readouterr()
     return int(done.value.code or 0), out.out + out.err
 
+
+def subscribed(settings, spark) -> tuple[list[str], list[str]]:
+    """Three users, the first two with a newsletter row, and their emails."""
+    users = {r.user_id: r.email for r in spark.table(settings.table("demo.users")).collect()}
+    listed = {r.email for r in spark.table(settings.table("demo.newsletter")).collect()}
+    subscribed = [u for u in sorted(users) if users[u] in listed][:2]
+    ids = subscribed + [next(u for u in sorted(users) if users[u] not in listed)]
+    return ids, [users[u] for u in ids]
+
+
+def delta_rows(path: str, version: int | None = None) -> pa.Table:
+    """Every row delta-rs reads at a version (deletion vectors applied), independently of Spark."""
+    return pa.table(QueryBuilder().register("t", DeltaTable(path, version=version)).execute("select * from t"))
+
+
+def values_of(table: pa.Table) -> set[str]:
+    """Every non-null value of every column, as text."""
+    return {str(v) for column in table.columns for v in column.to_pylist() if v is not None}

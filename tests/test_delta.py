@@ -5,19 +5,14 @@ files and a byte scan of `_delta_log` (pyiceberg and the run's own proof for the
 from __future__ import annotations
 
 import json
-from datetime import date
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable
 
-from helpers import DELTA_LAYOUTS, SEED, delta_settings, make_settings
+from helpers import DELTA_LAYOUTS, SEED, delta_rows, delta_settings, subscribed, values_of
 from lakehouse_dsr import synth
-from lakehouse_dsr.exceptions import DataMapError
-from lakehouse_dsr.lake import layout, plainfiles
-from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -28,44 +23,22 @@ USERS = 30
 LAYOUTS = {layout: tables for layout, tables in DELTA_LAYOUTS.items() if tables}
 
 
-def _subscribed(settings, spark) -> tuple[list[str], list[str]]:
-    """Three users, the first two with a newsletter row, and their emails."""
-    users = {r.user_id: r.email for r in spark.table(settings.table("demo.users")).collect()}
-    listed = {r.email for r in spark.table(settings.table("demo.newsletter")).collect()}
-    subscribed = [u for u in sorted(users) if users[u] in listed][:2]
-    ids = subscribed + [next(u for u in sorted(users) if users[u] not in listed)]
-    return ids, [users[u] for u in ids]
-
-
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def erased_lake(spark, tmp_path_factory, request):
     root = tmp_path_factory.mktemp(f"delta-{request.param}")
     settings = delta_settings(root, LAYOUTS[request.param])
     attach(spark, settings)
     synth.generate(spark, settings, users=USERS, events=500, seed=SEED, batches=2)
-    ids, emails = _subscribed(settings, spark)
+    ids, emails = subscribed(settings, spark)
     kept = synth.user_id(SEED, USERS - 1)
     ledger = Ledger(settings)
     submitted = ledger.submit([RequestInput(s, "erase", "gdpr") for s in ids]).created
     (access,) = ledger.submit([RequestInput(kept, "access", "gdpr")]).created
-    events = _rows(settings.delta_tables()["demo.events"]).to_pylist()  # before the run: delta-rs's view
+    events = delta_rows(settings.delta_tables()["demo.events"]).to_pylist()  # before the run: delta-rs's view
     report = run(spark, settings)
     return {"settings": settings, "ids": ids, "emails": emails, "kept": kept, "report": report,
             "submitted": submitted, "layout": request.param, "ledger": ledger, "access": access,
             "kept_events": sorted(r["event_id"] for r in events if r["user_id"] == kept)}
-
-
-def _delta_paths(settings) -> dict[str, str]:
-    return settings.delta_tables()
-
-
-def _rows(path: str, version: int | None = None) -> pa.Table:
-    """Every row delta-rs reads at a version (deletion vectors applied), independently of Spark."""
-    return pa.table(QueryBuilder().register("t", DeltaTable(path, version=version)).execute("select * from t"))
-
-
-def _values(table: pa.Table) -> set[str]:
-    return {str(v) for column in table.columns for v in column.to_pylist() if v is not None}
 
 
 def _needles(lake) -> list[bytes]:
@@ -98,24 +71,24 @@ def test_an_access_package_holds_the_delta_rows_delta_rs_reads(erased_lake):
 
 def test_no_live_row_and_no_reachable_version_holds_an_erased_person(erased_lake):
     erased = {*erased_lake["ids"], *erased_lake["emails"]}
-    for name, path in _delta_paths(erased_lake["settings"]).items():
-        assert not _values(_rows(path)) & erased, name
+    for name, path in erased_lake["settings"].delta_tables().items():
+        assert not values_of(delta_rows(path)) & erased, name
         versions = [entry["version"] for entry in DeltaTable(path).history()]
         for version in versions:  # every version delta-rs can still load
             try:
-                rows = _rows(path, version)
+                rows = delta_rows(path, version)
             except Exception:  # its log is gone: unreachable
                 continue
-            assert not _values(rows) & erased, (name, version)
-    assert erased_lake["kept"] in _values(_rows(_delta_paths(erased_lake["settings"])["demo.events"]))
+            assert not values_of(rows) & erased, (name, version)
+    assert erased_lake["kept"] in values_of(delta_rows(erased_lake["settings"].delta_tables()["demo.events"]))
 
 
 def test_no_file_on_storage_and_no_byte_of_the_log_holds_an_erased_person(erased_lake):
     erased, needles = {*erased_lake["ids"], *erased_lake["emails"]}, _needles(erased_lake)
-    for name, path in _delta_paths(erased_lake["settings"]).items():
+    for name, path in erased_lake["settings"].delta_tables().items():
         files = [f for f in Path(path).rglob("*") if f.is_file() and not f.name.startswith(".")]
         data = [f for f in files if f.suffix == ".parquet" and "_delta_log" not in f.parts]
-        assert data and all(not _values(pq.read_table(f)) & erased for f in data), name
+        assert data and all(not values_of(pq.read_table(f)) & erased for f in data), name
         log = [f for f in files if "_delta_log" in f.parts]
         assert log and not [f.name for f in log for n in needles if n in f.read_bytes()], name
         assert not [f for f in files if "_change_data" in f.parts], name  # the feed's copies went too
@@ -123,180 +96,8 @@ def test_no_file_on_storage_and_no_byte_of_the_log_holds_an_erased_person(erased
 
 def test_describe_history_names_nobody_and_the_proof_holds_later(spark, erased_lake):
     settings = erased_lake["settings"]
-    for name in _delta_paths(settings):
+    for name in settings.delta_tables():
         history = spark.sql(f"DESCRIBE HISTORY {settings.table(name)}").collect()
         text = " ".join(str(r.asDict()) for r in history)
         assert not [i for i in (*erased_lake["ids"], *erased_lake["emails"]) if i in text], name
     assert verify_completed(spark, settings) == {rid: [] for rid in erased_lake["submitted"]}
-
-
-@pytest.fixture(scope="module")
-def delta_lake(spark, tmp_path_factory):
-    """A lake whose events and newsletter are Delta tables, for the tests that change it."""
-    root = tmp_path_factory.mktemp("delta-lake")
-    settings = delta_settings(root, LAYOUTS["mixed"])
-    attach(spark, settings)
-    synth.generate(spark, settings, users=USERS, events=300, seed=SEED + 1, batches=1)
-    return settings
-
-
-def test_a_batched_erasure_leaves_no_identifier_in_delta_history_and_purges_later(spark, tmp_path):
-    settings = delta_settings(tmp_path, LAYOUTS["mixed"], purge={"policy": "batched"})
-    attach(spark, settings)
-    synth.generate(spark, settings, users=USERS, events=300, seed=SEED + 2, batches=1)
-    ids, _ = _subscribed(settings, spark)
-    ledger = Ledger(settings)
-    submitted = ledger.submit([RequestInput(s, "erase", "gdpr") for s in ids]).created
-    first = run(spark, settings)
-    assert {s.request_id: s.status for s in ledger.statuses()} == {rid: "erased" for rid in submitted}
-    events = settings.delta_tables()["demo.events"]
-    history = spark.sql(f"DESCRIBE HISTORY {settings.table('demo.events')}").collect()
-    assert [r.operation for r in history][0] == "MERGE"  # the erase commit, not purged yet
-    assert not [i for i in ids if i in " ".join(str(r.asDict()) for r in history)]
-    assert not set(ids) & _values(_rows(events))
-    later = date.fromisoformat(max(s.purge_by for s in ledger.statuses()))
-    report = run(spark, settings, today=later)
-    assert sorted(r.request_id for r in report.completed) == sorted(submitted)
-    # the rows left the data files: rewritten by the MERGE, or masked by it and rewritten by the purge
-    rewritten = first.tables["demo.events"]["erase"]["data_files_rewritten"]
-    assert rewritten + report.tables["demo.events"]["purge"]["data_files_rewritten"] > 0
-    log = [f for f in Path(events, "_delta_log").iterdir() if f.is_file()]
-    assert not [f.name for f in log for i in ids if i[:32].encode() in f.read_bytes()]
-
-
-def test_a_concurrent_append_during_the_erasure_is_kept(spark, delta_lake, monkeypatch):
-    from lakehouse_dsr import faults
-
-    settings = delta_lake
-    events = settings.delta_tables()["demo.events"]
-    late = "late-writer-0001"
-    appended: list[int] = []
-    armed = faults.failpoint
-
-    def append_meanwhile(name: str) -> None:  # another writer commits between the erase and the purge
-        if name == "after_erase" and not appended:
-            row = spark.sql(f"SELECT * FROM {settings.table('demo.events')} LIMIT 1").selectExpr(
-                "uuid() event_id", f"'{late}' user_id", *[f"`{c}`" for c in
-                                                          spark.table(settings.table("demo.events")).columns[2:]])
-            row.write.format("delta").mode("append").save(events)
-            appended.append(1)
-        armed(name)
-
-    monkeypatch.setattr(faults, "failpoint", append_meanwhile)
-    erased = synth.user_id(SEED + 1, 2)
-    Ledger(settings).submit([RequestInput(erased, "erase", "gdpr")])
-    report = run(spark, settings)
-    assert appended and not report.failed and len(report.completed) == 1
-    users = _values(_rows(events).select(["user_id"]))
-    assert late in users and erased not in users
-
-
-def test_erased_people_appended_again_are_erased_by_the_next_run(spark, delta_lake):
-    settings = delta_lake
-    events = settings.delta_tables()["demo.events"]
-    back = synth.user_id(SEED + 1, 4)
-    ledger = Ledger(settings)
-    ledger.submit([RequestInput(back, "erase", "gdpr")])
-    run(spark, settings)
-    replay = spark.table(settings.table("demo.events")).limit(2).selectExpr(
-        "event_id", f"'{back}' user_id", *[f"`{c}`" for c in spark.table(settings.table("demo.events")).columns[2:]])
-    replay.write.format("delta").mode("append").save(events)  # a backfill brings the person back
-    assert back in _values(_rows(events).select(["user_id"]))
-    report = run(spark, settings)
-    assert "demo.events" in report.resurrections
-    assert back not in _values(_rows(events).select(["user_id"]))
-
-
-def test_a_delta_table_the_engine_cannot_read_right_is_refused_before_anything_changes(spark, tmp_path):
-    settings = delta_settings(tmp_path, LAYOUTS["mixed"])
-    attach(spark, settings)
-    synth.generate(spark, settings, users=5, events=20, seed=SEED, batches=1)
-    events = settings.delta_tables()["demo.events"]
-    spark.sql(f"ALTER TABLE {settings.table('demo.events')} SET TBLPROPERTIES ("
-              "'delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')")
-    versions = len(DeltaTable(events).history())
-    Ledger(settings).submit([RequestInput(synth.user_id(SEED, 1), "erase", "gdpr")])
-    with pytest.raises(DataMapError, match="columnMapping"):
-        run(spark, settings)
-    assert len(DeltaTable(events).history()) == versions
-    assert [s.status for s in Ledger(settings).statuses()] == ["received"]
-
-
-def test_a_delta_table_in_the_data_map_is_found_without_its_format(spark, tmp_path):
-    settings = delta_settings(tmp_path, ["demo.events"])
-    attach(spark, settings)
-    synth.generate(spark, settings, users=5, events=20, seed=SEED, batches=1)
-    raw = settings.model_dump(mode="json", exclude_none=True)
-    raw["datamap"]["tables"]["demo.events"].pop("format")
-    from lakehouse_dsr.config import settings_from_dict
-
-    found = settings_from_dict(raw, base=tmp_path)
-    assert found.delta_tables() == {"demo.events": str(tmp_path / "delta" / "demo" / "events")}
-    assert type(Lake.of(spark, found).table("demo.events")).__name__ == "DeltaTable"
-    assert type(Lake.of(spark, found).table("demo.users")).__name__ == "IcebergTable"
-
-
-def test_a_clustered_delta_table_is_planned_from_its_file_statistics(spark, tmp_path):
-    settings = delta_settings(tmp_path, ["demo.events"])
-    attach(spark, settings)
-    synth.generate(spark, settings, users=USERS, events=400, seed=SEED, batches=1)
-    events = settings.delta_tables()["demo.events"]
-    spark.read.format("delta").load(events).repartition(6).write.format("delta").mode("overwrite").save(events)
-    optimized = layout.optimize(Lake.of(spark, settings).table("demo.events"), settings.datamap,
-                                target_file_size_bytes=4096)
-    assert optimized.files_after > 1 and optimized.bytes_rewritten > 0
-    erased = synth.user_id(SEED, 7)
-    Ledger(settings).submit([RequestInput(erased, "erase", "gdpr")])
-    report = run(spark, settings)
-    plan = report.tables["demo.events"]["erase"]
-    assert plan["skipping"]["pruned"] and plan["skipping"]["files"] < plan["skipping"]["total_files"]
-    assert plan["rows_matched"] > 0 and len(report.completed) == 1
-    assert erased not in _values(_rows(events).select(["user_id"]))
-
-
-def test_a_numeric_key_leaves_no_byte_in_the_log(spark, tmp_path):
-    """A key held as a number (a BIGINT account reached through a linked identifier), sitting whole
-    in the log's statistics as the smallest value of its file: gone from every byte after the run."""
-    raw = {"subject": "user_id",
-           "identifiers": {"account_no": {"table": "crm.accounts", "subject_column": "user_id",
-                                          "column": "account_no"}},
-           "tables": {"crm.accounts": {"key": "user_id", "format": "delta"},
-                      "fin.payments": {"key": "account_no", "identifier": "account_no", "format": "delta"}}}
-    settings = make_settings(tmp_path, datamap=raw, delta={"warehouse": str(tmp_path / "delta")},
-                             purge={"orphan_min_age_minutes": 0})
-    attach(spark, settings)
-    paths = settings.delta_tables()
-    accounts = spark.range(20).selectExpr("concat('user-', cast(id as string)) user_id",
-                                          "900000000 + id * 7919 account_no")
-    accounts.coalesce(1).write.format("delta").save(paths["crm.accounts"])
-    accounts.crossJoin(spark.range(3).withColumnRenamed("id", "n")).selectExpr(
-        "account_no", "cast(n * 10 as double) amount").coalesce(1).write.format("delta").save(paths["fin.payments"])
-    needle = b"900000000"  # user-0's account: the smallest in the payments file's statistics
-    assert needle in b"".join(f.read_bytes() for f in Path(paths["fin.payments"], "_delta_log").glob("*.json"))
-    Ledger(settings).submit([RequestInput("user-0", "erase", "gdpr")])
-    report = run(spark, settings)
-    assert len(report.completed) == 1 and report.tables["fin.payments"]["erase"]["rows_matched"] == 3
-    for path in paths.values():
-        assert not [f for f in Path(path).rglob("*") if f.is_file() and needle in f.read_bytes()], path
-    assert 900000000 not in _rows(paths["fin.payments"]).column("account_no").to_pylist()
-
-
-def test_a_parquet_folder_adopted_as_delta_is_erased_in_place(spark, tmp_path):
-    folder = tmp_path / "legacy"
-    folder.mkdir()
-    for part in range(2):  # seed 002's first step: Parquet files converted to Delta where they are
-        rows = {"customer": [f"c{part}-{i}" for i in range(5)], "spend": [float(i) for i in range(5)]}
-        pq.write_table(pa.table(rows), folder / f"part-{part}.parquet")
-    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0}, datamap={
-        "subject": "customer", "tables": {"legacy.spend": {"key": "customer", "format": "delta", "path": str(folder)}}})
-    attach(spark, settings)
-    adopted = plainfiles.adopt(Lake.of(spark, settings), str(folder), "legacy.spend", "delta")
-    assert (adopted.files, adopted.rows, adopted.copied) == (2, 10, False)
-    with pytest.raises(DataMapError, match="Delta table already"):
-        plainfiles.adopt(Lake.of(spark, settings), str(folder), "legacy.spend", "delta")
-    Ledger(settings).submit([RequestInput("c1-3", "erase", "gdpr")])
-    report = run(spark, settings)
-    assert len(report.completed) == 1
-    assert sorted(_values(_rows(str(folder)).select(["customer"]))) == sorted(
-        f"c{p}-{i}" for p in range(2) for i in range(5) if (p, i) != (1, 3))
-    assert not [f for f in folder.rglob("*") if f.is_file() and b"c1-3" in f.read_bytes()]
