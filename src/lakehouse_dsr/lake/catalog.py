@@ -21,7 +21,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import quote, urlparse
 
 from pyiceberg.catalog import Catalog, MetastoreCatalog
@@ -45,6 +45,32 @@ if TYPE_CHECKING:
 _VERSION = re.compile(r"v(\d+)(\.gz)?\.metadata\.json\Z")
 _JAVA_ONLY = {"type", "catalog-impl", "io-impl", "rest.auth.type", "jdbc.schema-version", "cache-enabled",
               "cache.expiration-interval-ms", "jdbc.user", "jdbc.password", "uri", "lock-impl"}
+
+
+def current_versions(settings: Settings, tables: list[str]) -> dict[str, int | None]:
+    """Each table's current version, without a JVM (the control plane asks): an Iceberg table's
+    snapshot id through pyiceberg (its metadata file read), a Delta table's newest commit from one
+    listing of its `_delta_log` through pyarrow; None for an empty table, and for a Delta table on a
+    scheme pyarrow does not know (e.g. `s3a://`), which only runs that start Spark check."""
+    delta = settings.delta_tables()
+    catalog = open_catalog(settings) if any(t not in delta for t in tables) else None
+    return {t: _latest_delta_version(delta[t]) if t in delta
+            else cast(Catalog, catalog).load_table(t).metadata.current_snapshot_id for t in tables}
+
+
+def _latest_delta_version(location: str) -> int | None:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    try:
+        fs, base = pafs.FileSystem.from_uri(location.rstrip("/") + "/_delta_log")
+    except (pa.ArrowInvalid, ValueError):
+        return None
+    found = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    return max((int(f.base_name[:20]) for f in found if _DELTA_COMMIT.match(f.base_name)), default=None)
+
+
+_DELTA_COMMIT = re.compile(r"^\d{20}\.json$")
 
 
 def open_catalog(settings: Settings) -> Catalog:

@@ -27,8 +27,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-import pyarrow as pa
-import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
@@ -68,19 +66,6 @@ _LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+)*(\.[0-9a-f-]+)?\
 _MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
 # Table features whose data the engine would misread: Parquet columns named apart from the table's.
 _REFUSED_PROPERTIES = {"delta.columnMapping.mode": ("none",)}
-
-
-def latest_version(location: str) -> int | None:
-    """The newest version a Delta table's log holds, from one listing of `_delta_log` through pyarrow
-    (no JVM: the control plane asks it); None where pyarrow does not know the scheme (e.g. `s3a://`)
-    or there is no log."""
-    try:
-        fs, base = pafs.FileSystem.from_uri(location.rstrip("/") + "/_delta_log")
-    except (pa.ArrowInvalid, ValueError):
-        return None
-    found = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-    versions = [int(m.group(1)) for f in found if (m := _LOG_FILE.match(f.base_name)) and m.group(2) == "json"]
-    return max(versions, default=None)
 
 
 def mark_commits(spark: SparkSession) -> None:

@@ -7,8 +7,7 @@ from datetime import date
 
 from ..config import Settings
 from ..lake import plainfiles
-from ..lake.catalog import open_catalog
-from ..lake.delta import latest_version
+from ..lake.catalog import current_versions
 from ..ledger.holds import active_holds
 from ..ledger.journal import Step
 from ..ledger.ledger import OPEN_STATUSES, Ledger
@@ -102,16 +101,9 @@ def _moved_since_checked(ledger: Ledger, settings: Settings, steps: list[Step], 
     pyarrow does not know, such as s3a://, is checked only by runs that start Spark): no JVM."""
     if not ledger.erased_ids():
         return []
-    catalog = open_catalog(settings)
     tables = [t for t in settings.datamap.keyed if t not in legal_tables]
-    delta = settings.delta_tables()
-
-    def current(table: str) -> int | None:  # a Delta log's newest version, or an Iceberg snapshot's id
-        if table in delta:
-            return latest_version(delta[table])
-        return catalog.load_table(table).metadata.current_snapshot_id
     files = {d: plainfiles.listing(m.path) for d, m in settings.datamap.files.items() if d not in legal_tables}
     return resurrection.unchecked(resurrection.checkpoints(steps),
-                                  {t: current(t) for t in tables},
+                                  current_versions(settings, tables),
                                   resurrection.dataset_checkpoints(steps),
                                   {d: names for d, names in files.items() if names is not None})
