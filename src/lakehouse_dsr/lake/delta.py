@@ -287,17 +287,20 @@ class DeltaTable:
 
     # Files
 
-    def live_files(self, snapshot_id: int | None = None, keys: list[tuple[str, DataFrame]] | None = None
-                   ) -> list[tuple[str, int, int | None]]:
+    def live_files(self, snapshot_id: int | None = None) -> list[tuple[str, int, int | None]]:
         """(path, size, rows a reader sees) of each data file live at a version (default the newest):
         the log's replay, read in Spark, its statistics reduced to row counts there (None where a
-        file has none). Metadata only.
+        file has none). Metadata only."""
+        return [(path, size, rows) for path, size, rows, _ in self.files_for_keys(snapshot_id, None)]
 
-        `keys` (key column, the batch's values of it as `key_value`): only the files whose
-        statistics say they may hold one of the values in one of the columns (min <= value <= max;
-        a file without statistics for a column may hold any), decided in Spark by a join of the file
-        list with the values: only paths reach the driver. One small job, its size files x values;
-        it narrows a table clustered by the key (`dsr optimize`: Z-order or liquid clustering)."""
+    def files_for_keys(self, snapshot_id: int | None, keys: list[tuple[str, DataFrame]] | None
+                       ) -> list[tuple[str, int, int | None, bool]]:
+        """`live_files`, each with whether it may hold one of `keys`' values (key column, the batch's
+        values of it as `key_value`; None: every file may): its statistics say so in one of the
+        columns (min <= value <= max; a file without statistics for a column may hold any),
+        decided in Spark by a join of the file list with the values, in the same job that lists the
+        files: only paths, sizes, counts and the flag reach the driver. It narrows a table
+        clustered by the key (`dsr optimize`: Z-order or liquid clustering)."""
         log = self._log()
         snapshot = _with_defaults(log, "update") if snapshot_id is None else _with_defaults(
             log, "getSnapshotAt", snapshot_id)
@@ -307,10 +310,10 @@ class DeltaTable:
         deleted = F.coalesce(F.col("deletionVector.cardinality"), F.lit(0)) \
             if "deletionVector" in files.columns else F.lit(0)
         listed = files.select("path", "size", (records - deleted).alias("rows"), "stats")
-        if keys:
-            listed = _may_hold(listed, keys)
-        rows = listed.select("path", "size", "rows").collect()
-        return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows)) for r in rows]
+        listed = _may_hold(listed, keys) if keys else listed.withColumn("dsr_may", F.lit(True))
+        rows = listed.select("path", "size", "rows", "dsr_may").collect()
+        return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
+                for r in rows]
 
     def statements_in_mode(self, mode: str) -> AbstractContextManager[None]:
         """DELETE, UPDATE and MERGE in the block `copy-on-write`: they rewrite the files holding the
@@ -515,8 +518,8 @@ def _copy_on_write(spark: SparkSession) -> Iterator[None]:
 
 
 def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
-    """The rows of `files` (a log's file list with `stats`) whose statistics say they may hold one
-    of the values of one of the key columns (see DeltaTable.live_files)."""
+    """`files` (a log's file list with `stats`), each with `dsr_may`: whether its statistics say it
+    may hold one of the values of one of the key columns (see DeltaTable.files_for_keys)."""
     kept = None
     for column, values in keys:
         path = column_path(column)
@@ -529,7 +532,8 @@ def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
         found = bounded.join(F.broadcast(values.select("key_value")), inside, "left_semi").select("path")
         kept = found if kept is None else kept.union(found)
     assert kept is not None, "called with key columns"
-    return files.join(kept.distinct(), "path", "left_semi")
+    return files.join(kept.distinct().withColumn("dsr_may", F.lit(True)), "path", "left").fillna(
+        False, ["dsr_may"])
 
 
 def _absolute(root: str, path: str) -> str:

@@ -226,14 +226,14 @@ def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ..
 
 def _delta_files(table: DeltaTable, snapshot_id: int | None, keys: list[tuple[str, DataFrame]] | None
                  ) -> Candidates:
-    """A Delta table's files at a version (None: an empty table) that may hold `keys` (None: all):
-    DeltaTable.live_files, then its whole file list for the totals when the keys narrowed it."""
+    """A Delta table's files at a version (None: an empty table) that may hold `keys` (None: all),
+    and its totals, from one listing (DeltaTable.files_for_keys)."""
     if snapshot_id is None:
         return Candidates(table, None)
-    files = table.live_files(snapshot_id, keys)
-    every = table.live_files(snapshot_id) if keys else files
-    paths, sizes, rows = [p for p, _, _ in files], [size for _, size, _ in files], [r for _, _, r in files]
-    return Candidates(table, snapshot_id, len(paths), sum(sizes), len(every), sum(s for _, s, _ in every),
+    every = table.files_for_keys(snapshot_id, keys)
+    files = [f for f in every if f[3]]
+    paths, sizes, rows = [f[0] for f in files], [f[1] for f in files], [f[2] for f in files]
+    return Candidates(table, snapshot_id, len(paths), sum(sizes), len(every), sum(f[1] for f in every),
                       keys is not None, _paths=paths, _sizes=sizes, _rows=rows)
 
 
