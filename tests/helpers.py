@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
@@ -66,9 +67,14 @@ def write_config(settings: Settings, path: Path, **overrides) -> Path:
 
 
 def snapshot_ids(spark: SparkSession, settings: Settings, tables: list[str]) -> dict[str, list[int]]:
-    """Every snapshot id of each table that exists: unchanged ids prove nothing was written."""
+    """Every snapshot id (a Delta table's: every version delta-rs sees) of each table that exists:
+    unchanged ids prove nothing was written."""
     out = {}
+    delta = settings.delta_tables()
     for table in tables:
+        if table in delta:
+            out[table] = sorted(h["version"] for h in DeltaTable(delta[table]).history())
+            continue
         try:
             spark.catalog.refreshTable(settings.table(table))  # the ledger is written by pyiceberg, not this session
             rows = spark.sql(f"SELECT snapshot_id FROM {settings.table(table)}.snapshots").collect()
@@ -201,3 +207,23 @@ def delta_rows(path: str, version: int | None = None) -> pa.Table:
 def values_of(table: pa.Table) -> set[str]:
     """Every non-null value of every column, as text."""
     return {str(v) for column in table.columns for v in column.to_pylist() if v is not None}
+
+
+def delta_traces(path: str, erased: set[str], needles: list[bytes]) -> list[str]:
+    """Where a Delta table still holds one of `erased` (values) or `needles` (bytes), read without
+    Spark: live rows and every version delta-rs can still load, every Parquet file on storage, every
+    byte of `_delta_log`, any change-data-feed file. Empty: nowhere."""
+    found = [f"live rows: {sorted(values_of(delta_rows(path)) & erased)}"] if values_of(delta_rows(path)) & erased \
+        else []
+    for version in [entry["version"] for entry in DeltaTable(path).history()]:
+        try:
+            rows = delta_rows(path, version)
+        except Exception:  # its log is gone: unreachable
+            continue
+        found += [f"version {version}"] if values_of(rows) & erased else []
+    files = [f for f in Path(path).rglob("*") if f.is_file() and not f.name.startswith(".")]
+    found += [f"data file {f.name}" for f in files if f.suffix == ".parquet" and "_delta_log" not in f.parts
+              and values_of(pq.read_table(f)) & erased]
+    found += [f"log file {f.name}" for f in files if "_delta_log" in f.parts
+              and any(n in f.read_bytes() for n in needles)]
+    return found + [f"change data {f.name}" for f in files if "_change_data" in f.parts]

@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
-from helpers import SEED, datamap_dict, dsr_run, make_disk_lakehouse, make_settings, snapshot_ids
+from helpers import SEED, datamap_dict, delta_traces, dsr_run, make_disk_lakehouse, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup, demo_datamap, lineage
 from lakehouse_dsr.datamap.model import DEMO_DERIVED, DataMap, DerivedMapping
@@ -33,9 +33,11 @@ SILVER_GOLD = ["demo_silver.user_daily", "demo_silver.user_history", "demo_gold.
                "demo_gold.top_visitors", "demo_gold.type_totals"]
 
 
-def layered_datamap(**extra) -> dict:
-    raw = datamap_dict(demo_datamap(vault=False))
-    raw["derived"]["demo_gold.type_totals"] = TYPE_TOTALS
+def layered_datamap(table_format: str = "iceberg", **extra) -> dict:
+    """The demo's layers plus type_totals (a gold table read from a silver one), every table in `table_format`."""
+    raw = datamap_dict(demo_datamap(vault=False, table_format=table_format))
+    in_delta = {"format": "delta"} if table_format == "delta" else {}
+    raw["derived"]["demo_gold.type_totals"] = {**TYPE_TOTALS, **in_delta}
     raw["derived"].update(extra)
     return raw
 
@@ -62,13 +64,15 @@ def assert_equal_to_recomputation(spark, settings, table: str) -> None:
 def create_type_totals(spark, settings) -> None:
     query = lineage.parse(spark, "demo_gold.type_totals", DerivedMapping.model_validate(TYPE_TOTALS),
                           {"demo_silver.user_daily"}, settings.catalog.name)
-    lineage.bound(spark, query, lambda t: spark.table(settings.table(t))).writeTo(
-        settings.table("demo_gold.type_totals")).tableProperty("format-version", "2").create()
+    synth.create_table(spark, settings, "demo_gold.type_totals",
+                       lineage.bound(spark, query, lambda t: spark.table(settings.table(t))), synth.PLAIN_PROPS,
+                       settings.delta_tables().get("demo_gold.type_totals"))
 
 
 @pytest.fixture
-def layered(spark, new_lakehouse):
-    settings = new_lakehouse(datamap=layered_datamap())
+def layered(spark, new_lakehouse, request):
+    """A layered lake, in Iceberg unless parametrized (indirect) with "delta"."""
+    settings = new_lakehouse(datamap=layered_datamap(getattr(request, "param", "iceberg")))
     create_type_totals(spark, settings)
     return settings
 
@@ -104,6 +108,7 @@ def add_lone_refunder(spark, settings) -> str:
 LONE = "lone-refunder"
 
 
+@pytest.mark.parametrize("layered", ["iceberg", "delta"], indirect=True)
 def test_one_run_erases_bronze_silver_and_gold(spark, layered):
     settings = layered
     add_lone_refunder(spark, settings)
@@ -140,6 +145,9 @@ def test_one_run_erases_bronze_silver_and_gold(spark, layered):
         assert found.live == found.history == found.storage == 0, table
     for table in ["demo_gold.daily_by_type", "demo_gold.type_totals"]:  # old figures gone from history too
         assert len(snapshot_ids(spark, settings, [table])[table]) == 1, table
+    # Read without Spark: no Delta table's rows, versions, files or log bytes hold an erased id.
+    for table, path in settings.delta_tables().items():
+        assert delta_traces(path, set(erased), [e.encode() for e in erased]) == [], table
 
 
 def test_an_aggregate_behind_its_source_is_recomputed_where_it_was_erased(spark, layered):

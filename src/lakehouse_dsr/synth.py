@@ -157,8 +157,9 @@ def user_history_df(users: DataFrame, seed: int) -> DataFrame:
     return current.unionByName(earlier)
 
 
-def _layers(spark: SparkSession, settings: Settings, seed: int, progress: Progress) -> None:
-    """The demo's silver tables from bronze, then its gold aggregates by their data-map sql."""
+def _layers(spark: SparkSession, settings: Settings, seed: int, progress: Progress, delta: dict[str, str]) -> None:
+    """The demo's silver tables from bronze, then its gold aggregates by their data-map sql (`delta`:
+    the Delta tables' locations)."""
     ns = settings.demo_namespace
     renamed = {f"demo{layer}": f"{ns}{layer}" for layer in ("", "_silver", "_gold")}
 
@@ -172,14 +173,14 @@ def _layers(spark: SparkSession, settings: Settings, seed: int, progress: Progre
     for table, df, props in (("demo_silver.user_daily", user_daily_df(events), EVENTS_PROPS),
                              ("demo_silver.user_history", user_history_df(users, seed), PLAIN_PROPS)):
         progress.step(real(table))
-        _create(spark, settings, real(table), df, props)
+        create_table(spark, settings, real(table), df, props, delta.get(real(table)))
     for table, entry in DEMO_DERIVED.items():
         if "sql" not in entry:
             continue
         progress.step(real(table))
         query = lineage.parse(spark, table, DerivedMapping.model_validate(entry), set(entry["from"]), "")
         df = lineage.bound(spark, query, lambda t: spark.table(settings.table(real(t))))
-        _create(spark, settings, real(table), df, EVENTS_PROPS)
+        create_table(spark, settings, real(table), df, EVENTS_PROPS, delta.get(real(table)))
 
 
 @dataclass(frozen=True)
@@ -200,9 +201,9 @@ def generate(
     tables user_daily and user_history (SCD2) and the gold aggregates daily_by_type and top_visitors;
     when the data map lists <demo>_vault.events (action: shred), that pseudonymized copy of the events.
 
-    `table_format: delta` writes the four tables as Delta tables, each at its data-map `path:` or
-    `<delta.warehouse>/<namespace>/<table>` (where a data map that omits their format finds them);
-    otherwise each table takes the format its data map gives (Iceberg by default).
+    `table_format: delta` writes the four tables and the layers as Delta tables, each at its data-map
+    `path:` or `<delta.warehouse>/<namespace>/<table>` (where a data map that omits their format finds
+    them); otherwise each table takes the format its data map gives (Iceberg by default).
 
     Existing demo tables are dropped first (Iceberg with PURGE, Delta's folder deleted), so no old
     snapshot keeps earlier data. Cost: writes all rows once; one commit per events batch.
@@ -213,14 +214,14 @@ def generate(
     batches = batches or max(1, min(10, math.ceil(events / 1_000_000)))
     ns = settings.demo_namespace
     if table_format == "delta":
-        if layers or settings.datamap.shredded:
-            raise ValueError("the demo's derived tables and vault copy are Iceberg tables only: generate Delta "
-                             "tables with a data map without them")
-        layers = False
+        if settings.datamap.shredded:
+            raise ValueError("the demo's vault copy is an Iceberg table only: generate Delta tables with a data "
+                             "map without it")
         warehouse = settings.delta.warehouse.rstrip("/")
         located = settings.delta_tables()
-        delta = {f"{ns}.{t}": located.get(f"{ns}.{t}", f"{warehouse}/{ns}/{t}")
-                 for t in ("users", "newsletter", "orders", "events")}
+        names = [f"{ns}.{t}" for t in ("users", "newsletter", "orders", "events")]
+        names += [f"{ns}{t.split('.')[0][4:]}.{t.split('.')[1]}" for t in DEMO_DERIVED]
+        delta = {t: located.get(t, f"{warehouse}/{t.replace('.', '/')}") for t in names}
     else:
         delta = settings.delta_tables()
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.namespace(ns)}")
@@ -234,19 +235,19 @@ def generate(
         ("orders", orders_df(spark, users, users, seed), PLAIN_PROPS),
     ):
         progress.step(f"{ns}.{table}")
-        _create(spark, settings, f"{ns}.{table}", df, props, delta.get(f"{ns}.{table}"))
+        create_table(spark, settings, f"{ns}.{table}", df, props, delta.get(f"{ns}.{table}"))
     size = math.ceil(events / batches) if events else 0
     for b in range(batches):
         progress.step(f"{ns}.events batch {b + 1}/{batches}")
         df = events_df(spark, b * size, min(events, (b + 1) * size), users, seed)
         if b == 0:
-            _create(spark, settings, f"{ns}.events", df, EVENTS_PROPS, delta.get(f"{ns}.events"))
+            create_table(spark, settings, f"{ns}.events", df, EVENTS_PROPS, delta.get(f"{ns}.events"))
         elif f"{ns}.events" in delta:
             df.write.format("delta").mode("append").save(delta[f"{ns}.events"])
         else:
             df.writeTo(settings.table(f"{ns}.events")).append()
     if layers:
-        _layers(spark, settings, seed, progress)
+        _layers(spark, settings, seed, progress, delta)
     if vault_copy:
         progress.step(vault_copy)
         spark.sql(f"DROP TABLE IF EXISTS {settings.table(vault_copy)} PURGE")
@@ -255,7 +256,7 @@ def generate(
     return GenerateResult(users, events, batches, users)
 
 
-def _create(spark: SparkSession, settings: Settings, table: str, df: DataFrame, props: dict[str, str],
+def create_table(spark: SparkSession, settings: Settings, table: str, df: DataFrame, props: dict[str, str],
             delta_path: str | None = None) -> None:
     """(Re)create `table` from `df`: an Iceberg table of the catalog with `props`, or a Delta table at
     `delta_path` with the Delta equivalent of `props` (DELTA_PROPS)."""

@@ -691,14 +691,14 @@ def demo_datamap(derived: bool = True, vault: bool | None = None, expire: bool =
     silver and gold layers, `vault` (default: as `derived`): with the pseudonymized copy of the events
     (synth.generate builds them); `expire`: with the events' 25 months enforced (`dsr demo` shows it on
     the demo's lake; other runs of the demo's map, the example configs and the tests leave the demo's
-    data as generated). `table_format: delta`: the four tables as Delta tables (`format: delta`),
-    without what the engine does not do on Delta yet (derived layers, the vault copy, retention rules)."""
+    data as generated). `table_format: delta`: the tables and layers as Delta tables (`format: delta`),
+    without what the engine does not do on Delta yet (the vault copy, retention rules)."""
     if table_format == "delta":
-        derived, vault, expire = False, False, False
+        vault, expire = False, False
     vault = derived if vault is None else vault
     raw = copy.deepcopy(_DEMO)
     if table_format == "delta":
-        for mapping in raw["tables"].values():
+        for mapping in [*raw["tables"].values(), *raw["derived"].values()]:
             mapping["format"] = "delta"
     if not derived:
         raw["derived"] = {}

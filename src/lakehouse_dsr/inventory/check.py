@@ -136,12 +136,8 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
 
 def delta_problems(datamap: DataMap, delta: Collection[str]) -> list[str]:
     """What the data map asks of its Delta tables (`delta`: their names) that the engine does not do on
-    Delta yet: derived tables (propagation), retention rules, shredding, shares read from them."""
-    problems = [f"table {t}: a derived table in Delta is not supported yet (map an Iceberg table)"
-                for t in datamap.derived if t in delta]
-    problems += [f"table {t}: a derived table of a Delta table ({', '.join(sorted(set(m.sources) & set(delta)))}) "
-                 "is not supported yet" for t, m in datamap.derived.items() if set(m.sources) & set(delta)]
-    problems += [f"table {t}: retention rules (expire:) on a Delta table are not supported yet"
+    Delta yet: retention rules, shredding, shares read from them."""
+    problems = [f"table {t}: retention rules (expire:) on a Delta table are not supported yet"
                  for t in datamap.expiring if t in delta]
     problems += [f"table {t}: action: shred on a Delta table is not supported yet"
                  for t in datamap.shredded if t in delta]

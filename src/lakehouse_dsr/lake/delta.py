@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from ..datamap import column_path, column_ref
@@ -290,8 +290,40 @@ class DeltaTable:
     def live_files(self, snapshot_id: int | None = None) -> list[tuple[str, int, int | None]]:
         """(path, size, rows a reader sees) of each data file live at a version (default the newest):
         the log's replay, read in Spark, its statistics reduced to row counts there (None where a
-        file has none). Metadata only."""
-        return [(path, size, rows) for path, size, rows, _ in self.files_for_keys(snapshot_id, None)]
+        file has none). Metadata only; one Spark job per version (a version never changes: the list
+        is kept for the next caller)."""
+        return [(path, size, rows) for path, size, rows, _ in self._files(snapshot_id)]
+
+    def row_masks(self) -> int:
+        """Live files carrying a deletion vector (each masks rows the file still holds). Metadata only."""
+        return sum(masked for _, _, _, masked in self._files(None))
+
+    def _snapshot_at(self, snapshot_id: int | None) -> Any:
+        log = self._log()
+        return _with_defaults(log, "update") if snapshot_id is None else _with_defaults(
+            log, "getSnapshotAt", snapshot_id)
+
+    def _files(self, snapshot_id: int | None) -> list[tuple[str, int, int | None, bool]]:
+        """(path, size, rows, masked by a deletion vector) of each live file at a version, listed once
+        per table and version (see live_files)."""
+        snapshot = self._snapshot_at(snapshot_id)
+        key = (str(snapshot.metadata().id()), self.path, int(snapshot.version()))
+        with _listed_lock:
+            if key in _listed:
+                return _listed[key]
+        files = DataFrame(snapshot.allFiles().toDF(), self.spark)
+        masked = F.col("deletionVector").isNotNull() if "deletionVector" in files.columns else F.lit(False)
+        root = self._root()
+        found = [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.masked))
+                 for r in files.select("path", "size", _rows(files).alias("rows"), masked.alias("masked")).collect()]
+        with _listed_lock:
+            _listed[key] = found
+            while len(_listed) > _LISTED_MAX:
+                del _listed[next(iter(_listed))]
+        return found
+
+    def _root(self) -> str:
+        return str(self._log().dataPath().toString()).rstrip("/")
 
     def files_for_keys(self, snapshot_id: int | None, keys: list[tuple[str, DataFrame]] | None
                        ) -> list[tuple[str, int, int | None, bool]]:
@@ -301,19 +333,14 @@ class DeltaTable:
         decided in Spark by a join of the file list with the values, in the same job that lists the
         files: only paths, sizes, counts and the flag reach the driver. It narrows a table
         clustered by the key (`dsr optimize`: Z-order or liquid clustering)."""
-        log = self._log()
-        snapshot = _with_defaults(log, "update") if snapshot_id is None else _with_defaults(
-            log, "getSnapshotAt", snapshot_id)
+        if not keys:
+            return [(path, size, rows, True) for path, size, rows in self.live_files(snapshot_id)]
+        snapshot = self._snapshot_at(snapshot_id)
         files = DataFrame(snapshot.allFiles().toDF(), self.spark)
-        root = str(log.dataPath().toString()).rstrip("/")
-        records = F.get_json_object("stats", "$.numRecords").cast("long")
-        deleted = F.coalesce(F.col("deletionVector.cardinality"), F.lit(0)) \
-            if "deletionVector" in files.columns else F.lit(0)
-        listed = files.select("path", "size", (records - deleted).alias("rows"), "stats")
-        listed = _may_hold(listed, keys) if keys else listed.withColumn("dsr_may", F.lit(True))
-        rows = listed.select("path", "size", "rows", "dsr_may").collect()
+        listed = _may_hold(files.select("path", "size", _rows(files).alias("rows"), "stats"), keys)
+        root = self._root()
         return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
-                for r in rows]
+                for r in listed.select("path", "size", "rows", "dsr_may").collect()]
 
     def statements_in_mode(self, mode: str) -> AbstractContextManager[None]:
         """DELETE, UPDATE and MERGE in the block `copy-on-write`: they rewrite the files holding the
@@ -411,7 +438,7 @@ class DeltaTable:
         """Whether history and storage hold exactly the current files and no row is masked by a
         deletion vector: a scan of live data then reads what a scan of either would."""
         paths, current = self.retained_files()
-        return not self._masks_rows() and only_current(current, paths, self.data_files_on_storage())
+        return not self.row_masks() and only_current(current, paths, self.data_files_on_storage())
 
     # Purge
 
@@ -419,7 +446,7 @@ class DeltaTable:
         """Rows masked by deletion vectors made to leave the files: REORG TABLE … APPLY (PURGE) rewrites
         the files carrying deletion vectors (only those). Nothing to do without deletion vectors. A
         command that reports success proves nothing: the proof reads the files."""
-        if not self._masks_rows():
+        if not self.row_masks():
             return RewriteResult(0, 0, 0, 0)
         before = self.current_snapshot()
         self.spark.sql(f"REORG TABLE {self.quoted} APPLY (PURGE)")
@@ -428,12 +455,6 @@ class DeltaTable:
             return RewriteResult(0, 0, 0, 0)
         return RewriteResult(after.stats.files_removed, after.stats.files_added, after.stats.bytes_removed,
                              after.stats.files_removed)
-
-    def _masks_rows(self) -> bool:
-        """Whether a live file carries a deletion vector. Metadata only."""
-        log = self._log()
-        files = DataFrame(_with_defaults(log, "update").allFiles().toDF(), self.spark)
-        return "deletionVector" in files.columns and not files.where("deletionVector IS NOT NULL").isEmpty()
 
     def scrub_metadata(self) -> int:
         """Nothing before the expiry: the log's values go with the expiry's log cleanup (it must follow
@@ -482,7 +503,7 @@ class DeltaTable:
         live = self.live_files()
         named = {same_file(p) for p, _, _ in live} | {same_file(p) for p in self._commit_actions(
             ("add", "remove", "cdc"))}
-        vectors_live = self._masks_rows()
+        vectors_live = self.row_masks() > 0
         orphans = [p for p, modified in listing(self.spark, root) if modified < cutoff
                    and "/_delta_log/" not in p and not p.rsplit("/", 1)[-1].startswith((".", "_"))
                    and same_file(p) not in named and (not p.endswith(".bin") or not vectors_live)]
@@ -515,6 +536,20 @@ def _copy_on_write(spark: SparkSession) -> Iterator[None]:
             if not _rewriters:
                 for key, value in before.items():
                     spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+
+
+# Live file lists by (table id, location, version): a version's list never changes.
+_listed: dict[tuple[str, str, int], list[tuple[str, int, int | None, bool]]] = {}
+_listed_lock = threading.Lock()
+_LISTED_MAX = 32
+
+
+def _rows(files: DataFrame) -> Column:
+    """A log file list's rows a reader sees per file: its statistics' count less its deletion vector's."""
+    records = F.get_json_object("stats", "$.numRecords").cast("long")
+    deleted = F.coalesce(F.col("deletionVector.cardinality"), F.lit(0)) \
+        if "deletionVector" in files.columns else F.lit(0)
+    return records - deleted
 
 
 def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:

@@ -475,8 +475,11 @@ class IcebergTable:
         files and no delete file (the state a purge leaves): then a scan of live data reads the same
         rows as a scan of history or of storage would. Metadata and one listing of the location."""
         paths, current = self.retained_files()
-        return not self.summary_count("total-delete-files") and only_current(current, paths,
-                                                                          self.data_files_on_storage())
+        return not self.row_masks() and only_current(current, paths, self.data_files_on_storage())
+
+    def row_masks(self) -> int:
+        """Live delete files (each masks rows its data files still hold). Metadata only."""
+        return self.summary_count("total-delete-files")
 
     # The line of commits
 

@@ -31,9 +31,8 @@ from pyspark.sql.types import MapType
 from ..datamap import DataMap, lineage
 from ..exceptions import first_line
 from ..lake import indriver
-from ..lake.iceberg import IcebergTable
 from ..lake.lakehouse import Lake
-from ..lake.table import parquet_files_under, same_file
+from ..lake.table import TableHandle, same_file
 from . import matching
 from .collateral import erased_value
 from .erase import TableErasure, TablePlan
@@ -51,7 +50,7 @@ class Upstream:
     action: str = "delete"
 
 
-def erased_rows(table: IcebergTable, change: Upstream) -> DataFrame:
+def erased_rows(table: TableHandle, change: Upstream) -> DataFrame:
     """The rows an erasure changed, as they were and (redaction) as they became. Cost: one scan of
     the pre-erase snapshot (the columns the aggregate uses), its rows tested by `matching.requested_rows`."""
     keys = cast(TableKeys, change.keys)  # a source erased by key (a recomputed one is never traced)
@@ -86,7 +85,7 @@ def refresh(lake: Lake, datamap: DataMap, table: str, changes: dict[str, Upstrea
     GROUP BY), the table's rows in those groups; full: the aggregate over the current sources.
     """
     spark = lake.spark
-    handle = lake.iceberg(table)
+    handle = lake.table(table)
     start = time.perf_counter()
     mapping = datamap.aggregates[table]
     snapshot = handle.current_snapshot()
@@ -146,7 +145,7 @@ def _subtract(lake: Lake, datamap: DataMap, table: str, query: lineage.Query, ta
     and a join with the table's rows in those groups; no other source row is read."""
     spark = lake.spark
     (source, change), = changes.items()
-    erased = erased_rows(lake.iceberg(source), change)
+    erased = erased_rows(lake.table(source), change)
     lost = lineage.aggregated(spark, lineage.bound(spark, query, lambda t: erased))
     names = {c: f"dsr_{i}" for i, c in enumerate(lost.columns)}
     lost = lost.select(*[F.col(f"`{c}`").alias(name) for c, name in names.items()])
@@ -158,12 +157,12 @@ def _subtract(lake: Lake, datamap: DataMap, table: str, query: lineage.Query, ta
     groups = changed.select(*[f"`{c}`" for c in group_by]).distinct().localCheckpoint(eager=True)
     on = " AND ".join(f"t.`{c}` <=> s.`{c}`" for c in group_by)
     sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in subtract.columns)
-    _merge(lake.iceberg(table), changed, f"ON {on} WHEN MATCHED AND s.dsr_op = 'd' THEN DELETE "
+    _merge(lake.table(table), changed, f"ON {on} WHEN MATCHED AND s.dsr_op = 'd' THEN DELETE "
            f"WHEN MATCHED THEN UPDATE SET {sets}", "the groups' new counts")
     return groups
 
 
-def _merge(table: IcebergTable, source: DataFrame, clauses: str, what: str) -> None:
+def _merge(table: TableHandle, source: DataFrame, clauses: str, what: str) -> None:
     """`MERGE INTO table AS t USING source AS s <clauses>`: one commit (none when `source`, which is
     kept, is empty). The source passes as a temporary view: its values never enter the SQL text."""
     if source.isEmpty():
@@ -199,7 +198,7 @@ def _affected_groups(lake: Lake, datamap: DataMap, query: lineage.Query, group_b
     empty = lambda t: spark.table(lake.quoted(t)).limit(0)  # noqa: E731
     found = None
     for source, change in changes.items():
-        erased = erased_rows(lake.iceberg(source), change)
+        erased = erased_rows(lake.table(source), change)
         def frames(t: str, s: str = source, e: DataFrame = erased) -> DataFrame:
             return e if t == s else empty(t)
 
@@ -222,7 +221,7 @@ def _replace_groups(lake: Lake, datamap: DataMap, table: str, query: lineage.Que
     new = fresh.join(held, _same(columns, fresh, held), "left_anti").withColumn("dsr_op", F.lit("i"))
     quoted = [f"`{c}`" for c in columns]
     on = " AND ".join(f"t.{c} <=> s.{c}" for c in quoted)
-    _merge(lake.iceberg(table), gone.unionByName(new).localCheckpoint(eager=True),
+    _merge(lake.table(table), gone.unionByName(new).localCheckpoint(eager=True),
            f"ON {on} AND s.dsr_op = 'd' WHEN MATCHED THEN DELETE WHEN NOT MATCHED AND s.dsr_op = 'i' THEN INSERT "
            f"({', '.join(quoted)}) VALUES ({', '.join(f's.{c}' for c in quoted)})", "the recomputed groups")
 
@@ -238,7 +237,7 @@ def catch_up(lake: Lake, datamap: DataMap, table: str, erasure: TableErasure) ->
     _replace_groups(lake, datamap, table, _query(lake, datamap, table), target, mapping.group_by, groups)
     erasure.plan.strategy = "affected_groups"
     erasure.plan.reason = "subtracted, then recomputed: the table was behind its sources"
-    committed = lake.iceberg(table).own_commit_since(erasure.snapshot_id)
+    committed = lake.table(table).own_commit_since(erasure.snapshot_id)
     erasure.snapshot_id = committed.snapshot_id if committed else erasure.snapshot_id
 
 
@@ -246,12 +245,13 @@ def verify_aggregate(lake: Lake, datamap: DataMap, table: str, erasure: TableEra
                      request_ids: list[str], physical: bool = True) -> TableVerification:
     """An aggregate is proven when the groups this run replaced (all of them after a full refresh)
     equal a recomputation from the current sources row for row (`live`: rows that differ), and,
-    with `physical`, no retained snapshot but the current one is left (`history`: files only older
-    snapshots keep) and storage holds no file the current snapshot does not reference (`storage`).
+    with `physical`, no retained version but the current one is left (`history`: files only older
+    versions keep, plus delete files or deletion vectors masking old rows) and storage holds no data
+    file the current version does not reference (`storage`).
     Every request of the batch fails when it does not hold. Cost: the recomputation of those groups
     and a read of the table's rows in them; metadata and one listing of the table location."""
     spark = lake.spark
-    handle = lake.iceberg(table)
+    handle = lake.table(table)
     result = TableVerification(table, physical=physical)
     if erasure is not None and (erasure.snapshot_id is not None or erasure.error):
         group_by = datamap.aggregates[table].group_by
@@ -268,11 +268,10 @@ def verify_aggregate(lake: Lake, datamap: DataMap, table: str, erasure: TableEra
         return result
     paths, current = handle.retained_files()
     live_files = {same_file(p) for p in current}
-    result.history = len({same_file(p) for p in paths} - live_files)
-    location = handle.location()
-    result.storage = len({same_file(p) for p in parquet_files_under(spark, location)} - live_files)
+    result.history = len({same_file(p) for p in paths} - live_files) + handle.row_masks()
+    result.storage = len({same_file(p) for p in handle.data_files_on_storage()} - live_files)
     result.one_scan = not result.history and not result.storage
     for request_id in request_ids if result.history or result.storage else []:
-        result.fail(request_id, f"{table}: {result.history} files of older snapshots and {result.storage} "
-                    "unreferenced files still hold figures computed with erased rows")
+        result.fail(request_id, f"{table}: {result.history} files of older versions or row masks and "
+                    f"{result.storage} unreferenced files still hold figures computed with erased rows")
     return result
