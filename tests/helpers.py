@@ -200,8 +200,11 @@ def subscribed(settings, spark) -> tuple[list[str], list[str]]:
 
 
 def delta_rows(path: str, version: int | None = None) -> pa.Table:
-    """Every row delta-rs reads at a version (deletion vectors applied), independently of Spark."""
-    return pa.table(QueryBuilder().register("t", DeltaTable(path, version=version)).execute("select * from t"))
+    """Every row delta-rs reads at a version (deletion vectors applied), independently of Spark; its
+    string and binary views as plain strings and binaries (which every pyarrow kernel takes)."""
+    rows = pa.table(QueryBuilder().register("t", DeltaTable(path, version=version)).execute("select * from t"))
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    return rows.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in rows.schema]))
 
 
 def values_of(table: pa.Table) -> set[str]:

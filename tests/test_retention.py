@@ -9,12 +9,15 @@ import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 from pyiceberg.table import StaticTable
+from pyspark.sql import functions as F
 
-from helpers import make_settings, snapshot_ids, write_config
+from helpers import delta_rows, make_settings, snapshot_ids, write_config
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.evidence.html import run_report_page
 from lakehouse_dsr.exceptions import ConfigError, DataMapError
@@ -37,34 +40,49 @@ def _datamap(rules: list[dict]) -> dict:
 
 
 @pytest.fixture
-def clicks(spark, tmp_path):
-    """web.clicks partitioned by days(event_timestamp): two rows a day for 60 days before TODAY, one
-    file per day."""
-    settings = make_settings(tmp_path, datamap=_datamap(RULES))
+def clicks(spark, tmp_path, request):
+    """web.clicks partitioned by day (Iceberg: days(event_timestamp); Delta, when parametrized (indirect)
+    with "delta": a date column written beside it): two rows a day for 60 days before TODAY, one file
+    per day."""
+    table_format = getattr(request, "param", "iceberg")
+    datamap = _datamap(RULES)
+    datamap["tables"][TABLE]["format"] = table_format
+    settings = make_settings(tmp_path, datamap=datamap)
     attach(spark, settings)
     name = settings.table(TABLE)
-    spark.sql(f"CREATE TABLE {name} (user_id string, ip string, user_agent string, event_timestamp timestamp, "
-              "amount bigint) USING iceberg PARTITIONED BY (days(event_timestamp))")
+    columns = "user_id string, ip string, user_agent string, event_timestamp timestamp, amount bigint"
     start = datetime(TODAY.year, TODAY.month, TODAY.day, tzinfo=UTC)
-    rows = [(f"u{d % 7}", f"10.0.0.{d}", "agent", start - timedelta(days=d, hours=h), d * 10 + h)
-            for d in range(60) for h in (3, 15)]
-    spark.createDataFrame(rows, "user_id string, ip string, user_agent string, event_timestamp timestamp, "
-                          "amount bigint").writeTo(name).append()
+    rows = spark.createDataFrame([(f"u{d % 7}", f"10.0.0.{d}", "agent", start - timedelta(days=d, hours=h), d * 10 + h)
+                                  for d in range(60) for h in (3, 15)], columns).coalesce(1)
+    if table_format == "iceberg":
+        spark.sql(f"CREATE TABLE {name} ({columns}) USING iceberg PARTITIONED BY (days(event_timestamp))")
+        rows.writeTo(name).append()
+    else:
+        rows.withColumn("event_day", F.to_date("event_timestamp")).write.format("delta").partitionBy(
+            "event_day").save(settings.delta_tables()[TABLE])
     return settings
 
 
-def _metadata(spark, settings) -> str:
-    lake = Lake.of(spark, settings)
-    return lake.table(TABLE).java().operations().current().metadataFileLocation()
+def _read(spark, settings) -> tuple[pa.Table, int, Path]:
+    """The table's live rows, how many versions it retains and its location, read without Spark
+    (pyiceberg from the current metadata file, or delta-rs)."""
+    delta = settings.delta_tables().get(TABLE)
+    if delta is not None:
+        return delta_rows(delta), len(DeltaTable(delta).history()), Path(delta)
+    metadata = Lake.of(spark, settings).table(TABLE).java().operations().current().metadataFileLocation()
+    static = StaticTable.from_metadata(metadata)
+    location = Path(static.metadata.location.removeprefix("file:"))
+    return static.scan().to_arrow(), len(static.metadata.snapshots), location
 
 
 def _cutoff(days: int) -> datetime:
     return datetime(TODAY.year, TODAY.month, TODAY.day, tzinfo=UTC) - timedelta(days=days)
 
 
+@pytest.mark.parametrize("clicks", ["iceberg", "delta"], indirect=True)
 def test_expire_deletes_and_redacts_through_history_and_storage(spark, clicks):
     settings = clicks
-    before = StaticTable.from_metadata(_metadata(spark, settings)).scan().to_arrow()
+    before, _, _ = _read(spark, settings)
     kept = before.filter(pc.greater_equal(before["event_timestamp"], _cutoff(45)))
     untouched = before.filter(pc.greater_equal(before["event_timestamp"], _cutoff(30)))
 
@@ -83,9 +101,9 @@ def test_expire_deletes_and_redacts_through_history_and_storage(spark, clicks):
     assert redact.rows_past == 30 and redact.rows_left == 0 and delete.rows_left == 0
     assert done.passed and done.tables[TABLE].history == 0 and done.tables[TABLE].storage == 0
 
-    static = StaticTable.from_metadata(_metadata(spark, settings))
-    after = static.scan().to_arrow().sort_by("amount")
-    assert len(static.metadata.snapshots) == 1  # history holds only the clean snapshot
+    after, versions, location = _read(spark, settings)
+    after = after.sort_by("amount")
+    assert versions == 1  # history holds only the clean snapshot
     assert after.num_rows == kept.num_rows and pc.sum(after["amount"]) == pc.sum(kept["amount"])
     assert after.select(["user_id", "event_timestamp", "amount"]) == kept.sort_by("amount").select(
         ["user_id", "event_timestamp", "amount"])  # redaction kept the rest of the row
@@ -93,11 +111,12 @@ def test_expire_deletes_and_redacts_through_history_and_storage(spark, clicks):
     assert recent == untouched.sort_by("amount")  # rows inside every rule: untouched
     older = after.filter(pc.less(after["event_timestamp"], _cutoff(30)))
     assert older.num_rows == 30 and older["ip"].null_count == 30 and older["user_agent"].null_count == 30
-    location = Path(static.metadata.location.removeprefix("file:"))
-    for path in location.rglob("*.parquet"):  # every file on storage, referenced or not
+    for path in [p for p in location.rglob("*.parquet") if "_delta_log" not in p.parts]:  # every data file stored
         stored = pq.read_table(path, columns=["ip", "event_timestamp"])
-        assert pc.sum(pc.less(stored["event_timestamp"], _cutoff(45))).as_py() in (None, 0), path
-        old = stored.filter(pc.less(stored["event_timestamp"], _cutoff(30)))
+        # Spark writes Delta's timestamps as INT96 (UTC instants without a zone): read as UTC
+        clock = pc.cast(stored["event_timestamp"], pa.timestamp("us", tz="UTC"))
+        assert pc.sum(pc.less(clock, _cutoff(45))).as_py() in (None, 0), path
+        old = stored.filter(pc.less(clock, _cutoff(30)))
         assert old["ip"].null_count == old.num_rows, path
 
     again = expire(spark, settings, today=TODAY)  # nothing past any more: no commit
@@ -159,6 +178,7 @@ def test_dsr_run_enforces_the_rules_skips_held_tables_and_the_cli_refuses_a_bad_
     assert snapshot_ids(spark, settings, [TABLE]) == before
 
 
+@pytest.mark.parametrize("clicks", ["iceberg", "delta"], indirect=True)
 def test_a_held_subject_keeps_the_table_from_expiring_while_the_hold_lasts(spark, clicks):
     """Issue 28: retention skips held subjects. Their rows past a rule are found by keyed hash (the hold
     stores no plaintext); the table is then skipped whole and reported, nothing committed. A hold on

@@ -692,9 +692,9 @@ def demo_datamap(derived: bool = True, vault: bool | None = None, expire: bool =
     (synth.generate builds them); `expire`: with the events' 25 months enforced (`dsr demo` shows it on
     the demo's lake; other runs of the demo's map, the example configs and the tests leave the demo's
     data as generated). `table_format: delta`: the tables and layers as Delta tables (`format: delta`),
-    without what the engine does not do on Delta yet (the vault copy, retention rules)."""
+    without what the engine does not do on Delta yet (the vault copy)."""
     if table_format == "delta":
-        vault, expire = False, False
+        vault = False
     vault = derived if vault is None else vault
     raw = copy.deepcopy(_DEMO)
     if table_format == "delta":

@@ -23,6 +23,7 @@ from ..datamap import lineage
 from ..datamap.model import PSEUDONYM_PATTERN, PSEUDONYMIZED_PROPERTY, DataMap, DerivedMapping, column_path, is_array
 from ..datamap.shares import check_shares
 from ..exceptions import DataMapError, first_line
+from ..lake.lakehouse import Lake
 from ..lake.plainfiles import check_dataset
 
 T = TypeVar("T")
@@ -136,14 +137,27 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
 
 def delta_problems(datamap: DataMap, delta: Collection[str]) -> list[str]:
     """What the data map asks of its Delta tables (`delta`: their names) that the engine does not do on
-    Delta yet: retention rules, shredding, shares read from them."""
-    problems = [f"table {t}: retention rules (expire:) on a Delta table are not supported yet"
-                 for t in datamap.expiring if t in delta]
+    Delta yet: retention rules by a clock of the subject (their statements need a subquery, which
+    Delta's DELETE and UPDATE refuse), shredding, shares read from them."""
+    problems = [f"table {t}: expire rule {i} ({r.describe()}): a clock of the subject on a Delta table is not "
+                "supported yet (use a clock column of the table)"
+                for t, rules in datamap.expiring.items() if t in delta
+                for i, r in enumerate(rules, 1) if r.subject_clock is not None]
     problems += [f"table {t}: action: shred on a Delta table is not supported yet"
                  for t in datamap.shredded if t in delta]
     problems += [f"share {s}: a share of a Delta table is not supported yet" for s, m in datamap.shares.items()
                  if m.source in delta]
     return problems
+
+
+def check_formats(lake: Lake, datamap: DataMap) -> None:
+    """Refuse, before anything changes, a Delta table the engine cannot erase from and prove (a table
+    feature it would misread, a missing table) or one the data map asks more of than the engine does
+    on Delta yet (DataMapError, every problem named)."""
+    problems = [p for t in lake.delta if (p := lake.table(t).refusal()) is not None]
+    problems += delta_problems(datamap, lake.delta)
+    if problems:
+        raise DataMapError("the data map's Delta tables:\n  - " + "\n  - ".join(problems))
 
 
 CLOCK_TYPES = (DateType, TimestampType, TimestampNTZType)

@@ -294,6 +294,15 @@ class DeltaTable:
         is kept for the next caller)."""
         return [(path, size, rows) for path, size, rows, _ in self._files(snapshot_id)]
 
+    def files_at(self, snapshot_id: int) -> list[str]:
+        """Every data file live at a version (see live_files). Metadata only."""
+        return [path for path, _, _ in self.live_files(snapshot_id)]
+
+    def file_sizes(self) -> list[tuple[str, int | None, int]]:
+        """(path, rows a reader sees (None without statistics), bytes) of each current data file: the
+        log's file list (see live_files)."""
+        return [(path, rows, size) for path, size, rows in self.live_files()]
+
     def row_masks(self) -> int:
         """Live files carrying a deletion vector (each masks rows the file still holds). Metadata only."""
         return sum(masked for _, _, _, masked in self._files(None))

@@ -470,6 +470,16 @@ class IcebergTable:
                               f"UNION ALL SELECT file_path, true FROM {name}.files").collect()
         return list(dict.fromkeys(r.file_path for r in rows)), {r.file_path for r in rows if r.current}
 
+    def files_at(self, snapshot_id: int) -> list[str]:
+        """Every data and delete file one retained snapshot references: its manifests, read in the driver."""
+        return snapshot_files(self.spark, self.java(), snapshot_id)
+
+    def file_sizes(self) -> list[tuple[str, int | None, int]]:
+        """(path, rows stored, deleted ones included, bytes) of each current data file: the
+        `data_files` metadata table (metadata only; paths and counts reach the driver)."""
+        rows = self.spark.sql(f"SELECT file_path, record_count, file_size_in_bytes FROM {self.quoted}.data_files")
+        return [(r.file_path, int(r.record_count), int(r.file_size_in_bytes)) for r in rows.collect()]
+
     def history_is_live(self) -> bool:
         """Whether the retained snapshots and the storage listing hold exactly the current snapshot's
         files and no delete file (the state a purge leaves): then a scan of live data reads the same

@@ -14,10 +14,8 @@ from pyspark.sql import SparkSession
 
 from .. import faults
 from ..config import Settings
-from ..datamap import DataMap
 from ..evidence.report import RequestResult, RunReport
-from ..exceptions import DataMapError
-from ..inventory.check import check_against_catalog, delta_problems
+from ..inventory.check import check_against_catalog, check_formats
 from ..lake import skipping
 from ..lake.lakehouse import Lake
 from ..lake.workers import start_python_workers
@@ -136,16 +134,6 @@ def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: Ru
         # A resolution that failed is left to the stage that needs it, which fails as it would have.
         return Context(spark, settings, ledger, key_types, report, progress, vault_keys, requests,
                        [keys.result()] if keys is not None and keys.exception() is None else [])
-
-
-def check_formats(lake: Lake, datamap: DataMap) -> None:
-    """Refuse, before anything changes, a Delta table the engine cannot erase from and prove (a table
-    feature it would misread, a missing table) or one the data map asks more of than the engine does
-    on Delta yet (DataMapError, every problem named)."""
-    problems = [p for t in lake.delta if (p := lake.table(t).refusal()) is not None]
-    problems += delta_problems(datamap, lake.delta)
-    if problems:
-        raise DataMapError("the data map's Delta tables:\n  - " + "\n  - ".join(problems))
 
 
 def _process(ctx: Context, work: Work, today: date) -> list[Outcome]:

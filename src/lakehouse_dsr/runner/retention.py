@@ -9,7 +9,7 @@ from datetime import date
 from pyspark.sql import SparkSession
 
 from ..config import Settings
-from ..inventory.check import check_against_catalog
+from ..inventory.check import check_against_catalog, check_formats
 from ..lake.lakehouse import Lake
 from ..ledger.holds import active_holds
 from ..ledger.lease import Lease
@@ -30,9 +30,10 @@ def expire(spark: SparkSession, settings: Settings, dry_run: bool = False, table
     now = utc_now()
     today = today or now.date()
     retention.selected(settings.datamap, tables)  # an unknown --table fails before Spark reads anything
+    lake, datamap = Lake.of(spark, settings), settings.datamap
+    check_formats(lake, datamap)
     check_against_catalog(spark, settings.datamap, settings.table)
     ledger = Ledger(settings)
-    lake, datamap = Lake.of(spark, settings), settings.datamap
     run_id = f"expire-{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
     if dry_run:
         return retention.enforce(lake, datamap, settings.purge, ledger, active_holds(ledger, today), today, run_id,
@@ -49,6 +50,8 @@ def status(spark: SparkSession, settings: Settings, tables: list[str] | None = N
     """The conformance report of `dsr retention`; changes nothing (checked like `expire`)."""
     today = today or utc_now().date()
     retention.selected(settings.datamap, tables)
+    lake = Lake.of(spark, settings)
+    check_formats(lake, settings.datamap)
     check_against_catalog(spark, settings.datamap, settings.table)
-    return retention.status(Lake.of(spark, settings), settings.datamap, active_holds(Ledger(settings), today), today,
+    return retention.status(lake, settings.datamap, active_holds(Ledger(settings), today), today,
                             tables)

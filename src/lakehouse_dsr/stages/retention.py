@@ -46,10 +46,9 @@ from ..config import PurgeSettings
 from ..datamap.model import DataMap, ExpiryRule, column_ref
 from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
-from ..lake import iceberg, indriver, skipping
-from ..lake.iceberg import IcebergTable
+from ..lake import indriver, skipping
 from ..lake.lakehouse import Lake
-from ..lake.table import Ref, Snapshot, read_columns_from_files, same_file
+from ..lake.table import Ref, Snapshot, TableHandle, read_columns_from_files, same_file
 from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
 from ..ledger.ledger import Ledger
@@ -142,14 +141,14 @@ class _PastRows:
     rules: list[_Rule]
     counts: dict[int, int] = field(default_factory=dict)
 
-    def rows_past(self, table: IcebergTable, snapshot_id: int) -> int:
+    def rows_past(self, table: TableHandle, snapshot_id: int) -> int:
         """Rows of the snapshot past a rule. Cost: one scan of the rules' columns of the snapshot (once)."""
         if snapshot_id not in self.counts:
             self.counts[snapshot_id] = table.read_at(snapshot_id).where(
                 " OR ".join(f"({r.past})" for r in self.rules)).count()
         return self.counts[snapshot_id]
 
-    def pinned(self, table: IcebergTable, datamap: DataMap, snapshot_id: int) -> refs.Cleaning | None:
+    def pinned(self, table: TableHandle, datamap: DataMap, snapshot_id: int) -> refs.Cleaning | None:
         handle, spark = table, table.spark
         if not self.rows_past(handle, snapshot_id):
             return None
@@ -244,7 +243,7 @@ def _held_subjects_past(lake: Lake, datamap: DataMap, table: str, rules: list[_R
     current snapshot and of each branch's and tag's), each distinct value hashed once per key the
     holds were made with."""
     spark = lake.spark
-    handle = lake.iceberg(table)
+    handle = lake.table(table)
     held = [h for h in holds.holds if h.kind == "subject"]
     if not held:
         return None
@@ -270,7 +269,7 @@ def _held_subjects_past(lake: Lake, datamap: DataMap, table: str, rules: list[_R
 def _table(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: Ledger, table: str,
            rules: list[_Rule], run_id: str, dry_run: bool) -> TableExpiry:
     spark = lake.spark
-    handle = lake.iceberg(table)
+    handle = lake.table(table)
     name = lake.quoted(table)
     start = handle.current_snapshot()
     unwanted = _PastRows(rules)
@@ -292,10 +291,9 @@ def _table(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: 
                                           partial(spark.sql, r.statement.format(t=name)))
             commit = handle.own_commit_since(before.snapshot_id if before else None)
             if commit is not None:
-                counts = commit.counts()
-                fields.update(snapshot_id=commit.snapshot_id, data_files_deleted=counts.get("deleted-data-files", 0),
-                              data_files_added=counts.get("added-data-files", 0),
-                              delete_files_added=counts.get("added-delete-files", 0))
+                fields.update(snapshot_id=commit.snapshot_id, data_files_deleted=commit.stats.files_removed,
+                              data_files_added=commit.stats.files_added,
+                              delete_files_added=commit.stats.delete_files_added)
                 fields["metadata_only"] = (fields["data_files_deleted"] > 0 and not fields["data_files_added"]
                                            and not fields["delete_files_added"])
         done.append(RuleExpiry(**fields, seconds=round(time.perf_counter() - began, 3)))
@@ -364,7 +362,7 @@ def _settled(lake: Lake, table: str, unwanted: _PastRows, pinning: dict[Ref, int
                                                         ("rewritten", purged.refs_rewritten)]
         for outcome, labels in settled:
             done.update(dict.fromkeys(labels, outcome))
-    now = {refs.label(ref): ref for ref in lake.iceberg(table).refs()}
+    now = {refs.label(ref): ref for ref in lake.table(table).refs()}
     out = {}
     for ref, n in pinning.items():
         label = refs.label(ref)
@@ -372,15 +370,15 @@ def _settled(lake: Lake, table: str, unwanted: _PastRows, pinning: dict[Ref, int
         if outcome == "kept" and not n:
             outcome = "clean"  # counted clean before the pass (the purge keeps refs unchecked under block)
         after = now.get(label)
-        left = (unwanted.rows_past(lake.iceberg(table), after.snapshot_id)
+        left = (unwanted.rows_past(lake.table(table), after.snapshot_id)
                 if after is not None and outcome == "rewritten" else None)
         out[label] = RefExpiry(rows_past=n, outcome=outcome, snapshot_id=after.snapshot_id if after else None,
                                rows_left=left)
     return out
 
 
-def _physical(table: IcebergTable, rules: list[_Rule], live: int) -> tuple[int, int, bool]:
-    """(rows past a rule in the retained files, in every file under the location, one scan): read
+def _physical(table: TableHandle, rules: list[_Rule], live: int) -> tuple[int, int, bool]:
+    """(rows past a rule in the retained files, in every data file on storage, one scan): read
     straight from the Parquet files (deleted rows included), unless the purge left exactly the live
     files and no delete file, where the live count stands for both."""
     spark = table.spark
@@ -394,12 +392,12 @@ def _physical(table: IcebergTable, rules: list[_Rule], live: int) -> tuple[int, 
         return rows.where(past).count()
 
     paths, _ = table.retained_files()
-    location = table.location()
+    stored = table.data_files_on_storage()
     history = count(read_columns_from_files(spark, paths, columns)) if paths else 0
-    return history, count(read_columns_from_files(spark, location, columns, recursive=True)), False
+    return history, count(read_columns_from_files(spark, stored, columns)) if stored else 0, False
 
 
-def _keep_checkpoint(table: IcebergTable, ledger: Ledger, start_id: int, run_id: str) -> None:
+def _keep_checkpoint(table: TableHandle, ledger: Ledger, start_id: int, run_id: str) -> None:
     """The resurrection check's checkpoint, moved past retention's own commits: the purge's expiry
     removed the checked snapshot, and without this the next run would read the whole table again.
     Only when the table was checked at the snapshot retention started from; the checked sequence
@@ -416,7 +414,7 @@ def status(lake: Lake, datamap: DataMap, holds: ActiveHolds, today: date,
     """Per table and rule: the oldest row, the rows and bytes past it, the oldest retained snapshot
     still holding rows past it, when more rows pass it and what clears them. Cost per table: one
     aggregate scan of the clock (or subject key) and redacted columns of live data, grouped by data
-    file and joined with the `data_files` metadata table; unless the table's history is its live
+    file and joined with the data files' sizes (metadata); unless the table's history is its live
     files alone (as a purge leaves it), one scan of those columns in every file retained snapshots
     reference, read raw (deleted rows included), and the manifests of retained snapshots, oldest
     first, until each rule's oldest is found."""
@@ -426,7 +424,7 @@ def status(lake: Lake, datamap: DataMap, holds: ActiveHolds, today: date,
         live = _live_status(lake, table, built)
         holding = _oldest_holding(lake, table, built, [past for _, past, _, _ in live])
         hold = holds.table(table)
-        snapshots = lake.iceberg(table).history()
+        snapshots = lake.table(table).history()
         oldest_ms = min((s.committed_ms for s in snapshots), default=None)
         statuses = []
         for r, (oldest, past, nxt, size), held in zip(built, live, holding, strict=True):
@@ -455,14 +453,15 @@ def _live_status(lake: Lake, table: str, rules: list[_Rule]
     deleted rows included): exact for a file wholly past, an estimate for one straddling the rule."""
     spark = lake.spark
     name = lake.quoted(table)
-    rows = framed(spark, spark.table(name).select(F.col("_file").alias("dsr_file"), "*"), rules)
+    file = F.regexp_replace(F.input_file_name(), "^file:/+", "/")  # one spelling, as same_file's
+    rows = framed(spark, spark.table(name).select(file.alias("dsr_file"), "*"), rules)
     per_file = []
     for i, r in enumerate(rules):
         clock, past = F.expr(r.clock), F.expr(r.framed_past)
         per_file += [F.min(clock).alias(f"oldest{i}"), F.count_if(past).alias(f"past{i}"),
                      F.min(F.to_date(F.when(~past | past.isNull(), clock))).alias(f"next{i}")]
-    files = spark.sql(f"SELECT file_path AS dsr_path, record_count AS dsr_rows, file_size_in_bytes AS dsr_bytes "
-                      f"FROM {name}.data_files")
+    files = indriver.local_rows(spark, [(same_file(p), n, size) for p, n, size in lake.table(table).file_sizes()],
+                                "dsr_path string, dsr_rows long, dsr_bytes long")
     grouped = rows.groupBy("dsr_file").agg(*per_file).join(files, F.col("dsr_file") == F.col("dsr_path"), "left")
     totals = []
     for i in range(len(rules)):
@@ -484,11 +483,10 @@ def _oldest_holding(lake: Lake, table: str, rules: list[_Rule], live_past: list[
     None: no retained snapshot holds one. When history is the live files alone and no delete file
     (as a purge leaves it), the live count answers: the current snapshot holds them, or none does."""
     spark = lake.spark
-    handle = lake.iceberg(table)
+    handle = lake.table(table)
     current = handle.current_snapshot()
     refs = [*handle.refs(),
             *([Ref("main", "BRANCH", current.snapshot_id)] if current is not None else [])]
-    jtable = handle.java()
     snapshots = sorted(handle.history(), key=lambda s: (s.committed_ms, s.snapshot_id))
 
     def holding(snapshot: Snapshot) -> SnapshotHolding:
@@ -515,7 +513,7 @@ def _oldest_holding(lake: Lake, table: str, rules: list[_Rule], live_past: list[
     for snapshot in snapshots:
         if all(o is not None or not h for o, h in zip(oldest, held, strict=True)):
             break
-        files = {same_file(p) for p in iceberg.snapshot_files(spark, jtable, snapshot.snapshot_id)}
+        files = {same_file(p) for p in handle.files_at(snapshot.snapshot_id)}
         oldest = [o if o is not None or not (h & files) else holding(snapshot)
                   for o, h in zip(oldest, held, strict=True)]
     return oldest
