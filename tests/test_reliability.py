@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import SEED, make_settings, snapshot_ids
+from helpers import SEED, datamap_dict, make_settings, snapshot_ids
 from lakehouse_dsr import synth
+from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerError
 from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.table import CommitRetries, with_conflict_retries
@@ -54,14 +55,25 @@ def wrap_apply(monkeypatch, settings, table: str, before=None, after=None) -> No
     monkeypatch.setattr(erase, "apply", apply)
 
 
-@pytest.mark.parametrize(("mode", "in_driver_max_bytes"), [
+def roll_back(spark, settings, table: str, snapshot_id: int) -> None:
+    """`table` back to a version, as an operator would: Iceberg's rollback procedure, Delta's RESTORE."""
+    if table in settings.delta_tables():
+        spark.sql(f"RESTORE TABLE {settings.table(table)} TO VERSION AS OF {snapshot_id}")
+    else:
+        spark.sql(f"CALL {settings.catalog.name}.system.rollback_to_snapshot("
+                  f"'{Lake.of(spark, settings).table(table).procedure_name}', {snapshot_id})")
+
+
+@pytest.mark.parametrize(("mode", "in_driver_max_bytes", "table_format"), [
     # the tiny tables rewritten and checked in the driver (make test-slow: 12 s)
-    pytest.param("content", 8 << 20, marks=pytest.mark.slow),
-    ("content", 0),  # Spark's rewrite and check, as for large tables
-    pytest.param("count", 8 << 20, marks=pytest.mark.slow)])
+    pytest.param("content", 8 << 20, "iceberg", marks=pytest.mark.slow),
+    ("content", 0, "iceberg"),  # Spark's rewrite and check, as for large tables
+    ("content", 0, "delta"),  # the MERGE's files, from its commit in the log
+    pytest.param("count", 8 << 20, "iceberg", marks=pytest.mark.slow)])
 def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(spark, new_lakehouse, monkeypatch,
-                                                                              mode, in_driver_max_bytes):
-    settings = new_lakehouse(erase={"collateral_check": mode, "in_driver_max_bytes": in_driver_max_bytes})
+                                                                              mode, in_driver_max_bytes, table_format):
+    settings = new_lakehouse(datamap=datamap_dict(demo_datamap(derived=False, table_format=table_format)),
+                             erase={"collateral_check": mode, "in_driver_max_bytes": in_driver_max_bytes})
     ledger = Ledger(settings)
     ledger.submit([RequestInput(s, "erase") for s in ERASED])
     bystander_rows = events_of(spark, settings, [BYSTANDER])
@@ -76,6 +88,8 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
 
     assert "demo.events" in report.collateral_failures and report.needs_attention
     assert report.tables["demo.events"]["purge"] == {}  # stopped before the purge
+    detail = report.tables["demo.events"]["erase"]["collateral"]["detail"]
+    assert ("rows after the erase commit" in detail) == (mode == "count"), detail  # the content check found it
     assert {r.status for r in report.requests} == {"failed"}
     assert all("collateral check failed in demo.events" in r.reason for r in report.requests)
     assert set(ledger.journal.holds()) == {"demo.events"}
@@ -93,8 +107,7 @@ def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(sp
 
     with pytest.raises(LedgerError, match="reason"):
         ledger.journal.release("demo.events", " ")
-    spark.sql(f"CALL {settings.catalog.name}.system.rollback_to_snapshot("
-              f"'{Lake.of(spark, settings).table('demo.events').procedure_name}', {held_at})")
+    roll_back(spark, settings, "demo.events", held_at)
     ledger.journal.release("demo.events", "rolled back to the pre-erase snapshot")
     assert not ledger.journal.holds()
     with pytest.raises(LedgerError, match="not on hold"):

@@ -35,6 +35,7 @@ from .bridge import jclass
 from .table import (
     Capabilities,
     Commit,
+    CommitFiles,
     CommitStats,
     ExpireResult,
     Ref,
@@ -48,7 +49,7 @@ from .table import (
 if TYPE_CHECKING:
     from .lakehouse import Lake
 
-_CAPABILITIES = Capabilities(file_rewrite=False, subquery_dml=False, refs=False, commit_files=False)
+_CAPABILITIES = Capabilities(file_rewrite=False, subquery_dml=False, refs=False, commit_files=True)
 
 # What marks this application's commits (Delta writes the session's value into each commitInfo).
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -420,6 +421,27 @@ class DeltaTable:
                 path = same_file(_absolute(root, r.p))
                 added[path] = max(added.get(path, -1), version)
         return [added.get(same_file(p), oldest) for p in paths]
+
+    def commit_files(self, snapshot_id: int) -> CommitFiles:
+        """What version `snapshot_id`'s commit changed, from its JSON commit: the files it removed
+        (rewritten), the files it added, and those it gave a deletion vector (removed and added again
+        under the same path, with one). The commit read as text in Spark: only paths, the vector
+        flags and row counts reach the driver (a statistic's values never do)."""
+        root = self._root()  # as the file lists spell paths (candidates are compared with these)
+        lines = self.spark.read.text(f"{root}/_delta_log/{snapshot_id:020d}.json")
+        actions = lines.select(
+            F.get_json_object("value", "$.add.path").alias("added"),
+            F.get_json_object("value", "$.add.deletionVector").isNotNull().alias("vector"),
+            F.get_json_object(F.get_json_object("value", "$.add.stats"), "$.numRecords").cast("long").alias("rows"),
+            F.get_json_object("value", "$.remove.path").alias("removed"),
+        ).where("added IS NOT NULL OR removed IS NOT NULL").collect()
+        added = {_absolute(root, a.added): a for a in actions if a.added is not None}
+        removed = {_absolute(root, a.removed) for a in actions if a.removed is not None}
+        new = frozenset(added) - removed
+        rows = [added[p].rows for p in new]
+        return CommitFiles(snapshot_id - 1 if snapshot_id else None, frozenset(removed - set(added)), new,
+                           None if any(r is None for r in rows) else sum(rows),
+                           frozenset(p for p in removed & set(added) if added[p].vector))
 
     def _files_added_between(self, after_id: int, until_id: int) -> set[str]:
         return self._commit_actions(("add",), range(after_id + 1, until_id + 1))

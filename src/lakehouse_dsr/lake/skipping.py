@@ -57,6 +57,12 @@ class KeyValues:
     size: int
     lookup: Any = None
 
+    def disjoint(self, other: KeyValues, spark: SparkSession) -> bool:
+        """Whether no value is in both (one key column's type): compared in the driver's JVM, no value
+        crossing Py4J."""
+        return bool(jclass(spark, "java.util.Collections").disjoint(
+            jclass(spark, "java.util.HashSet")(self.java_list), other.java_list))
+
 
 def key_values(grouped: DataFrame, key_type: DataType) -> KeyValues | None:
     """`grouped` (`key_value` of `key_type`, distinct, with `request_ids`) held in the JVM; None when

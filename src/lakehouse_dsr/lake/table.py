@@ -90,7 +90,8 @@ class Capabilities:
     write position deletes: the `rewrite_files`, `delete_positions` and folded strategies.
     `subquery_dml`: DELETE/UPDATE with an EXISTS subquery (open-source Delta refuses it: MERGE).
     `refs`: branches and tags. `commit_files`: the files one commit added, removed and attached
-    deletes to, for the content collateral check (else counts are checked)."""
+    deletes to are known (`TableHandle.commit_files`), for the content collateral check (else counts
+    are checked)."""
 
     file_rewrite: bool
     subquery_dml: bool
@@ -195,6 +196,8 @@ class TableHandle(Protocol):
 
     def own_commit_since(self, after_id: int | None) -> Snapshot | None: ...
 
+    def commit_files(self, snapshot_id: int) -> CommitFiles: ...
+
     def commits_between(self, after_id: int | None, before_id: int) -> list[Commit] | None: ...
 
     def commits_since(self, after_id: int, until_id: int) -> list[Commit] | None: ...
@@ -248,6 +251,17 @@ class FileRewriting(TableHandle, Protocol):
 
     def add_position_deletes(self, jtable: Any, delete_files: Any, data_locations: list[str], read_snapshot_id: int,
                              conflict_filter: Any) -> None: ...
+
+
+class RefKeeping(FileRewriting, Protocol):
+    """A handle whose `capabilities.refs` holds: branches and tags that pin snapshots, made, moved and
+    dropped, and files rewritten on a branch (IcebergTable)."""
+
+    def drop_ref(self, ref: Ref) -> None: ...
+
+    def create_branch(self, name: str, snapshot_id: int) -> None: ...
+
+    def move_tag(self, tag: str, snapshot_id: int, drop_branch: str) -> None: ...
 
 
 def listing(spark: SparkSession, location: str) -> list[tuple[str, int]]:

@@ -41,7 +41,6 @@ from ..datamap import DataMap, column_ref
 from ..lake import indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hashsum import HashSum, hash_sum
-from ..lake.iceberg import IcebergTable
 from ..lake.lakehouse import Lake
 from ..lake.table import CommitFiles, TableHandle, read_columns_from_files, type_holds
 from . import matching
@@ -362,7 +361,7 @@ def prepare_many(lake: Lake, datamap: DataMap, erase: EraseSettings, commits: li
     results: dict[str, CollateralResult] = {}
     pending: dict[str, Pending] = {}
     prepared_all = map_in_threads(
-        lambda commit: _prepare(lake.iceberg(commit.table), datamap.table_mapping(commit.table).action, erase, commit),
+        lambda commit: _prepare(lake.table(commit.table), datamap.table_mapping(commit.table).action, erase, commit),
         commits, parallel_tables)
     for commit, prepared in zip(commits, prepared_all, strict=True):
         if isinstance(prepared, CollateralResult):
@@ -438,7 +437,7 @@ class _Reads:
     kept_clean: frozenset[str] = frozenset()  # files that got deletes and hold no requested row after them
 
 
-def _prepare(handle: IcebergTable, action: str, erase: EraseSettings, commit: Commit) -> CollateralResult | _Reads:
+def _prepare(handle: TableHandle, action: str, erase: EraseSettings, commit: Commit) -> CollateralResult | _Reads:
     """A commit's check up to its fingerprints: a result already (other writers' commits in between,
     files beyond the keys' reach, rows gone from files that got deletes), or what is left to read."""
     table_keys, erase_snapshot, spark = commit.keys, commit.snapshot_id, handle.spark

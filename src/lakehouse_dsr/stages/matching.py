@@ -14,7 +14,6 @@ from pyspark.sql.types import DataType
 from ..datamap import DataMap, KeyGroup, column_path, column_ref, is_array
 from ..inventory.check import KeyTypes
 from ..lake import indriver, membership, skipping
-from ..lake.bridge import jclass
 from ..lake.table import TableHandle
 
 
@@ -67,9 +66,7 @@ def disjoint(a: KeySet, b: KeySet) -> bool:
     """Whether no value is in both key sets (of one key column's type). Compared in the driver's JVM
     when both are held there (no value crosses Py4J), else in one small Spark job."""
     if a.values is not None and b.values is not None:
-        spark = a.requesters.sparkSession
-        return bool(jclass(spark, "java.util.Collections").disjoint(
-            jclass(spark, "java.util.HashSet")(a.values.java_list), b.values.java_list))
+        return a.values.disjoint(b.values, a.requesters.sparkSession)
     return a.hits.intersect(b.hits).isEmpty()
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import date, timedelta
+from typing import cast
 
 from ..config import PurgeSettings
 from ..datamap import DataMap
 from ..lake.lakehouse import Lake
+from ..lake.table import RefKeeping
 from . import refs
 
 
@@ -100,10 +102,10 @@ def purge_table(lake: Lake, datamap: DataMap, purge: PurgeSettings, table: str, 
     current = handle.current_snapshot()
     settled = {"kept": result.refs_kept, "clean": result.refs_clean, "dropped": result.refs_dropped,
                "rewritten": result.refs_rewritten}
-    for ref in refs.without_leftovers(handle):  # none where the format has no refs
+    for ref in refs.without_leftovers(handle):  # none where the format has no refs (capabilities.refs)
         if current and ref.snapshot_id == current.snapshot_id:
             continue  # points at the clean snapshot: pins nothing old
-        settled[refs.settle(lake.iceberg(table), datamap, purge, ref, erased)].append(refs.label(ref))
+        settled[refs.settle(cast(RefKeeping, handle), datamap, purge, ref, erased)].append(refs.label(ref))
     kept = handle.current_snapshot()
     result.kept_snapshot = kept.snapshot_id if kept else None
     result.own_line = line_from is not None and handle.own_line_since(line_from)

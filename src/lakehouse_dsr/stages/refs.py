@@ -36,8 +36,7 @@ from ..config import PurgeSettings
 from ..datamap import DataMap
 from ..inventory.check import KeyTypes
 from ..lake import skipping
-from ..lake.iceberg import IcebergTable
-from ..lake.table import Ref, TableHandle
+from ..lake.table import Ref, RefKeeping, TableHandle
 from . import collateral, matching, verify
 from .matching import TableKeys
 
@@ -58,7 +57,7 @@ class ErasedHashes:
     keys: verify.HashKeys
     key_types: KeyTypes
 
-    def pinned(self, table: IcebergTable, datamap: DataMap, snapshot_id: int) -> Cleaning | None:
+    def pinned(self, table: TableHandle, datamap: DataMap, snapshot_id: int) -> Cleaning | None:
         """How the snapshot's erased rows are cleaned (None: it holds none). Cost: see pinned_keys."""
         keys = pinned_keys(table, datamap, snapshot_id, self)
         return None if keys is None else key_cleaning(table, datamap.table_mapping(table.name).action, keys)
@@ -79,7 +78,7 @@ class Cleaning:
 class Unwanted(Protocol):
     """Rows no branch or tag may keep (erased subjects', or past a retention rule)."""
 
-    def pinned(self, table: IcebergTable, datamap: DataMap, snapshot_id: int) -> Cleaning | None:
+    def pinned(self, table: TableHandle, datamap: DataMap, snapshot_id: int) -> Cleaning | None:
         """How the snapshot's unwanted rows in `table` (mapped in `datamap`) are cleaned; None when it
         holds none."""
         ...
@@ -95,13 +94,13 @@ def without_leftovers(table: TableHandle) -> list[Ref]:
     kept = []
     for ref in table.refs():
         if ref.kind == "BRANCH" and ref.name.startswith(TEMPORARY):
-            cast(IcebergTable, table).drop_ref(ref)  # refs: an Iceberg table's (capabilities.refs)
+            cast(RefKeeping, table).drop_ref(ref)  # a handle with refs keeps them (capabilities.refs)
         else:
             kept.append(ref)
     return kept
 
 
-def settle(table: IcebergTable, datamap: DataMap, purge: PurgeSettings, ref: Ref,
+def settle(table: RefKeeping, datamap: DataMap, purge: PurgeSettings, ref: Ref,
            erased: Unwanted | None) -> Outcome:
     """Apply `purge.pinned_refs` to one ref of `table` not at the current snapshot (see the module doc).
     `erased` None (the caller knows no hashes): the ref cannot be told clean, so it is kept.
@@ -129,7 +128,7 @@ def settle(table: IcebergTable, datamap: DataMap, purge: PurgeSettings, ref: Ref
     return "rewritten"
 
 
-def pinned_keys(table: IcebergTable, datamap: DataMap, snapshot_id: int, erased: ErasedHashes) -> TableKeys | None:
+def pinned_keys(table: TableHandle, datamap: DataMap, snapshot_id: int, erased: ErasedHashes) -> TableKeys | None:
     """The erased subjects' key values found in the snapshot, as the table's TableKeys (None: it holds
     none of their rows). Found by hash, so subjects whose identifiers this run no longer holds in
     plaintext (requests waiting for a batched purge) are found too. Cost: one scan of the snapshot's
@@ -142,7 +141,7 @@ def pinned_keys(table: IcebergTable, datamap: DataMap, snapshot_id: int, erased:
     return matching.key_sets(datamap, found, erased.key_types, [table.name])[table.name]
 
 
-def key_cleaning(table: IcebergTable, action: str, keys: TableKeys) -> Cleaning:
+def key_cleaning(table: TableHandle, action: str, keys: TableKeys) -> Cleaning:
     """The erasure of `keys` as a Cleaning: candidate files by data skipping on the keys, rows
     marked by them, and the rows the table's action (`delete` | `redact`) leaves (collateral.erased_rows)."""
     return Cleaning(candidates=lambda snapshot_id: keys.candidates(table, snapshot_id),
@@ -150,7 +149,7 @@ def key_cleaning(table: IcebergTable, action: str, keys: TableKeys) -> Cleaning:
                     cleaned=lambda content: collateral.erased_rows(content, keys, action))
 
 
-def rewrite_on_branch(table: IcebergTable, branch: str, snapshot_id: int, cleaning: Cleaning) -> int:
+def rewrite_on_branch(table: RefKeeping, branch: str, snapshot_id: int, cleaning: Cleaning) -> int:
     """Commit on `branch` (whose head is `snapshot_id`) the files of that snapshot holding unwanted
     rows rewritten as `cleaning` leaves them; returns the branch's new head. A conflicting commit
     on the branch meanwhile fails it (the purge is retried). Cost: a scan of the candidate files
