@@ -295,6 +295,11 @@ class DeltaTable:
         is kept for the next caller)."""
         return [(path, size, rows) for path, size, rows, _ in self._files(snapshot_id)]
 
+    def files_not_within(self, column: str, prefix: str) -> list[str]:
+        """Every data file on storage: the log's statistics (strings cut to 32 characters) are not
+        read as a proof of what a file holds, so each file is read. One listing."""
+        return self.data_files_on_storage()
+
     def files_at(self, snapshot_id: int) -> list[str]:
         """Every data file live at a version (see live_files). Metadata only."""
         return [path for path, _, _ in self.live_files(snapshot_id)]

@@ -470,6 +470,21 @@ class IcebergTable:
                               f"UNION ALL SELECT file_path, true FROM {name}.files").collect()
         return list(dict.fromkeys(r.file_path for r in rows)), {r.file_path for r in rows if r.current}
 
+    def files_not_within(self, column: str, prefix: str) -> list[str]:
+        """Data and delete files of every retained snapshot whose column bounds do not prove each value
+        of `column` null or a string starting with `prefix` (a position delete file holds no value:
+        proven), plus Parquet files on storage no snapshot references. The `all_files` metadata table
+        and one listing; only paths reach the driver."""
+        metrics = f"readable_metrics.{column_ref(column)}"
+        after = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first string past every one with the prefix
+        proven = (f"({metrics}.value_count = {metrics}.null_value_count) OR ({metrics}.lower_bound >= '{prefix}' "
+                  f"AND {metrics}.upper_bound >= '{prefix}' AND {metrics}.upper_bound < '{after}')")
+        rows = self.spark.sql(f"SELECT file_path, content = 1 OR coalesce({proven}, false) AS proven "
+                              f"FROM {self.quoted}.all_files").collect()
+        known = {same_file(r.file_path) for r in rows}
+        unproven = list(dict.fromkeys(r.file_path for r in rows if not r.proven))
+        return unproven + [p for p in self.data_files_on_storage() if same_file(p) not in known]
+
     def files_at(self, snapshot_id: int) -> list[str]:
         """Every data and delete file one retained snapshot references: its manifests, read in the driver."""
         return snapshot_files(self.spark, self.java(), snapshot_id)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, TypeVar
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from ..config import CatalogSettings, EraseSettings, delta_quoted
 from .bridge import jclass
@@ -29,6 +29,10 @@ class LakeSettings(Protocol):
     def erase(self) -> EraseSettings: ...
 
     def delta_tables(self) -> dict[str, str]: ...
+
+
+_COPY_ON_WRITE = {"format-version": "2", "write.delete.mode": "copy-on-write", "write.update.mode": "copy-on-write",
+                  "write.merge.mode": "copy-on-write"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,17 @@ class Lake:
     def iceberg(self, name: str) -> IcebergTable:
         """The handle of an Iceberg table of the catalog (the engine's own tables: shares, the vault)."""
         return IcebergTable(self, name)
+
+    def replace_own_table(self, name: str, rows: DataFrame) -> None:
+        """Create, or replace, one of the engine's own tables (a share) from `rows` in one commit: an
+        Iceberg table of the catalog (its namespace created first) whose deletes, updates and merges
+        rewrite files, so rows taken out leave no delete file behind. The old content stays in its
+        history until a purge. Writes `rows` once."""
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.quoted_namespace(name.split('.')[0])}")
+        writer = rows.writeTo(self.catalog.quoted(name)).using("iceberg")
+        for prop, value in _COPY_ON_WRITE.items():
+            writer = writer.tableProperty(prop, value)
+        writer.createOrReplace()
 
     def quoted(self, name: str) -> str:
         """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text."""

@@ -43,9 +43,8 @@ from ..exceptions import first_line
 from ..keys import keyed_hash
 from ..lake import indriver
 from ..lake.hmac import join_on_key, with_keyring_hashes
-from ..lake.iceberg import IcebergTable
 from ..lake.lakehouse import Lake
-from ..lake.table import Snapshot
+from ..lake.table import Snapshot, TableHandle
 from ..ledger import consent
 from ..ledger.ledger import Ledger, Outcome
 from ..progress import Progress
@@ -55,8 +54,6 @@ SOURCE_SNAPSHOT = "dsr.share.source-snapshot-id"  # the source snapshot the shar
 SHARE_SNAPSHOT = "dsr.share.snapshot-id"  # the share's snapshot when it was recorded: later commits void it
 SQL_DIGEST = "dsr.share.sql-sha256"  # a changed sql means a full refresh
 # Copy-on-write: a DELETE rewrites the files holding the rows, so the purge leaves no file with them.
-_TABLE_PROPERTIES = {"format-version": "2", "write.delete.mode": "copy-on-write",
-                     "write.update.mode": "copy-on-write", "write.merge.mode": "copy-on-write"}
 METHOD = ("keyed hash (HMAC-SHA256) of every key value, compared with the hashes of every opted-out and "
           "erased subject, in the live snapshot, the files of every retained snapshot, every file on storage "
           "(unreferenced ones included), branches and tags")
@@ -225,7 +222,7 @@ def _maintain(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, key_f
                                                       {share.key: key_type}, subjects.excluded, subjects.keys)
             result.verification.seconds = round(time.perf_counter() - began, 3)
             result.verification.details["method"] = METHOD
-        current = lake.iceberg(name).current_snapshot()
+        current = lake.table(name).current_snapshot()
         result.snapshot_id = current.snapshot_id if current else None
         if not source_held:
             _record(lake, datamap, name, result)
@@ -245,17 +242,19 @@ def _take_out(lake: Lake, datamap: DataMap, name: str, subjects: _Subjects, resu
     if not result.removed:
         return
     view = f"dsr_share_{uuid.uuid4().hex[:12]}"
+    handle = lake.table(name)
+    before = handle.current_snapshot()
     named.select("dsr_value").distinct().createOrReplaceTempView(view)
     try:  # the values travel as a view; the SQL text holds names only
         lake.with_conflict_retries(f"share {name}: taking rows out", lambda: spark.sql(
             f"DELETE FROM {lake.quoted(name)} WHERE `{key}` IN (SELECT dsr_value FROM {view})"))
     finally:
         spark.catalog.dropTempView(view)
-    summary = cast(Snapshot, lake.iceberg(name).current_snapshot()).summary  # our DELETE's
-    # copy-on-write: the files holding the rows went (deleted-records), rewritten without them (added-records)
-    result.rows_removed = int(summary.get("deleted-records", 0)) - int(summary.get("added-records", 0))
-    result.data_files_rewritten = int(summary.get("deleted-data-files", 0))
-    result.bytes_rewritten = int(summary.get("removed-files-size", 0))
+    stats = _own(handle, before).stats  # our DELETE's, not a concurrent writer's
+    # copy-on-write: the files holding the rows went (rows removed), rewritten without them (rows added)
+    result.rows_removed = (stats.rows_removed or 0) - (stats.rows_added or 0)
+    result.data_files_rewritten = stats.files_removed
+    result.bytes_rewritten = stats.bytes_removed
 
 
 def _refresh(lake: Lake, datamap: DataMap, name: str, shared: Query, whole: DataFrame,
@@ -271,15 +270,12 @@ def _refresh(lake: Lake, datamap: DataMap, name: str, shared: Query, whole: Data
     excluded = subjects.excluded if subjects.any_excluded else None
     if result.mode != "incremental":
         rows = _without(spark, whole, share.key, excluded, subjects)
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {lake.quoted_namespace(name.split('.')[0])}")
-        writer = rows.writeTo(lake.quoted(name)).using("iceberg")
-        for prop, value in _TABLE_PROPERTIES.items():
-            writer = writer.tableProperty(prop, value)
-        writer.createOrReplace()  # one commit; the old content stays in history until the purge
-        _count_added(lake.iceberg(name), result)
+        before = lake.table(name).current_snapshot() if spark.catalog.tableExists(lake.quoted(name)) else None
+        lake.replace_own_table(name, rows)
+        _count_added(lake.table(name), before, result)
         return
     parts = []
-    previous = _previous_source(lake.iceberg(name))
+    previous = _previous_source(lake.table(name))
     if previous != at:
         # incremental: both snapshots are known (_full_refresh_reason), or both None and equal
         appended = share_sql.over(spark, shared, lake.table(share.source).read_appends(
@@ -295,21 +291,31 @@ def _refresh(lake: Lake, datamap: DataMap, name: str, shared: Query, whole: Data
     if rows.isEmpty():  # no commit for nothing
         result.mode = "unchanged"
         return
+    before = lake.table(name).current_snapshot()
     rows.writeTo(lake.quoted(name)).append()
-    _count_added(lake.iceberg(name), result)
+    _count_added(lake.table(name), before, result)
 
 
-def _count_added(table: IcebergTable, result: ShareRefresh) -> None:
-    summary = cast(Snapshot, table.current_snapshot()).summary  # we just wrote
-    result.rows_added = int(summary.get("added-records", 0))
-    result.data_files_added = int(summary.get("added-data-files", 0))
+def _own(table: TableHandle, before: Snapshot | None) -> Snapshot:
+    """The commit this application made after `before` (an append too): the newest of ours since,
+    not merely the newest, which may be a concurrent writer's. Metadata only."""
+    app_id = table.spark.sparkContext.applicationId
+    ours = [s for s in table.history() if s.stats.app_id == app_id and (
+        before is None or (s.snapshot_id != before.snapshot_id and s.committed_ms >= before.committed_ms))]
+    return max(ours, key=lambda s: s.committed_ms)  # we just committed: there is one
+
+
+def _count_added(table: TableHandle, before: Snapshot | None, result: ShareRefresh) -> None:
+    stats = _own(table, before).stats
+    result.rows_added = stats.rows_added or 0
+    result.data_files_added = stats.files_added
 
 
 def _digest(sql: str) -> str:
     return hashlib.sha256(sql.encode("utf-8")).hexdigest()
 
 
-def _previous_source(table: IcebergTable) -> int | None:
+def _previous_source(table: TableHandle) -> int | None:
     value = table.properties().get(SOURCE_SNAPSHOT, "none")
     return None if value == "none" else int(value)
 
@@ -319,18 +325,18 @@ def _full_refresh_reason(lake: Lake, datamap: DataMap, name: str, whole: DataFra
     """Why appending what the source's appends added since the last refresh would not give the exact
     share (None: it would). Metadata and plan inspection only."""
     share = datamap.shares[name]
-    props = lake.iceberg(name).properties()
+    props = lake.table(name).properties()
     if SQL_DIGEST not in props:
         return "no refresh recorded"
     if props[SQL_DIGEST] != _digest(share.sql):
         return "its sql changed"
-    current = lake.iceberg(name).current_snapshot()
+    current = lake.table(name).current_snapshot()
     if props.get(SHARE_SNAPSHOT) != str(current.snapshot_id if current else None):
         return "the share changed after its last refresh (an interrupted run, or another writer)"
     row_wise = share_sql.full_refresh_reason(whole)
     if row_wise:
         return row_wise
-    previous = _previous_source(lake.iceberg(name))
+    previous = _previous_source(lake.table(name))
     if previous is None or at is None:
         return None if previous == at else "the source had no snapshot at the last refresh, or has none now"
     commits = lake.table(share.source).commits_since(previous, at)

@@ -22,13 +22,12 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from .. import faults
 from ..config import PurgeSettings
-from ..datamap.model import PSEUDONYM_PREFIX, DataMap, TableMapping, column_ref
+from ..datamap.model import PSEUDONYM_PREFIX, DataMap, TableMapping
 from ..exceptions import first_line
 from ..lake import indriver
 from ..lake.hmac import with_keyring_hashes
-from ..lake.iceberg import IcebergTable
 from ..lake.lakehouse import Lake
-from ..lake.table import only_current, parquet_files_under, read_columns_from_files, same_file
+from ..lake.table import only_current, read_columns_from_files, same_file
 from ..vault import vault
 from ..vault.risk import assess_table
 from .erase import TableErasure, TablePlan
@@ -67,7 +66,7 @@ def shred(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, keys: Dat
                                  vault_keys.ring.keys())
     entries = _captured(vault_table, probes)
     table = vault_table.name
-    before = lake.iceberg(table).current_snapshot()
+    before = lake.table(table).current_snapshot()
     result = Shred({}, entries, probes, before.snapshot_id if before else None)
     per_request: dict[tuple[str, str], int] = {}
     found: dict[str, int] = {}
@@ -85,19 +84,19 @@ def shred(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, keys: Dat
                 f"DELETE FROM {vault_table.quoted} WHERE pseudonym IN (SELECT pseudonym FROM {view})"))
         finally:
             spark.catalog.dropTempView(view)
-        commit = lake.iceberg(table).current_snapshot()
+        commit = lake.table(table).own_commit_since(result.snapshot_before)  # ours, not a concurrent writer's
         result.snapshot_id = commit.snapshot_id if commit else None
     seconds = round(time.perf_counter() - start, 3)
     for name, mapping in mappings.items():
         key, identifier = _shred_key(mapping)
-        current = lake.iceberg(name).current_snapshot()
+        current = lake.table(name).current_snapshot()
         matches = {rid: n for (rid, ident), n in per_request.items() if ident == identifier}
         plan = TablePlan(name, key, identifier, "shred", "vault", "none", 0, sum(matches.values()),
                          matches, current.snapshot_id if current else None,
                          reason=f"{found.get(identifier, 0)} vault entries deleted; the table is not rewritten")
         erasure = TableErasure(plan, seconds=seconds)
         if commit is not None:
-            erasure.data_files_rewritten = int(commit.summary.get("deleted-data-files", 0))
+            erasure.data_files_rewritten = commit.stats.files_removed
             erasure.bytes_rewritten = int(commit.summary.get("removed-files-size", 0))
         result.erasures[name] = erasure
     return result
@@ -127,7 +126,7 @@ def _captured(vault_table: vault.VaultTable, probes: DataFrame) -> DataFrame:
                                            "live boolean")
     if not vault_table.exists():
         return empty
-    paths, current = vault_table.lake.iceberg(vault_table.name).retained_files()
+    paths, current = vault_table.lake.table(vault_table.name).retained_files()
     if not paths:
         return empty
     stored = read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND))).withColumn(
@@ -168,7 +167,7 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
     probes = result.probes.where(F.col("key_type") == identifier)
     entries = result.entries.where(F.col("identifier") == identifier)
     _prove_vault(vault_table, table, check, probes, entries)
-    unproven = _files_without_pseudonym_bounds(lake.iceberg(table), key)
+    unproven = lake.table(table).files_not_within(key, PSEUDONYM_PREFIX)
     if unproven:
         stored = read_columns_from_files(spark, unproven, _schema([key]))
         plain = stored.join(F.broadcast(probes.select("request_id", F.col("key_value").alias(key))),
@@ -176,7 +175,7 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
         for r in plain:
             check.fail(r.request_id, f"{table}: {r['count']} stored rows hold the subject's identifier in plaintext")
     erasure = result.erasures.get(table)
-    current = lake.iceberg(table).current_snapshot()
+    current = lake.table(table).current_snapshot()
     check.details = {
         "method": "crypto-shred: vault entry deleted and purged",
         "vault_entries_deleted": result.deleted.get(identifier, 0),
@@ -184,7 +183,7 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
         "files_read_for_plaintext": len(unproven),
         "table_snapshot_unchanged": erasure is not None and erasure.plan.snapshot_before == (
             current.snapshot_id if current else None),
-        "rows_kept": int(current.summary.get("total-records", 0)) if current else 0,
+        "rows_kept": lake.table(table).live_rows(current.snapshot_id) if current else 0,
     }
     if mapping.min_k:
         _check_k(lake, datamap, table, check, request_ids)
@@ -194,15 +193,15 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
 def _prove_vault(vault_table: vault.VaultTable, table: str, check: TableVerification,
                  probes: DataFrame, entries: DataFrame) -> None:
     lake, spark, name = vault_table.lake, vault_table.lake.spark, vault_table.name
-    handle = lake.iceberg(name)
+    handle = lake.table(name)
     paths, current = handle.retained_files()
-    location = handle.location()
-    check.one_scan = only_current(current, paths, parquet_files_under(spark, location))
+    stored = handle.data_files_on_storage()
+    check.one_scan = only_current(current, paths, stored)
     schema = _schema(_FOUND)
     sources: dict[str, DataFrame | None] = {"live": vault_table.rows().select(*_FOUND)}
     if not check.one_scan:
         sources["history"] = read_columns_from_files(spark, paths, schema) if paths else None
-        sources["storage"] = read_columns_from_files(spark, location, schema, recursive=True)
+        sources["storage"] = read_columns_from_files(spark, stored, schema) if stored else None
     what = {"live": "vault entries in its current snapshot", "history": "vault entries in files its snapshots keep",
             "storage": "vault entries in files on storage (incl. orphans)"}
     tagged = [rows.select(*_FOUND, F.lit(where).alias("dsr_where")) for where, rows in sources.items() if rows]
@@ -214,24 +213,6 @@ def _prove_vault(vault_table: vault.VaultTable, table: str, check: TableVerifica
     for where in ("live", "history", "storage"):
         counted = where if where in sources else "live"
         setattr(check, where, sum(n for (_, w), n in found.items() if w == counted))
-
-
-def _files_without_pseudonym_bounds(table: IcebergTable, key: str) -> list[str]:
-    """Data and delete files of `table` whose key values are not all proven pseudonyms by their column
-    bounds (every retained snapshot's files), plus Parquet files on storage no snapshot references.
-    Metadata and one listing; only paths reach the driver."""
-    spark, name = table.spark, table.quoted
-    metrics = f"readable_metrics.{column_ref(key)}"
-    proven = (f"({metrics}.value_count = {metrics}.null_value_count) OR ({metrics}.lower_bound >= "
-              f"'{PSEUDONYM_PREFIX}' AND {metrics}.upper_bound >= '{PSEUDONYM_PREFIX}' AND "
-              f"{metrics}.upper_bound < '{PSEUDONYM_PREFIX[:-1]}{chr(ord(PSEUDONYM_PREFIX[-1]) + 1)}')")
-    # position delete files (content 1) hold file paths and positions, no key values
-    rows = spark.sql(f"SELECT file_path, content = 1 OR coalesce({proven}, false) AS proven FROM {name}.all_files"
-                     ).collect()
-    known = {same_file(r.file_path) for r in rows}
-    unproven = list(dict.fromkeys(r.file_path for r in rows if not r.proven))
-    location = table.location()
-    return unproven + [p for p in parquet_files_under(spark, location) if same_file(p) not in known]
 
 
 def _vault_hits(rows: DataFrame, probes: DataFrame, entries: DataFrame) -> dict[tuple[str, str], int]:
