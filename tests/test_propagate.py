@@ -108,7 +108,8 @@ def add_lone_refunder(spark, settings) -> str:
 LONE = "lone-refunder"
 
 
-@pytest.mark.parametrize("layered", ["iceberg", "delta"], indirect=True)
+# Nine Delta tables' erase, refresh, purge and proof on two cores: make test-slow (3 minutes)
+@pytest.mark.parametrize("layered", ["iceberg", pytest.param("delta", marks=pytest.mark.slow)], indirect=True)
 def test_one_run_erases_bronze_silver_and_gold(spark, layered):
     settings = layered
     add_lone_refunder(spark, settings)

@@ -68,7 +68,8 @@ def roll_back(spark, settings, table: str, snapshot_id: int) -> None:
     # the tiny tables rewritten and checked in the driver (make test-slow: 12 s)
     pytest.param("content", 8 << 20, "iceberg", marks=pytest.mark.slow),
     ("content", 0, "iceberg"),  # Spark's rewrite and check, as for large tables
-    ("content", 0, "delta"),  # the MERGE's files, from its commit in the log
+    # the MERGE's files, from its commit in the log (three Delta runs: make test-slow)
+    pytest.param("content", 0, "delta", marks=pytest.mark.slow),
     pytest.param("count", 8 << 20, "iceberg", marks=pytest.mark.slow)])
 def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(spark, new_lakehouse, monkeypatch,
                                                                               mode, in_driver_max_bytes, table_format):
