@@ -19,6 +19,7 @@ cutoff is truncated to the day, and it runs only at checkpoints), hence the engi
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from ..datamap import column_path, column_ref
 from .bridge import jclass
@@ -43,6 +45,7 @@ from .table import (
     Snapshot,
     listing,
     only_current,
+    read_columns_from_files,
     same_file,
 )
 
@@ -65,8 +68,9 @@ _ROW_PRESERVING = {"OPTIMIZE", "REORG", "SET TBLPROPERTIES", "UNSET TBLPROPERTIE
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+)*(\.[0-9a-f-]+)?\.(parquet|json)"
                        r"|\d{20}\.compacted\.json)$")
 _MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
-# Table features whose data the engine would misread: Parquet columns named apart from the table's.
-_REFUSED_PROPERTIES = {"delta.columnMapping.mode": ("none",)}
+# Column mapping (`name` or `id`): Parquet columns and the log's statistics carry physical names.
+MAPPING_MODE = "delta.columnMapping.mode"
+PHYSICAL_NAME = "delta.columnMapping.physicalName"
 
 
 def mark_commits(spark: SparkSession) -> None:
@@ -168,16 +172,44 @@ class DeltaTable:
         return "merge-on-read" if enabled else "copy-on-write"
 
     def refusal(self) -> str | None:
-        """Why the engine cannot erase from this table and prove it (None: it can): a table feature
-        whose data it would misread. Metadata only."""
+        """Why the engine cannot erase from this table and prove it (None: it can). Metadata only."""
         if not self.exists():
             return f"table {self.name}: no Delta table at {self.path}"
-        properties = self.properties()
-        for key, allowed in _REFUSED_PROPERTIES.items():
-            if key in properties and properties[key] not in allowed:
-                return (f"table {self.name}: Delta {key} = {properties[key]} is not supported yet (its Parquet "
-                        "columns are named apart from the table's, which the proof reads by name)")
         return None
+
+    def _mapped(self) -> StructType | None:
+        """The table's schema with its fields' column-mapping metadata, where it maps columns (None:
+        Parquet columns carry the table's names). Metadata only."""
+        metadata = self._snapshot().metadata()
+        mode = metadata.configuration().get(MAPPING_MODE)
+        if mode.isEmpty() or str(mode.get()) == "none":
+            return None
+        return StructType.fromJson(json.loads(str(metadata.schemaString())))
+
+    def read_raw(self, paths: list[str], schema: StructType) -> DataFrame:
+        """The columns of `schema` (a pruned table schema, table names) read straight from Parquet files,
+        deleted rows included: by their physical names where the table maps columns (a renamed column
+        keeps its file name), brought back to the table's names."""
+        mapped = self._mapped()
+        if mapped is None:
+            return read_columns_from_files(self.spark, paths, schema)
+        physical = cast(StructType, _physical(schema, mapped))
+        rows = read_columns_from_files(self.spark, paths, physical)
+        return rows.select(*[F.col(f"`{p.name}`").cast(f.dataType).alias(f.name)  # struct casts rename fields
+                             for p, f in zip(physical.fields, schema.fields, strict=True)])
+
+    def _stats_path(self, column: str) -> str:
+        """A key column's path in the log's statistics (`minValues.<path>`): physical names where the
+        table maps columns."""
+        mapped = self._mapped()
+        if mapped is None:
+            return column_path(column)
+        names, node = [], cast(DataType, mapped)
+        for part in column_path(column).split("."):
+            field = next(f for f in cast(StructType, node).fields if f.name.lower() == part.lower())
+            names.append(field.metadata.get(PHYSICAL_NAME, field.name))
+            node = field.dataType
+        return ".".join(names)
 
     def history(self) -> list[Snapshot]:
         """Every version the log still holds, oldest first. Metadata only (DESCRIBE HISTORY)."""
@@ -352,7 +384,8 @@ class DeltaTable:
             return [(path, size, rows, True) for path, size, rows in self.live_files(snapshot_id)]
         snapshot = self._snapshot_at(snapshot_id)
         files = DataFrame(snapshot.allFiles().toDF(), self.spark)
-        listed = _may_hold(files.select("path", "size", _rows(files).alias("rows"), "stats"), keys)
+        listed = _may_hold(files.select("path", "size", _rows(files).alias("rows"), "stats"),
+                           [(self._stats_path(column), values) for column, values in keys])
         root = self._root()
         return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
                 for r in listed.select("path", "size", "rows", "dsr_may").collect()]
@@ -590,10 +623,10 @@ def _rows(files: DataFrame) -> Column:
 
 def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
     """`files` (a log's file list with `stats`), each with `dsr_may`: whether its statistics say it
-    may hold one of the values of one of the key columns (see DeltaTable.files_for_keys)."""
+    may hold one of the values of one of the key columns (`keys`: each column's path in the
+    statistics, its values; see DeltaTable.files_for_keys)."""
     kept = None
-    for column, values in keys:
-        path = column_path(column)
+    for path, values in keys:
         low = F.get_json_object("stats", f"$.minValues.{path}")
         high = F.get_json_object("stats", f"$.maxValues.{path}")
         key_type = values.schema["key_value"].dataType
@@ -605,6 +638,24 @@ def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
     assert kept is not None, "called with key columns"
     return files.join(kept.distinct().withColumn("dsr_may", F.lit(True)), "path", "left").fillna(
         False, ["dsr_may"])
+
+
+def _physical(wanted: DataType, table: DataType) -> DataType:
+    """`wanted` (a pruned piece of the table's schema `table`) with each field named as the files name
+    it (column mapping's physical name), nested fields included."""
+    if isinstance(wanted, StructType) and isinstance(table, StructType):
+        fields = []
+        for f in wanted.fields:
+            mapped = next(t for t in table.fields if t.name.lower() == f.name.lower())
+            fields.append(StructField(mapped.metadata.get(PHYSICAL_NAME, mapped.name),
+                                      _physical(f.dataType, mapped.dataType), f.nullable))
+        return StructType(fields)
+    if isinstance(wanted, ArrayType) and isinstance(table, ArrayType):
+        return ArrayType(_physical(wanted.elementType, table.elementType), wanted.containsNull)
+    if isinstance(wanted, MapType) and isinstance(table, MapType):
+        return MapType(_physical(wanted.keyType, table.keyType), _physical(wanted.valueType, table.valueType),
+                       wanted.valueContainsNull)
+    return wanted
 
 
 def _absolute(root: str, path: str) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import ArrayType, MapType
+from pyspark.sql.types import ArrayType, MapType, StructType
 
 from ..datamap import column_ref
 from .bridge import bridge, call, jclass
@@ -32,6 +32,7 @@ from .table import (
     listing,
     only_current,
     parquet_files_under,
+    read_columns_from_files,
     same_file,
     type_holds,
 )
@@ -469,6 +470,11 @@ class IcebergTable:
         rows = self.spark.sql(f"SELECT file_path, false AS current FROM {name}.all_files "
                               f"UNION ALL SELECT file_path, true FROM {name}.files").collect()
         return list(dict.fromkeys(r.file_path for r in rows)), {r.file_path for r in rows if r.current}
+
+    def read_raw(self, paths: list[str], schema: StructType) -> DataFrame:
+        """The columns of `schema` read straight from Parquet files by name, deleted rows included
+        (delete files yield NULLs)."""
+        return read_columns_from_files(self.spark, paths, schema)
 
     def files_not_within(self, column: str, prefix: str) -> list[str]:
         """Data and delete files of every retained snapshot whose column bounds do not prove each value

@@ -42,7 +42,7 @@ from ..lake import indriver, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hashsum import HashSum, hash_sum
 from ..lake.lakehouse import Lake
-from ..lake.table import CommitFiles, TableHandle, read_columns_from_files, type_holds
+from ..lake.table import CommitFiles, TableHandle, type_holds
 from . import matching
 from .matching import Redaction, TableKeys
 
@@ -466,7 +466,7 @@ def _prepare(handle: TableHandle, action: str, erase: EraseSettings, commit: Com
         if in_driver is not None:
             return in_driver
     removed = skipping.read(before, set(changed.removed)) if seen is None else None
-    added = read_columns_from_files(spark, sorted(changed.added), spark.table(handle.quoted).schema
+    added = handle.read_raw(sorted(changed.added), spark.table(handle.quoted).schema
                                             ) if changed.added else None  # new files: no deletes yet
     return _Reads(removed, added, changed.added, changed.added_rows, requested_kept, seen,
                   kept if not requested_after else frozenset())

@@ -48,7 +48,7 @@ from ..exceptions import DataMapError
 from ..inventory.check import field_at, schema_of
 from ..lake import indriver, skipping
 from ..lake.lakehouse import Lake
-from ..lake.table import Ref, Snapshot, TableHandle, read_columns_from_files, same_file
+from ..lake.table import Ref, Snapshot, TableHandle, same_file
 from ..ledger.holds import ActiveHolds
 from ..ledger.journal import Step
 from ..ledger.ledger import Ledger
@@ -393,8 +393,8 @@ def _physical(table: TableHandle, rules: list[_Rule], live: int) -> tuple[int, i
 
     paths, _ = table.retained_files()
     stored = table.data_files_on_storage()
-    history = count(read_columns_from_files(spark, paths, columns)) if paths else 0
-    return history, count(read_columns_from_files(spark, stored, columns)) if stored else 0, False
+    history = count(table.read_raw(paths, columns)) if paths else 0
+    return history, count(table.read_raw(stored, columns)) if stored else 0, False
 
 
 def _keep_checkpoint(table: TableHandle, ledger: Ledger, start_id: int, run_id: str) -> None:
@@ -503,7 +503,7 @@ def _oldest_holding(lake: Lake, table: str, rules: list[_Rule], live_past: list[
         return [None for _ in rules]
     schema = spark.table(lake.quoted(table)).schema
     columns = schema_of({c: field_at(schema, c).dataType for r in rules for c in r.columns})
-    raw = read_columns_from_files(spark, paths, columns).select(
+    raw = handle.read_raw(paths, columns).select(
         F.input_file_name().alias("dsr_file"), *[F.col(f"`{c}`") for c in columns.fieldNames()])
     counts = [F.count_if(F.expr(r.framed_past)).alias(f"past{i}") for i, r in enumerate(rules)]
     found = framed(spark, raw, rules).groupBy("dsr_file").agg(*counts) \

@@ -27,7 +27,7 @@ from ..exceptions import first_line
 from ..lake import indriver
 from ..lake.hmac import with_keyring_hashes
 from ..lake.lakehouse import Lake
-from ..lake.table import only_current, read_columns_from_files, same_file
+from ..lake.table import only_current, same_file
 from ..vault import vault
 from ..vault.risk import assess_table
 from .erase import TableErasure, TablePlan
@@ -129,7 +129,7 @@ def _captured(vault_table: vault.VaultTable, probes: DataFrame) -> DataFrame:
     paths, current = vault_table.lake.table(vault_table.name).retained_files()
     if not paths:
         return empty
-    stored = read_columns_from_files(spark, paths, _schema(("identifier", *_FOUND))).withColumn(
+    stored = vault_table.lake.table(vault_table.name).read_raw(paths, _schema(("identifier", *_FOUND))).withColumn(
         "live", F.regexp_replace(F.input_file_name(), "^file:/+", "/").isin(*{same_file(p) for p in current}))
     return (stored.join(F.broadcast(probes), ["key_hash", "key_id"])
             .where(F.col("identifier") == F.col("key_type"))
@@ -160,7 +160,6 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
     kept, now unlinkable). Cost: metadata and one listing per table, one small read of the vault;
     no read of the table's rows unless a file lacks key bounds (and, with min_k, one aggregation).
     """
-    spark = lake.spark
     mapping = datamap.shredded[table]
     key, identifier = _shred_key(mapping)
     check = TableVerification(table, physical=True)
@@ -169,7 +168,7 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
     _prove_vault(vault_table, table, check, probes, entries)
     unproven = lake.table(table).files_not_within(key, PSEUDONYM_PREFIX)
     if unproven:
-        stored = read_columns_from_files(spark, unproven, _schema([key]))
+        stored = lake.table(table).read_raw(unproven, _schema([key]))
         plain = stored.join(F.broadcast(probes.select("request_id", F.col("key_value").alias(key))),
                             key).groupBy("request_id").count().collect()
         for r in plain:
@@ -192,7 +191,7 @@ def verify(lake: Lake, datamap: DataMap, vault_table: vault.VaultTable, table: s
 
 def _prove_vault(vault_table: vault.VaultTable, table: str, check: TableVerification,
                  probes: DataFrame, entries: DataFrame) -> None:
-    lake, spark, name = vault_table.lake, vault_table.lake.spark, vault_table.name
+    lake, name = vault_table.lake, vault_table.name
     handle = lake.table(name)
     paths, current = handle.retained_files()
     stored = handle.data_files_on_storage()
@@ -200,8 +199,8 @@ def _prove_vault(vault_table: vault.VaultTable, table: str, check: TableVerifica
     schema = _schema(_FOUND)
     sources: dict[str, DataFrame | None] = {"live": vault_table.rows().select(*_FOUND)}
     if not check.one_scan:
-        sources["history"] = read_columns_from_files(spark, paths, schema) if paths else None
-        sources["storage"] = read_columns_from_files(spark, stored, schema) if stored else None
+        sources["history"] = handle.read_raw(paths, schema) if paths else None
+        sources["storage"] = handle.read_raw(stored, schema) if stored else None
     what = {"live": "vault entries in its current snapshot", "history": "vault entries in files its snapshots keep",
             "storage": "vault entries in files on storage (incl. orphans)"}
     tagged = [rows.select(*_FOUND, F.lit(where).alias("dsr_where")) for where, rows in sources.items() if rows]

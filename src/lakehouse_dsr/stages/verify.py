@@ -34,7 +34,7 @@ from ..lake import indriver, plainfiles, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..lake.lakehouse import Lake
-from ..lake.table import TableHandle, read_columns_from_files
+from ..lake.table import TableHandle
 from ..ledger.ledger import Ledger
 from .matching import TableKeys
 
@@ -307,9 +307,9 @@ def verify_table(
         paths, _ = handle.retained_files()
         on_storage = handle.data_files_on_storage()
         schema = schema_of(types)
-        history = find_hashed(spark, key_values(read_columns_from_files(spark, paths, schema), groups),
+        history = find_hashed(spark, key_values(handle.read_raw(paths, schema), groups),
                               hashes, keys) if paths else {}
-        storage = find_hashed(spark, key_values(read_columns_from_files(spark, on_storage, schema), groups),
+        storage = find_hashed(spark, key_values(handle.read_raw(on_storage, schema), groups),
                               hashes, keys) if on_storage else {}
     result.history = _record(result, history, "rows in files retained by snapshots (time travel)")
     result.storage = _record(result, storage, "rows in files on storage (incl. unreferenced/orphan files)")
