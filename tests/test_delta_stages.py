@@ -167,6 +167,32 @@ def test_a_column_mapped_delta_table_is_erased_and_proven_by_its_files_own_colum
     assert kept in found and erased not in found  # read by the physical name: the values are there
 
 
+def test_a_v2_checkpoint_table_keeps_no_sidecar_of_an_older_checkpoint(spark, tmp_path):
+    """v2 checkpoints keep their file lists, statistics included, in `_delta_log/_sidecars/`: after the
+    purge only the new checkpoint's sidecars are left, and the table reads whole with delta-rs."""
+    settings = delta_settings(tmp_path, LAYOUTS["mixed"])
+    attach(spark, settings)
+    synth.generate(spark, settings, users=USERS, events=300, seed=SEED, batches=1)
+    name, events = settings.table("demo.events"), settings.delta_tables()["demo.events"]
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('delta.checkpointPolicy' = 'v2', "
+              "'delta.checkpointInterval' = '2')")
+    for _ in range(2):  # commits enough for Delta's own checkpoint
+        spark.table(name).limit(3).write.format("delta").mode("append").save(events)
+    sidecars = Path(events, "_delta_log", "_sidecars")
+    older = set(sidecars.iterdir())
+    assert older  # Delta's own v2 checkpoint wrote its file list there
+    erased = synth.user_id(SEED, 2)
+    Ledger(settings).submit([RequestInput(erased, "erase", "gdpr")])
+
+    report = run(spark, settings)
+
+    assert len(report.completed) == 1 and report.tables["demo.events"]["verification"]["passed"]
+    left = set(sidecars.iterdir())
+    assert left and not older & left
+    assert delta_traces(events, {erased}, [erased.encode()]) == []
+    assert delta_rows(events).num_rows == spark.table(name).count()
+
+
 def test_a_delta_table_in_the_data_map_is_found_without_its_format(spark, tmp_path):
     settings = delta_settings(tmp_path, ["demo.events"])
     attach(spark, settings)

@@ -146,7 +146,10 @@ class DeltaTable:
         return self.path
 
     def _log(self) -> Any:
-        """Delta's DeltaLog of the table (cached by Delta per location)."""
+        """Delta's DeltaLog of the table (cached by Delta per location). The session is made the
+        calling JVM thread's active one first: Delta's own threads (a v2 checkpoint's sidecars are
+        read by its pool) take the caller's, and a Py4J thread has none."""
+        jclass(self.spark, "org.apache.spark.sql.SparkSession").setActiveSession(self.spark._jsparkSession)
         return jclass(self.spark, "org.apache.spark.sql.delta.DeltaLog").forTable(self.spark._jsparkSession,
                                                                                   self.path)
 
@@ -538,7 +541,8 @@ class DeltaTable:
         2. the data files no live file list holds any more, and the `_change_data` files, that the
            log's commits name, deleted from storage (time travel to those versions ends here);
         3. a checkpoint of the new version, then every log file before it deleted: JSON commits,
-           `.crc` files, older checkpoints. Delta reads the table from the checkpoint on.
+           `.crc` files, older checkpoints, and the sidecars of older v2 checkpoints (their file
+           lists carry statistics). Delta reads the table from the checkpoint on.
         Cost: one small commit, the log's JSON read as text, a checkpoint (the live file list
         written once), deletes. A concurrent writer whose read version is older than the
         checkpoint finds its conflict check's log gone: its commit fails and it retries."""
@@ -551,14 +555,37 @@ class DeltaTable:
         named = self._commit_actions(("add", "remove", "cdc"), range(0, version + 1))
         stale = [p for p in named if same_file(p) not in live]
         deleted = _delete(spark, stale)
+        started_ms = time.time() * 1000
         log.checkpoint()
-        before = [p for p, _ in self._log_paths() if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1]))
-                  and int(m.group(1)) < version]
-        _delete(spark, before)
+        logged = self._log_paths()
+        before = [p for p, _ in logged if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and int(m.group(1)) < version]
+        _delete(spark, before + self._unreferenced_sidecars(logged, version, started_ms))
         jclass(spark, "org.apache.spark.sql.delta.DeltaLog").clearCache()  # the log it cached is gone
         commits = len({m.group(1) for p in before if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1]))
                        and m.group(2) == "json"})
         return ExpireResult(commits, deleted)
+
+    def _unreferenced_sidecars(self, logged: list[tuple[str, int]], version: int, before_ms: float) -> list[str]:
+        """Files of `_delta_log/_sidecars/` (a v2 checkpoint's parts: `add` actions with their
+        statistics) that no top-level checkpoint of `version` references and that were written before
+        `before_ms` (a concurrent checkpoint's are younger): older checkpoints' sidecars. `logged`:
+        the log's listing. The checkpoint's `sidecar` actions are read in Spark (file names only)."""
+        sidecars = [(p, modified) for p, modified in logged if "/_sidecars/" in p]
+        if not sidecars:
+            return []
+        tops = [p for p, _ in logged if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and int(m.group(1)) == version
+                and m.group(2).startswith("checkpoint")]
+        referenced: set[str] = set()
+        for top in tops:
+            if top.endswith(".json"):
+                paths = self.spark.read.text(top).select(F.get_json_object("value", "$.sidecar.path").alias("p"))
+            else:
+                actions = self.spark.read.parquet(top)
+                if "sidecar" not in actions.columns:
+                    continue
+                paths = actions.select(F.col("sidecar.path").alias("p"))
+            referenced |= {r.p.rsplit("/", 1)[-1] for r in paths.where("p IS NOT NULL").collect()}
+        return [p for p, modified in sidecars if modified < before_ms and p.rsplit("/", 1)[-1] not in referenced]
 
     def remove_orphan_files(self, min_age_minutes: float) -> int:
         """Files under the location that no version the log can reach names, older than the window
