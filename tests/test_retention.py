@@ -86,6 +86,8 @@ def test_expire_deletes_and_redacts_through_history_and_storage(spark, clicks):
     kept = before.filter(pc.greater_equal(before["event_timestamp"], _cutoff(45)))
     untouched = before.filter(pc.greater_equal(before["event_timestamp"], _cutoff(30)))
 
+    past = status(spark, settings, today=TODAY).tables[TABLE].rules  # bytes by each row's file, joined with sizes
+    assert [r.rows_past for r in past] == [30, 60] and all(r.bytes_past_estimate > 0 for r in past)
     dry = expire(spark, settings, dry_run=True, today=TODAY)
     # 15 days x 2 rows past 45 days; 30 days x 2 past 30 (a dry run deletes nothing before it counts)
     assert [r.rows_past for r in dry.tables[TABLE].rules] == [30, 60]

@@ -273,14 +273,14 @@ class DeltaTable:
 
     # The line of commits
 
-    def own_commit_since(self, after_id: int | None) -> Snapshot | None:
-        """This Spark application's newest commit after `after_id` that is not an append (found by the
-        userMetadata `mark_commits` sets). Metadata only."""
+    def own_commit_since(self, after_id: int | None, appends: bool = False) -> Snapshot | None:
+        """This Spark application's newest commit after `after_id` that is not an append (`appends`:
+        or is one), found by the userMetadata `mark_commits` sets. Metadata only."""
         app_id = self.spark.sparkContext.applicationId
         for snap in reversed(self.history()):
             if after_id is not None and snap.snapshot_id <= after_id:
                 break
-            if snap.stats.app_id == app_id and snap.operation != "append":
+            if snap.stats.app_id == app_id and (appends or snap.operation != "append"):
                 return snap
         return None
 
@@ -339,10 +339,15 @@ class DeltaTable:
         """Every data file live at a version (see live_files). Metadata only."""
         return [path for path, _, _ in self.live_files(snapshot_id)]
 
-    def file_sizes(self) -> list[tuple[str, int | None, int]]:
-        """(path, rows a reader sees (None without statistics), bytes) of each current data file: the
-        log's file list (see live_files)."""
-        return [(path, rows, size) for path, size, rows in self.live_files()]
+    def file_sizes(self) -> DataFrame:
+        """(dsr_path, dsr_rows, dsr_bytes) of each current data file: its absolute path spelled as
+        `same_file` does, rows a reader sees (None without statistics), bytes. The log's file list, in
+        Spark (as `_absolute` resolves a relative, URL-encoded path)."""
+        files = DataFrame(self._snapshot().allFiles().toDF(), self.spark)
+        path = F.when(F.col("path").rlike("^[a-z][a-z0-9+.-]*:"), F.col("path")).otherwise(
+            F.concat(F.lit(self._root() + "/"), F.url_decode("path")))
+        return files.select(F.regexp_replace(path, "^file:/+", "/").alias("dsr_path"), _rows(files).alias("dsr_rows"),
+                            F.col("size").alias("dsr_bytes"))
 
     def row_masks(self) -> int:
         """Live files carrying a deletion vector (each masks rows the file still holds). Metadata only."""

@@ -263,15 +263,16 @@ class IcebergTable:
                            frozenset(call(spark, "locations", snap.addedDataFiles(io))),
                            None if added_rows is None else int(added_rows), frozenset(deleted_from))
 
-    def own_commit_since(self, after_id: int | None) -> Snapshot | None:
-        """This Spark application's newest commit after `after_id`, found by the `spark.app.id` Iceberg
-        writes into each summary: other writers may have committed after it. Metadata only."""
+    def own_commit_since(self, after_id: int | None, appends: bool = False) -> Snapshot | None:
+        """This Spark application's newest commit after `after_id` that is not an append (`appends`: or
+        is one), found by the `spark.app.id` Iceberg writes into each summary: other writers may have
+        committed after it. Metadata only."""
         app_id = self.spark.sparkContext.applicationId
         jtable = self.java()  # one state of the table: its current snapshot and its history
         current = jtable.currentSnapshot()
         for snap in _ancestors(_snapshots_by_id(self.spark, jtable), current.snapshotId() if current else None,
                                after_id):
-            if snap.summary.get("spark.app.id") == app_id and snap.operation != "append":
+            if snap.summary.get("spark.app.id") == app_id and (appends or snap.operation != "append"):
                 return snap
         return None
 
@@ -495,11 +496,11 @@ class IcebergTable:
         """Every data and delete file one retained snapshot references: its manifests, read in the driver."""
         return snapshot_files(self.spark, self.java(), snapshot_id)
 
-    def file_sizes(self) -> list[tuple[str, int | None, int]]:
-        """(path, rows stored, deleted ones included, bytes) of each current data file: the
-        `data_files` metadata table (metadata only; paths and counts reach the driver)."""
-        rows = self.spark.sql(f"SELECT file_path, record_count, file_size_in_bytes FROM {self.quoted}.data_files")
-        return [(r.file_path, int(r.record_count), int(r.file_size_in_bytes)) for r in rows.collect()]
+    def file_sizes(self) -> DataFrame:
+        """(dsr_path, dsr_rows, dsr_bytes) of each current data file: its path spelled as `same_file`
+        does, rows stored (deleted ones included), bytes. The `data_files` metadata table, in Spark."""
+        return self.spark.sql(f"SELECT regexp_replace(file_path, '^file:/+', '/') AS dsr_path, record_count AS "
+                              f"dsr_rows, file_size_in_bytes AS dsr_bytes FROM {self.quoted}.data_files")
 
     def history_is_live(self) -> bool:
         """Whether the retained snapshots and the storage listing hold exactly the current snapshot's

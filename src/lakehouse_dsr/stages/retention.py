@@ -460,8 +460,7 @@ def _live_status(lake: Lake, table: str, rules: list[_Rule]
         clock, past = F.expr(r.clock), F.expr(r.framed_past)
         per_file += [F.min(clock).alias(f"oldest{i}"), F.count_if(past).alias(f"past{i}"),
                      F.min(F.to_date(F.when(~past | past.isNull(), clock))).alias(f"next{i}")]
-    files = indriver.local_rows(spark, [(same_file(p), n, size) for p, n, size in lake.table(table).file_sizes()],
-                                "dsr_path string, dsr_rows long, dsr_bytes long")
+    files = lake.table(table).file_sizes()
     grouped = rows.groupBy("dsr_file").agg(*per_file).join(files, F.col("dsr_file") == F.col("dsr_path"), "left")
     totals = []
     for i in range(len(rules)):

@@ -250,7 +250,7 @@ def _take_out(lake: Lake, datamap: DataMap, name: str, subjects: _Subjects, resu
             f"DELETE FROM {lake.quoted(name)} WHERE `{key}` IN (SELECT dsr_value FROM {view})"))
     finally:
         spark.catalog.dropTempView(view)
-    stats = _own(handle, before).stats  # our DELETE's, not a concurrent writer's
+    stats = _own(handle, before).stats
     # copy-on-write: the files holding the rows went (rows removed), rewritten without them (rows added)
     result.rows_removed = (stats.rows_removed or 0) - (stats.rows_added or 0)
     result.data_files_rewritten = stats.files_removed
@@ -297,12 +297,8 @@ def _refresh(lake: Lake, datamap: DataMap, name: str, shared: Query, whole: Data
 
 
 def _own(table: TableHandle, before: Snapshot | None) -> Snapshot:
-    """The commit this application made after `before` (an append too): the newest of ours since,
-    not merely the newest, which may be a concurrent writer's. Metadata only."""
-    app_id = table.spark.sparkContext.applicationId
-    ours = [s for s in table.history() if s.stats.app_id == app_id and (
-        before is None or (s.snapshot_id != before.snapshot_id and s.committed_ms >= before.committed_ms))]
-    return max(ours, key=lambda s: s.committed_ms)  # we just committed: there is one
+    """Our commit since `before` (an append too), not merely the newest: a concurrent writer's may be."""
+    return cast(Snapshot, table.own_commit_since(before.snapshot_id if before else None, appends=True))
 
 
 def _count_added(table: TableHandle, before: Snapshot | None, result: ShareRefresh) -> None:
