@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from helpers import (
@@ -269,3 +270,79 @@ def test_a_parquet_folder_adopted_as_delta_is_erased_in_place(spark, tmp_path):
     assert sorted(values_of(delta_rows(str(folder)).select(["customer"]))) == sorted(
         f"c{p}-{i}" for p in range(2) for i in range(5) if (p, i) != (1, 3))
     assert not [f for f in folder.rglob("*") if f.is_file() and b"c1-3" in f.read_bytes()]
+
+
+def test_a_subset_of_a_delta_tables_files_is_read_without_opening_the_others(spark, tmp_path):
+    settings = delta_settings(tmp_path, ["demo.events"])
+    attach(spark, settings)
+    synth.generate(spark, settings, users=USERS, events=200, seed=SEED, batches=2)
+    handle = Lake.of(spark, settings).table("demo.events")
+    files = sorted(re.sub("^file:/+", "/", path) for path, _, _ in handle.live_files())
+    assert len(files) >= 2
+    rows = handle.read_files(handle.current_snapshot().snapshot_id, {files[0]})
+    selected = rows.select(F.input_file_name().alias("file"), "event_id")
+    read = selected.collect()
+    assert {re.sub("^file:/+", "/", r.file) for r in read} == {files[0]}
+    assert sorted(r.event_id for r in read) == sorted(pq.read_table(files[0], columns=["event_id"])["event_id"]
+                                                      .to_pylist())
+    scan = selected._jdf.queryExecution().executedPlan().collectLeaves().head()
+    assert scan.metrics().apply("numFiles").value() == 1  # not every file of the version, filtered
+
+
+@pytest.mark.parametrize("writer", ["append", "delete"])
+def test_another_writer_during_the_engines_own_delta_rewrite(spark, tmp_path, monkeypatch, writer):
+    """A Delta table without a change data feed is erased by the engine's own rewrite, committed
+    through Delta's transaction. Another writer's commit between its write and its commit makes it
+    retry from the new version (open-source Delta fails any non-append commit on an unpartitioned
+    table after an append, as it fails its own DELETE): an append is kept and the request completes;
+    a commit that removed rows leaves the proof to the next run."""
+    from lakehouse_dsr.lake import delta
+
+    settings = delta_settings(tmp_path, ["demo.newsletter"])
+    attach(spark, settings)
+    synth.generate(spark, settings, users=USERS, events=100, seed=SEED + 3, batches=1)
+    path = settings.delta_tables()["demo.newsletter"]
+    ids, emails = subscribed(settings, spark)
+    bystander = sorted(values_of(delta_rows(path).select(["email"])) - set(emails))[0]
+    newcomer = "newcomer@example.org"
+    done: list[str] = []
+    metrics = delta._metrics
+
+    def meanwhile(*args):  # the rows are written, the commit not yet made
+        if not done:
+            if writer == "append":
+                row = {**delta_rows(path).slice(0, 1).to_pylist()[0], "email": newcomer}  # a blind append
+                schema = spark.read.format("delta").load(path).schema
+                spark.createDataFrame([row], schema).write.format("delta").mode("append").save(path)
+            else:
+                spark.sql(f"DELETE FROM delta.`{path}` WHERE email = '{bystander}'")
+            done.append(writer)
+        return metrics(*args)
+
+    from lakehouse_dsr import faults
+
+    histories: list = []
+    armed = faults.failpoint
+
+    def history_after_erase(name: str) -> None:  # the erase commit's own entry, before the purge cleans the log
+        if name == "after_erase":
+            histories.append(spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("operation = 'DELETE'").collect())
+        armed(name)
+
+    monkeypatch.setattr(delta, "_metrics", meanwhile)
+    monkeypatch.setattr(faults, "failpoint", history_after_erase)
+    ledger = Ledger(settings)
+    submitted = ledger.submit([RequestInput(ids[0], "erase", "gdpr")]).created
+    report = run(spark, settings)
+    erased = report.tables["demo.newsletter"]["erase"]
+    assert done and erased["strategy"] == "rewrite_files" and erased["attempts"] == 2
+    left = values_of(delta_rows(path).select(["email"]))
+    assert emails[0] not in left and (newcomer in left if writer == "append" else bystander not in left)
+    ours = [h for h in histories[0] if h.operationParameters["predicate"] == "[]"]
+    assert len(ours) == 1 and int(ours[0].operationMetrics["numDeletedRows"]) == 1
+    if writer == "delete":  # a commit that removed rows lies between the plan and the erase: not proven yet
+        assert not report.completed and not erased["collateral"]["conclusive"]
+        monkeypatch.undo()
+        report = run(spark, settings)
+    assert [r.request_id for r in report.completed] == submitted
+    assert delta_traces(path, {emails[0]}, [emails[0].encode()]) == []

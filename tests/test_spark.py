@@ -225,7 +225,7 @@ def test_kept_java_objects_are_not_released_one_by_one(spark):
         gateway.gateway_property.enable_memory_management = True
 
 
-def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakehouse, monkeypatch):
+def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakehouse, monkeypatch, tmp_path):
     settings = new_lakehouse()
     size = jvm.mapped_bytes(settings)
     assert 0 < size <= jvm.QUICK_JIT_MAX_BYTES and jvm.small_lake(settings)
@@ -234,8 +234,20 @@ def test_lake_size_read_from_table_metadata_decides_the_quick_compiler(new_lakeh
     monkeypatch.setattr(jvm, "QUICK_JIT_MAX_TABLES", 12)
     monkeypatch.setattr(jvm, "QUICK_JIT_MAX_BYTES", size - 1)
     assert not jvm.small_lake(settings)
+    monkeypatch.setattr(jvm, "QUICK_JIT_MAX_BYTES", 32 * 1024 * 1024)
+    # a Delta table: its Parquet files on storage, not its log
+    delta = tmp_path / "clicks"
+    (delta / "_delta_log").mkdir(parents=True)
+    (delta / "_delta_log" / f"{0:020d}.checkpoint.parquet").write_bytes(b"x" * 10**6)
+    (delta / "part-0.parquet").write_bytes(b"x" * 1000)
+    settings.datamap.tables["web.clicks"] = settings.datamap.tables["demo.events"].model_copy(
+        update={"format": "delta", "path": str(delta)})
+    assert jvm.mapped_bytes(settings) == size + 1000 and jvm.small_lake(settings)
+    (delta / "part-1.parquet").write_bytes(b"x" * 32 * 1024 * 1024)
+    assert not jvm.small_lake(settings)
     settings.datamap.tables["demo.missing"] = settings.datamap.tables["demo.events"]
-    assert jvm.mapped_bytes(settings, limit=10**12) >= 10**12  # unreadable: counts as big
+    del settings.datamap.tables["web.clicks"]
+    assert jvm.mapped_bytes(settings, limit=10**12) > 10**12 and not jvm.small_lake(settings)  # unreadable: big
 
 
 def test_local_python_workers_import_the_installed_pyspark_not_the_bundled_zip(spark):

@@ -23,7 +23,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -51,8 +51,10 @@ from .table import (
 
 if TYPE_CHECKING:
     from .lakehouse import Lake
+    from .skipping import Candidates
 
-_CAPABILITIES = Capabilities(file_rewrite=False, subquery_dml=False, refs=False, commit_files=True)
+_CAPABILITIES = Capabilities(file_rewrite=True, driver_files=False, statement_modes=True, subquery_dml=False,
+                             refs=False, commit_files=True)
 
 # What marks this application's commits (Delta writes the session's value into each commitInfo).
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -248,13 +250,22 @@ class DeltaTable:
         return self.read_files(until_id, added)
 
     def read_files(self, snapshot_id: int | None, paths: set[str] | None) -> DataFrame:
-        """The rows of the files at `paths` (None: all) as of a version, deletion vectors applied."""
-        rows = self.read_at(snapshot_id)
+        """The rows of the files at `paths` (None: all) as of a version, deletion vectors applied. Only
+        those files are opened: they are read as Delta's own DELETE reads its candidate files
+        (`DeltaLog.createDataFrame` over their `add` actions), where a filter on the file's path would
+        leave Delta's scan reading every file of the version."""
         if paths is None:
-            return rows
+            return self.read_at(snapshot_id)
+        snapshot = self._snapshot_at(snapshot_id)
+        files = self._add_files(snapshot, paths)
+        return DataFrame(_with_defaults(self._log(), "createDataFrame", snapshot, _seq(self.spark, files)),
+                         self.spark)
+
+    def _add_files(self, snapshot: Any, paths: set[str] | frozenset[str]) -> Any:
+        """The `add` actions (a Java list of AddFile) of the files at `paths` live in `snapshot`, picked
+        in Spark from the log's file list by absolute path: no statistic reaches Python."""
         wanted = sorted({same_file(p) for p in paths})
-        return rows.where(F.regexp_replace(F.col("_metadata.file_path"), "^file:/+", "/").isin(wanted)).drop(
-            "_metadata")
+        return snapshot.allFiles().where(_absolute_path(self._root()).isin(wanted)._jc).collectAsList()
 
     def live_rows(self, snapshot_id: int | None) -> int:
         """Rows a reader sees at a version: a count (deletion vectors applied)."""
@@ -344,9 +355,7 @@ class DeltaTable:
         `same_file` does, rows a reader sees (None without statistics), bytes. The log's file list, in
         Spark (as `_absolute` resolves a relative, URL-encoded path)."""
         files = DataFrame(self._snapshot().allFiles().toDF(), self.spark)
-        path = F.when(F.col("path").rlike("^[a-z][a-z0-9+.-]*:"), F.col("path")).otherwise(
-            F.concat(F.lit(self._root() + "/"), F.url_decode("path")))
-        return files.select(F.regexp_replace(path, "^file:/+", "/").alias("dsr_path"), _rows(files).alias("dsr_rows"),
+        return files.select(_absolute_path(self._root()).alias("dsr_path"), _rows(files).alias("dsr_rows"),
                             F.col("size").alias("dsr_bytes"))
 
     def row_masks(self) -> int:
@@ -397,6 +406,64 @@ class DeltaTable:
         root = self._root()
         return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
                 for r in listed.select("path", "size", "rows", "dsr_may").collect()]
+
+    def rewritable(self) -> bool:
+        """Whether the engine's own rewrite (`overwrite_files`) keeps what the table tracks: not where
+        it records a change data feed (Delta's DELETE copies the deleted rows to `_change_data`, which
+        downstream readers apply) or row tracking (row ids survive Delta's rewrite, not ours): Spark's
+        MERGE erases there. Metadata only."""
+        properties = self.properties()
+        return not any(properties.get(p, "false").lower() == "true"
+                       for p in ("delta.enableChangeDataFeed", "delta.enableRowTracking"))
+
+    def sorted_by_order(self) -> bool:
+        """False: a Delta table declares no sort order; a rewrite's tasks take files as Delta's reader
+        packs them (a clustered table's next OPTIMIZE restores its layout)."""
+        return False
+
+    def overwrite_files(self, files: Candidates, rows: DataFrame, *, redacting: bool = False,
+                        branch: str | None = None, commit_if: Callable[[], bool] | None = None) -> bool:
+        """Replace the candidate `files` (live at their version) by `rows` in one commit of Delta's own
+        transaction, as Delta's copy-on-write DELETE (`redacting`: UPDATE) commits its rewrite, but for
+        exactly these files: `rows` written by Delta's writer (`writeFiles`: the table's partitioning,
+        column mapping, statistics and constraints), the old files removed with their deletion
+        vectors. The commit records an empty predicate: no value reaches the log. Delta validates it
+        from the files' version on: a commit that meanwhile removed one of these files (a DELETE,
+        UPDATE, MERGE, deletion vector, compaction or overwrite of them) fails it, and the caller
+        retries from the new version (the new files are deleted). No read predicate is recorded, so
+        an append to another partition passes; open-source Delta checks every transaction as
+        Serializable, and on an unpartitioned table fails it for any append meanwhile, as it fails its
+        own DELETE: the retry keeps the appended rows (and erases them where they hold a requested
+        key). `commit_if`: asked once the rows are written;
+        False deletes them and commits nothing. Returns whether it committed. Cost: one read and one
+        write of the rows; the old files' `add` actions are picked from the log's file list in Spark.
+        """
+        if branch is not None:
+            raise ValueError(f"table {self.name}: Delta tables have no branches")
+        spark = self.spark
+        snapshot = self._snapshot_at(files.snapshot_id)
+        option = jclass(spark, "scala.Option")
+        txn = self._log().startTransaction(option.empty(), option.apply(snapshot))
+        old = self._add_files(snapshot, set(files.paths()))
+        written = txn.writeFiles(rows._jdf)
+        root = self._root()
+        new_paths = [_absolute(root, str(a.path())) for a in _java_list(spark, written)]
+        try:
+            if commit_if is not None and not commit_if():
+                _delete(spark, new_paths)
+                return False
+            now = int(time.time() * 1000)
+            added = _java_list(spark, written)
+            removes = [a.removeWithTimestamp(now, True) for a in old]
+            operations = "org.apache.spark.sql.delta.DeltaOperations"
+            operation = (jclass(spark, f"{operations}$Update")(option.empty()) if redacting
+                         else jclass(spark, f"{operations}$Delete")(_seq(spark, [])))
+            txn.registerSQLMetrics(spark._jsparkSession, _metrics(spark, list(old), added, redacting))
+            txn.commit(_seq(spark, removes + added), operation)
+            return True
+        except Exception:
+            _delete(spark, new_paths)
+            raise
 
     def statements_in_mode(self, mode: str) -> AbstractContextManager[None]:
         """DELETE, UPDATE and MERGE in the block `copy-on-write`: they rewrite the files holding the
@@ -695,6 +762,53 @@ def _absolute(root: str, path: str) -> str:
     from urllib.parse import unquote
 
     return path if re.match(r"^[a-z][a-z0-9+.-]*:", path) else f"{root}/{unquote(path)}"
+
+
+def _absolute_path(root: str) -> Column:
+    """A log file list's `path` as `_absolute` resolves it, spelled as `same_file` does (in Spark)."""
+    path = F.when(F.col("path").rlike("^[a-z][a-z0-9+.-]*:"), F.col("path")).otherwise(
+        F.concat(F.lit(root + "/"), F.url_decode("path")))
+    return F.regexp_replace(path, "^file:/+", "/")
+
+
+def _metrics(spark: SparkSession, old: list[Any], added: list[Any], redacting: bool) -> Any:
+    """The operation metrics Delta's DELETE (UPDATE) records, of a rewrite that replaced the `old`
+    AddFiles by the `added` ones (a Scala Map of SQLMetrics): files and bytes, and a deletion's rows
+    deleted and copied, from the files' own row counts (DESCRIBE HISTORY shows them; a commit's
+    rows removed spare `rows_after_commit` a count)."""
+    def records(files: list[Any]) -> int | None:
+        counts = [f.numLogicalRecords() for f in files]
+        return None if any(c.isEmpty() for c in counts) else sum(int(c.get()) for c in counts)
+
+    values = {"numRemovedFiles": len(old), "numAddedFiles": len(added),
+              "numRemovedBytes": sum(int(f.size()) for f in old), "numAddedBytes": sum(int(f.size()) for f in added)}
+    before, after = records(old), records(added)
+    if not redacting and before is not None and after is not None:
+        values |= {"numDeletedRows": before - after, "numCopiedRows": after}
+    elif not redacting:  # Delta's DELETE reads a 0 here as rows it could not count
+        values |= {"numDeletedRows": 0, "numCopiedRows": 0}
+    metrics = getattr(jclass(spark, "scala.collection.immutable.Map$"), "MODULE$").empty()
+    create = jclass(spark, "org.apache.spark.sql.execution.metric.SQLMetrics").createMetric
+    for name, value in values.items():
+        metric = create(spark._jsc.sc(), name)
+        metric.set(value)
+        metrics = metrics.updated(name, metric)
+    return metrics
+
+
+def _java_list(spark: SparkSession, seq: Any) -> list[Any]:
+    """A Scala Seq's items, as Python's handles on them."""
+    return list(jclass(spark, "scala.collection.JavaConverters").seqAsJavaList(seq))
+
+
+def _seq(spark: SparkSession, items: Any) -> Any:
+    """A Scala Seq of a Java list, or of a Python list of Java objects."""
+    if isinstance(items, list):
+        java = jclass(spark, "java.util.ArrayList")()
+        for item in items:
+            java.add(item)
+        items = java
+    return jclass(spark, "scala.collection.JavaConverters").asScalaBuffer(items).toSeq()
 
 
 def _delete(spark: SparkSession, paths: list[str]) -> int:

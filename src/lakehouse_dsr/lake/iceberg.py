@@ -39,8 +39,10 @@ from .table import (
 
 if TYPE_CHECKING:
     from .lakehouse import Lake
+    from .skipping import Candidates
 
-_CAPABILITIES = Capabilities(file_rewrite=True, subquery_dml=True, refs=True, commit_files=True)
+_CAPABILITIES = Capabilities(file_rewrite=True, driver_files=True, statement_modes=False, subquery_dml=True,
+                             refs=True, commit_files=True)
 
 # Larger than any file: with min 0 and max this, rewrite_data_files selects files only for their deletes.
 _NO_SIZE_LIMIT = str(2**62)
@@ -210,18 +212,24 @@ class IcebergTable:
 
     # Commits of our own
 
-    def overwrite_files(self, old_files: list, rows: DataFrame, read_snapshot_id: int, conflict_filter,
+    def rewritable(self) -> bool:
+        """Whether a rewrite keeps what the format tracks per row: format v3's row lineage would be
+        lost (its statements keep it). Metadata only."""
+        return self.format_version() <= 2
+
+    def overwrite_files(self, files: Candidates, rows: DataFrame, *, redacting: bool = False,
                         branch: str | None = None, commit_if: Callable[[], bool] | None = None) -> bool:
-        """Replace `old_files` (Java DataFiles of snapshot `read_snapshot_id`) by `rows` in one
-        `overwrite` commit, as Spark's copy-on-write DELETE would, but for exactly these files.
+        """Replace the candidate `files` (planned at a snapshot) by `rows` in one `overwrite` commit, as
+        Spark's copy-on-write DELETE would, but for exactly these files (`redacting`: an Iceberg
+        overwrite names no kind of change).
 
         `rows` are written through Iceberg's rewrite path (option `rewritten-file-scan-task-set-id`: the
         new files are staged, not committed), each task's rows in the order they come, as Iceberg's
         bin-pack compaction writes: no shuffle, no sort (rows read file by file keep a clustered
         table's order). The commit is validated like a serializable copy-on-write operation: it fails (and the
-        caller retries) when another writer meanwhile added data `conflict_filter` may match, or deleted
-        from the old files. `branch`: commit on that branch instead of main (`read_snapshot_id` is then a
-        snapshot of the branch's line). `commit_if`: asked once the rows are written; False deletes the
+        caller retries) when another writer meanwhile added data the candidates' predicate may match, or
+        deleted from the old files. `branch`: commit on that branch instead of main (the candidates'
+        snapshot is then one of the branch's line). `commit_if`: asked once the rows are written; False deletes the
         new files and commits nothing. Returns whether it committed. Cost: one read and one write of
         the rows.
         """
@@ -240,7 +248,8 @@ class IcebergTable:
                 for location in call(spark, "locations", new_files):
                     io.deleteFile(location)
                 return False
-            replace_files(spark, jtable, old_files, new_files, read_snapshot_id, conflict_filter, branch)
+            replace_files(spark, jtable, files.data_files(spark), new_files, cast(int, files.snapshot_id),
+                          files.predicate, branch)
             return True
         finally:
             coordinator.clearRewrite(jtable, set_id)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -186,22 +187,37 @@ def archive_usable(archive: Path) -> bool:
 
 
 def mapped_bytes(settings: Settings, limit: int = QUICK_JIT_MAX_BYTES) -> int:
-    """Bytes of data files in the current snapshots of the mapped tables, read from table metadata
-    through pyiceberg (no JVM; one metadata read per table), stopping once past `limit`.
-    A table that cannot be read counts as `limit`: when in doubt, the full compiler."""
+    """Bytes of data files of the mapped tables, stopping once past `limit`, with no JVM: an Iceberg
+    table's current snapshot through pyiceberg (one metadata read), a Delta table's Parquet files on
+    local storage (a directory walk: files its history still keeps count too). A table that cannot
+    be measured so (remote Delta storage, unreadable metadata) counts as past `limit`: when in
+    doubt, the full compiler."""
     from .catalog import open_catalog
 
     catalog = open_catalog(settings)
+    delta = settings.delta_tables()
     total = 0
     for table in [*settings.datamap.tables, *settings.datamap.derived]:
         try:
-            snapshot = catalog.load_table(tuple(table.split("."))).current_snapshot()
-            total += int(snapshot.summary.get("total-files-size") or 0) if snapshot and snapshot.summary else 0
+            if table in delta:
+                total += _local_parquet_bytes(delta[table])
+            else:
+                snapshot = catalog.load_table(tuple(table.split("."))).current_snapshot()
+                total += int(snapshot.summary.get("total-files-size") or 0) if snapshot and snapshot.summary else 0
         except Exception:
-            total += limit
+            total += limit + 1
         if total > limit:
             break
     return total
+
+
+def _local_parquet_bytes(location: str) -> int:
+    """Bytes of the Parquet files under a local location, its `_delta_log` aside (ValueError for other
+    storage)."""
+    if re.match(r"^[a-z][a-z0-9+.-]*:", location) and not location.startswith("file:"):
+        raise ValueError(f"not local storage: {location}")
+    root = Path(re.sub(r"^file:(//)?", "", location))
+    return sum(p.stat().st_size for p in root.rglob("*.parquet") if "_delta_log" not in p.relative_to(root).parts)
 
 
 def small_lake(settings: Settings) -> bool:

@@ -27,6 +27,7 @@ from .bridge import call, jclass
 
 if TYPE_CHECKING:
     from .lakehouse import Lake
+    from .skipping import Candidates
 
 T = TypeVar("T")
 
@@ -86,14 +87,21 @@ class Capabilities:
     """What a handle can do beyond the protocol every format offers.
 
     `file_rewrite`: replace named data files by rows the engine wrote, in one validated commit
-    (Iceberg's overwrite with the staged rewrite), read and rewrite small tables in the driver, and
-    write position deletes: the `rewrite_files`, `delete_positions` and folded strategies.
-    `subquery_dml`: DELETE/UPDATE with an EXISTS subquery (open-source Delta refuses it: MERGE).
+    (Iceberg's overwrite with the staged rewrite; Delta's own transaction): the `rewrite_files`
+    strategy (`FileRewriting`). `driver_files`: read and rewrite small tables in the driver, and write
+    position deletes (Iceberg format v2): the in-driver rewrite, `delete_positions` and folded plans
+    (`DriverRewriting`).
+    `statement_modes`: Spark's DELETE, UPDATE and MERGE can be told to rewrite files instead of
+    masking rows (`TableHandle.statements_in_mode`; Delta: else the table's own choice; Iceberg's
+    follow the table's properties). `subquery_dml`: DELETE/UPDATE with an EXISTS subquery
+    (open-source Delta refuses it: MERGE).
     `refs`: branches and tags. `commit_files`: the files one commit added, removed and attached
     deletes to are known (`TableHandle.commit_files`), for the content collateral check (else counts
     are checked)."""
 
     file_rewrite: bool
+    driver_files: bool
+    statement_modes: bool
     subquery_dml: bool
     refs: bool
     commit_files: bool
@@ -241,14 +249,21 @@ class TableHandle(Protocol):
 
 class FileRewriting(TableHandle, Protocol):
     """A handle whose `capabilities.file_rewrite` holds: it replaces named data files by rows the
-    engine wrote, or attaches position deletes to them, in one validated commit (IcebergTable)."""
+    engine wrote, in one validated commit (IcebergTable, DeltaTable)."""
 
-    def format_version(self) -> int: ...
+    def rewritable(self) -> bool: ...
 
     def sorted_by_order(self) -> bool: ...
 
-    def overwrite_files(self, old_files: Any, rows: DataFrame, read_snapshot_id: int, conflict_filter: Any,
+    def overwrite_files(self, files: Candidates, rows: DataFrame, *, redacting: bool = False,
                         branch: str | None = None, commit_if: Callable[[], bool] | None = None) -> bool: ...
+
+
+class DriverRewriting(FileRewriting, Protocol):
+    """A handle whose `capabilities.driver_files` holds: files written in the driver replace named
+    data files, or position deletes are attached to them, in one validated commit (IcebergTable)."""
+
+    def format_version(self) -> int: ...
 
     def replace_files(self, jtable: Any, old_files: Any, new_files: Any, read_snapshot_id: int,
                       conflict_filter: Any) -> None: ...
@@ -257,7 +272,7 @@ class FileRewriting(TableHandle, Protocol):
                              conflict_filter: Any) -> None: ...
 
 
-class RefKeeping(FileRewriting, Protocol):
+class RefKeeping(DriverRewriting, Protocol):
     """A handle whose `capabilities.refs` holds: branches and tags that pin snapshots, made, moved and
     dropped, and files rewritten on a branch (IcebergTable)."""
 

@@ -26,7 +26,7 @@ from ..lake import indriver, membership, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.lakehouse import Lake
 from ..lake.skipping import POSITION, Candidates
-from ..lake.table import FileRewriting, Snapshot, TableHandle
+from ..lake.table import DriverRewriting, FileRewriting, Snapshot, TableHandle
 from . import collateral, matching
 from .collateral import CollateralResult, Observed
 from .matching import TableKeys
@@ -233,7 +233,7 @@ def positional(table: TableHandle, mapping: TableMapping, erase: EraseSettings, 
     a deletion on a format-v2 table whose owner chose merge-on-read deletes, its purge not in this
     run (else the files are rewritten at once). Format v3 takes deletion vectors: Spark writes those."""
     return (mapping.action == "delete" and erase.max_delete_positions > 0 and not purging
-            and table.capabilities.file_rewrite and _rewriting(table).format_version() == 2
+            and table.capabilities.driver_files and _in_driver_rewriting(table).format_version() == 2
             and table.write_mode("delete") == "merge-on-read")
 
 
@@ -323,13 +323,18 @@ def _in_driver(spark: SparkSession, erase: EraseSettings, candidates: skipping.C
 
 def _rewrites(handle: TableHandle, mapping: TableMapping, purging: bool, modes: dict[str, str]) -> bool:
     """Whether the table's files may be rewritten at once (choose_strategy's `rewrite`)."""
-    return handle.capabilities.file_rewrite and _rewriting(handle).format_version() <= 2 and (
+    return handle.capabilities.file_rewrite and _rewriting(handle).rewritable() and (
         purging or modes["delete" if mapping.action == "delete" else "update"] == "copy-on-write")
 
 
 def _rewriting(handle: TableHandle) -> FileRewriting:
     """`handle` as one that rewrites named files (only where `capabilities.file_rewrite` holds)."""
     return cast(FileRewriting, handle)
+
+
+def _in_driver_rewriting(handle: TableHandle) -> DriverRewriting:
+    """`handle` as one that commits files the driver wrote (only where `capabilities.driver_files` holds)."""
+    return cast(DriverRewriting, handle)
 
 
 def _plan(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys: TableKeys, purging: bool,
@@ -343,7 +348,7 @@ def _plan(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
     # the write mode the strategy leaves the table's files in; a statement that would mask rows the
     # purge rewrites in this run rewrites them at once where the format lets it (statements_in_mode)
     mode = {"rewrite_files": "copy-on-write", "delete_positions": "merge-on-read"}.get(strategy) \
-        or ("copy-on-write" if purging and not handle.capabilities.file_rewrite else modes[strategy.split("_")[0]])
+        or ("copy-on-write" if purging and handle.capabilities.statement_modes else modes[strategy.split("_")[0]])
     table_plan = TablePlan.from_groups(handle.name, mapping, groups, strategy, mode, snapshot_id,
                                        handle.live_rows(snapshot_id), candidates, positions)
     if folded:
@@ -375,7 +380,7 @@ def folds(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
     the unclustered 10M-event table, 190 MB of a 670 MB erase stage, about 3 s)."""
     if (not keys.single or keys.groups[0].is_array or candidates.files < _FOLD_MIN_FILES
             or candidates.rows is None or candidates.bytes <= erase.in_driver_max_bytes
-            or candidates.files < candidates.total_files or not handle.capabilities.file_rewrite
+            or candidates.files < candidates.total_files or not handle.capabilities.driver_files
             or _rewriting(handle).sorted_by_order()):
         return False
     key_type = keys.sets[0].requesters.schema["key_value"].dataType
@@ -483,8 +488,8 @@ def _rewrite_files(handle: TableHandle, action: str, erase: EraseSettings, table
         new_files = indriver.attempt(f"{table}: the rewrite",
                                      lambda: indriver.rewrite(spark, chosen, keys.key_columns(), action == "delete"))
         if new_files is not None:
-            _rewriting(handle).replace_files(chosen.jtable, chosen.data_files(spark), new_files, read_snapshot_id,
-                                             now.predicate)
+            _in_driver_rewriting(handle).replace_files(chosen.jtable, chosen.data_files(spark), new_files,
+                                                       read_snapshot_id, now.predicate)
             return None
     # A sorted table's files are rewritten one per task, each in its order (bounds stay narrow for
     # data skipping); other tables' files are packed into the read's splits, as compaction would:
@@ -507,8 +512,8 @@ def _rewrite_files(handle: TableHandle, action: str, erase: EraseSettings, table
         table_plan.rows_matched, table_plan.matches_by_request = counter.counted()
         return table_plan.rows_matched > 0
 
-    committed = _rewriting(handle).overwrite_files(chosen.data_files(spark), collateral.erased_rows(rows, keys, action),
-                                       read_snapshot_id, now.predicate, commit_if=found_any)
+    committed = _rewriting(handle).overwrite_files(chosen, collateral.erased_rows(rows, keys, action),
+                                                   redacting=action == "redact", commit_if=found_any)
     return collateral.observed(sums, chosen.paths()) if sums and committed else None
 
 
@@ -526,7 +531,7 @@ def _delete_positions(handle: TableHandle, mapping: TableMapping, erase: EraseSe
         return
     spark = handle.spark
     written = indriver.position_deletes(spark, now, table_plan.positions)
-    _rewriting(handle).add_position_deletes(now.jtable, written, sorted(table_plan.positions),
+    _in_driver_rewriting(handle).add_position_deletes(now.jtable, written, sorted(table_plan.positions),
                                             cast(int, now.snapshot_id), now.predicate)
 
 

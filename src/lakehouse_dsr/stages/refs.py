@@ -163,6 +163,5 @@ def rewrite_on_branch(table: RefKeeping, branch: str, snapshot_id: int, cleaning
         chosen = candidates.subset(spark, holding)
         content = skipping.read(chosen, file_per_task=True)
         if content is not None:
-            table.overwrite_files(chosen.data_files(spark), cleaning.cleaned(content), snapshot_id,
-                                  chosen.predicate, branch)
+            table.overwrite_files(chosen, cleaning.cleaned(content), branch=branch)
     return next(r.snapshot_id for r in table.refs() if r.name == branch)
