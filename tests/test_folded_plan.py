@@ -104,8 +104,7 @@ def test_a_rewrite_that_finds_no_one_commits_nothing_and_leaves_no_file(spark, t
     on_disk = set(data_dir.rglob("*.parquet"))
     candidates = skipping.plan(table, snapshot.snapshot_id, (KeyGroup("user_id", "user_id"),), (None,))  # every file
     asked = []
-    committed = table.overwrite_files(candidates.data_files(spark), skipping.read(candidates),
-                                      snapshot.snapshot_id, candidates.predicate,
+    committed = table.overwrite_files(candidates, skipping.read(candidates),
                                       commit_if=lambda: asked.append(True) or False)
     assert asked == [True] and committed is False
     assert table.current_snapshot().snapshot_id == snapshot.snapshot_id

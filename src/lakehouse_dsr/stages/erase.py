@@ -178,9 +178,11 @@ def choose_strategy(action: str, distinct_keys: int, broadcast_max_keys: int, mo
     found the positions, else MERGE with a broadcast key set while it fits and the table's modes
     allow, else DELETE/UPDATE.
 
-    `rewrite_files` (`rewrite`: format v1/v2, and copy-on-write for this change or a purge in this
-    run): only the files the plan found matches in are read and rewritten (without the requested
-    rows, or with their groups nulled), in one overwrite commit (TableHandle.overwrite_files). Spark's
+    `rewrite_files` (`rewrite`: a handle that rewrites files and keeps what its format tracks per row
+    that way (FileRewriting.rewritable: Iceberg v1/v2; Delta without a change data feed or row
+    tracking), and copy-on-write for this change or a purge in this run): only the files the plan
+    found matches in are read and rewritten (without the requested rows, or with their groups
+    nulled), in one commit replacing them (FileRewriting.overwrite_files). Spark's
     MERGE plans its own scan and reads the key columns of every file first, since data skipping
     cannot reach it without values in its text. On a merge-on-read table whose purge runs in the
     same run, delete files would be rewritten by the purge minutes later: rewriting the files at
