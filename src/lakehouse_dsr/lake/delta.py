@@ -400,12 +400,24 @@ class DeltaTable:
         if not keys:
             return [(path, size, rows, True) for path, size, rows in self.live_files(snapshot_id)]
         snapshot = self._snapshot_at(snapshot_id)
+        # The plan, the rewrite and the check ask at the same version with the same values: one job.
+        # The entry holds the values' DataFrames, so no other object can take their ids meanwhile.
+        key = (str(snapshot.metadata().id()), self.path, int(snapshot.version()),
+               tuple((column, id(values)) for column, values in keys))
+        with _listed_lock:
+            if key in _listed_for_keys:
+                return _listed_for_keys[key][0]
         files = DataFrame(snapshot.allFiles().toDF(), self.spark)
         listed = _may_hold(files.select("path", "size", _rows(files).alias("rows"), "stats"),
                            [(self._stats_path(column), values) for column, values in keys])
         root = self._root()
-        return [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
-                for r in listed.select("path", "size", "rows", "dsr_may").collect()]
+        found = [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
+                 for r in listed.select("path", "size", "rows", "dsr_may").collect()]
+        with _listed_lock:
+            _listed_for_keys[key] = (found, keys)
+            while len(_listed_for_keys) > _LISTED_MAX:
+                del _listed_for_keys[next(iter(_listed_for_keys))]
+        return found
 
     def rewritable(self) -> bool:
         """Whether the engine's own rewrite (`overwrite_files`) keeps what the table tracks: not where
@@ -708,6 +720,8 @@ def _copy_on_write(spark: SparkSession) -> Iterator[None]:
 
 # Live file lists by (table id, location, version): a version's list never changes.
 _listed: dict[tuple[str, str, int], list[tuple[str, int, int | None, bool]]] = {}
+# The same with each file's "may hold one of these values" (files_for_keys), by the values' objects.
+_listed_for_keys: dict[tuple, tuple[list[tuple[str, int, int | None, bool]], list[tuple[str, DataFrame]]]] = {}
 _listed_lock = threading.Lock()
 _LISTED_MAX = 32
 
