@@ -289,7 +289,7 @@ def test_a_subset_of_a_delta_tables_files_is_read_without_opening_the_others(spa
     assert scan.metrics().apply("numFiles").value() == 1  # not every file of the version, filtered
 
 
-@pytest.mark.parametrize("writer", ["append", "delete"])
+@pytest.mark.parametrize("writer", ["append", pytest.param("delete", marks=pytest.mark.slow)])  # two runs
 def test_another_writer_during_the_engines_own_delta_rewrite(spark, tmp_path, monkeypatch, writer):
     """A Delta table without a change data feed is erased by the engine's own rewrite, committed
     through Delta's transaction. Another writer's commit between its write and its commit makes it
