@@ -457,15 +457,14 @@ class DeltaTable:
         option = jclass(spark, "scala.Option")
         txn = self._log().startTransaction(option.empty(), option.apply(snapshot))
         old = self._add_files(snapshot, set(files.paths()))
-        written = txn.writeFiles(rows._jdf)
+        added = _java_list(spark, txn.writeFiles(rows._jdf))
         root = self._root()
-        new_paths = [_absolute(root, str(a.path())) for a in _java_list(spark, written)]
+        new_paths = [_absolute(root, str(a.path())) for a in added]
         try:
             if commit_if is not None and not commit_if():
                 _delete(spark, new_paths)
                 return False
             now = int(time.time() * 1000)
-            added = _java_list(spark, written)
             removes = [a.removeWithTimestamp(now, True) for a in old]
             operations = "org.apache.spark.sql.delta.DeltaOperations"
             operation = (jclass(spark, f"{operations}$Update")(option.empty()) if redacting
