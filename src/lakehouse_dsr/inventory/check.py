@@ -137,13 +137,8 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
 
 def delta_problems(datamap: DataMap, delta: Collection[str]) -> list[str]:
     """What the data map asks of its Delta tables (`delta`: their names) that the engine does not do on
-    Delta yet: retention rules by a clock of the subject (their statements need a subquery, which
-    Delta's DELETE and UPDATE refuse), shredding, shares read from them."""
-    problems = [f"table {t}: expire rule {i} ({r.describe()}): a clock of the subject on a Delta table is not "
-                "supported yet (use a clock column of the table)"
-                for t, rules in datamap.expiring.items() if t in delta
-                for i, r in enumerate(rules, 1) if r.subject_clock is not None]
-    problems += [f"table {t}: action: shred on a Delta table is not supported yet"
+    Delta yet: shredding, shares read from them."""
+    problems = [f"table {t}: action: shred on a Delta table is not supported yet"
                  for t in datamap.shredded if t in delta]
     problems += [f"share {s}: a share of a Delta table is not supported yet" for s, m in datamap.shares.items()
                  if m.source in delta]

@@ -3,7 +3,8 @@
 A rule is past for a row when the row's clock (a date or timestamp column) is before the rule's
 cutoff, the run's date less the rule's period, at 00:00 UTC (`ExpiryRule.cutoff`). A clock of the
 subject (`clock: {table, column}`) is the latest value of that column among the subject's rows in
-another keyed table, joined on the key both hold: an IN subquery in the statements, a left join
+another keyed table, joined on the key both hold: an IN subquery in the statements (a MERGE with
+the subjects past the cutoff where the format's DML refuses a subquery: open-source Delta), a left join
 (`framed`) in the report's aggregates; NULL (or no row) there: never past. Per table: one
 commit per rule with something past (`DELETE ... WHERE clock < cutoff`, or `UPDATE ... SET c = NULL`
 for the rows past whose listed columns are not all NULL yet), deletes first so no row is redacted
@@ -77,6 +78,7 @@ class _Rule:
     framed_past: str  # `past` over `framed` rows (no subquery: usable in aggregates)
     subjects: str | None = None  # clock of the subject: SELECT dsr_subject, dsr_clock (one row per subject)
     key: str | None = None  # ... and the table's key column it joins on
+    gone: str | None = None  # ... and its subjects past the cutoff: SELECT dsr_subject
 
     @classmethod
     def of(cls, rule: ExpiryRule, clock_type: DataType, today: date, index: int = 0,
@@ -87,8 +89,7 @@ class _Rule:
         literal = (f"DATE '{cutoff.isoformat()}'" if isinstance(clock_type, DateType)
                    else f"TIMESTAMP_NTZ '{cutoff.isoformat()} 00:00:00'" if isinstance(clock_type, TimestampNTZType)
                    else f"TIMESTAMP '{cutoff.isoformat()} 00:00:00Z'")  # an instant: independent of the session zone
-        redacted = (" AND (" + " OR ".join(f"{column_ref(c)} IS NOT NULL" for c in rule.redact) + ")"
-                    if rule.redact else "")
+        redacted = f" AND {_not_redacted(rule)}" if rule.redact else ""
         of = rule.subject_clock
         if of is None:
             clock = column_ref(cast(str, rule.clock))
@@ -100,12 +101,21 @@ class _Rule:
         subjects = (f"SELECT {their_key} AS dsr_subject, CASE WHEN count({column}) = count(*) THEN max({column}) END "
                     f"AS dsr_clock FROM {clock_table} WHERE {their_key} IS NOT NULL GROUP BY {their_key}")
         clock = f"`dsr_clock{index}`"
-        past = f"{key} IN (SELECT dsr_subject FROM ({subjects}) WHERE dsr_clock < {literal}){redacted}"
-        return cls(rule, cutoff, past, clock, f"{clock} < {literal}{redacted}", subjects, subject_keys[0])
+        gone = f"SELECT dsr_subject FROM ({subjects}) WHERE dsr_clock < {literal}"
+        return cls(rule, cutoff, f"{key} IN ({gone}){redacted}", clock, f"{clock} < {literal}{redacted}", subjects,
+                   subject_keys[0], gone)
 
-    @property
-    def statement(self) -> str:
-        """The DML for table `{t}`: one commit."""
+    def statement(self, subquery_dml: bool = True) -> str:
+        """The DML for table `{t}`: one commit. A clock of the subject is an IN subquery, or where the
+        format's DELETE and UPDATE refuse one (`subquery_dml` false: open-source Delta), a MERGE of the
+        table with its subjects past the cutoff (one row per subject: no target row matched twice)."""
+        if self.subjects is not None and not subquery_dml:
+            assert self.key is not None
+            redacted = f" AND {_not_redacted(self.rule)}" if self.rule.redact else ""
+            action = "DELETE" if self.rule.delete else "UPDATE SET " + ", ".join(
+                f"{column_ref(c)} = NULL" for c in self.rule.redact)
+            return (f"MERGE INTO {{t}} AS dsr_target USING ({self.gone}) AS dsr_past "
+                    f"ON dsr_target.{column_ref(self.key)} = dsr_past.dsr_subject WHEN MATCHED{redacted} THEN {action}")
         if self.rule.delete:
             return f"DELETE FROM {{t}} WHERE {self.past}"
         return "UPDATE {t} SET " + ", ".join(f"{column_ref(c)} = NULL" for c in self.rule.redact) + \
@@ -116,6 +126,11 @@ class _Rule:
         """The table's columns the rule reads: its clock (or the key a clock of the subject joins on)
         and its redacted columns."""
         return [self.key or cast(str, self.rule.clock), *self.rule.redact]
+
+
+def _not_redacted(rule: ExpiryRule) -> str:
+    """Rows a redact rule has yet to redact: one of its columns is not NULL."""
+    return "(" + " OR ".join(f"{column_ref(c)} IS NOT NULL" for c in rule.redact) + ")"
 
 
 def framed(spark: SparkSession, rows: DataFrame, rules: list[_Rule]) -> DataFrame:
@@ -287,8 +302,8 @@ def _table(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: 
         if past and not dry_run:
             before = handle.current_snapshot()
             # the same predicate again after a conflict: safe to repeat
-            lake.with_conflict_retries(f"{table}: {r.rule.describe()}",
-                                          partial(spark.sql, r.statement.format(t=name)))
+            statement = r.statement(handle.capabilities.subquery_dml).format(t=name)
+            lake.with_conflict_retries(f"{table}: {r.rule.describe()}", partial(spark.sql, statement))
             commit = handle.own_commit_since(before.snapshot_id if before else None)
             if commit is not None:
                 fields.update(snapshot_id=commit.snapshot_id, data_files_deleted=commit.stats.files_removed,
