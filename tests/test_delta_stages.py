@@ -117,20 +117,17 @@ def test_erased_people_appended_again_are_erased_by_the_next_run(spark, delta_la
     assert back not in values_of(delta_rows(events).select(["user_id"]))
 
 
-SHARE = {"from": "demo.events", "key": "user_id", "sql": "SELECT user_id, event_type FROM demo.events"}
-
-
 def test_what_the_engine_cannot_do_on_delta_is_refused_by_name_before_anything_changes(spark, tmp_path):
     settings = delta_settings(tmp_path, LAYOUTS["mixed"])
     raw = settings.model_dump(mode="json", exclude_none=True)
-    raw["datamap"]["shares"] = {"partner.events": SHARE}  # a share's refresh reads a Delta source Spark refuses
+    raw["datamap"]["tables"]["demo.events"]["action"] = "shred"  # crypto-shredding a Delta table: not yet
     settings = settings_from_dict(raw, base=tmp_path)
     attach(spark, settings)
     synth.generate(spark, settings, users=5, events=20, seed=SEED, batches=1)
     events = settings.delta_tables()["demo.events"]
     versions = len(DeltaTable(events).history())
     Ledger(settings).submit([RequestInput(synth.user_id(SEED, 1), "erase", "gdpr")])
-    with pytest.raises(DataMapError, match=re.escape("share partner.events: a share of a Delta table is not "
+    with pytest.raises(DataMapError, match=re.escape("table demo.events: action: shred on a Delta table is not "
                                                      "supported yet")):
         run(spark, settings)
     assert len(DeltaTable(events).history()) == versions

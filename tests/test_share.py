@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
 
-from helpers import SEED, datamap_dict, make_settings, snapshot_ids, write_config
+from helpers import DELTA_LAYOUTS, SEED, datamap_dict, delta_settings, make_settings, snapshot_ids, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import settings_from_dict
@@ -224,12 +224,17 @@ def test_opt_in_is_accepted_by_dsr_submit_and_csv_and_dated(lake, tmp_path):
 
 
 @pytest.mark.slow
-def test_erasure_removes_the_subject_from_shares_and_dsr_verify_checks_them(spark, tmp_path):
-    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0}, datamap=with_shares({SHARE: SPEC}))
+@pytest.mark.parametrize("source_format", ["iceberg", "delta"])
+def test_erasure_removes_the_subject_from_shares_and_dsr_verify_checks_them(spark, tmp_path, source_format):
+    """The share's source an Iceberg or a Delta table (with deletion vectors and a change data feed)."""
+    raw = delta_settings(tmp_path, DELTA_LAYOUTS[source_format]).model_dump(mode="json", exclude_none=True)
+    raw["datamap"]["shares"] = {SHARE: SPEC}
+    settings = settings_from_dict(raw, base=tmp_path)
     attach(spark, settings)
     synth.generate(spark, settings, users=20, events=200, seed=SEED, batches=2)
     gone = synth.user_id(SEED, 3)
-    assert run(spark, settings).shares[SHARE]["mode"] == "created"
+    first = run(spark, settings).shares[SHARE]
+    assert first["mode"] == "created", first["error"]
     assert anywhere(spark, settings, [gone])["live"] > 0
     (erase_id,) = Ledger(settings).submit([RequestInput(gone, "erase")]).created
     report = run(spark, settings)

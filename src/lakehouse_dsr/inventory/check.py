@@ -137,12 +137,8 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
 
 def delta_problems(datamap: DataMap, delta: Collection[str]) -> list[str]:
     """What the data map asks of its Delta tables (`delta`: their names) that the engine does not do on
-    Delta yet: shredding, shares read from them."""
-    problems = [f"table {t}: action: shred on a Delta table is not supported yet"
-                 for t in datamap.shredded if t in delta]
-    problems += [f"share {s}: a share of a Delta table is not supported yet" for s, m in datamap.shares.items()
-                 if m.source in delta]
-    return problems
+    Delta yet: shredding."""
+    return [f"table {t}: action: shred on a Delta table is not supported yet" for t in datamap.shredded if t in delta]
 
 
 def check_formats(lake: Lake, datamap: DataMap) -> None:

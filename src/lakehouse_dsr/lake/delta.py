@@ -236,7 +236,21 @@ class DeltaTable:
     # Rows
 
     def read_at(self, snapshot_id: int | None) -> DataFrame:
-        """The table as of a version (the current one when None)."""
+        """The table as of a version (the current one when None), for any consumer. A version that may
+        hold deletion vectors is read over its file list (`DeltaLog.createDataFrame` over its `add`
+        actions, listed in the driver's JVM: metadata only): Delta pins a scan of a version to its
+        files only when its own planner runs, which a write into another format's table (a share, a
+        derived Iceberg table) skips, and it refuses an unpinned scan of such a version."""
+        snapshot = self._snapshot_at(snapshot_id)
+        vectors = getattr(jclass(self.spark, "org.apache.spark.sql.delta.commands.DeletionVectorUtils$"), "MODULE$")
+        if not vectors.deletionVectorsReadable(snapshot.protocol(), snapshot.metadata()):
+            return self._scan(snapshot_id)
+        return DataFrame(_with_defaults(self._log(), "createDataFrame", snapshot,
+                                        _seq(self.spark, snapshot.allFiles().collectAsList())), self.spark)
+
+    def _scan(self, snapshot_id: int | None) -> DataFrame:
+        """Delta's own scan of a version: its planner skips files by statistics and answers a count from
+        the log, where no write into another format's table consumes it."""
         reader = self.spark.read.format("delta")
         if snapshot_id is not None:
             reader = reader.option("versionAsOf", str(snapshot_id))
@@ -269,18 +283,18 @@ class DeltaTable:
 
     def live_rows(self, snapshot_id: int | None) -> int:
         """Rows a reader sees at a version: a count (deletion vectors applied)."""
-        return 0 if snapshot_id is None else self.read_at(snapshot_id).count()
+        return 0 if snapshot_id is None else self._scan(snapshot_id).count()
 
     def rows_after_commit(self, snapshot_id: int | None, rows_before: int) -> int:
         """Rows a reader sees after a commit, given the rows before it: from the commit's own metrics
         when it only removed rows, else a count."""
         if snapshot_id is None:
-            return self.read_at(None).count()
+            return self._scan(None).count()
         commit = next((s for s in self.history() if s.snapshot_id == snapshot_id), None)
         if commit is not None and commit.stats.rows_removed is not None and not commit.stats.rows_added \
                 and commit.operation in ("delete", "overwrite"):
             return rows_before - commit.stats.rows_removed
-        return self.read_at(snapshot_id).count()
+        return self._scan(snapshot_id).count()
 
     # The line of commits
 
@@ -495,7 +509,7 @@ class DeltaTable:
         properties = self.properties()
         top = key.split(".")[0]
         indexed = int(properties.get("delta.dataSkippingNumIndexedCols", "32"))
-        columns = self.read_at(None).columns
+        columns = self._scan(None).columns
         if "delta.dataSkippingStatsColumns" not in properties and (top not in columns
                                                                    or columns.index(top) >= indexed):
             spark.sql(f"ALTER TABLE {self.quoted} SET TBLPROPERTIES ('delta.dataSkippingStatsColumns' = '{top}')")
