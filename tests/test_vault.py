@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -49,9 +50,10 @@ def _holds(values: set, needle: str) -> bool:
     return any(needle in v if isinstance(v, str) else raw in v for v in values)
 
 
-def _shred_settings(settings, **extra):
+def _shred_settings(settings, table_format: str = "iceberg", **extra):
     dm = datamap_dict(settings.datamap)
-    dm["tables"][EVENTS] = {"key": "user_id", "action": "shred", "encrypted": ["event_details"], **extra}
+    dm["tables"][EVENTS] = {"key": "user_id", "action": "shred", "encrypted": ["event_details"],
+                            "format": table_format, **extra}
     return make_settings(Path(settings.key_file()).parent, catalog=settings.catalog.model_dump(), datamap=dm,
                          purge={"orphan_min_age_minutes": 0})
 
@@ -177,10 +179,14 @@ def _hash(settings, value: str) -> str:
 
 
 @pytest.mark.slow
-def test_shred_erases_through_the_vault_and_access_reads_through_it(spark, tmp_path):
+@pytest.mark.parametrize("table_format", ["iceberg", "delta"])
+def test_shred_erases_through_the_vault_and_access_reads_through_it(spark, tmp_path, table_format):
+    """The shredded copy an Iceberg or a Delta table (the vault is always the engine's Iceberg table)."""
     settings, _ = make_disk_lakehouse(spark, tmp_path)
-    pseudonymize_table(spark, settings, "demo.events", EVENTS, "user_id", encrypt=["event_details"])
-    settings = _shred_settings(settings)
+    made = pseudonymize_table(spark, settings, "demo.events", EVENTS, "user_id", encrypt=["event_details"],
+                              table_format=table_format)
+    assert made.datamap_entry()[EVENTS].get("format", "iceberg") == table_format
+    settings = _shred_settings(settings, table_format)
     erased, kept = synth.user_id(SEED, 1), synth.user_id(SEED, 2)
     values = spark.createDataFrame([(erased,), (kept,)], "value string")
     link = vault.links(spark, settings, values, "user_id", vault.open_keys(spark, settings)).collect()
@@ -325,3 +331,26 @@ def test_dsr_pseudonymize_prints_the_datamap_entry_and_refuses_bad_input(spark, 
     assert "already exists" in again.stderr and "only string or binary" in bad.stderr
     assert synth.user_id(SEED, 0) not in again.stderr + bad.stderr
     assert not spark.catalog.tableExists(f"{settings.catalog.name}.demo.other")
+
+
+@pytest.mark.parametrize("table_format", ["iceberg", "delta"])
+def test_only_files_whose_key_bounds_are_not_all_pseudonyms_are_read_for_plaintext(spark, tmp_path, table_format):
+    """The shred proof's file list: a file whose key statistics (on Delta, strings cut to 32 characters;
+    pseudonyms are 40) prove every value a pseudonym or null is not read; a file with a plaintext key
+    is, and so is a Parquet file on storage no version references."""
+    settings = make_settings(tmp_path)
+    attach(spark, settings)
+    name = "shredded.keys"
+    lake = Lake(spark, settings.catalog, delta={name: str(tmp_path / "delta" / "keys")} if table_format == "delta"
+                else {})
+    rows = [(f"psn:{uuid.UUID(int=i)}", i) for i in range(3)] + [(None, 9)]
+    lake.create_table(name, spark.createDataFrame(rows, "user_id string, n int").coalesce(1), {})
+    handle = lake.table(name)
+    assert handle.files_not_within("user_id", "psn:") == []
+    spark.sql(f"INSERT INTO {lake.quoted(name)} VALUES ('alice', 1)")
+    (plain,) = handle.files_not_within("user_id", "psn:")
+    assert pq.read_table(plain.removeprefix("file:"), columns=["user_id"]).column("user_id").to_pylist() == ["alice"]
+    stray = Path(plain.removeprefix("file:")).with_name("stray.parquet")
+    stray.write_bytes(Path(plain.removeprefix("file:")).read_bytes())
+    assert sorted(Path(p.removeprefix("file:")).name for p in handle.files_not_within("user_id", "psn:")) == \
+        sorted([Path(plain).name, "stray.parquet"])

@@ -648,6 +648,8 @@ def pseudonymize(
                                                         "data map, else its subject)")] = None,
     encrypt: Annotated[str | None, typer.Option(help="string/binary columns to encrypt per person, comma-separated"
                                                 )] = None,
+    table_format: Annotated[TableFormat, typer.Option("--format", help="iceberg | delta (under delta.warehouse)")
+                            ] = "iceberg",
 ) -> None:
     """Copy a table with its key as vault pseudonyms and columns encrypted per person; print the data-map entry."""
     import yaml
@@ -656,7 +658,7 @@ def pseudonymize(
 
     columns = [c.strip() for c in (encrypt or "").split(",") if c.strip()]
     with err.status(f"pseudonymizing {source} into {into}"):
-        done = pseudonymize_table(_spark(), _settings(), source, into, key, identifier, columns)
+        done = pseudonymize_table(_spark(), _settings(), source, into, key, identifier, columns, table_format)
     err.print(f"{done.target}: {done.rows:,} rows, {done.entries_created:,} new vault entries; add to the data map "
               "(and keep or erase the source as its own entry says):")
     print(yaml.safe_dump({"datamap": {"tables": done.datamap_entry()}}, sort_keys=False), end="")

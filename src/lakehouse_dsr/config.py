@@ -313,10 +313,14 @@ class Settings(_Strict):
         for name, mapping in {**self.datamap_.tables, **self.datamap_.derived}.items():
             if mapping.format == "iceberg":
                 continue
-            location = mapping.path or _join(self.delta.warehouse, *name.split("."))
+            location = mapping.path or self.delta_location(name)
             if mapping.format == "delta" or mapping.path or _is_delta(location):
                 found[name] = location
         return found
+
+    def delta_location(self, name: str) -> str:
+        """Where a path-less Delta table `namespace.table` lives: `<delta.warehouse>/<namespace>/<table>`."""
+        return _join(self.delta.warehouse, *name.split("."))
 
     def namespace(self, name: str) -> str:
         return self.catalog.quoted(name)

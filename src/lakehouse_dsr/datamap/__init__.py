@@ -11,7 +11,8 @@ from .model import (
     column_ref,
     demo_datamap,
     is_array,
+    sql_literal,
 )
 
 __all__ = ["DataMap", "FileMapping", "KeyGroup", "LinkedIdentifier", "SubjectClock", "TableMapping", "column_path",
-           "column_ref", "demo_datamap", "is_array"]
+           "column_ref", "demo_datamap", "is_array", "sql_literal"]

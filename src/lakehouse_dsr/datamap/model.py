@@ -85,6 +85,11 @@ def is_array(column: str) -> bool:
     return column.endswith(_ARRAY)
 
 
+def sql_literal(text: str) -> str:
+    """`text` (a table name, a property, one of our own notes: never data) as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def column_ref(column: str) -> str:
     """A data-map column (a column or a struct path `a.b.c`, `[]` ignored) quoted for Spark SQL and
     `F.col`: `a`.`b`.`c`."""

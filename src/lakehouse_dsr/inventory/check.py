@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -135,18 +135,11 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
     return key_types
 
 
-def delta_problems(datamap: DataMap, delta: Collection[str]) -> list[str]:
-    """What the data map asks of its Delta tables (`delta`: their names) that the engine does not do on
-    Delta yet: shredding."""
-    return [f"table {t}: action: shred on a Delta table is not supported yet" for t in datamap.shredded if t in delta]
-
-
-def check_formats(lake: Lake, datamap: DataMap) -> None:
+def check_formats(lake: Lake) -> None:
     """Refuse, before anything changes, a Delta table the engine cannot erase from and prove (a table
-    feature it would misread, a missing table) or one the data map asks more of than the engine does
-    on Delta yet (DataMapError, every problem named)."""
+    feature that stops its erasure or keeps what its purge cannot clean, a missing table): DataMapError,
+    every problem named."""
     problems = [p for t in lake.delta if (p := lake.table(t).refusal()) is not None]
-    problems += delta_problems(datamap, lake.delta)
     if problems:
         raise DataMapError("the data map's Delta tables:\n  - " + "\n  - ".join(problems))
 

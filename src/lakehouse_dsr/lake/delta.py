@@ -161,6 +161,7 @@ class DeltaTable:
         return _with_defaults(log, "update")
 
     def exists(self) -> bool:
+        """Whether the location holds a Delta log. Metadata only."""
         return bool(self._log().tableExists())
 
     # Metadata
@@ -180,6 +181,13 @@ class DeltaTable:
         """Why the engine cannot erase from this table and prove it (None: it can). Metadata only."""
         if not self.exists():
             return f"table {self.name}: no Delta table at {self.path}"
+        properties = self.properties()
+        if properties.get("delta.appendOnly", "false").lower() == "true":
+            return (f"table {self.name}: delta.appendOnly is true, so Delta refuses every delete and update "
+                    "(unset it to erase from the table)")
+        if formats := properties.get("delta.universalFormat.enabledFormats"):
+            return (f"table {self.name}: delta.universalFormat.enabledFormats is {formats}: the other format's "
+                    "metadata written beside the log keeps column statistics the purge does not clean")
         return None
 
     def _mapped(self) -> StructType | None:
@@ -356,9 +364,25 @@ class DeltaTable:
         return [(path, size, rows) for path, size, rows, _ in self._files(snapshot_id)]
 
     def files_not_within(self, column: str, prefix: str) -> list[str]:
-        """Every data file on storage: the log's statistics (strings cut to 32 characters) are not
-        read as a proof of what a file holds, so each file is read. One listing."""
-        return self.data_files_on_storage()
+        """Data files of the current version whose statistics do not prove each value of `column` null
+        or a string starting with `prefix`, plus every Parquet file on storage the version does not
+        reference. A string statistic cut to 32 characters still bounds its values (a cut minimum is
+        a prefix of the minimum, a cut maximum is raised past the maximum), and every string between
+        two that start with `prefix` starts with it, so bounds that both start with it prove the file.
+        The log's file list in Spark and one listing; only paths reach the driver."""
+        files = DataFrame(self._snapshot_at(None).allFiles().toDF(), self.spark)
+        path = self._stats_path(column)
+        low, high = (F.get_json_object("stats", f"$.{which}.{path}") for which in ("minValues", "maxValues"))
+        nulls = F.get_json_object("stats", f"$.nullCount.{path}").cast("long")
+        after = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first string past every one with the prefix
+        stored = F.get_json_object("stats", "$.numRecords").cast("long")  # deleted rows too: still in the file
+        proven = (nulls == stored) | (low.startswith(prefix) & high.startswith(prefix) & (high < F.lit(after)))
+        root = self._root()
+        listed = [(_absolute(root, r.path), bool(r.proven))
+                  for r in files.select("path", F.coalesce(proven, F.lit(False)).alias("proven")).collect()]
+        known = {same_file(p) for p, _ in listed}
+        unreferenced = [p for p in self.data_files_on_storage() if same_file(p) not in known]
+        return [p for p, ok in listed if not ok] + unreferenced
 
     def files_at(self, snapshot_id: int) -> list[str]:
         """Every data file live at a version (see live_files). Metadata only."""

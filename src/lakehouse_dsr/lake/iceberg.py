@@ -72,6 +72,10 @@ class IcebergTable:
         """`catalog.namespace.table`, as Spark's readers and writers and Iceberg's Spark3Util take it."""
         return f"{self.lake.catalog.name}.{self.name}"
 
+    def exists(self) -> bool:
+        """Whether the catalog has the table. Metadata only."""
+        return bool(self.spark.catalog.tableExists(self.identifier))
+
     @property
     def quoted(self) -> str:
         """The quoted, fully qualified name for SQL text (`lakehouse`.`ns`.`t`)."""

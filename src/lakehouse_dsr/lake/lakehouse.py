@@ -3,6 +3,7 @@ through one SparkSession; `lake.table(name)` is the table's handle, whichever it
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -11,6 +12,7 @@ from typing import Protocol, TypeVar
 from pyspark.sql import DataFrame, SparkSession
 
 from ..config import CatalogSettings, EraseSettings, delta_quoted
+from ..datamap import sql_literal
 from .bridge import jclass
 from .delta import DeltaTable, mark_commits
 from .iceberg import IcebergTable
@@ -99,6 +101,27 @@ class Lake:
         for prop, value in _COPY_ON_WRITE.items():
             writer = writer.tableProperty(prop, value)
         writer.createOrReplace()
+
+    def create_table(self, name: str, rows: DataFrame, properties: Mapping[str, str]) -> None:
+        """Create table `name` from `rows` in one commit with `properties`: a Delta table where the lake
+        maps `name` to a location (CREATE TABLE ... AS SELECT over a temporary view: no value of `rows`
+        in SQL text or in Delta's log), else an Iceberg table (format v2) of the catalog, its namespace
+        created first. Writes `rows` once; fails if the table exists."""
+        if name in self.delta:
+            view = f"dsr_new_{uuid.uuid4().hex}"
+            rows.createOrReplaceTempView(view)
+            pairs = ", ".join(f"{sql_literal(k)} = {sql_literal(v)}" for k, v in properties.items())
+            try:
+                self.spark.sql(f"CREATE TABLE {self.quoted(name)} USING delta "
+                               f"{f'TBLPROPERTIES ({pairs}) ' if pairs else ''}AS SELECT * FROM {view}")
+            finally:
+                self.spark.catalog.dropTempView(view)
+            return
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.quoted_namespace(name.split('.')[0])}")
+        writer = rows.writeTo(self.catalog.quoted(name)).using("iceberg").tableProperty("format-version", "2")
+        for prop, value in properties.items():
+            writer = writer.tableProperty(prop, value)
+        writer.create()
 
     def quoted(self, name: str) -> str:
         """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text."""

@@ -128,7 +128,7 @@ def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: Ru
     with ThreadPoolExecutor(1, thread_name_prefix="dsr-resolve") as pool:
         keys = pool.submit(resolved, spark, settings, report, requests) if requests else None
         with timed(report, "ledger", spark):
-            check_formats(Lake.of(spark, settings), settings.datamap)
+            check_formats(Lake.of(spark, settings))
             key_types = check_against_catalog(spark, settings.datamap, settings.table)
             vault_keys = vault.open_keys(spark, settings) if settings.datamap.shredded else None
         # A resolution that failed is left to the stage that needs it, which fails as it would have.

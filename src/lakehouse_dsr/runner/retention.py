@@ -31,7 +31,7 @@ def expire(spark: SparkSession, settings: Settings, dry_run: bool = False, table
     today = today or now.date()
     retention.selected(settings.datamap, tables)  # an unknown --table fails before Spark reads anything
     lake, datamap = Lake.of(spark, settings), settings.datamap
-    check_formats(lake, datamap)
+    check_formats(lake)
     check_against_catalog(spark, settings.datamap, settings.table)
     ledger = Ledger(settings)
     run_id = f"expire-{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
@@ -51,7 +51,7 @@ def status(spark: SparkSession, settings: Settings, tables: list[str] | None = N
     today = today or utc_now().date()
     retention.selected(settings.datamap, tables)
     lake = Lake.of(spark, settings)
-    check_formats(lake, settings.datamap)
+    check_formats(lake)
     check_against_catalog(spark, settings.datamap, settings.table)
     return retention.status(lake, settings.datamap, active_holds(Ledger(settings), today), today,
                             tables)

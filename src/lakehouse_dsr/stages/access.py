@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from .. import faults
 from ..config import EXPORT_FORMATS
-from ..datamap import DataMap
+from ..datamap import DataMap, sql_literal
 from ..inventory.check import KeyTypes, check_against_catalog
 from ..keys import private_dir, write_private
 from ..lake import plainfiles, privatefiles, skipping
@@ -171,7 +171,7 @@ def _assembled(packages: DataFrame, tables: list[str], shredded: list[str], gene
     SQL expressions naming only tables and constants (never a value of the data): built from Python's
     column functions, the same expressions took ~730 Py4J calls for four tables, a fixed cost every
     small run paid."""
-    names = [_sql_literal(t) for t in tables]
+    names = [sql_literal(t) for t in tables]
     each = [f"transform(filter(rows, r -> r.table_name = {n}), r -> r.row) AS dsr_rows_{i}"
             for i, n in enumerate(names)]
     counts = ", ".join(f"{n}, size(dsr_rows_{i})" for i, n in enumerate(names))
@@ -182,26 +182,21 @@ def _assembled(packages: DataFrame, tables: list[str], shredded: list[str], gene
              "transform(sort_array(subject), s -> s.key_value) AS identifiers"]
     subject = ("map_from_arrays(array_distinct(kinds), transform(array_distinct(kinds), t -> slice(identifiers, "
                "CAST(array_position(kinds, t) AS INT), size(kinds) - size(array_remove(kinds, t)))))")
-    notes = ", ".join(f"struct({_sql_literal(t)}, {_sql_literal(UNLINKABLE_NOTE)})" for t in shredded)
+    notes = ", ".join(f"struct({sql_literal(t)}, {sql_literal(UNLINKABLE_NOTE)})" for t in shredded)
     unlinked = (f"map_from_entries(filter(array({notes}), e -> NOT array_contains(linked, e.col1)))"
                 if shredded else "NULL")
-    note = f"CASE WHEN aggregate(map_values(counts), 0, (a, b) -> a + b) = 0 THEN {_sql_literal(EMPTY_NOTE)} END"
+    note = f"CASE WHEN aggregate(map_values(counts), 0, (a, b) -> a + b) = 0 THEN {sql_literal(EMPTY_NOTE)} END"
     header = (f"to_json(named_struct('request_id', request_id, 'regulation', regulation, "
-              f"'generated_at', {_sql_literal(generated_at)}, 'subject', {subject}, 'note', {note}, "
+              f"'generated_at', {sql_literal(generated_at)}, 'subject', {subject}, 'note', {note}, "
               "'unlinkable', CASE WHEN size(unlinked) > 0 THEN unlinked END), "
               "map('ignoreNullFields', 'true')) AS header")
-    tables_json = ", ".join(f"concat({_sql_literal(json.dumps(t) + ':[')}, "
+    tables_json = ", ".join(f"concat({sql_literal(json.dumps(t) + ':[')}, "
                             f"array_join(sort_array(dsr_rows_{i}), ','), ']')" for i, t in enumerate(tables))
     kept = ["request_id", "regulation", "subject", "linked", "rows"]
     return packages.selectExpr(*kept, *each).selectExpr(
         *kept, *kinds, f"concat('{{', concat_ws(',', {tables_json}), '}}') AS tables_json",
         f"map({counts}) AS counts", f"{unlinked} AS unlinked").selectExpr(
         "request_id", header, "counts", "tables_json" if as_json else "rows")
-
-
-def _sql_literal(text: str) -> str:
-    """`text` (a table name or one of our own notes, never data) as a Spark SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _union(parts: list[DataFrame]) -> DataFrame:

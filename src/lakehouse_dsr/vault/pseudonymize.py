@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -145,34 +146,40 @@ class Pseudonymized:
     encrypted: dict[str, str]
     rows: int
     entries_created: int
+    table_format: Literal["iceberg", "delta"] = "iceberg"
 
     def datamap_entry(self) -> dict:
         """What to put under `tables:` in the data map for the new table."""
         entry: dict[str, str | list[str]] = {"key": self.key, "identifier": self.identifier, "action": "shred"}
         if self.encrypted:
             entry["encrypted"] = list(self.encrypted)
+        if self.table_format == "delta":
+            entry["format"] = "delta"
         return {self.target: entry}
 
 
 def pseudonymize_table(spark: SparkSession, settings: Settings, source: str, target: str, key: str,
-                       identifier: str | None = None, encrypt: list[str] | tuple[str, ...] = ()) -> Pseudonymized:
-    """Write `target`, a new Iceberg table: `source` pseudonymized (same columns, the key holding
-    pseudonyms, encrypted columns as binary). Refuses an existing target. Cost: reads `source` twice
-    (its distinct keys, then the copy), one vault commit, one table write."""
+                       identifier: str | None = None, encrypt: list[str] | tuple[str, ...] = (),
+                       table_format: Literal["iceberg", "delta"] = "iceberg") -> Pseudonymized:
+    """Write `target`, a new table: `source` pseudonymized (same columns, the key holding pseudonyms,
+    encrypted columns as binary); an Iceberg table of the catalog, or (`table_format` delta) a Delta
+    table at `<delta.warehouse>/<namespace>/<table>`. Refuses an existing target. Cost: reads
+    `source` twice (its distinct keys, then the copy), one vault commit, one table write."""
     for name in (source, target):
         check_table_name(name)
-    if spark.catalog.tableExists(f"{settings.catalog.name}.{target}"):
+    delta = {**settings.delta_tables(), **({target: settings.delta_location(target)} if table_format == "delta"
+                                            else {})}
+    lake = Lake(spark, settings.catalog, delta=delta)
+    if lake.table(target).exists():
         raise DataMapError(f"{target} already exists; choose a new table name (nothing was written)")
     df = spark.table(settings.table(source))
     identifier = identifier or _identifier_of(settings, source, key)
     out, created, encrypted = _pseudonymized(df, settings, key, identifier, list(encrypt))
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.namespace(target.split('.')[0])}")
     meta = json.dumps({"key": key, "identifier": identifier, "encrypted": encrypted})
-    (out.writeTo(settings.table(target)).using("iceberg").tableProperty("format-version", "2")
-     .tableProperty(PROPERTY, meta).create())
-    written = Lake.of(spark, settings).table(target).current_snapshot()
-    rows = int(written.summary.get("total-records", 0)) if written else 0
-    return Pseudonymized(source, target, key, identifier, encrypted, rows, created)
+    lake.create_table(target, out, {PROPERTY: meta})
+    written = lake.table(target).current_snapshot()
+    rows = lake.table(target).live_rows(written.snapshot_id) if written else 0
+    return Pseudonymized(source, target, key, identifier, encrypted, rows, created, table_format)
 
 
 def _identifier_of(settings: Settings, source: str, key: str) -> str:

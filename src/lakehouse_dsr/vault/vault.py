@@ -68,7 +68,7 @@ class VaultTable:
         return self.lake.quoted(self.name)
 
     def exists(self) -> bool:
-        return self.lake.spark.catalog.tableExists(self.lake.iceberg(self.name).identifier)
+        return self.lake.iceberg(self.name).exists()
 
     def rows(self, snapshot_id: int | None = None) -> DataFrame:
         """The vault's entries as stored (wrapped keys), now or at a snapshot."""
