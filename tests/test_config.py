@@ -91,6 +91,7 @@ def test_yaml_sets_spark_catalog_and_datamap(tmp_path):
         ("- a list", "top level must be a mapping"),
         ("spark: {mastr: local}", "spark.mastr"),
         ("catalog: {name: 'bad name'}", "plain identifier"),
+        ("delta: {catalog: 'spark_catalog; DROP'}", "delta.catalog 'spark_catalog; DROP' must be a plain identifier"),
         ("purge: {pinned_refs: ignore}", "purge.pinned_refs"),
         ("datamap: {tables: {}}", "lists no tables"),
         ("datamap: {tables: {events: {key: user_id}}}", "namespace.table"),

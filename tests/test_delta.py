@@ -11,6 +11,7 @@ import pytest
 
 from helpers import DELTA_LAYOUTS, SEED, delta_rows, delta_settings, delta_traces, subscribed, values_of
 from lakehouse_dsr import synth
+from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
@@ -18,7 +19,20 @@ from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages.verify import verify_completed
 
 USERS = 30
-LAYOUTS = {layout: tables for layout, tables in DELTA_LAYOUTS.items() if tables}
+# "metastore": the mixed layout's Delta tables registered by name in the session's metastore
+# (spark_catalog, Delta's DeltaCatalog) and mapped by name (`delta.catalog`), not by path
+LAYOUTS = {**{layout: tables for layout, tables in DELTA_LAYOUTS.items() if tables},
+           "metastore": DELTA_LAYOUTS["mixed"]}
+
+
+def _by_name(spark, settings, tables: list[str]):
+    """`settings` with `tables` (Delta tables by path) registered in spark_catalog under their names and
+    mapped by name instead."""
+    for name in tables:
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS spark_catalog.{name.split('.')[0]}")
+        spark.sql(f"DROP TABLE IF EXISTS spark_catalog.{name}")  # an external table: its files stay
+        spark.sql(f"CREATE TABLE spark_catalog.{name} USING delta LOCATION '{settings.delta_tables()[name]}'")
+    return settings.replace(delta={"catalog": "spark_catalog"})
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
@@ -27,14 +41,18 @@ def erased_lake(spark, tmp_path_factory, request):
     settings = delta_settings(root, LAYOUTS[request.param])
     attach(spark, settings)
     synth.generate(spark, settings, users=USERS, events=500, seed=SEED, batches=2)
+    if request.param == "metastore":
+        settings = _by_name(spark, settings, LAYOUTS["metastore"])
+        assert not settings.delta_tables() and settings.table("demo.events") == "`spark_catalog`.`demo`.`events`"
+    locations = {name: path.removeprefix("file:") for name, path in Lake.of(spark, settings).delta.items()}
     ids, emails = subscribed(settings, spark)
     kept = synth.user_id(SEED, USERS - 1)
     ledger = Ledger(settings)
     submitted = ledger.submit([RequestInput(s, "erase", "gdpr") for s in ids]).created
     (access,) = ledger.submit([RequestInput(kept, "access", "gdpr")]).created
-    events = delta_rows(settings.delta_tables()["demo.events"]).to_pylist()  # before the run: delta-rs's view
+    events = delta_rows(locations["demo.events"]).to_pylist()  # before the run: delta-rs's view
     report = run(spark, settings)
-    return {"settings": settings, "ids": ids, "emails": emails, "kept": kept, "report": report,
+    return {"settings": settings, "locations": locations, "ids": ids, "emails": emails, "kept": kept, "report": report,
             "submitted": submitted, "layout": request.param, "ledger": ledger, "access": access,
             "kept_events": sorted(r["event_id"] for r in events if r["user_id"] == kept)}
 
@@ -69,16 +87,16 @@ def test_an_access_package_holds_the_delta_rows_delta_rs_reads(erased_lake):
 
 def test_no_row_version_file_or_log_byte_holds_an_erased_person(erased_lake):
     erased = {*erased_lake["ids"], *erased_lake["emails"]}
-    for name, path in erased_lake["settings"].delta_tables().items():
+    for name, path in erased_lake["locations"].items():
         assert [f for f in Path(path).rglob("*.parquet") if "_delta_log" not in f.parts], name  # data was read
         assert list(Path(path, "_delta_log").iterdir()), name
         assert delta_traces(path, erased, _needles(erased_lake)) == [], name
-    assert erased_lake["kept"] in values_of(delta_rows(erased_lake["settings"].delta_tables()["demo.events"]))
+    assert erased_lake["kept"] in values_of(delta_rows(erased_lake["locations"]["demo.events"]))
 
 
 def test_describe_history_names_nobody_and_the_proof_holds_later(spark, erased_lake):
     settings = erased_lake["settings"]
-    for name in settings.delta_tables():
+    for name in erased_lake["locations"]:
         history = spark.sql(f"DESCRIBE HISTORY {settings.table(name)}").collect()
         text = " ".join(str(r.asDict()) for r in history)
         assert not [i for i in (*erased_lake["ids"], *erased_lake["emails"]) if i in text], name

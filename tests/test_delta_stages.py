@@ -356,3 +356,16 @@ def test_another_writer_during_the_engines_own_delta_rewrite(spark, tmp_path, mo
         report = run(spark, settings)
     assert [r.request_id for r in report.completed] == submitted
     assert delta_traces(path, {emails[0]}, [emails[0].encode()]) == []
+
+
+def test_a_delta_table_the_metastore_does_not_have_is_refused_by_name_before_anything_changes(spark, tmp_path):
+    settings = make_settings(tmp_path, delta={"catalog": "spark_catalog"},
+                             datamap={"subject": "user_id", "tables": {"ghost.events": {"key": "user_id",
+                                                                                       "format": "delta"}}})
+    assert settings.delta_named() == ["ghost.events"] and not settings.delta_tables()
+    ledger = Ledger(settings)
+    ledger.submit([RequestInput("someone", "erase", "gdpr")])
+    with pytest.raises(DataMapError, match=re.escape("table ghost.events: no table `spark_catalog`.`ghost`.`events` "
+                                                     "in the metastore")):
+        run(spark, settings)
+    assert [s.status for s in ledger.statuses()] == ["received"]

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self, get_args
+from typing import Annotated, Any, Literal, Self, cast, get_args
 
 import yaml
 from pydantic import (
@@ -243,9 +243,19 @@ class RecordSettings(_Strict):
 
 class DeltaSettings(_Strict):
     """Where Delta tables live (`delta:`). A data-map table with `format: delta` and no `path:` is at
-    `<warehouse>/<namespace>/<table>`; relative to the config file's folder."""
+    `<warehouse>/<namespace>/<table>` (relative to the config file's folder), or, with `catalog`, the
+    table of that name in that Spark catalog (a metastore behind Delta's DeltaCatalog, e.g.
+    `spark_catalog`), at the location the metastore records."""
 
     warehouse: str = "delta"
+    catalog: str | None = None
+
+    @field_validator("catalog")
+    @classmethod
+    def _plain_catalog(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError(f"delta.catalog {v!r} must be a plain identifier (letters, digits, _)")
+        return v
 
 
 class Settings(_Strict):
@@ -299,19 +309,32 @@ class Settings(_Strict):
 
     def table(self, name: str) -> str:
         """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text: a Delta
-        table of the data map by its path (delta.`/path`), any other through the catalog."""
+        table of the data map by its path (delta.`/path`) or in `delta.catalog` by name, any other
+        through the catalog."""
+        if name in self.delta_named():
+            return ".".join(f"`{part}`" for part in [cast(str, self.delta.catalog), *name.split(".")])
         location = self.delta_tables().get(name)
         return delta_quoted(location) if location is not None else self.catalog.quoted(name)
 
+    def delta_named(self) -> list[str]:
+        """The data map's Delta tables found by name in `delta.catalog` (`format: delta`, no `path:`);
+        none without that catalog. Their locations are the metastore's (Lake.of asks Spark)."""
+        if self.datamap_ is None or self.delta.catalog is None:
+            return []
+        return [name for name, mapping in {**self.datamap_.tables, **self.datamap_.derived}.items()
+                if mapping.format == "delta" and not mapping.path]
+
     def delta_tables(self) -> dict[str, str]:
-        """The data map's Delta tables (mapped and derived) -> their locations: `format: delta`, a
-        `path:`, or (format omitted) a Delta log at `<delta.warehouse>/<namespace>/<table>`. Checks
-        the local file system only for tables whose format is omitted; none without a data map."""
+        """The data map's Delta tables (mapped and derived) reached by path -> their locations: `format:
+        delta`, a `path:`, or (format omitted) a Delta log at `<delta.warehouse>/<namespace>/<table>`
+        (those `delta_named` finds by name aside). Checks the local file system only for tables whose
+        format is omitted; none without a data map."""
         if self.datamap_ is None:
             return {}
         found = {}
+        named = set(self.delta_named())
         for name, mapping in {**self.datamap_.tables, **self.datamap_.derived}.items():
-            if mapping.format == "iceberg":
+            if mapping.format == "iceberg" or name in named:
                 continue
             location = mapping.path or self.delta_location(name)
             if mapping.format == "delta" or mapping.path or _is_delta(location):

@@ -51,10 +51,11 @@ def current_versions(settings: Settings, tables: list[str]) -> dict[str, int | N
     """Each table's current version, without a JVM (the control plane asks): an Iceberg table's
     snapshot id through pyiceberg (its metadata file read), a Delta table's newest commit from one
     listing of its `_delta_log` through pyarrow; None for an empty table, and for a Delta table on a
-    scheme pyarrow does not know (e.g. `s3a://`), which only runs that start Spark check."""
-    delta = settings.delta_tables()
-    catalog = open_catalog(settings) if any(t not in delta for t in tables) else None
-    return {t: _latest_delta_version(delta[t]) if t in delta
+    scheme pyarrow does not know (e.g. `s3a://`) or found by name in a metastore (`delta.catalog`),
+    which only runs that start Spark check."""
+    delta, named = settings.delta_tables(), set(settings.delta_named())
+    catalog = open_catalog(settings) if any(t not in delta and t not in named for t in tables) else None
+    return {t: _latest_delta_version(delta[t]) if t in delta else None if t in named
             else cast(Catalog, catalog).load_table(t).metadata.current_snapshot_id for t in tables}
 
 

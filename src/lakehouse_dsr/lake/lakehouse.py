@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, TypeVar
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from ..config import CatalogSettings, EraseSettings, delta_quoted
 from ..datamap import sql_literal
+from ..exceptions import DataMapError, first_line
 from .bridge import jclass
 from .delta import DeltaTable, mark_commits
 from .iceberg import IcebergTable
@@ -31,6 +33,10 @@ class LakeSettings(Protocol):
     def erase(self) -> EraseSettings: ...
 
     def delta_tables(self) -> dict[str, str]: ...
+
+    def delta_named(self) -> list[str]: ...
+
+    def table(self, name: str) -> str: ...
 
 
 _COPY_ON_WRITE = {"format-version": "2", "write.delete.mode": "copy-on-write", "write.update.mode": "copy-on-write",
@@ -74,8 +80,11 @@ class Lake:
 
     @classmethod
     def of(cls, spark: SparkSession, settings: LakeSettings) -> Lake:
-        """The lake of `settings` (its catalog, Delta tables and erase retries) on `spark`."""
-        return cls(spark, settings.catalog, CommitRetries.of(settings.erase), settings.delta_tables())
+        """The lake of `settings` (its catalog, Delta tables and erase retries) on `spark`. A Delta
+        table the data map names in a metastore (`delta.catalog`) is found at the location the
+        metastore records (DESCRIBE DETAIL: metadata only); DataMapError when it has no such table."""
+        named = {name: _metastore_location(spark, settings.table(name), name) for name in settings.delta_named()}
+        return cls(spark, settings.catalog, CommitRetries.of(settings.erase), {**settings.delta_tables(), **named})
 
     @property
     def catalog_name(self) -> str:
@@ -137,3 +146,14 @@ class Lake:
 
     def _actions(self):
         return jclass(self.spark, "org.apache.iceberg.spark.actions.SparkActions").get(self.spark._jsparkSession)
+
+
+def _metastore_location(spark: SparkSession, quoted: str, name: str) -> str:
+    """Where the metastore's Delta table `quoted` lives (DataMapError when it has none such)."""
+    try:
+        detail = spark.sql(f"DESCRIBE DETAIL {quoted}").select("format", "location").first()
+    except AnalysisException as exc:
+        raise DataMapError(f"table {name}: no table {quoted} in the metastore ({first_line(exc)})") from None
+    if detail is None or detail.format != "delta":
+        raise DataMapError(f"table {name}: {quoted} is not a Delta table (format: delta says it is)")
+    return str(detail.location)
