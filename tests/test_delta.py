@@ -35,7 +35,8 @@ def _by_name(spark, settings, tables: list[str]):
     return settings.replace(delta={"catalog": "spark_catalog"})
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
+@pytest.fixture(scope="module", params=[pytest.param(layout, marks=pytest.mark.slow) if layout == "metastore"
+                                        else layout for layout in LAYOUTS])  # metastore: make test-slow
 def erased_lake(spark, tmp_path_factory, request):
     root = tmp_path_factory.mktemp(f"delta-{request.param}")
     settings = delta_settings(root, LAYOUTS[request.param])
