@@ -207,6 +207,17 @@ def delta_rows(path: str, version: int | None = None) -> pa.Table:
     return rows.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in rows.schema]))
 
 
+def live_rows(settings: Settings, table: str) -> pa.Table:
+    """A mapped table's live rows read without Spark: delta-rs for a Delta table by path, pyiceberg
+    for an Iceberg table of the catalog."""
+    located = settings.delta_tables().get(table)
+    if located is not None:
+        return delta_rows(located)
+    from lakehouse_dsr.lake.catalog import open_catalog
+
+    return open_catalog(settings).load_table(table).scan().to_arrow()
+
+
 def values_of(table: pa.Table) -> set[str]:
     """Every non-null value of every column, as text."""
     return {str(v) for column in table.columns for v in column.to_pylist() if v is not None}

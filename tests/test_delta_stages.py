@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,6 +23,7 @@ from helpers import (
     delta_rows,
     delta_settings,
     delta_traces,
+    live_rows,
     make_settings,
     subscribed,
     values_of,
@@ -369,3 +370,30 @@ def test_a_delta_table_the_metastore_does_not_have_is_refused_by_name_before_any
                                                      "in the metastore")):
         run(spark, settings)
     assert [s.status for s in ledger.statuses()] == ["received"]
+
+
+@pytest.mark.parametrize("table_format", ["iceberg", "delta"])
+def test_a_table_with_a_timestamp_ntz_column_is_erased_exported_and_proven(spark, tmp_path, table_format):
+    """TIMESTAMP_NTZ (Delta's `timestampNtz` table feature, Iceberg's timestamp without zone): the
+    rewrite, the fingerprints, the proof's raw reads and the package keep the wall-clock values."""
+    settings = make_settings(tmp_path, delta={"warehouse": str(tmp_path / "delta")},
+                             purge={"orphan_min_age_minutes": 0},
+                             datamap={"subject": "user_id", "tables": {"app.sessions": {"key": "user_id",
+                                                                                       "format": table_format}}})
+    attach(spark, settings)
+    rows = [(f"u{i % 4}", datetime(2025, 1, 1 + i, 8, 30), i) for i in range(12)]
+    Lake.of(spark, settings).create_table(
+        "app.sessions", spark.createDataFrame(rows, "user_id string, started timestamp_ntz, n int").coalesce(1), {})
+    ledger = Ledger(settings)
+    erased, (access,) = ledger.submit([RequestInput("u0", "erase")]).created, \
+        ledger.submit([RequestInput("u1", "access")]).created
+    report = run(spark, settings)
+    assert sorted(r.request_id for r in report.completed) == sorted([*erased, access]), report.failed
+    assert report.tables["app.sessions"]["verification"]["passed"]
+    assert report.tables["app.sessions"]["erase"]["collateral"]["ok"]
+    left = live_rows(settings, "app.sessions").sort_by("n")
+    assert left.column("user_id").to_pylist() == [u for u, _, _ in rows if u != "u0"]
+    assert left.column("started").to_pylist() == [t for u, t, _ in rows if u != "u0"]  # naive, unshifted
+    package = json.loads((Path(settings.export.directory) / report.run_id / f"{access}.json").read_text())
+    assert sorted(r["started"] for r in package["tables"]["app.sessions"]) == \
+        [t.isoformat(timespec="milliseconds") for u, t, _ in rows if u == "u1"]  # no zone added

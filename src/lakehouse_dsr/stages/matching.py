@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import reduce
+from functools import cached_property, reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -41,9 +41,10 @@ class KeySet:
     size: int  # distinct values: decides whether the statement may broadcast them
     values: skipping.KeyValues | None = None  # the same values in the driver's JVM, for data skipping
 
-    @property
+    @cached_property
     def hits(self) -> DataFrame:
-        """The distinct requested values (column `key_value`)."""
+        """The distinct requested values (column `key_value`): one DataFrame per key set, so the
+        listings memoised by it (DeltaTable.files_for_keys) serve the plan and the check alike."""
         return self.requesters.select("key_value")
 
 
