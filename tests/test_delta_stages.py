@@ -397,3 +397,35 @@ def test_a_table_with_a_timestamp_ntz_column_is_erased_exported_and_proven(spark
     package = json.loads((Path(settings.export.directory) / report.run_id / f"{access}.json").read_text())
     assert sorted(r["started"] for r in package["tables"]["app.sessions"]) == \
         [t.isoformat(timespec="milliseconds") for u, t, _ in rows if u == "u1"]  # no zone added
+
+
+@pytest.mark.slow
+def test_a_restore_behind_the_engines_back_is_caught_and_the_person_erased_again(spark, tmp_path):
+    """Under the batched purge the erase commit's old files stay until the purge, so a RESTORE to the
+    version before it brings the erased person back into live data. The purge run's proof finds them
+    and fails the request, naming where (no certificate for an erasure that did not hold); the next
+    run erases them again, and the purge after it completes the request with nothing left anywhere.
+    (Once purged, no version holding the person is left to restore.)"""
+    settings = delta_settings(tmp_path, LAYOUTS["mixed"], purge={"policy": "batched"})
+    attach(spark, settings)
+    synth.generate(spark, settings, users=USERS, events=300, seed=SEED + 3, batches=1)
+    events = settings.delta_tables()["demo.events"]
+    gone = synth.user_id(SEED + 3, 4)
+    ledger = Ledger(settings)
+    (request,) = ledger.submit([RequestInput(gone, "erase", "gdpr")]).created
+    before = run(spark, settings).tables["demo.events"]["erase"]["snapshot_before"]
+    assert gone not in values_of(delta_rows(events).select(["user_id"]))
+    spark.sql(f"RESTORE TABLE {settings.table('demo.events')} TO VERSION AS OF {before}")
+    assert gone in values_of(delta_rows(events).select(["user_id"]))  # back, behind the engine's back
+
+    purge_day = date.fromisoformat(max(s.purge_by for s in ledger.statuses()))
+    caught = run(spark, settings, today=purge_day)
+    (outcome,) = caught.requests
+    assert outcome.status == "failed" and "demo.events: 3 rows in the current snapshot" in outcome.reason
+    assert not caught.completed
+    again = run(spark, settings, today=purge_day)
+    assert [r.status for r in again.requests] == ["erased"]
+    assert gone not in values_of(delta_rows(events).select(["user_id"]))
+    done = run(spark, settings, today=date.fromisoformat(max(s.purge_by for s in ledger.statuses())))
+    assert [r.request_id for r in done.completed] == [request]
+    assert delta_traces(events, {gone}, [gone.encode(), gone[:32].encode()]) == []

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from ..datamap import column_path, column_ref
-from .bridge import jclass
+from .bridge import compiled, jclass
 from .table import (
     Capabilities,
     Commit,
@@ -51,7 +51,7 @@ from .table import (
 
 if TYPE_CHECKING:
     from .lakehouse import Lake
-    from .skipping import Candidates
+    from .skipping import Candidates, KeyValues
 
 _CAPABILITIES = Capabilities(file_rewrite=True, driver_files=False, statement_modes=True, subquery_dml=False,
                              refs=False, commit_files=True)
@@ -427,30 +427,38 @@ class DeltaTable:
     def _root(self) -> str:
         return str(self._log().dataPath().toString()).rstrip("/")
 
-    def files_for_keys(self, snapshot_id: int | None, keys: list[tuple[str, DataFrame]] | None
+    def files_for_keys(self, snapshot_id: int | None, keys: list[tuple[str, DataFrame, KeyValues | None]] | None
                        ) -> list[tuple[str, int, int | None, bool]]:
         """`live_files`, each with whether it may hold one of `keys`' values (key column, the batch's
-        values of it as `key_value`; None: every file may): its statistics say so in one of the
-        columns (min <= value <= max; a file without statistics for a column may hold any),
-        decided in Spark by a join of the file list with the values, in the same job that lists the
-        files: only paths, sizes, counts and the flag reach the driver. It narrows a table
-        clustered by the key (`dsr optimize`: Z-order or liquid clustering)."""
+        values of it as `key_value`, and the same values in the driver's JVM when held there; None:
+        every file may): its statistics say so in one of the columns (min <= value <= max; a file
+        without statistics for a column may hold any). Decided in the driver's JVM over the version's
+        `add` actions when every column's values are held there (no Spark job: DeltaStats.java), else
+        in Spark by a join of the file list with the values; either way only paths, sizes, counts and
+        the flag reach Python. It narrows a table clustered by the key (`dsr optimize`: Z-order or
+        liquid clustering)."""
         if not keys:
             return [(path, size, rows, True) for path, size, rows in self.live_files(snapshot_id)]
         snapshot = self._snapshot_at(snapshot_id)
-        # The plan, the rewrite and the check ask at the same version with the same values: one job.
+        # The plan, the rewrite and the check ask at the same version with the same values: one listing.
         # The entry holds the values' DataFrames, so no other object can take their ids meanwhile.
         key = (str(snapshot.metadata().id()), self.path, int(snapshot.version()),
-               tuple((column, id(values)) for column, values in keys))
+               tuple((column, id(values)) for column, values, _ in keys))
         with _listed_lock:
             if key in _listed_for_keys:
                 return _listed_for_keys[key][0]
-        files = DataFrame(snapshot.allFiles().toDF(), self.spark)
-        listed = _may_hold(files.select("path", "size", _rows(files).alias("rows"), "stats"),
-                           [(self._stats_path(column), values) for column, values in keys])
-        root = self._root()
-        found = [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
-                 for r in listed.select("path", "size", "rows", "dsr_may").collect()]
+        root, held = self._root(), [kv for _, _, kv in keys]
+        if all(kv is not None for kv in held):
+            listed = json.loads(compiled(self.spark, "DeltaStats").files(
+                snapshot.allFiles().collectAsList(), _list(self.spark, [self._stats_path(c) for c, _, _ in keys]),
+                _list(self.spark, [cast("KeyValues", kv).java_list for kv in held])))
+            found = [(_absolute(root, path), int(size), rows, bool(may)) for path, size, rows, may in listed]
+        else:
+            files = DataFrame(snapshot.allFiles().toDF(), self.spark)
+            flagged = _may_hold(files.select("path", "size", _rows(files).alias("rows"), "stats"),
+                                [(self._stats_path(column), values) for column, values, _ in keys])
+            found = [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
+                     for r in flagged.select("path", "size", "rows", "dsr_may").collect()]
         with _listed_lock:
             _listed_for_keys[key] = (found, keys)
             while len(_listed_for_keys) > _LISTED_MAX:
@@ -758,7 +766,7 @@ def _copy_on_write(spark: SparkSession) -> Iterator[None]:
 # Live file lists by (table id, location, version): a version's list never changes.
 _listed: dict[tuple[str, str, int], list[tuple[str, int, int | None, bool]]] = {}
 # The same with each file's "may hold one of these values" (files_for_keys), by the values' objects.
-_listed_for_keys: dict[tuple, tuple[list[tuple[str, int, int | None, bool]], list[tuple[str, DataFrame]]]] = {}
+_listed_for_keys: dict[tuple, tuple[list[tuple[str, int, int | None, bool]], list[tuple[str, DataFrame, Any]]]] = {}
 _listed_lock = threading.Lock()
 _LISTED_MAX = 32
 
@@ -852,13 +860,18 @@ def _java_list(spark: SparkSession, seq: Any) -> list[Any]:
     return list(jclass(spark, "scala.collection.JavaConverters").seqAsJavaList(seq))
 
 
+def _list(spark: SparkSession, items: list[Any]) -> Any:
+    """A java.util.List of Python strings or Java objects."""
+    java = jclass(spark, "java.util.ArrayList")()
+    for item in items:
+        java.add(item)
+    return java
+
+
 def _seq(spark: SparkSession, items: Any) -> Any:
     """A Scala Seq of a Java list, or of a Python list of Java objects."""
     if isinstance(items, list):
-        java = jclass(spark, "java.util.ArrayList")()
-        for item in items:
-            java.add(item)
-        items = java
+        items = _list(spark, items)
     return jclass(spark, "scala.collection.JavaConverters").asScalaBuffer(items).toSeq()
 
 

@@ -208,7 +208,7 @@ def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ..
     if not isinstance(table, IcebergTable):
         prunable = hits is not None and not any(g.is_array for g in groups) and \
             all(type(h.schema["key_value"].dataType) in _PRUNABLE for h in hits)
-        keys = [(g.column, h) for g, h in zip(groups, hits or (), strict=False)] if prunable else None
+        keys = [(g.column, h, kv) for g, h, kv in zip(groups, hits or (), values, strict=False)] if prunable else None
         return _delta_files(cast(DeltaTable, table), snapshot_id, keys)
     spark = table.spark
     predicate = expression(spark, groups, values)
@@ -230,8 +230,8 @@ def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ..
                       int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable, rows)
 
 
-def _delta_files(table: DeltaTable, snapshot_id: int | None, keys: list[tuple[str, DataFrame]] | None
-                 ) -> Candidates:
+def _delta_files(table: DeltaTable, snapshot_id: int | None,
+                 keys: list[tuple[str, DataFrame, KeyValues | None]] | None) -> Candidates:
     """A Delta table's files at a version (None: an empty table) that may hold `keys` (None: all),
     and its totals, from one listing (DeltaTable.files_for_keys)."""
     if snapshot_id is None:
