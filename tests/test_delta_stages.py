@@ -31,7 +31,7 @@ from helpers import (
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import DataMapError
-from lakehouse_dsr.lake import layout, plainfiles
+from lakehouse_dsr.lake import layout, plainfiles, skipping
 from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -429,3 +429,41 @@ def test_a_restore_behind_the_engines_back_is_caught_and_the_person_erased_again
     done = run(spark, settings, today=date.fromisoformat(max(s.purge_by for s in ledger.statuses())))
     assert [r.request_id for r in done.completed] == [request]
     assert delta_traces(events, {gone}, [gone.encode(), gone[:32].encode()]) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("key_type", "files", "probes"), [
+    # strings past Delta's 32-character statistics (cut minimum, raised maximum), and characters whose
+    # UTF-16 order differs from UTF-8's (a supplementary character sorts after U+E000 only in UTF-8)
+    ("string", [["a" * 40 + "1", "a" * 40 + "9"], ["\ue000x", "\ue000y"], ["\U0001f600a", "\U0001f600b"], ["m", "n"]],
+     ["a" * 40 + "5", "a" * 31, "\ue000z", "\U0001f600a", "\U0001f600c", "mm", "zz"]),
+    ("bigint", [[1, 5], [10, 20], [900000000000, 900000000009]], [3, 6, 15, 900000000005, -1]),
+])
+def test_the_drivers_pruning_by_the_logs_statistics_agrees_with_sparks(spark, tmp_path, key_type, files, probes):
+    """DeltaStats.java (the batch's values held in the driver) and the Spark join over the same log
+    flag the same files, probe by probe; and a value inside a file's bounds flags it."""
+    settings = make_settings(tmp_path)
+    attach(spark, settings)
+    location = str(tmp_path / "keys")
+    for rows in files:  # one file each
+        spark.createDataFrame([(v,) for v in rows], f"k {key_type}").coalesce(1).write.format("delta") \
+            .mode("append").save(location)
+    handle = Lake(spark, settings.catalog, delta={"t.keys": location}).table("t.keys")
+    version = handle.current_snapshot().snapshot_id
+    counts = []
+    for probe in probes:
+        grouped = spark.createDataFrame([(probe, ["r"])], f"key_value {key_type}, request_ids array<string>")
+        held = skipping.key_values(grouped, grouped.schema["key_value"].dataType)
+        assert held is not None
+        in_driver = handle.files_for_keys(version, [("k", grouped.select("key_value"), held)])
+        in_spark = handle.files_for_keys(version, [("k", grouped.select("key_value"), None)])
+        assert in_driver == in_spark, probe
+        counts.append(sum(1 for f in in_driver if f[3]))
+        assert counts[-1] >= sum(1 for rows in files if _utf8(min(rows, key=_utf8)) <= _utf8(probe)
+                                 <= _utf8(max(rows, key=_utf8))), probe  # never pruned where it may be
+    assert 0 in counts and max(counts) > 0  # some probe pruned every file, some kept one
+
+
+def _utf8(value):
+    """Spark's order: strings by their UTF-8 bytes."""
+    return value.encode() if isinstance(value, str) else value
