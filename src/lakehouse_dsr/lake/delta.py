@@ -231,11 +231,25 @@ class DeltaTable:
         return sorted((_version(r) for r in rows), key=lambda s: s.snapshot_id)
 
     def current_snapshot(self) -> Snapshot | None:
+        """The newest version and its commit's record: the log brought up to date (a listing), then
+        that version's commit read once per process (DESCRIBE HISTORY; a version's record never
+        changes). Metadata only."""
         if not self.exists():
             return None
+        snapshot = self._snapshot()
+        key = (str(snapshot.metadata().id()), self.path, int(snapshot.version()))
+        with _listed_lock:
+            if key in _newest:
+                return _newest[key]
         rows = self.spark.sql(f"DESCRIBE HISTORY {self.quoted} LIMIT 1").select(
             "version", "timestamp", "operation", "isBlindAppend", "operationMetrics", "userMetadata").collect()
-        return _version(rows[0]) if rows else None
+        newest = _version(rows[0]) if rows else None
+        if newest is not None:
+            with _listed_lock:  # by its own version: another writer may have committed after the listing
+                _newest[(key[0], key[1], newest.snapshot_id)] = newest
+                while len(_newest) > _LISTED_MAX:
+                    del _newest[next(iter(_newest))]
+        return newest
 
     def refs(self) -> list[Ref]:
         """Delta has no branches or tags: none."""
@@ -767,6 +781,8 @@ def _copy_on_write(spark: SparkSession) -> Iterator[None]:
 _listed: dict[tuple[str, str, int], list[tuple[str, int, int | None, bool]]] = {}
 # The same with each file's "may hold one of these values" (files_for_keys), by the values' objects.
 _listed_for_keys: dict[tuple, tuple[list[tuple[str, int, int | None, bool]], list[tuple[str, DataFrame, Any]]]] = {}
+# The newest version's commit record (current_snapshot) by (table id, location, version).
+_newest: dict[tuple[str, str, int], Snapshot] = {}
 _listed_lock = threading.Lock()
 _LISTED_MAX = 32
 
