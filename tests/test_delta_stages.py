@@ -372,6 +372,7 @@ def test_a_delta_table_the_metastore_does_not_have_is_refused_by_name_before_any
     assert [s.status for s in ledger.statuses()] == ["received"]
 
 
+@pytest.mark.slow  # make test reached 9:30 on a clean clone
 @pytest.mark.parametrize("table_format", ["iceberg", "delta"])
 def test_a_table_with_a_timestamp_ntz_column_is_erased_exported_and_proven(spark, tmp_path, table_format):
     """TIMESTAMP_NTZ (Delta's `timestampNtz` table feature, Iceberg's timestamp without zone): the
