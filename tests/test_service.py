@@ -64,10 +64,12 @@ def test_a_filed_request_is_acknowledged_followed_by_token_and_reaches_the_ledge
         assert "alice" not in status.text
         # a wrong token, a token of another request, a malformed or unknown id: refused, nothing shown
         other = file(client, "bob@example.com").json()
-        for token in ("nope", other["status_token"], ""):
+        for token in ("nope", other["status_token"], "", "t\u00f6ken \U0001f600"):  # non-ASCII too (was a 500)
             refused = client.get(f"/api/v1/requests/{ack['request_id']}", params={"status_token": token})
             assert refused.status_code == 403 and "received" not in refused.text
         assert client.get("/api/v1/requests/req-../../etc").status_code == 404
+        wrong = client.put(f"/api/v1/requests/{ack['request_id']}")  # a method the path does not take
+        assert wrong.status_code == 405 and "GET" in wrong.headers["allow"]
         assert client.get(f"/api/v1/requests/req-{'0' * 21}", params={"status_token": "x"}).status_code == 403
 
     assert wait_in_ledger(service.config, [ack["request_id"], other["request_id"]]) == {

@@ -173,7 +173,9 @@ class Intake:
         return _token(self._keys["token"][0], request_id)
 
     def check_token(self, request_id: str, token: str | None) -> None:
-        if not token or not any(hmac.compare_digest(_token(k, request_id), token) for k in self._keys["token"]):
+        # as bytes: compare_digest refuses str with non-ASCII characters, which anyone may send
+        given = (token or "").encode()
+        if not given or not any(hmac.compare_digest(_token(k, request_id).encode(), given) for k in self._keys["token"]):
             raise IntakeError("the status token does not match this request", 403)
 
     # -- filing -------------------------------------------------------------------------------------
