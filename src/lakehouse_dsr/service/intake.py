@@ -175,7 +175,8 @@ class Intake:
     def check_token(self, request_id: str, token: str | None) -> None:
         # as bytes: compare_digest refuses str with non-ASCII characters, which anyone may send
         given = (token or "").encode()
-        if not given or not any(hmac.compare_digest(_token(k, request_id).encode(), given) for k in self._keys["token"]):
+        keys = self._keys["token"]
+        if not given or not any(hmac.compare_digest(_token(k, request_id).encode(), given) for k in keys):
             raise IntakeError("the status token does not match this request", 403)
 
     # -- filing -------------------------------------------------------------------------------------
