@@ -161,7 +161,8 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         409: "this Idempotency-Key was used for a different request (`field`: Idempotency-Key)",
         413: _BODY_TOO_LARGE,
         422: f"{_SCHEMA}; or a `Refusal` naming `field` (subject_id, email, Idempotency-Key)"}, engine=False))
-    async def file_request(body: FilingBody, idempotency_key: Annotated[str | None, Header()] = None,
+    async def file_request(body: FilingBody,  # the key's bounds in the schema too (Intake.file checks them)
+                           idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
                            sec_gpc: Annotated[str | None, Header()] = None) -> models.Acknowledgement:
         """File a request. The answer (202) comes once it is on disk; its status token is the only way to
         follow it. The same Idempotency-Key again answers the first filing (`replayed`)."""
