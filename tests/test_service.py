@@ -93,8 +93,8 @@ def test_a_retry_with_the_same_idempotency_key_is_the_same_request(service):
         assert other.status_code == 409 and "mallory" not in other.text
         too_long = file(client, "dave", **{"Idempotency-Key": "k" * 201})  # refused as the schema says
         assert too_long.status_code == 422 and "dave" not in too_long.text
-        header = next(p for p in client.get("/api/v1/openapi.json").json()["paths"]["/api/v1/requests"]["post"]["parameters"]
-                      if p["name"] == "idempotency-key")
+        filing = client.get("/api/v1/openapi.json").json()["paths"]["/api/v1/requests"]["post"]
+        header = next(p for p in filing["parameters"] if p["name"] == "idempotency-key")
         assert header["schema"]["anyOf"][0] == {"type": "string", "minLength": 1, "maxLength": 200}
     time.sleep(1.5)
     with service.client() as client:  # after the ingest the replay still answers the first filing
