@@ -70,7 +70,11 @@ class ExtendBody(_Body):
 
 
 class HoldBody(_Body):
-    """A legal hold on one subject or one mapped table (exactly one of them)."""
+    """A legal hold on one subject or one mapped table (exactly one of them: the schema says so too)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [
+        {"required": ["subject_id"], "properties": {"subject_id": {"type": "string"}, "table": {"type": "null"}}},
+        {"required": ["table"], "properties": {"table": {"type": "string"}, "subject_id": {"type": "null"}}}]})
 
     subject_id: str | None = Field(None, min_length=1, max_length=1000)
     table: str | None = Field(None, min_length=1, max_length=300)
