@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -238,17 +238,13 @@ class DeltaTable:
             return None
         snapshot = self._snapshot()
         key = (str(snapshot.metadata().id()), self.path, int(snapshot.version()))
-        with _listed_lock:
-            if key in _newest:
-                return _newest[key]
+        if (known := _recalled(_newest, key)) is not None:
+            return known
         rows = self.spark.sql(f"DESCRIBE HISTORY {self.quoted} LIMIT 1").select(
             "version", "timestamp", "operation", "isBlindAppend", "operationMetrics", "userMetadata").collect()
         newest = _version(rows[0]) if rows else None
-        if newest is not None:
-            with _listed_lock:  # by its own version: another writer may have committed after the listing
-                _newest[(key[0], key[1], newest.snapshot_id)] = newest
-                while len(_newest) > _LISTED_MAX:
-                    del _newest[next(iter(_newest))]
+        if newest is not None:  # by its own version: another writer may have committed after the listing
+            _remember(_newest, (key[0], key[1], newest.snapshot_id), newest)
         return newest
 
     def refs(self) -> list[Ref]:
@@ -267,8 +263,7 @@ class DeltaTable:
         vectors = getattr(jclass(self.spark, "org.apache.spark.sql.delta.commands.DeletionVectorUtils$"), "MODULE$")
         if not vectors.deletionVectorsReadable(snapshot.protocol(), snapshot.metadata()):
             return self._scan(snapshot_id)
-        return DataFrame(_with_defaults(self._log(), "createDataFrame", snapshot,
-                                        _seq(self.spark, snapshot.allFiles().collectAsList())), self.spark)
+        return self._pinned(snapshot, snapshot.allFiles().collectAsList())
 
     def _scan(self, snapshot_id: int | None) -> DataFrame:
         """Delta's own scan of a version: its planner skips files by statistics and answers a count from
@@ -294,6 +289,11 @@ class DeltaTable:
             return self.read_at(snapshot_id)
         snapshot = self._snapshot_at(snapshot_id)
         files = self._add_files(snapshot, paths)
+        return self._pinned(snapshot, files)
+
+    def _pinned(self, snapshot: Any, files: Any) -> DataFrame:
+        """The rows of `files` (a Java list of AddFile) as of `snapshot`, read as Delta's own DELETE reads
+        its candidate files (`DeltaLog.createDataFrame`: deletion vectors applied, only those opened)."""
         return DataFrame(_with_defaults(self._log(), "createDataFrame", snapshot, _seq(self.spark, files)),
                          self.spark)
 
@@ -424,18 +424,14 @@ class DeltaTable:
         per table and version (see live_files)."""
         snapshot = self._snapshot_at(snapshot_id)
         key = (str(snapshot.metadata().id()), self.path, int(snapshot.version()))
-        with _listed_lock:
-            if key in _listed:
-                return _listed[key]
+        if (known := _recalled(_listed, key)) is not None:
+            return known
         files = DataFrame(snapshot.allFiles().toDF(), self.spark)
         masked = F.col("deletionVector").isNotNull() if "deletionVector" in files.columns else F.lit(False)
         root = self._root()
         found = [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.masked))
                  for r in files.select("path", "size", _rows(files).alias("rows"), masked.alias("masked")).collect()]
-        with _listed_lock:
-            _listed[key] = found
-            while len(_listed) > _LISTED_MAX:
-                del _listed[next(iter(_listed))]
+        _remember(_listed, key, found)
         return found
 
     def _root(self) -> str:
@@ -458,9 +454,8 @@ class DeltaTable:
         # The entry holds the values' DataFrames, so no other object can take their ids meanwhile.
         key = (str(snapshot.metadata().id()), self.path, int(snapshot.version()),
                tuple((column, id(values)) for column, values, _ in keys))
-        with _listed_lock:
-            if key in _listed_for_keys:
-                return _listed_for_keys[key][0]
+        if (entry := _recalled(_listed_for_keys, key)) is not None:
+            return entry[0]
         root, held = self._root(), [kv for _, _, kv in keys]
         if all(kv is not None for kv in held):
             listed = json.loads(compiled(self.spark, "DeltaStats").files(
@@ -473,10 +468,7 @@ class DeltaTable:
                                 [(self._stats_path(column), values) for column, values, _ in keys])
             found = [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
                      for r in flagged.select("path", "size", "rows", "dsr_may").collect()]
-        with _listed_lock:
-            _listed_for_keys[key] = (found, keys)
-            while len(_listed_for_keys) > _LISTED_MAX:
-                del _listed_for_keys[next(iter(_listed_for_keys))]
+        _remember(_listed_for_keys, key, (found, keys))
         return found
 
     def rewritable(self) -> bool:
@@ -784,7 +776,22 @@ _listed_for_keys: dict[tuple, tuple[list[tuple[str, int, int | None, bool]], lis
 # The newest version's commit record (current_snapshot) by (table id, location, version).
 _newest: dict[tuple[str, str, int], Snapshot] = {}
 _listed_lock = threading.Lock()
+T = TypeVar("T")
 _LISTED_MAX = 32
+
+
+def _recalled(cache: dict[Any, T], key: Any) -> T | None:
+    """What one of the memos above holds for `key` (None: nothing)."""
+    with _listed_lock:
+        return cache.get(key)
+
+
+def _remember(cache: dict[Any, T], key: Any, value: T) -> None:
+    """Keep `value` in one of the memos above, its oldest entries dropped past _LISTED_MAX."""
+    with _listed_lock:
+        cache[key] = value
+        while len(cache) > _LISTED_MAX:
+            del cache[next(iter(cache))]
 
 
 def _rows(files: DataFrame) -> Column:

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Protocol, TypeVar
 
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, DataFrameWriterV2, SparkSession
 
 from ..config import CatalogSettings, EraseSettings, delta_quoted
 from ..datamap import sql_literal
@@ -105,11 +105,7 @@ class Lake:
         Iceberg table of the catalog (its namespace created first) whose deletes, updates and merges
         rewrite files, so rows taken out leave no delete file behind. The old content stays in its
         history until a purge. Writes `rows` once."""
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.quoted_namespace(name.split('.')[0])}")
-        writer = rows.writeTo(self.catalog.quoted(name)).using("iceberg")
-        for prop, value in _COPY_ON_WRITE.items():
-            writer = writer.tableProperty(prop, value)
-        writer.createOrReplace()
+        self._iceberg_writer(name, rows, _COPY_ON_WRITE).createOrReplace()
 
     def create_table(self, name: str, rows: DataFrame, properties: Mapping[str, str]) -> None:
         """Create table `name` from `rows` in one commit with `properties`: a Delta table where the lake
@@ -126,11 +122,16 @@ class Lake:
             finally:
                 self.spark.catalog.dropTempView(view)
             return
+        self._iceberg_writer(name, rows, {"format-version": "2", **properties}).create()
+
+    def _iceberg_writer(self, name: str, rows: DataFrame, properties: Mapping[str, str]) -> DataFrameWriterV2:
+        """A writer of `rows` into Iceberg table `name` of the catalog with `properties`, its namespace
+        created first."""
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.quoted_namespace(name.split('.')[0])}")
-        writer = rows.writeTo(self.catalog.quoted(name)).using("iceberg").tableProperty("format-version", "2")
+        writer = rows.writeTo(self.catalog.quoted(name)).using("iceberg")
         for prop, value in properties.items():
             writer = writer.tableProperty(prop, value)
-        writer.create()
+        return writer
 
     def quoted(self, name: str) -> str:
         """Fully qualified, quoted name of a table given as `namespace.table`, for SQL text."""
