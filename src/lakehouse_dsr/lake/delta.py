@@ -914,13 +914,25 @@ def _with_defaults(target: Any, method: str, *given: Any) -> Any:
     """`target.method(*given, <the rest at their Scala defaults>)`: Delta's Scala methods take defaults
     that differ between releases, which Py4J cannot fill in; the overload with the most parameters
     whose missing ones all have defaults is called, each from `method$default$N`."""
-    names = {str(m.getName()) for m in target.getClass().getMethods()}
-    arities = sorted({len(m.getParameterTypes()) for m in target.getClass().getMethods()
-                      if m.getName() == method}, reverse=True)
-    arity = next(n for n in arities if n >= len(given)
-                 and all(f"{method}$default${i}" in names for i in range(len(given) + 1, n + 1)))
+    arity = _default_arity(target.getClass(), method, len(given))
     rest = [getattr(target, f"{method}$default${i}")() for i in range(len(given) + 1, arity + 1)]
     return getattr(target, method)(*given, *rest)
+
+
+_ARITIES: dict[tuple[str, str, int], int] = {}
+
+
+def _default_arity(cls: Any, method: str, given: int) -> int:
+    """The arity `_with_defaults` calls, found once per class and method: listing a class's methods
+    takes a Py4J round trip per method (hundreds on Delta's log), which every call paid before."""
+    key = (str(cls.getName()), method, given)
+    if key not in _ARITIES:
+        methods = [(str(m.getName()), len(m.getParameterTypes())) for m in cls.getMethods()]
+        names = {name for name, _ in methods}
+        arities = sorted({n for name, n in methods if name == method}, reverse=True)
+        _ARITIES[key] = next(n for n in arities if n >= given
+                             and all(f"{method}$default${i}" in names for i in range(given + 1, n + 1)))
+    return _ARITIES[key]
 
 
 def _scala_keys(scala_map: Any) -> list[Any]:

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.table import Table
 
 from ..config import Settings
@@ -33,7 +31,7 @@ from ..keys import Keyring, keyed_hash, load_key, load_retired
 from .journal import Journal, Step
 from .lease import current_holder
 from .requests import RequestInput, due_date, utc_now
-from .store import And, EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThanOrEqual, NotNull, Store, arrow_rows
+from .store import Among, EqualTo, GreaterThan, In, NotNull, Store, arrow_rows
 
 # Picked up by the next run. held: a legal hold stopped an erase request (ledger/holds.py); each run
 # looks again, and the first one after the hold ends erases.
@@ -55,13 +53,8 @@ def new_request_id(taken: set[str]) -> str:
 
 
 def _ids_stored(loaded: Table, ids: list[str]) -> set[str]:
-    """Which of `ids` the requests table holds. Reads the request_id column of the files whose bounds
-    overlap [min, max] of `ids` (ids sort by age, so a batch of new ones skips every older file) and
-    matches them in one Arrow pass: an `In` filter of thousands of ids is rebuilt for every file read,
-    which cost the intake's ingester more than the read itself."""
-    found = loaded.scan(row_filter=And(GreaterThanOrEqual("request_id", min(ids)), LessThanOrEqual(
-        "request_id", max(ids))), selected_fields=("request_id",)).to_arrow().column("request_id")
-    return {str(i) for i in pc.filter(found, pc.is_in(found, value_set=pa.array(ids, pa.string()))).to_pylist()}
+    """Which of `ids` the requests table holds (`Among`: a batch of new ids skips every older file)."""
+    return {str(i) for i in Among("request_id", ids).read(loaded, ("request_id",)).column("request_id").to_pylist()}
 
 
 class Ledger:
@@ -177,12 +170,12 @@ class Ledger:
         return found[0]
 
     def evidence(self, request_ids: list[str]) -> dict[str, dict]:
-        rows = self.store.rows("requests", In("request_id", request_ids)) if request_ids else []
+        rows = self.store.rows("requests", Among("request_id", request_ids))
         return {r["request_id"]: json.loads(r["evidence"]) if r["evidence"] else {} for r in rows}
 
     def unrecorded_runs(self, run_ids: list[str]) -> list[str]:
         """Those of `run_ids` that recorded no outcome (a run killed after `finish` did). One small read."""
-        recorded = {r["run_id"] for r in self.store.rows("requests", In("run_id", run_ids), ("run_id",))} \
+        recorded = {r["run_id"] for r in self.store.rows("requests", Among("run_id", run_ids), ("run_id",))} \
             if run_ids else set()
         return [r for r in run_ids if r not in recorded]
 
@@ -234,7 +227,7 @@ class Ledger:
         if not hashed:
             return
         ids = sorted({h[0] for h in hashed})
-        stored = self.store.rows("request_keys", In("request_id", ids))
+        stored = self.store.rows("request_keys", Among("request_id", ids))
         have = {(r["request_id"], r["key_type"], r["key_hash"]) for r in stored}
         new = [{"request_id": r, "key_type": t, "key_hash": h, "key_id": k}
                for r, t, h, k in dict.fromkeys(hashed) if (r, t, h) not in have]
@@ -246,8 +239,8 @@ class Ledger:
         before rotation existed). Two reads pruned to those ids."""
         if not request_ids:
             return []
-        return [*self.store.rows("request_keys", In("request_id", request_ids)),
-                *self.store.rows("erased_keys", In("request_id", request_ids))]
+        return [*self.store.rows("request_keys", Among("request_id", request_ids)),
+                *self.store.rows("erased_keys", Among("request_id", request_ids))]
 
     def suppression_hashes(self, identifier: str) -> list[dict]:
         """(key_hash, key_id) of every `identifier` value acted on for an erase request, any status, and

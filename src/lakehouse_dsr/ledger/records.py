@@ -55,7 +55,7 @@ from ..config import Settings
 from ..exceptions import RequestInputError
 from .ledger import Ledger
 from .requests import REQUEST_TYPES, add_months, utc_now
-from .store import EqualTo, In, LessThan, Store
+from .store import Among, EqualTo, LessThan, Store
 
 log = logging.getLogger("lakehouse_dsr.records")
 _TABLES = ("requests", "request_keys", "audit", "steps", "consent")  # where an expiring request's id is
@@ -315,11 +315,11 @@ def _remove(ledger: Ledger, expiring: list[dict]) -> tuple[int, dict[str, dict[s
     ids = sorted(r["request_id"] for r in expiring)
     erase_ids = sorted(r["request_id"] for r in expiring if r["request_type"] == "erase")
     kept = _keep_hashes(store, erase_ids) if ledger.settings.records.keep_erased_hashes and erase_ids else 0
-    store.delete("request_keys", In("request_id", ids))
-    store.delete("audit", In("request_id", ids))
+    store.delete("request_keys", Among("request_id", ids))
+    store.delete("audit", Among("request_id", ids))
     _unlink_steps(store, set(ids))
     store.replace("consent", "request_id", ids, lambda rows: [{**r, "request_id": None} for r in rows])
-    store.delete("requests", In("request_id", ids))
+    store.delete("requests", Among("request_id", ids))
     window = ledger.settings.purge.orphan_min_age_minutes
     history = {t: store.purge_history(t, window).__dict__ for t in _TABLES}
     gone = set(ids)
@@ -331,9 +331,9 @@ def _remove(ledger: Ledger, expiring: list[dict]) -> tuple[int, dict[str, dict[s
 def _keep_hashes(store: Store, erase_ids: list[str]) -> int:
     """Copy the erase requests' keyed hashes to `erased_keys` (those already there from an interrupted
     pass are not copied twice). Cost: two reads pruned to these ids, one append."""
-    stored = store.rows("erased_keys", In("request_id", erase_ids))
+    stored = store.rows("erased_keys", Among("request_id", erase_ids))
     have = {(r["request_id"], r["key_type"], r["key_hash"]) for r in stored}
-    keys = store.rows("request_keys", In("request_id", erase_ids), ("request_id", "key_type", "key_hash", "key_id"))
+    keys = store.rows("request_keys", Among("request_id", erase_ids), ("request_id", "key_type", "key_hash", "key_id"))
     store.append("erased_keys", [k for k in keys if (k["request_id"], k["key_type"], k["key_hash"]) not in have])
     return len(keys)
 

@@ -46,7 +46,7 @@ from ..evidence.handoff import CertificateReference, EventRequest, ExternalRefer
 from ..exceptions import LedgerError, first_line
 from ..ledger.ledger import Ledger
 from ..ledger.requests import utc_now
-from ..ledger.store import GreaterThan, In
+from ..ledger.store import Among, GreaterThan
 from .queue import Connection, Queue, QueueUnavailableError, open_queue
 
 log = logging.getLogger("lakehouse_dsr.service")
@@ -138,7 +138,7 @@ def collect(queue: Queue, ledger: Ledger, settings: Settings) -> int:
     if not fresh:
         return 0
     requests = {r["request_id"]: r for r in ledger.store.rows(
-        "requests", In("request_id", sorted({r["request_id"] for r in fresh})),
+        "requests", Among("request_id", sorted({r["request_id"] for r in fresh})),
         ("request_id", "request_type", "regulation"))}
     certificates = {r["request_id"]: _certificate(ledger, r["request_id"]) for r in fresh
                     if r["event"] == "completed" and r["request_id"] in requests}
