@@ -132,6 +132,22 @@ public class InDriver {
     return ds.sparkSession().createDataFrame(chosen, ds.schema());
   }
 
+  /** The distinct values (NULL included) of string column `column` of `ds`, a local relation: read
+   * here without a job, and only they cross Py4J, not every row. */
+  public List distinctValues(Dataset ds, String column) {
+    if (!isLocal(ds)) {
+      throw new IllegalArgumentException("not a local relation: its rows would take a Spark job");
+    }
+    int index = ds.schema().fieldIndex(column);
+    List rows = ds.collectAsList();  // a local relation: no job
+    java.util.LinkedHashSet seen = new java.util.LinkedHashSet();
+    for (int i = 0; i < rows.size(); i++) {
+      Row row = (Row) rows.get(i);
+      seen.add(row.isNullAt(index) ? null : row.getString(index));
+    }
+    return new ArrayList(seen);
+  }
+
   /** The rows of `ds` (a local relation), each once per row of `pads` (dsr_key_id, dsr_ipad,
    * dsr_opad: a local relation of HMAC-SHA256 key pads), with that key's id and column `out`: the
    * HMAC of `column` cast to text (UTF-8), in hex, NULL where the column is NULL. What hmac.py's

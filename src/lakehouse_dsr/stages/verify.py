@@ -201,11 +201,15 @@ def keys_for(key_file: Path, hashes: DataFrame, key: bytes | Keyring | HashKeys)
     if "key_id" not in hashes.columns:
         return HashKeys(ring.keys(), {})
     ids = hashes.select("request_id", "key_id")
-    local = indriver.is_local(ids)  # read back without a job: no distinct needed to keep it small
-    used = {r.key_id for r in (ids if local else ids.select("key_id").distinct()).collect()}
+    local = indriver.is_local(ids)  # read in the driver's JVM without a job
+    used = set(indriver.distinct_values(ids, "key_id") if local
+               else (r.key_id for r in ids.select("key_id").distinct().collect()))
     lost_ids = sorted(used - set(ring.keys()) - {None})
-    lost = {r.request_id: r.key_id for r in (ids if local else ids.distinct()).where(
-        F.col("key_id").isin(*lost_ids)).collect()} if lost_ids else {}
+    lost: dict[str, str] = {}
+    if lost_ids:
+        by_lost = indriver.kept_where(ids, "key_id", lost_ids) if local else ids.distinct().where(
+            F.col("key_id").isin(*lost_ids))
+        lost = {r.request_id: r.key_id for r in by_lost.collect()}
     return HashKeys(keys_in_use(ring, used), lost)
 
 
