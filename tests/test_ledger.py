@@ -210,3 +210,28 @@ def test_appended_tables_are_compacted_and_their_history_purged_so_reads_stay_on
         ledger.submit([RequestInput(f"user-{n}", "erase", "gdpr", None)])
         assert int(ledger.store.load("requests").current_snapshot().summary["total-data-files"]) <= 3
     assert sorted(r["subject_id"] for r in ledger.requests()) == sorted(f"user-{n}" for n in range(10))
+
+
+def test_rows_named_by_id_are_read_replaced_and_deleted_without_touching_the_unnamed_ones_between(tmp_path):
+    """`Among` reads the span [min, max] of the named ids and matches them in Arrow: rows inside that
+    span that are not named (every other id here) are neither returned, changed nor deleted. Checked
+    by pyiceberg's own scan of the table."""
+    from lakehouse_dsr.ledger.store import Among
+
+    ledger = Ledger(make_settings(tmp_path))  # pyiceberg only: no Spark
+    ledger.submit([RequestInput(f"p{i}", "erase") for i in range(6)])
+    ids = sorted(r["request_id"] for r in ledger.store.rows("requests", columns=("request_id",)))
+    named, between = ids[0::2], ids[1::2]
+    assert named[0] < between[0] < between[1] < named[-1]  # two unnamed rows inside the named span
+
+    def statuses() -> dict[str, str]:
+        table = ledger.store.load("requests").scan(selected_fields=("request_id", "status")).to_arrow()
+        return dict(zip(table.column("request_id").to_pylist(), table.column("status").to_pylist(), strict=True))
+
+    read = ledger.store.rows("requests", Among("request_id", named), ("status",))
+    assert read == [{"status": "received"}] * 3  # only the asked columns, only the named rows
+    assert ledger.store.rows("requests", Among("request_id", [])) == []
+    ledger.store.replace("requests", "request_id", named, lambda rows: [{**r, "status": "failed"} for r in rows])
+    assert statuses() == {**{i: "failed" for i in named}, **{i: "received" for i in between}}
+    ledger.store.delete("requests", Among("request_id", named))
+    assert statuses() == {i: "received" for i in between}

@@ -12,26 +12,29 @@ import gc
 import getpass
 import json
 import random
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Literal, cast
 
 import typer
 from rich.console import Console
+from rich.filesize import decimal
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichBars
 from rich.table import Table
 
 from .config import EXPORT_FORMATS, Settings, load_settings
-from .exceptions import DsrError, LedgerBusyError, first_line
+from .exceptions import DsrError, LedgerBusyError, disk_full, first_line
 from .keys import rotate_key
 from .ledger.holds import add_hold, list_holds, parse_until, release_hold
 from .ledger.ledger import Ledger
 from .ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, parse_received, read_requests_csv, utc_now
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Data subject requests (GDPR/CCPA) on an Apache Iceberg lakehouse.")
+                  help="Data subject requests (GDPR/CCPA) on a lakehouse of Apache Iceberg and Delta Lake tables.")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 _state: dict = {}  # per invocation: the --config path and the settings loaded from it
@@ -889,8 +892,33 @@ def entry() -> None:
     except DsrError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # messages hold file names, not markup
         sys.exit(2)
+    except Exception as exc:
+        if not disk_full(exc):
+            raise
+        # Commits are whole or absent: what the run did not record stays open for the next one.
+        err.print(f"[red]error:[/] the disk is full (No space left on device); free space where this command "
+                  f"writes: {escape(_free_space())}. Nothing half-written was committed: free some space and run "
+                  "again.", soft_wrap=True)
+        sys.exit(1)
     finally:
         _leave()
+
+
+def _free_space() -> str:
+    """The local places a command writes (the warehouse, Delta's warehouse, the exports, the temporary
+    folder Spark spills to) with the space free on each, for a disk-full message."""
+    settings = _state.get("settings")
+    places = [Path(tempfile.gettempdir())]
+    if isinstance(settings, Settings):
+        places += [p for p in (settings.catalog.local_warehouse(), Path(settings.delta.warehouse)
+                               if "://" not in settings.delta.warehouse else None,
+                               Path(settings.export.directory)) if p is not None]
+    free = {}
+    for place in places:
+        existing = next((p for p in (place, *place.parents) if p.exists()), None)
+        if existing is not None:
+            free[str(place)] = shutil.disk_usage(existing).free
+    return ", ".join(f"{place} {decimal(n)} free" for place, n in free.items())
 
 
 @functools.cache

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -79,8 +79,10 @@ class RunReport:
     def document(self) -> RunReportDocument:
         """The report as its published, versioned model (evidence/models.py): fails if the report
         drifted from its schema."""
+        # asdict copies every nested value: done for the requests' flat rows, it took 0.6 s at 100,000
         return RunReportDocument.model_validate({
-            "version": VERSION, **asdict(self), "per_table": self.per_table,
+            "version": VERSION, **asdict(replace(self, requests=[])), "requests": [vars(r) for r in self.requests],
+            "per_table": self.per_table,
             "summary": {"requests": len(self.requests), "completed": len(self.completed), "failed": len(self.failed),
                         "awaiting_purge": len(self.awaiting_purge), "held": len(self.legally_held),
                         "seconds_total": round(sum(self.seconds.values()), 3)}})

@@ -32,6 +32,8 @@ def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
             .where(F.col("key_value").isNotNull())
             .select("request_id", F.lit(name).alias("key_type"), "key_value")
         )
+    if len(parts) == 1:  # the batch's own rows, distinct and held in the driver already: not copied again
+        return parts[0]
     keys = parts[0]
     for part in parts[1:]:
         keys = keys.unionByName(part)
