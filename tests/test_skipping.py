@@ -363,7 +363,7 @@ def test_merge_on_read_deletion_on_a_partitioned_table(spark, tmp_path):
     table = settings.table(EVENTS)
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read')")
     spark.sql(f"ALTER TABLE {table} ADD PARTITION FIELD bucket(4, user_id)")
-    spark.sql(f"CALL {settings.catalog.name}.system.rewrite_data_files(table => '{EVENTS}', "
+    spark.sql(f"CALL {settings.catalog.name}.system.rewrite_data_files(table => '{table}', "
               "options => map('rewrite-all', 'true'))")
     before = open_catalog(settings).load_table(EVENTS).scan().to_arrow()
     assert len(open_catalog(settings).load_table(EVENTS).inspect.files().to_pylist()) > 1

@@ -1,12 +1,31 @@
 """Every error the engine raises on purpose derives from DsrError; the CLI turns them into a message and exit code 2."""
 
+import errno
+
 
 def first_line(exc: BaseException, with_type: bool = False) -> str:
     """The first line of an exception's message (its type when it has none), short enough for a
-    report or a one-line error; `with_type` prefixes the exception's type."""
+    report or a one-line error; `with_type` prefixes the exception's type. A full disk is said so,
+    whatever the first line (a Py4J error's names only the Java call that failed)."""
     text = str(exc).strip()
-    line = text.splitlines()[0][:300] if text else type(exc).__name__
+    line = "the disk is full (No space left on device)" if disk_full(exc) else \
+        text.splitlines()[0][:300] if text else type(exc).__name__
     return f"{type(exc).__name__}: {line}" if with_type else line
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it arose from, says a disk is full: an OSError with ENOSPC, or
+    the text Java's and Python's I/O give it (a Py4J error carries the Java side's trace as text)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC or "No space left on device" in str(current):
+            return True
+        # Only Python exceptions are followed (a Py4J error's Java exception, given here too, has no such links)
+        current = next((e for e in (getattr(current, "__cause__", None), getattr(current, "__context__", None))
+                        if isinstance(e, BaseException)), None)
+    return False
 
 
 class DsrError(Exception):

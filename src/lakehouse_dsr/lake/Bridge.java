@@ -265,6 +265,53 @@ public class Bridge {
     return toJson(out);
   }
 
+  /** Those of `paths` that no reader can take as Parquet, and those gone meanwhile: {"torn": [...],
+   *  "gone": [...]}. Torn: shorter than Parquet's framing, without its magic at either end, with a
+   *  footer longer than the file, or failing the file system's checksum where those bytes lie (a
+   *  write cut short by a full disk or a killed task leaves such files). Reads 12 bytes per file. */
+  public String unreadableParquet(FileSystem fs, List paths) throws Exception {
+    List torn = new ArrayList();
+    List gone = new ArrayList();
+    for (int i = 0; i < paths.size(); i++) {
+      String path = (String) paths.get(i);
+      try {
+        if (!parquetFramed(fs, new Path(path))) {
+          torn.add(path);
+        }
+      } catch (java.io.FileNotFoundException e) {
+        gone.add(path);
+      } catch (IOException e) {  // a checksum that fails, a read cut short
+        torn.add(path);
+      }
+    }
+    Map out = new HashMap();
+    out.put("torn", torn);
+    out.put("gone", gone);
+    return toJson(out);
+  }
+
+  private static boolean parquetFramed(FileSystem fs, Path path) throws IOException {
+    long length = fs.getFileStatus(path).getLen();
+    if (length < 12) {
+      return false;
+    }
+    byte[] head = new byte[4];
+    byte[] tail = new byte[8];
+    org.apache.hadoop.fs.FSDataInputStream in = fs.open(path);
+    try {
+      in.readFully(0, head);
+      in.readFully(length - 8, tail);
+    } finally {
+      in.close();
+    }
+    long footer = (tail[0] & 0xffL) | (tail[1] & 0xffL) << 8 | (tail[2] & 0xffL) << 16 | (tail[3] & 0xffL) << 24;
+    return isMagic(head, 0) && isMagic(tail, 4) && footer > 0 && footer <= length - 12;
+  }
+
+  private static boolean isMagic(byte[] bytes, int at) {
+    return bytes[at] == 'P' && bytes[at + 1] == 'A' && bytes[at + 2] == 'R' && bytes[at + 3] == '1';
+  }
+
   /** Every file below `location` (recursively): [path, modification time in ms]. Object stores
    *  answer listFiles with one flat listing. On the local file system listFiles builds
    *  LocatedFileStatus objects, each asking for its file's permissions, which Hadoop answers by

@@ -291,6 +291,16 @@ def listing(spark: SparkSession, location: str) -> list[tuple[str, int]]:
     return call(spark, "listFiles", path.getFileSystem(spark._jsc.hadoopConfiguration()), path)
 
 
+def unreadable_parquet(spark: SparkSession, paths: list[str]) -> tuple[list[str], list[str]]:
+    """(those of `paths` no reader can take as Parquet: torn by a write cut short, or failing their
+    checksum; those gone since they were listed). Reads 12 bytes of each file (Bridge.java)."""
+    if not paths:
+        return [], []
+    path = jclass(spark, "org.apache.hadoop.fs.Path")(paths[0])
+    found = call(spark, "unreadableParquet", path.getFileSystem(spark._jsc.hadoopConfiguration()), paths)
+    return found["torn"], found["gone"]
+
+
 def parquet_files_under(spark: SparkSession, location: str) -> list[str]:
     """Every Parquet file below a location, referenced or not: one recursive listing of storage."""
     return [path for path, _ in listing(spark, location) if path.endswith(".parquet")]

@@ -5,8 +5,9 @@ renewing and returning are compare-and-set commits on that table (each asserts t
 read), so two processes, on one host or on many, can never both hold it. A holder renews it
 every quarter of `run.lease_seconds` from a background thread; a holder that died (`kill -9`,
 lost host) stops renewing and its lease lapses after `run.lease_seconds`, or at once when it ran
-on this host and its process is gone. A lease that lapsed without being returned names a run
-that was interrupted: the next holder finishes its work (see runner/).
+on this host and its process is gone (or is this process, which no longer holds it: a return that
+failed). A lease that lapsed without being returned names a run that was interrupted: the next
+holder finishes its work (see runner/).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from ..exceptions import LedgerBusyError
 from .store import Store
 
 TABLE = "lease"
+# The runs whose lease this process holds: a lease naming this process and a run not here was not
+# returned (its release failed, on a full disk say) and is no one's.
+_HELD_HERE: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class Holder:
         if now >= self.expires_at:
             return False
         if self.host == socket.gethostname():
+            if self.pid == os.getpid():
+                return self.run_id in _HELD_HERE
             try:
                 os.kill(self.pid, 0)
             except ProcessLookupError:
@@ -109,6 +115,7 @@ class Lease:
                           now + timedelta(seconds=self.seconds), previous.requests if previous else (), inherited)
             if self.store.compare_and_set(TABLE, snapshot, [mine.row()]):
                 self.holder = mine
+                _HELD_HERE.add(self.run_id)
                 self._start_heartbeat()
                 return mine
             # another process committed between our read and our commit: look again
@@ -171,8 +178,11 @@ class Lease:
         with self._lock:
             if self.holder is None:
                 return
-            self._commit_while_ours([])
-            self.holder = None
+            try:
+                self._commit_while_ours([])
+            finally:  # not returned (a full disk): no longer held here either, so the next run takes it over
+                _HELD_HERE.discard(self.run_id)
+                self.holder = None
         self.store.purge_history(TABLE, orphan_min_age_minutes=60)
 
     def _start_heartbeat(self) -> None:

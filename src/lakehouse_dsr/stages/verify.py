@@ -34,7 +34,7 @@ from ..lake import indriver, plainfiles, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..lake.lakehouse import Lake
-from ..lake.table import TableHandle
+from ..lake.table import TableHandle, same_file, unreadable_parquet
 from ..ledger.ledger import Ledger
 from .matching import TableKeys
 
@@ -309,7 +309,7 @@ def verify_table(
         history = storage = live
     else:
         paths, _ = handle.retained_files()
-        on_storage = handle.data_files_on_storage()
+        on_storage = _readable_on_storage(spark, result, hashes, handle.data_files_on_storage(), paths)
         schema = schema_of(types)
         history = find_hashed(spark, key_values(handle.read_raw(paths, schema), groups),
                               hashes, keys) if paths else {}
@@ -373,6 +373,27 @@ def _started(key_file: Path, table: str, hashes: DataFrame, key: bytes | Keyring
         result.fail(request_id, f"{table}: hashed under key {lost_key}, which no keyring holds any more: "
                     "cannot be verified")
     return result, resolved.keys
+
+
+def _readable_on_storage(spark: SparkSession, result: TableVerification, hashes: DataFrame, on_storage: list[str],
+                         retained: list[str]) -> list[str]:
+    """The files on storage the proof can read: those no version references are checked first (a
+    write cut short by a full disk or a killed task leaves torn files, which would fail the read of
+    all of them). A torn file cannot be proven free of anyone, so every request of the batch fails
+    with why, until the purge removes it as the orphan it is; a file gone since the listing is
+    skipped. Cost: 12 bytes read per unreferenced file."""
+    referenced = {same_file(p) for p in retained}
+    torn, gone = unreadable_parquet(spark, [p for p in on_storage if same_file(p) not in referenced])
+    if torn:
+        result.details["unreadable_files"] = len(torn)
+        ids = hashes.select("request_id")
+        for request_id in sorted(r for r in (indriver.distinct_values(ids, "request_id") if indriver.is_local(ids)
+                                             else (r.request_id for r in ids.distinct().collect())) if r):
+            result.fail(request_id, f"{result.table}: {len(torn)} file(s) on storage that no version references "
+                        "cannot be read as Parquet (a write cut short, by a full disk say): the purge removes them "
+                        "once older than purge.orphan_min_age_minutes, and the proof then reads storage whole")
+    skipped = {same_file(p) for p in [*torn, *gone]}
+    return [p for p in on_storage if same_file(p) not in skipped]
 
 
 def _record(result: TableVerification, found: dict[str, int], what: str) -> int:
