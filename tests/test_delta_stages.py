@@ -52,6 +52,7 @@ def delta_lake(spark, tmp_path_factory):
     return settings
 
 
+@pytest.mark.slow  # this file runs on one worker: make test stays under 10 minutes
 def test_a_batched_erasure_leaves_no_identifier_in_delta_history_and_purges_later(spark, tmp_path):
     settings = delta_settings(tmp_path, LAYOUTS["mixed"], purge={"policy": "batched"})
     attach(spark, settings)
@@ -103,6 +104,7 @@ def test_a_concurrent_append_during_the_erasure_is_kept(spark, delta_lake, monke
     assert late in users and erased not in users
 
 
+@pytest.mark.slow  # this file runs on one worker: make test stays under 10 minutes
 def test_erased_people_appended_again_are_erased_by_the_next_run(spark, delta_lake):
     settings = delta_lake
     events = settings.delta_tables()["demo.events"]
@@ -179,6 +181,7 @@ def test_a_column_mapped_delta_table_is_erased_and_proven_by_its_files_own_colum
     assert kept in found and erased not in found  # read by the physical name: the values are there
 
 
+@pytest.mark.slow  # this file runs on one worker: make test stays under 10 minutes
 def test_a_v2_checkpoint_table_keeps_no_sidecar_of_an_older_checkpoint(spark, tmp_path):
     """v2 checkpoints keep their file lists, statistics included, in `_delta_log/_sidecars/`: after the
     purge only the new checkpoint's sidecars are left, and the table reads whole with delta-rs."""
