@@ -93,9 +93,12 @@ def kept_where(df: DataFrame, column: str, values: Iterable[str]) -> DataFrame:
 
 
 def distinct_values(df: DataFrame, column: str) -> list[str | None]:
-    """The distinct values of string `column` of `df` (a local relation), read in the driver's JVM:
-    no job, and only they cross Py4J (a collect of 100,000 hash rows took seconds)."""
-    return list(compiled(df.sparkSession, "InDriver").distinctValues(df._jdf, column))
+    """The distinct values of string `column` of `df`: read in the driver's JVM when `df` is a local
+    relation (no job, and only they cross Py4J: a collect of 100,000 hash rows took seconds), else
+    by one Spark job."""
+    if is_local(df):
+        return list(compiled(df.sparkSession, "InDriver").distinctValues(df._jdf, column))
+    return [r[0] for r in df.select(column).distinct().collect()]
 
 
 def keyed_hashes(df: DataFrame, column: str, pads: DataFrame, out: str) -> DataFrame:

@@ -201,13 +201,11 @@ def keys_for(key_file: Path, hashes: DataFrame, key: bytes | Keyring | HashKeys)
     if "key_id" not in hashes.columns:
         return HashKeys(ring.keys(), {})
     ids = hashes.select("request_id", "key_id")
-    local = indriver.is_local(ids)  # read in the driver's JVM without a job
-    used = set(indriver.distinct_values(ids, "key_id") if local
-               else (r.key_id for r in ids.select("key_id").distinct().collect()))
-    lost_ids = sorted(used - set(ring.keys()) - {None})
+    used = set(indriver.distinct_values(ids, "key_id"))
+    lost_ids = sorted(k for k in used - set(ring.keys()) if k is not None)
     lost: dict[str, str] = {}
     if lost_ids:
-        by_lost = indriver.kept_where(ids, "key_id", lost_ids) if local else ids.distinct().where(
+        by_lost = indriver.kept_where(ids, "key_id", lost_ids) if indriver.is_local(ids) else ids.distinct().where(
             F.col("key_id").isin(*lost_ids))
         lost = {r.request_id: r.key_id for r in by_lost.collect()}
     return HashKeys(keys_in_use(ring, used), lost)
@@ -386,9 +384,7 @@ def _readable_on_storage(spark: SparkSession, result: TableVerification, hashes:
     torn, gone = unreadable_parquet(spark, [p for p in on_storage if same_file(p) not in referenced])
     if torn:
         result.details["unreadable_files"] = len(torn)
-        ids = hashes.select("request_id")
-        for request_id in sorted(r for r in (indriver.distinct_values(ids, "request_id") if indriver.is_local(ids)
-                                             else (r.request_id for r in ids.distinct().collect())) if r):
+        for request_id in sorted(r for r in indriver.distinct_values(hashes, "request_id") if r):
             result.fail(request_id, f"{result.table}: {len(torn)} file(s) on storage that no version references "
                         "cannot be read as Parquet (a write cut short, by a full disk say): the purge removes them "
                         "once older than purge.orphan_min_age_minutes, and the proof then reads storage whole")
