@@ -132,6 +132,7 @@ def test_bad_input_gets_a_clear_status_and_echoes_no_identifier(service):
             "not a string": (b'{"type": "erase", "subject_id": 7777777}', 422),
             "empty subject": (b'{"type": "erase", "subject_id": "  "}', 422),
             "lone surrogate": (b'{"type": "erase", "subject_id": "secret-8\\ud800"}', 422),
+            "not UTF-8": (b'{"type": "erase", "subject_id": "secret-9\xff"}', 422),  # was FastAPI's 400
             "declared oversize": (b'{"type": "erase", "subject_id": "' + b"s" * 20_000 + b'"}', 413),
         }
         for name, (body, code) in cases.items():

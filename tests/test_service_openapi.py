@@ -5,9 +5,11 @@ no Spark); the certificate, run and table answers of a real run are checked in t
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import get_args
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse
@@ -244,3 +246,108 @@ def test_real_answers_validate_against_the_openapi_document(service):
     assert {status for _, _, status in seen} >= {200, 202, 400, 401, 403, 404, 409, 410, 413, 422, 423, 429}
     for client in (person, operator, limited):
         client.close()
+
+
+def _allows(openapi: OpenAPI, path: str, method: str, body: object, headers: dict[str, str] | None = None) -> bool:
+    """Whether the document allows a request with this JSON body and these headers (jsonschema decides)."""
+    operation = openapi.spec["paths"][path][method]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    allowed = openapi.validator(schema).is_valid(body)
+    for parameter in operation.get("parameters", []):
+        if parameter["in"] == "header" and parameter["name"] in (headers or {}):
+            allowed = allowed and openapi.validator(parameter["schema"]).is_valid(headers[parameter["name"]])
+    return allowed
+
+
+def test_what_the_server_refuses_for_its_shape_the_document_refuses_too(service):
+    """Issue 55: a fuzzer drawing requests from the document met refusals it did not state. Each request
+    here is refused (422) and the document forbids it; the ones beside them it allows are accepted."""
+    openapi = OpenAPI(service.app.openapi())
+    person, operator = CheckedClient(service.guard, openapi), CheckedClient(service.guard, openapi, OPERATOR)
+    filing = {"type": "erase", "subject_id": "gil", "email": "gil@example.com"}
+    request_id = person.post("/api/v1/requests", json=filing).json()["request_id"]
+    refused = [  # (path, body, headers)
+        ("/api/v1/requests", {**filing, "subject_id": " \t\u3000\x1f"}, {}),  # blank by str.strip's reckoning
+        ("/api/v1/requests", {**filing, "email": "gil at example.com"}, {}),
+        ("/api/v1/requests", {**filing, "email": "gil@example.com\u2028"}, {}),
+        ("/api/v1/requests", {"type": "access", "subject_id": "gil"}, {}),  # verified by a mailed code: needs one
+        ("/api/v1/requests", filing, {"idempotency-key": "k" * 201}),
+        ("/api/v1/requests/{request_id}/verify", {"code": "\u0661\u0662\u0663\u0664\u0665\u0666"}, {}),  # not ASCII
+        ("/api/v1/operator/holds", {"subject_id": "gil", "table": "demo.orders", "reason": "audit"}, {}),
+        ("/api/v1/operator/holds", {"reason": "audit"}, {}),
+        ("/api/v1/operator/holds", {"subject_id": "gil", "reason": "\u00a0"}, {}),
+        ("/api/v1/operator/requests/{request_id}/extend", {"reason": " "}, {}),
+    ]
+    for path, body, headers in refused:
+        assert not _allows(openapi, path, "post", body, headers), (path, body, headers)
+        client = operator if "/operator/" in path else person
+        answer = client.post(path.replace("{request_id}", request_id), json=body, headers=headers)
+        assert answer.status_code == 422, (path, body, headers, answer.text)
+    allowed = [("/api/v1/requests", {**filing, "subject_id": " gil "}, {"idempotency-key": "k" * 200}),
+               ("/api/v1/requests", {"type": "opt_out", "subject_id": "gil", "regulation": "ccpa"}, {}),
+               ("/api/v1/operator/holds", {"subject_id": "gil", "table": None, "reason": "audit"}, {})]
+    for path, body, headers in allowed:
+        assert _allows(openapi, path, "post", body, headers), (path, body, headers)
+        client = operator if "/operator/" in path else person
+        assert client.post(path, json=body, headers=headers).status_code in (201, 202), (path, body, headers)
+    for client in (person, operator):
+        client.close()
+
+
+def test_a_body_that_is_not_json_is_a_documented_422(service):
+    """Issue 55: a body json.loads cannot read (not UTF-8, nested deeper than its recursion allows) was
+    FastAPI's 400, which no operation documents; it is malformed JSON, as a truncated body is."""
+    openapi = OpenAPI(service.app.openapi())
+    client = CheckedClient(service.guard, openapi, OPERATOR)  # checks each answer is one the operation documents
+    taking = [(path, method) for path, methods in openapi.spec["paths"].items()
+              for method, operation in methods.items() if "requestBody" in operation]
+    assert len(taking) >= 5
+    for path, method in taking:
+        for body in (b'{"type": "erase", "subject_id": "\xff"}', b"[" * 5000 + b"]" * 5000):
+            answer = client.request(method, path.replace("{request_id}", f"req-{'0' * 21}"), content=body,
+                                    headers={"Content-Type": "application/json"})
+            assert answer.status_code == 422, (path, answer.text)
+            assert answer.json()["errors"] == [{"field": "body", "message": "malformed JSON"}]
+    client.close()
+
+
+def test_a_status_token_of_any_characters_is_refused_not_a_500(service):
+    """Issue 55: a status token with a non-ASCII character was a 500 (hmac.compare_digest refuses such str),
+    on an endpoint anyone may call; as a query parameter or as a header's Latin-1 bytes, it is a 403."""
+    openapi = OpenAPI(service.app.openapi())
+    person = CheckedClient(service.guard, openapi)
+    url = f"/api/v1/requests/req-{'0' * 21}"
+    for token in ("t\u00f6ken", "\U0001f600", "\u0000"):
+        assert person.get(url, params={"status_token": token}).status_code == 403
+        assert person.post(f"{url}/code", params={"status_token": token}).status_code == 403
+    assert person.get(url, headers={"X-Status-Token": b"t\xf6ken\xff"}).status_code == 403
+    person.close()
+
+
+def test_a_method_a_path_does_not_take_is_a_405_naming_every_method_it_takes(service):
+    """Issue 55: a 405 had no `Allow` (then named only the first route of a path with two)."""
+
+    async def answers() -> list[tuple[str, str, int, str | None]]:  # undocumented methods: no document to check
+        found = []
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=service.guard), base_url="http://t") as client:
+            for path in allowed:
+                for method in ("PUT", "DELETE", "PATCH", "OPTIONS"):
+                    answer = await client.request(method, path)
+                    found.append((method, path, answer.status_code, answer.headers.get("allow")))
+        return found
+
+    allowed = {"/api/v1/operator/holds": "GET, POST", "/api/v1/requests": "POST",
+               f"/api/v1/requests/req-{'0' * 21}": "GET", "/healthz": "GET", "/static/common.js": "GET, HEAD"}
+    for method, path, status, allow in asyncio.run(answers()):
+        assert (status, allow) == (405, allowed[path]), (method, path)
+
+
+def test_every_answer_of_every_path_is_documented_the_outer_walls_too(service):
+    """The body limit and an internal error can meet any path (guard.py, the error handler): every
+    operation documents 413 and 500, each as a `Refusal`."""
+    spec = service.app.openapi()
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            for status in ("413", "500"):
+                schema = operation["responses"][status]["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/Refusal"}, (method, path, status)

@@ -20,7 +20,7 @@ import re
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
 from ..config import Settings
 from ..evidence.certificate import Certificate, build_certificate, certificate_html
@@ -37,10 +38,20 @@ from ..evidence.handoff import BatchResult, ExternalReference, RequestBatch
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..ledger.holds import add_hold, list_holds, parse_until, release_hold
 from ..ledger.ledger import RequestStatus
-from ..ledger.requests import REQUEST_ID, utc_now
+from ..ledger.requests import MAX_SUBJECT_LENGTH, REQUEST_ID, utc_now
 from . import models
 from .guard import Guard
-from .intake import Filing, Intake, IntakeError
+from .intake import (
+    EARLIEST_RECEIPT,
+    EMAIL,
+    EMAIL_MAX_LENGTH,
+    NOT_BLANK,
+    SPACE,
+    VERIFIED_TYPES,
+    Filing,
+    Intake,
+    IntakeError,
+)
 from .metrics import Metrics
 from .operators import Operators, operators_file
 from .queue import QueueUnavailableError
@@ -54,19 +65,22 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+# Every rule Intake.file checks, stated here too so that the schema says it (an e-mail address required
+# under `intake.verification: email_code` is added to the document by create_app)
 class FilingBody(_Body):
     type: Literal["erase", "access", "opt_out", "opt_in"]
-    subject_id: str = Field(min_length=1)
+    subject_id: str = Field(min_length=1, max_length=MAX_SUBJECT_LENGTH, pattern=NOT_BLANK,
+                            description="not only whitespace")
     regulation: Literal["gdpr", "ccpa"] = "gdpr"
-    email: str | None = None
+    email: str | None = Field(None, max_length=EMAIL_MAX_LENGTH, pattern=EMAIL)
 
 
 class CodeBody(_Body):
-    code: str
+    code: str = Field(pattern=f"^[{SPACE}]*[0-9]{{6}}[{SPACE}]*$", description="the six digits mailed")
 
 
 class ExtendBody(_Body):
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: str = Field(min_length=1, max_length=2000, pattern=NOT_BLANK)
 
 
 class HoldBody(_Body):
@@ -76,14 +90,15 @@ class HoldBody(_Body):
         {"required": ["subject_id"], "properties": {"subject_id": {"type": "string"}, "table": {"type": "null"}}},
         {"required": ["table"], "properties": {"table": {"type": "string"}, "subject_id": {"type": "null"}}}]})
 
-    subject_id: str | None = Field(None, min_length=1, max_length=1000)
+    subject_id: str | None = Field(None, min_length=1, max_length=1000, pattern=NOT_BLANK)
     table: str | None = Field(None, min_length=1, max_length=300)
-    reason: str = Field(min_length=1, max_length=2000, description="told to the data subject")
+    reason: str = Field(min_length=1, max_length=2000, pattern=NOT_BLANK, description="told to the data subject")
     until: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}$", json_schema_extra={"format": "date"},
                               description="the last day the hold applies, YYYY-MM-DD (default: until released)")
 
 
-def _request_id(request_id: str) -> str:
+def _request_id(request_id: Annotated[str, Path(json_schema_extra={"pattern": f"^{REQUEST_ID.pattern}$"})]) -> str:
+    # the schema's pattern is not FastAPI's to enforce: a path that is no request id is no such request
     if not REQUEST_ID.fullmatch(request_id):
         raise IntakeError("no such request", 404)
     return request_id
@@ -107,29 +122,49 @@ def _operator(request: Request, authorization: Annotated[str | None, Header()] =
 Operator = Annotated[str, Depends(_operator)]
 
 # When an endpoint refuses (the OpenAPI responses' descriptions)
-_BODY_TOO_LARGE = "the request body is larger than `intake.max_body_bytes`"
 _NO_REQUEST = "no such request (or not a request id)"
-_SCHEMA = "a parameter or the body does not match the schema (`InvalidInput`: each field named, never its value)"
+_SCHEMA = ("a parameter or the body does not match the schema, or the body is not JSON (`InvalidInput`: each field "
+           "named, never its value)")
+# What any path may answer, an API endpoint or not: the outer wall's (guard.py) and an internal error
+_EVERY_PATH = {413: "the request body is larger than `intake.max_body_bytes` (declared, streamed, or a Content-Length "
+                    "that is not a number)",
+               500: "internal error; nothing was acknowledged (the error is logged by type only)"}
 
 
 def _refusals(specific: dict[int, str], operator: bool = False, engine: bool = True) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI `responses` of an API endpoint: its own refusals (status: when), and those every API
-    endpoint shares (a parameter that does not match the schema, the rate limit, an internal error), an
-    operator endpoint's 401, and the 503 of an endpoint that reads the ledger. Every refusal is
-    `Refusal`; a 422 may also be `InvalidInput` (FastAPI's own 422 schema is not what this service sends)."""
+    endpoint shares (a parameter that does not match the schema, the rate limit, `_EVERY_PATH`), an
+    operator endpoint's 401, and the 503 of an endpoint that reads the ledger."""
     found = {422: _SCHEMA, **specific}
     if operator:
         found[401] = "no valid operator credential (unknown, expired, malformed), or operator access is off"
     if engine:
         found[503] = "the ledger cannot be read or written now (its catalog is unreachable, say): nothing was changed"
     found[429] = "too many requests from this address"
-    found[500] = "internal error; nothing was acknowledged (the error is logged by type only)"
+    return _responses(found)
+
+
+def _responses(found: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for `found` (status: when) and `_EVERY_PATH`. Every refusal is `Refusal`; a 422
+    may also be `InvalidInput` (FastAPI's own 422 schema is not what this service sends)."""
+    found = {**_EVERY_PATH, **found}
     headers = {401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
                429: {"Retry-After": {"description": "seconds until a request is let through again",
                                      "schema": {"type": "integer"}}}}
     return {code: {"model": models.InvalidInput | models.Refusal if code == 422 else models.Refusal,
                    "description": why, **({"headers": headers[code]} if code in headers else {})}
             for code, why in sorted(found.items())}
+
+
+def _email_required(settings: Settings) -> dict[str, Any] | None:
+    """The filing's schema under `intake.verification: email_code`: the request types verified by a mailed
+    code need an e-mail address (Intake.file refuses them without one). Merged into the operation."""
+    if settings.intake.verification != "email_code":
+        return None
+    unverified = [t for t in get_args(FilingBody.model_fields["type"].annotation) if t not in VERIFIED_TYPES]
+    rule = {"anyOf": [{"properties": {"type": {"enum": unverified}}},
+                      {"required": ["email"], "properties": {"email": {"type": "string"}}}]}
+    return {"requestBody": {"content": {"application/json": {"schema": rule}}}}
 
 
 def create_app(settings: Settings, intake: Intake | None = None, operator_token: str | None = None) -> Guard:
@@ -163,8 +198,8 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
     # A gpc_opt_out_request_id of None is left out of the answer (response_model_exclude_none).
     @app.post("/api/v1/requests", status_code=202, response_model_exclude_none=True, responses=_refusals({
         409: "this Idempotency-Key was used for a different request (`field`: Idempotency-Key)",
-        413: _BODY_TOO_LARGE,
-        422: f"{_SCHEMA}; or a `Refusal` naming `field` (subject_id, email, Idempotency-Key)"}, engine=False))
+        422: f"{_SCHEMA}; or a `Refusal` naming `field` (subject_id, email, Idempotency-Key)"}, engine=False),
+        openapi_extra=_email_required(settings))
     async def file_request(body: FilingBody,  # the key's bounds in the schema too (Intake.file checks them)
                            idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
                            sec_gpc: Annotated[str | None, Header()] = None) -> models.Acknowledgement:
@@ -184,7 +219,7 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
     @app.post("/api/v1/requests/{request_id}/verify", responses=_refusals({
         400: "wrong code (`detail` says how many tries are left)", 404: _NO_REQUEST,
         409: "the identity is already verified (a code works once), or no code has been sent yet",
-        410: "the code has expired: ask for a new one", 413: _BODY_TOO_LARGE,
+        410: "the code has expired: ask for a new one",
         422: f"{_SCHEMA}; or a `Refusal`: the code is six digits", 423: "locked after too many wrong codes"}))
     def verify(request_id: RequestId, body: CodeBody) -> models.RequestStatus:
         """Check the code mailed for a request: right, and the request is received."""
@@ -212,9 +247,8 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
     @app.post("/api/v1/operator/requests/batch", status_code=202, responses=_refusals({
         409: "an external id twice in the batch (`field`: `requests.<n>.external_id`, the second one); nothing "
              "was filed",
-        413: _BODY_TOO_LARGE,
         422: f"{_SCHEMA}; or a `Refusal` naming `requests.<n>.subject_id` or `requests.<n>.received_at` (in the "
-             "future); nothing was filed",
+             f"future, not a real time, or before {EARLIEST_RECEIPT:%Y-%m-%d}); nothing was filed",
         503: "the ledger's audit cannot be written now; the requests are filed (the same batch again answers each "
              "`existing`)"}, operator=True, engine=False))
     async def file_batch(who: Operator, body: RequestBatch) -> BatchResult:
@@ -230,11 +264,14 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         return result
 
     @app.post("/api/v1/operator/requests/{request_id}/extend", responses=_refusals({
-        404: _NO_REQUEST, 409: "already extended (the law allows one), completed, or no reason given",
-        413: _BODY_TOO_LARGE}, operator=True))
+        404: _NO_REQUEST, 409: "already extended (the law allows one), completed, or of a type its regulation allows "
+                               "no extension (a CCPA opt-out)"}, operator=True))
     def extend(who: Operator, request_id: RequestId, body: ExtendBody) -> models.OperatorRequest:
         """Apply the regulation's one allowed extension; the reason is told to the person."""
-        extended = intake.ledger.extend(request_id, body.reason)
+        try:
+            extended = intake.ledger.extend(request_id, body.reason)
+        except RequestInputError as exc:  # no extension for this request: its state, as an extended one's
+            raise IntakeError(str(exc), 409) from None
         audited(who, "extend", request_id)
         return _operator_view(extended, intake.external_references([request_id]))
 
@@ -286,9 +323,8 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         return found
 
     @app.post("/api/v1/operator/holds", status_code=201, responses=_refusals({
-        413: _BODY_TOO_LARGE, 422: "not exactly one of subject_id and table, an unknown or shredded table, an empty "
-                                   "reason, a day in the past (`field` names it); nothing was written"},
-        operator=True))
+        422: f"{_SCHEMA}; or a `Refusal` naming `field`: not exactly one of subject_id and table, an unknown or "
+             "shredded table, a day that is not a date or is in the past; nothing was written"}, operator=True))
     def place_hold(who: Operator, body: HoldBody) -> models.HoldRecord:
         """Place a legal hold (`dsr hold add`): runs leave the subject's erase requests `held`, or neither
         erase nor purge the table, until it is released or its last day has passed."""
@@ -306,14 +342,14 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
         return models.HoldRecord.of(hold, utc_now().date())
 
     # -- load balancers and monitoring (no rate limit, no credential, no identifier) ------------------
-    @app.get("/healthz")
+    @app.get("/healthz", responses=_responses({}))
     def health() -> models.Health:
         """The process answers."""
         return models.Health(ok=True)
 
     @app.get("/readyz", response_model=models.Readiness, response_class=JSONResponse, responses={
-        503: {"model": models.Readiness, "description": "a part is not ready (`failing` names it): take this "
-                                                        "instance out of rotation"}})
+        **_responses({}), 503: {"model": models.Readiness, "description": "a part is not ready (`failing` names it): "
+                                                                          "take this instance out of rotation"}})
     async def ready() -> Response:
         """Whether this instance can take and keep requests now: the queue takes a write, the ledger's
         catalog answers, the ingester process runs and is ready."""
@@ -324,9 +360,13 @@ def create_app(settings: Settings, intake: Intake | None = None, operator_token:
 
     metrics = Metrics(intake, app.router.routes)
 
+    # its refusals are JSON like every other's (a `model` here would be declared as text, the route's type)
+    refusal = {"application/json": {"schema": {"$ref": "#/components/schemas/Refusal"}}}
+
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: {
         "description": "the Prometheus text exposition format (prometheus_client); no label or value holds an "
-                       "identifier", "content": {"text/plain": {"schema": {"type": "string"}}}}})
+                       "identifier", "content": {"text/plain": {"schema": {"type": "string"}}}},
+        **{code: {"description": why, "content": refusal} for code, why in _EVERY_PATH.items()}})
     def metrics_text() -> PlainTextResponse:
         """Requests acknowledged, ingested and refused; the queue's depth and age; the ingester's lag and
         restarts; open requests by days left; HTTP latency by route."""
@@ -402,9 +442,20 @@ def _errors(app: FastAPI) -> None:
         return JSONResponse({"detail": first_line(exc)}, status_code=503)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # the exception's headers too: a 405 says which methods the path allows (Allow)
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # FastAPI's answer to a body json.loads cannot read (not UTF-8, nested too deep), its only 400
+            # here: malformed JSON like any other, as the schema and the docs say
+            problem = {"field": "body", "message": _MESSAGES["json_invalid"]}
+            return JSONResponse({"detail": f"body: {problem['message']}", "errors": [problem]}, status_code=422)
+        headers = exc.headers
+        if exc.status_code == 405:
+            # every method the path takes: Starlette names only those of the first route matching the path
+            allowed = {method for route in request.app.router.routes if isinstance(route, Route)
+                       and route.methods and route.matches(request.scope)[0] is not Match.NONE
+                       for method in route.methods}
+            headers = {"allow": ", ".join(sorted(allowed))} if allowed else headers
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def crashed(_request: Request, exc: Exception) -> JSONResponse:

@@ -46,7 +46,16 @@ MAIL_STOP_SECONDS = 1.0
 READY_TIMEOUT_SECONDS = 5.0
 INGEST_WAIT_SECONDS = 30.0  # an operator's ingest waits this long for the ingest lease
 VERIFIED_TYPES = ("erase", "access", "opt_in")  # never opt-outs: CCPA regulations forbid verifying them
-_EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
+# Python's whitespace (str.strip, str.isspace, re's \s) spelled out, so that the API's JSON Schema
+# (service/app.py) states exactly the rules checked here: `\s` means other sets in ECMA-262 regexes
+# (JSON Schema's) and in pydantic's Rust ones.
+SPACE = r"\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_BLANK = f"[^{SPACE}]"  # unanchored: somewhere a character that is not whitespace
+EMAIL = f"^[^@{SPACE}]{{1,64}}@[^@{SPACE}]+\\.[^@{SPACE}]+$"
+EMAIL_MAX_LENGTH = 254
+_EMAIL = re.compile(EMAIL)
+# The earliest `received_at` of a handed-over request: answers show 4-digit years (models.Timestamp)
+EARLIEST_RECEIPT = datetime(1000, 1, 1, tzinfo=UTC)
 
 
 class IntakeError(DsrError):
@@ -190,7 +199,7 @@ class Intake:
         verify = self.config.verification == "email_code" and request.request_type in VERIFIED_TYPES
         if verify and not filing.email:
             raise IntakeError("an e-mail address is needed to verify who is asking", 422, "email")
-        if filing.email is not None and (len(filing.email) > 254 or not _EMAIL.fullmatch(filing.email)
+        if filing.email is not None and (len(filing.email) > EMAIL_MAX_LENGTH or not _EMAIL.fullmatch(filing.email)
                                          or not _encodable(filing.email)):
             raise IntakeError("the e-mail address is not valid", 422, "email")
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
@@ -457,12 +466,20 @@ def _queued_status(row: Any, today: date) -> RequestStatus:
 
 
 def _received_at(value: str | None, now: datetime, field: str) -> datetime | None:
-    """A batch item's `received_at` (its shape is checked by the schema): in UTC, never in the future."""
+    """A batch item's `received_at` (its shape is checked by the schema): in UTC, never in the future
+    nor before `EARLIEST_RECEIPT`."""
     if value is None:
         return None
-    moment = datetime.fromisoformat(value).astimezone(UTC)
+    try:
+        moment = datetime.fromisoformat(value).astimezone(UTC)
+    except ValueError:  # the pattern's shape, not a real time: month 13, say
+        raise IntakeError(f"{field}: not a date and time", 422, field) from None
+    except OverflowError:  # in UTC before the year 1
+        moment = datetime.min.replace(tzinfo=UTC)
     if moment > now:
         raise IntakeError(f"{field}: in the future", 422, field)
+    if moment < EARLIEST_RECEIPT:
+        raise IntakeError(f"{field}: before {EARLIEST_RECEIPT:%Y-%m-%d}", 422, field)
     return moment
 
 
