@@ -372,7 +372,7 @@ def test_key_rotation_keeps_completed_requests_verifiable(spark, lake, monkeypat
     keys = settings.table("dsr.request_keys")
 
     def user_ids():  # read afresh after each change (a DataFrame keeps the table state it was analysed with)
-        return stored_hashes(spark, Ledger(settings), [done_before, done_after]).where("key_type = 'user_id'")
+        return stored_hashes(spark, Ledger(settings), [done_before, done_after], 100).where("key_type = 'user_id'")
 
     spark.catalog.refreshTable(keys)  # written by the control plane (pyiceberg) since this session looked
     spark.sql(f"UPDATE {keys} SET key_id = NULL")

@@ -139,7 +139,7 @@ def test_one_run_erases_bronze_silver_and_gold(spark, layered):
     assert report.seconds["propagate"] > 0
 
     # No erased id left in silver or gold: live rows, every retained snapshot, every stored file.
-    hashes = stored_hashes(spark, ledger, [r.request_id for r in report.requests])
+    hashes = stored_hashes(spark, ledger, [r.request_id for r in report.requests], 100)
     for table in ["demo_silver.user_daily", "demo_silver.user_history", "demo_gold.top_visitors"]:
         found = verify_table(Lake.of(spark, settings), settings.key_file(), table, [KeyGroup("user_id", "user_id")],
                              {"user_id": StringType()}, hashes, ledger.keyring)

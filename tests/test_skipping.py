@@ -256,12 +256,12 @@ def test_merge_on_read_files_the_check_read_clean_are_not_read_again_while_histo
     if rolled_back:  # after the erase and its late-rows rounds, when the verification reads the hashes
         real_hashes, calls = verify.stored_hashes, []
 
-        def roll_back_then_hashes(spark, ledger, request_ids):
+        def roll_back_then_hashes(spark, ledger, request_ids, in_driver_max):
             calls.append(1)
             if len(calls) == 2:  # the first read is the erase's own
                 spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot("
                           f"'{Lake.of(spark, settings).table(EVENTS).procedure_name}', {before})")
-            return real_hashes(spark, ledger, request_ids)
+            return real_hashes(spark, ledger, request_ids, in_driver_max)
 
         monkeypatch.setattr(verify, "stored_hashes", roll_back_then_hashes)
     Ledger(settings).submit([RequestInput(ERASED, "erase")])

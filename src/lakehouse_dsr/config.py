@@ -140,6 +140,10 @@ class EraseSettings(_Strict):
     # deletes from the driver, at the positions the plan's scan found: no second read of the table.
     # More rows (or 0) leave the deletion to Spark's statement.
     max_delete_positions: int = Field(default=1_000_000, ge=0)
+    # A batch of at most this many requests (and its identifiers' hashes) is held in the driver's JVM,
+    # where resolving, grouping and hashing it takes no Spark job; a larger one stays in Spark (lake/
+    # frames.py): shuffle joins, no data skipping by value. 100,000 ran in a 1 GB driver, a million did not.
+    in_driver_max_requests: int = Field(default=100_000, ge=0)
 
 
 class RunSettings(_Strict):

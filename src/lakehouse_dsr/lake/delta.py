@@ -805,7 +805,7 @@ def _rows(files: DataFrame) -> Column:
 def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
     """`files` (a log's file list with `stats`), each with `dsr_may`: whether its statistics say it
     may hold one of the values of one of the key columns (`keys`: each column's path in the
-    statistics, its values; see DeltaTable.files_for_keys)."""
+    statistics, its values; see DeltaTable.files_for_keys). Cost: one comparison per value and file."""
     kept = None
     for path, values in keys:
         low = F.get_json_object("stats", f"$.minValues.{path}")
@@ -814,7 +814,9 @@ def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
         bounded = files.select("path", low.cast(key_type).alias("dsr_low"), high.cast(key_type).alias("dsr_high"))
         inside = (F.col("dsr_low").isNull() | F.col("dsr_high").isNull()
                   | ((F.col("key_value") >= F.col("dsr_low")) & (F.col("key_value") <= F.col("dsr_high"))))
-        found = bounded.join(F.broadcast(values.select("key_value")), inside, "left_semi").select("path")
+        # The file list is broadcast, not the values: this path serves sets too large to hold in the
+        # driver (a million ids); each value is compared with each file's bounds on the executors.
+        found = values.select("key_value").join(F.broadcast(bounded), inside).select("path")
         kept = found if kept is None else kept.union(found)
     assert kept is not None, "called with key columns"
     return files.join(kept.distinct().withColumn("dsr_may", F.lit(True)), "path", "left").fillna(

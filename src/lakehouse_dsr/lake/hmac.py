@@ -38,19 +38,20 @@ def with_keyring_hashes(spark: SparkSession, df: DataFrame, column: str, keys: d
 
 
 def join_on_key(candidates: DataFrame, hashes: DataFrame, how: str = "inner") -> DataFrame:
-    """`candidates` (key_id, key_hash from `with_keyring_hashes`) joined with the broadcast `hashes`
-    (key_hash and, if it has one, the key_id that made each hash) on hash and key: a stored hash is
+    """`candidates` (key_id, key_hash from `with_keyring_hashes`) joined with `hashes` (key_hash and,
+    if it has one, the key_id that made each hash; broadcast when held in the driver) on hash and key: a stored hash is
     only compared with candidates of its own key. A NULL key_id (written before key ids were
     recorded) matches a candidate of any key. `how`: inner, or left_semi to keep `candidates` only."""
     made_by = F.col("key_id") if "key_id" in hashes.columns else F.lit(None).cast("string")
     stored = hashes.select(*[c for c in hashes.columns if c != "key_id"], made_by.alias("dsr_made_by"))
+    # Hashes too many for the driver (not held there: lake/frames.py) are joined by a shuffle.
+    build = F.broadcast(stored) if is_local(hashes) else stored
     same_key = F.col("dsr_made_by").isNull() | (F.col("dsr_made_by") == candidates["key_id"])
     if how == "left_semi":
-        return candidates.join(F.broadcast(stored), (candidates["key_hash"] == stored["key_hash"]) & same_key,
-                               "left_semi")
+        return candidates.join(build, (candidates["key_hash"] == stored["key_hash"]) & same_key, "left_semi")
     if how != "inner":
         raise ValueError(f"join_on_key: how must be inner or left_semi, not {how!r}")
-    return candidates.join(F.broadcast(stored), "key_hash").where(same_key).drop("dsr_made_by")
+    return candidates.join(build, "key_hash").where(same_key).drop("dsr_made_by")
 
 
 def _hashed(spark: SparkSession, df: DataFrame, column: str, keys: dict[str, bytes], out: str) -> DataFrame:

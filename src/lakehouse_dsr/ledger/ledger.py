@@ -225,26 +225,34 @@ class Ledger:
         return [totals[t] for t in sorted(totals)]
 
     # -- keys -----------------------------------------------------------------------------------
-    def record_keys(self, hashed: list[tuple[str, str, str, str]]) -> None:
+    def record_keys(self, hashed: pa.Table | list[tuple[str, str, str, str]]) -> None:
         """Store (request_id, key_type, key_hash, key_id) of a batch's resolved identifiers; what is
-        already stored is not stored twice. One read of these requests' keys, one append."""
-        if not hashed:
+        already stored is not stored twice. One read of these requests' keys, one append, in Arrow."""
+        schema = SCHEMAS["request_keys"]  # request_id, key_type, key_hash, key_id
+        if isinstance(hashed, list):
+            hashed = pa.Table.from_pylist([dict(zip(schema.names, h, strict=True)) for h in hashed], schema=schema)
+        if not hashed.num_rows:
             return
-        ids = sorted({h[0] for h in hashed})
-        stored = self.store.rows("request_keys", Among("request_id", ids))
-        have = {(r["request_id"], r["key_type"], r["key_hash"]) for r in stored}
-        new = [{"request_id": r, "key_type": t, "key_hash": h, "key_id": k}
-               for r, t, h, k in dict.fromkeys(hashed) if (r, t, h) not in have]
-        self.store.append("request_keys", new)
+        same = schema.names[:3]
+        new = hashed.select(schema.names).group_by(schema.names).aggregate([])  # distinct rows
+        ids: list[str] = pc.unique(new["request_id"]).to_pylist()  # type: ignore[assignment]  # never null
+        stored = self.store.arrow("request_keys", Among("request_id", ids), tuple(same)).cast(
+            pa.schema([schema.field(c) for c in same]))  # pyiceberg may read strings as large_string
+        if stored.num_rows:
+            new = new.join(stored, same, join_type="left anti")
+        self.store.append_arrow("request_keys", new)
 
     def key_hashes(self, request_ids: list[str]) -> list[dict]:
+        """`key_hashes_arrow` as dicts."""
+        return self.key_hashes_arrow(request_ids).to_pylist()
+
+    def key_hashes_arrow(self, request_ids: list[str]) -> pa.Table:
         """(request_id, key_type, key_hash, key_id) of the given requests' identifiers, expired erase
         requests' kept hashes included; key_id names the key that made each hash (NULL: the key in use
         before rotation existed). Two reads pruned to those ids."""
-        if not request_ids:
-            return []
-        return [*self.store.rows("request_keys", Among("request_id", request_ids)),
-                *self.store.rows("erased_keys", Among("request_id", request_ids))]
+        among, schema = Among("request_id", request_ids), SCHEMAS["request_keys"]
+        return pa.concat_tables([self.store.arrow(table, among, tuple(schema.names)).cast(schema)
+                                 for table in ("request_keys", "erased_keys")])
 
     def suppression_hashes(self, identifier: str) -> list[dict]:
         """(key_hash, key_id) of every `identifier` value acted on for an erase request, any status, and

@@ -212,23 +212,28 @@ class Store:
     # -- reading ---------------------------------------------------------------------------------
     def rows(self, table: str, row_filter: BooleanExpression | Among | None = None,
              columns: tuple[str, ...] = ("*",)) -> list[dict]:
-        """Rows of `table` (all, or those matching `row_filter`; all columns or `columns`); a table not
-        created yet has none (reading creates nothing). Cost: reads the table's files that may hold
-        such rows (pruned by their column statistics)."""
+        """`arrow`'s rows as dicts."""
+        return self.arrow(table, row_filter, columns).to_pylist()
+
+    def arrow(self, table: str, row_filter: BooleanExpression | Among | None = None,
+              columns: tuple[str, ...] = ("*",)) -> pa.Table:
+        """Rows of `table` (all, or those matching `row_filter`; all columns or `columns`) as Arrow, in
+        the table's types; a table not created yet has none (reading creates nothing). Cost: reads
+        the table's files that may hold such rows (pruned by their column statistics)."""
+        schema = SCHEMAS[table] if "*" in columns else pa.schema([SCHEMAS[table].field(c) for c in columns])
         if isinstance(row_filter, Among) and not row_filter.values:
-            return []
+            return schema.empty_table()
         try:
             loaded = self.load(table, create=False)
         except NoSuchTableError:
-            return []
+            return schema.empty_table()
         for _ in range(_RETRIES):
             if loaded.current_snapshot() is None:
-                return []
+                return schema.empty_table()
             try:
                 if isinstance(row_filter, Among):
-                    return row_filter.read(loaded, columns).to_pylist()
-                scan = loaded.scan(row_filter=row_filter or AlwaysTrue(), selected_fields=columns)
-                return scan.to_arrow().to_pylist()
+                    return row_filter.read(loaded, columns)
+                return loaded.scan(row_filter=row_filter or AlwaysTrue(), selected_fields=columns).to_arrow()
             except FileNotFoundError:  # compacted since we loaded it (`compact`): read the new file
                 loaded = self.load(table, create=False)
         raise LedgerError(f"ledger table {self.name(table)} kept changing while read; try again")

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypeVar
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from ..config import Settings
 from ..evidence.report import RunReport
 from ..inventory.check import KeyTypes
-from ..lake import indriver
+from ..lake import frames, indriver
 from ..lake.lakehouse import Lake
 from ..lake.metrics import IoCost, StageMeter, beside
 from ..ledger.ledger import Ledger
@@ -114,18 +115,24 @@ class Context:
         # The kept rows' subset, kept too (a join here would add a stage to every job that reads them),
         # once per subset: the erasure and the export each ask for theirs more than once.
         if wanted not in self._subsets:
-            self._subsets[wanted] = indriver.kept_where(keys, "request_id", sorted(wanted))
+            self._subsets[wanted] = indriver.kept_where(keys, "request_id", sorted(wanted)) if indriver.is_local(
+                keys) else keys.join(frames.rows_frame(self.spark, pa.table({"request_id": sorted(wanted)}), 0),
+                                     "request_id", "left_semi")
         return self._subsets[wanted]
 
     def batch(self, requests: dict[str, dict]) -> DataFrame:
-        return batch(self.spark, requests)
+        return batch(self.spark, requests, self.settings.erase.in_driver_max_requests)
 
 
-def batch(spark: SparkSession, requests: dict[str, dict]) -> DataFrame:
-    """(request_id, subject_id, regulation) of a batch as a small DataFrame held in the driver's JVM
-    (indriver.local_rows): identifiers travel as data, never as SQL text."""
-    rows = [(rid, r["subject_id"], r["regulation"]) for rid, r in sorted(requests.items())]
-    return indriver.local_rows(spark, rows, "request_id string, subject_id string, regulation string")
+def batch(spark: SparkSession, requests: dict[str, dict], in_driver_max: int) -> DataFrame:
+    """(request_id, subject_id, regulation) of a batch as a DataFrame held in the driver's JVM, or,
+    beyond `in_driver_max` requests, as Arrow batches Spark reads (lake/frames.py): identifiers travel
+    as data, never as SQL text."""
+    ids = sorted(requests)
+    rows = pa.table({"request_id": pa.array(ids, pa.string()),
+                     "subject_id": pa.array([str(requests[i]["subject_id"]) for i in ids], pa.string()),
+                     "regulation": pa.array([requests[i]["regulation"] for i in ids], pa.string())})
+    return frames.rows_frame(spark, rows, in_driver_max)
 
 
 def resolved(spark: SparkSession, settings: Settings, report: RunReport, requests: dict[str, dict]) -> DataFrame:
@@ -133,4 +140,5 @@ def resolved(spark: SparkSession, settings: Settings, report: RunReport, request
     a thread that resolves them beside the run's other work: its jobs are described so
     (lake/metrics.py's `beside`) and timed as the `resolve` stage."""
     with timed(report, "resolve", spark, beside_the_run="resolve identifiers"):
-        return identity.resolve(Lake.of(spark, settings), settings.datamap, batch(spark, requests))
+        return identity.resolve(Lake.of(spark, settings), settings.datamap,
+                                batch(spark, requests, settings.erase.in_driver_max_requests))

@@ -17,12 +17,14 @@ from datetime import UTC, date, datetime
 from functools import partial
 from typing import cast
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from .. import faults
 from ..datamap import DataMap
 from ..exceptions import CommitConflictError, first_line
 from ..keys import key_id
+from ..lake import frames
 from ..lake.hashsum import StageDone
 from ..lake.hmac import with_keyed_hash
 from ..ledger.journal import Step
@@ -79,6 +81,7 @@ class ErasureBatch:
         self._checked_at: dict[str, int] = {}  # table -> the snapshot the resurrection check saw
         self._came_back: dict[str, dict] = {}  # table -> evidence of people erased earlier found again
         self._proven: refs.ErasedHashes | None = None  # who the run proves erased: no branch or tag may keep them
+        self._in_driver_max = self.settings.erase.in_driver_max_requests
 
     def run(self) -> ErasureResult:
         """Erase, purge when due, prove, and decide each request's outcome. A collateral failure stops
@@ -99,7 +102,8 @@ class ErasureBatch:
         purge_now = (work.purge_now or bool(found)) and not damaged
         proven = self.request_ids + (sorted(work.waiting) if purge_now else [])
         prior = self.ledger.evidence(sorted(work.waiting)) if purge_now and work.waiting else {}
-        hashes = verify.stored_hashes(self.spark, self.ledger, proven + self._resurrected_ids(found))
+        hashes = verify.stored_hashes(self.spark, self.ledger, proven + self._resurrected_ids(found),
+                                      self._in_driver_max)
         self._proven = refs.ErasedHashes(hashes, verify.keys_for(self.settings.key_file(), hashes, self.ledger.keyring),
                                          self.ctx.key_types)
         purges = self._purge(erased, prior, resumed, scopes) if purge_now else {}
@@ -143,7 +147,7 @@ class ErasureBatch:
         if not reading:
             return list(scopes.values()), resurrection.Found()
         with self.ctx.timed("resurrection"):
-            hashes = verify.stored_hashes(self.spark, self.ledger, completed)
+            hashes = verify.stored_hashes(self.spark, self.ledger, completed, self._in_driver_max)
             found = resurrection.find(self.spark, datamap, reading, hashes,
                                       verify.keys_for(self.settings.key_file(), hashes, self.ledger.keyring),
                                       self.settings.run.parallel_tables, self.ctx.key_types,
@@ -232,15 +236,16 @@ class ErasureBatch:
         with self.ctx.timed("resolve", beside_the_run="record the identifiers' keyed hashes"):
             hashed = with_keyed_hash(self.spark, keys, "key_value", self.ledger.key).select(
                 "request_id", "key_type", "key_hash")
-            made_by = key_id(self.ledger.key)
-            self.ledger.record_keys([(r.request_id, r.key_type, r.key_hash, made_by) for r in hashed.collect()])
+            rows = frames.to_arrow(hashed)
+            self.ledger.record_keys(rows.append_column("key_id", pa.array([key_id(self.ledger.key)] * rows.num_rows,
+                                                                          pa.string())))
 
     def _keys_stored(self, recorded: Future[None] | None, request_ids: list[str]) -> None:
         """Wait for `_record_keys` (a failure raises here, before anything is erased), then read the
         stored hashes of `request_ids` back for the verification."""
         if recorded is not None:
             recorded.result()
-        self._hashes = verify.stored_hashes(self.spark, self.ledger, request_ids)
+        self._hashes = verify.stored_hashes(self.spark, self.ledger, request_ids, self._in_driver_max)
 
     def _erase_sources(self, keys: DataFrame, stored: Callable[[], None]) -> Erased:
         """Erase the mapped tables wave by wave (tables identifiers are resolved through go last, so a

@@ -17,9 +17,12 @@ def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
     one job (none without linked identifiers) whose result is kept in the driver's JVM
     (lake/indriver.py's `kept`), never in Python:
     erasing the source tables afterwards cannot change it, and the key sets built from it
-    (stages/matching.py) cost no further job.
+    (stages/matching.py) cost no further job. A batch too large for the driver (not a local
+    relation: lake/frames.py) is joined by a shuffle instead, and the result kept on the executors
+    (a local checkpoint).
     """
     dm, spark = datamap, lake.spark
+    in_driver = indriver.is_local(batch)
     batch = batch.select("request_id", F.col("subject_id").cast("string").alias("subject_id"))
     parts = [batch.select("request_id", F.lit(dm.subject).alias("key_type"), F.col("subject_id").alias("key_value"))]
     for name, link in dm.identifiers.items():
@@ -28,7 +31,7 @@ def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
             F.col(link.column).cast("string").alias("key_value"),
         )
         parts.append(
-            source.join(F.broadcast(batch), source.dsr_subject == batch.subject_id)
+            source.join(F.broadcast(batch) if in_driver else batch, source.dsr_subject == batch.subject_id)
             .where(F.col("key_value").isNotNull())
             .select("request_id", F.lit(name).alias("key_type"), "key_value")
         )
@@ -37,4 +40,5 @@ def resolve(lake: Lake, datamap: DataMap, batch: DataFrame) -> DataFrame:
     keys = parts[0]
     for part in parts[1:]:
         keys = keys.unionByName(part)
-    return indriver.kept(keys)  # distinct rows: a link table may name a key twice
+    # distinct rows: a link table may name a key twice
+    return indriver.kept(keys) if in_driver else keys.distinct().localCheckpoint()

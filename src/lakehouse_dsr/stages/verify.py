@@ -30,7 +30,7 @@ from ..datamap import DataMap, KeyGroup, column_ref
 from ..exceptions import LedgerError
 from ..inventory.check import KeyTypes, check_against_catalog, schema_of
 from ..keys import Keyring, as_keyring, key_id, keys_in_use
-from ..lake import indriver, plainfiles, skipping
+from ..lake import frames, indriver, plainfiles, skipping
 from ..lake.batching import collect_union, map_in_threads
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..lake.lakehouse import Lake
@@ -214,12 +214,11 @@ def keys_for(key_file: Path, hashes: DataFrame, key: bytes | Keyring | HashKeys)
 HASHES = "request_id string, key_type string, key_hash string, key_id string"  # stored keyed hashes, as rows
 
 
-def stored_hashes(spark: SparkSession, ledger: Ledger, request_ids: list[str]) -> DataFrame:
-    """(request_id, key_type, key_hash, key_id) the ledger holds for these requests, as a small
-    DataFrame (hashes only, no plaintext) held in the driver's JVM: reading it back takes no Spark
-    job. Cost: one pyiceberg read of the ledger's keys."""
-    return indriver.local_rows(spark, [(h["request_id"], h["key_type"], h["key_hash"], h["key_id"])
-                                       for h in ledger.key_hashes(request_ids)], HASHES)
+def stored_hashes(spark: SparkSession, ledger: Ledger, request_ids: list[str], in_driver_max: int) -> DataFrame:
+    """(request_id, key_type, key_hash, key_id) the ledger holds for these requests (hashes only, no
+    plaintext), held in the driver's JVM, where reading it back takes no Spark job, unless there are
+    more than `in_driver_max` (lake/frames.py). Cost: one pyiceberg read of the ledger's keys."""
+    return frames.rows_frame(spark, ledger.key_hashes_arrow(request_ids), in_driver_max)
 
 
 @dataclass
@@ -451,7 +450,7 @@ def verify_completed(spark: SparkSession, settings: Settings, request_ids: list[
     if not ids:
         return results
     key_types = check_against_catalog(spark, settings.datamap, settings.table)
-    hashes = stored_hashes(spark, ledger, ids)
+    hashes = stored_hashes(spark, ledger, ids, settings.erase.in_driver_max_requests)
     proven = verify_tables(Lake.of(spark, settings), settings.datamap, settings.erase, settings.key_file(), hashes,
                            ledger.keyring, key_types, parallel_tables=settings.run.parallel_tables)
     for table_result in proven:
