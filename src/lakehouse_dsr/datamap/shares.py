@@ -46,36 +46,37 @@ def full_refresh_reason(rows: DataFrame) -> str | None:
 
 
 def check_shares(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]
-                 ) -> tuple[list[str], dict[str, dict[str, DataType]]]:
+                 ) -> tuple[list[tuple[str, str]], dict[str, dict[str, DataType]]]:
     """Each share's SQL parses, reads only its `from` table and returns its `key` as a column of an
-    atomic type; a share table that exists has that column. Returns (problems, {existing share: {key:
-    its type}}): what a check of the shares' tables needs. Analysis and schemas only: no row is read."""
-    problems: list[str] = []
+    atomic type; a share table that exists has that column. Returns (problems, each as (share, what
+    is wrong), and {existing share: {key: its type}}): what a check of the shares' tables needs.
+    Analysis and schemas only: no row is read."""
+    problems: list[tuple[str, str]] = []
     types: dict[str, dict[str, DataType]] = {}
     catalog = qualify("a.b").split(".")[0].strip("`")
     for name, share in datamap.shares.items():
         try:
             result = over(spark, query(spark, datamap, name, catalog), spark.table(qualify(share.source)))
         except DataMapError as exc:
-            problems.append(str(exc))
+            problems.append((name, str(exc)))
             continue
         except Exception as exc:  # AnalysisException: a column or function the source lacks, ...
-            problems.append(f"shares {name}: {first_line(exc)}")
+            problems.append((name, f"shares {name}: {first_line(exc)}"))
             continue
         fields = {f.name: f.dataType for f in result.schema.fields}
         if share.key not in fields:
-            problems.append(f"shares {name}: key {share.key!r} is not a column of the sql's result "
-                            f"(has: {', '.join(fields)})")
+            problems.append((name, f"shares {name}: key {share.key!r} is not a column of the sql's result "
+                                   f"(has: {', '.join(fields)})"))
             continue
         if not isinstance(fields[share.key], AtomicType):
-            problems.append(f"shares {name}: key {share.key!r} has type {fields[share.key].simpleString()}, "
-                            "which cannot hold a subject id")
+            problems.append((name, f"shares {name}: key {share.key!r} has type {fields[share.key].simpleString()}, "
+                                   "which cannot hold a subject id"))
             continue
         if spark.catalog.tableExists(qualify(name)):
             held = {f.name: f.dataType for f in spark.table(qualify(name)).schema.fields}
             if share.key in held:
                 types[name] = {share.key: held[share.key]}
             else:
-                problems.append(f"shares {name}: the table exists without the key column {share.key!r}; drop it "
-                                "and the next dsr run creates it again")
+                problems.append((name, f"shares {name}: the table exists without the key column {share.key!r}; "
+                                       "drop it and the next dsr run creates it again"))
     return problems, types

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -28,6 +29,15 @@ from ..lake.plainfiles import check_dataset
 
 T = TypeVar("T")
 KeyTypes = dict[str, dict[str, DataType]]  # table -> key column (or struct path) -> its Spark type
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One way the data map does not match the lake: the name it concerns as the data map writes it
+    (a mapped table, file dataset, derived table or share) and what is wrong."""
+
+    table: str
+    text: str
 
 
 def field_at(schema: StructType, column: str) -> StructField:
@@ -69,11 +79,22 @@ def schema_of(types: dict[str, DataType]) -> StructType:
 def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> KeyTypes:
     """Check that every mapped table and column exists with a usable type; nothing is changed.
 
-    Returns the Spark type of each table's key columns (shares: of those created already). Reads
-    table schemas, and for `action: shred` tables up to SAMPLE_ROWS key values (only a count reaches
-    the driver).
+    Returns the Spark type of each table's key columns (shares: of those created already);
+    DataMapError naming every problem (`catalog_problems`). Reads table schemas, and for `action:
+    shred` tables up to SAMPLE_ROWS key values (only a count reaches the driver).
     """
-    problems: list[str] = []
+    problems, key_types = catalog_problems(spark, datamap, qualify)
+    if problems:
+        raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(p.text for p in problems))
+    return key_types
+
+
+def catalog_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]
+                     ) -> tuple[list[Problem], KeyTypes]:
+    """Every problem `check_against_catalog` finds, each with the table it concerns, and the key
+    types it read (those of a table with a problem included, where its key columns were found).
+    Costs what `check_against_catalog` does; nothing is changed."""
+    problems: list[Problem] = []
     key_types: KeyTypes = {}
     schemas: dict[str, StructType] = {}
     mapped = {**datamap.keyed, **datamap.files}
@@ -95,7 +116,7 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
             try:
                 field_at(schema, column)
             except ValueError as exc:
-                problems.append(f"{kind} {table} {exc}")
+                problems.append(Problem(table, f"{kind} {table} {exc}"))
     for table, mapping in mapped.items():
         if table not in schemas:
             continue
@@ -107,47 +128,51 @@ def check_against_catalog(spark: SparkSession, datamap: DataMap, qualify: Callab
                 continue  # reported above
             if group.is_array:
                 if not isinstance(key_type, ArrayType):
-                    problems.append(f"{kind} {table}: key column {group.column!r} has type "
-                                    f"{key_type.simpleString()}, not an array ([] marks an array of identifiers)")
+                    problems.append(Problem(table, f"{kind} {table}: key column {group.column!r} has type "
+                                            f"{key_type.simpleString()}, not an array ([] marks an array of "
+                                            "identifiers)"))
                     continue
                 key_type = key_type.elementType
             if not isinstance(key_type, AtomicType):
                 hint = f" (an array of identifiers is written {group.column}[])" \
                     if isinstance(key_type, ArrayType) and not group.is_array else ""
-                problems.append(f"{kind} {table}: key column {group.column!r} has type {key_type.simpleString()}, "
-                                f"which cannot hold an identifier{hint}")
+                problems.append(Problem(table, f"{kind} {table}: key column {group.column!r} has type "
+                                        f"{key_type.simpleString()}, which cannot hold an identifier{hint}"))
             key_types.setdefault(table, {})[group.column] = key_type
         for column in sorted(mapping.redacted_columns):
             try:
                 if not field_at(schemas[table], column).nullable:
-                    problems.append(f"{kind} {table}: column {column!r} is required (NOT NULL) and cannot be "
-                                    "redacted")
+                    problems.append(Problem(table, f"{kind} {table}: column {column!r} is required (NOT NULL) "
+                                            "and cannot be redacted"))
             except ValueError:
                 continue
     problems += _expiry_problems(datamap, schemas)
     problems += _aggregate_problems(spark, datamap, qualify)
     problems += _shred_problems(spark, datamap, qualify)
     share_problems, share_types = check_shares(spark, datamap, qualify)
-    problems += share_problems
+    problems += [Problem(share, text) for share, text in share_problems]
     key_types.update(share_types)
-    if problems:
-        raise DataMapError("the data map does not match the catalog:\n  - " + "\n  - ".join(problems))
-    return key_types
+    return problems, key_types
 
 
 def check_formats(lake: Lake) -> None:
     """Refuse, before anything changes, a Delta table the engine cannot erase from and prove (a table
     feature that stops its erasure or keeps what its purge cannot clean, a missing table): DataMapError,
     every problem named."""
-    problems = [p for t in lake.delta if (p := lake.table(t).refusal()) is not None]
+    problems = format_problems(lake)
     if problems:
-        raise DataMapError("the data map's Delta tables:\n  - " + "\n  - ".join(problems))
+        raise DataMapError("the data map's Delta tables:\n  - " + "\n  - ".join(p.text for p in problems))
+
+
+def format_problems(lake: Lake) -> list[Problem]:
+    """Each Delta table of the lake that `check_formats` refuses, with why. Metadata only."""
+    return [Problem(t, p) for t in lake.delta if (p := lake.table(t).refusal()) is not None]
 
 
 CLOCK_TYPES = (DateType, TimestampType, TimestampNTZType)
 
 
-def _expiry_problems(datamap: DataMap, schemas: dict[str, StructType]) -> list[str]:
+def _expiry_problems(datamap: DataMap, schemas: dict[str, StructType]) -> list[Problem]:
     """Retention rules (`expire:`) whose clock is missing or not a date or timestamp column, or that
     redact a missing or required column; each problem names the table, the rule and the column."""
     problems = []
@@ -168,27 +193,29 @@ def _expiry_problems(datamap: DataMap, schemas: dict[str, StructType]) -> list[s
                 if schema is not None:
                     clock = field_at(schema, column).dataType
                     if not isinstance(clock, CLOCK_TYPES):
-                        problems.append(f"{where}: {named} has type {clock.simpleString()}, not a date or timestamp")
+                        problems.append(Problem(table, f"{where}: {named} has type {clock.simpleString()}, not "
+                                                "a date or timestamp"))
             except ValueError as exc:
-                problems.append(f"{where}: {missing} {exc}")
+                problems.append(Problem(table, f"{where}: {missing} {exc}"))
             for column in rule.redact:
                 try:
                     if not field_at(schemas[table], column).nullable:
-                        problems.append(f"{where}: column {column!r} is required (NOT NULL) and cannot be redacted")
+                        problems.append(Problem(table, f"{where}: column {column!r} is required (NOT NULL) "
+                                                "and cannot be redacted"))
                 except ValueError as exc:
-                    problems.append(f"{where}: redact {exc}")
+                    problems.append(Problem(table, f"{where}: redact {exc}"))
     return problems
 
 
-def _read(problems: list[str], table: str, read: Callable[[], T]) -> T | None:
+def _read(problems: list[Problem], table: str, read: Callable[[], T]) -> T | None:
     """`read()`, or None with the problem noted: a DataMapError as it says, anything else (an
     AnalysisException, a catalog out of reach) as the table that cannot be read."""
     try:
         return read()
     except DataMapError as exc:
-        problems.append(str(exc))
+        problems.append(Problem(table, str(exc)))
     except Exception as exc:
-        problems.append(f"table {table} cannot be read: {first_line(exc)}")
+        problems.append(Problem(table, f"table {table} cannot be read: {first_line(exc)}"))
     return None
 
 
@@ -202,14 +229,14 @@ def _encrypted_by_pseudonymize(spark: SparkSession, table: str) -> list[str]:
     return list(json.loads(found[0].value).get("encrypted", {})) if found else []
 
 
-def _shred_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[str]:
+def _shred_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[Problem]:
     """Each `action: shred` table: its key is a string column whose values are vault pseudonyms (on a
     sample of its first rows: a plaintext identifier there would survive the shred), its encrypted
     columns are binary and include every column `dsr pseudonymize` recorded encrypting (an
     unnamed one would reach access packages as ciphertext), its quasi-identifiers exist. Reads
     the table's properties and at most SAMPLE_ROWS key values; only the count of non-pseudonyms
     reaches the driver."""
-    problems: list[str] = []
+    problems: list[Problem] = []
     for name, mapping in datamap.shredded.items():
         def read_table(n: str = name) -> DataFrame:
             return spark.table(qualify(n))
@@ -220,36 +247,37 @@ def _shred_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[st
         fields = {f.name: f.dataType for f in df.schema.fields}
         for column in [mapping.key, *mapping.encrypted, *mapping.quasi_identifiers]:
             if column not in fields:
-                problems.append(f"table {name} has no column {column!r} (has: {', '.join(fields)})")
+                problems.append(Problem(name, f"table {name} has no column {column!r} (has: {', '.join(fields)})"))
         if mapping.key not in fields:
             continue
         if fields[mapping.key].simpleString() != "string":
-            problems.append(f"table {name}: action: shred needs pseudonyms in {mapping.key!r}, a "
-                            f"{fields[mapping.key].simpleString()} column holds none; run dsr pseudonymize first")
+            problems.append(Problem(name, f"table {name}: action: shred needs pseudonyms in {mapping.key!r}, a "
+                                    f"{fields[mapping.key].simpleString()} column holds none; run dsr pseudonymize "
+                                    "first"))
             continue
         for column in mapping.encrypted:
             if column in fields and fields[column].simpleString() != "binary":
-                problems.append(f"table {name}: encrypted column {column!r} is a {fields[column].simpleString()}, "
-                                "not the binary dsr pseudonymize writes")
+                problems.append(Problem(name, f"table {name}: encrypted column {column!r} is a "
+                                        f"{fields[column].simpleString()}, not the binary dsr pseudonymize writes"))
         unnamed = sorted(set(_encrypted_by_pseudonymize(spark, qualify(name))) - set(mapping.encrypted))
         if unnamed:
             listed = ", ".join(unnamed)
-            problems.append(f"table {name}: dsr pseudonymize encrypted column(s) {listed} (table property "
-                            f"{PSEUDONYMIZED_PROPERTY}) but its encrypted: list does not name them, so access "
-                            f"packages would deliver them as ciphertext; add encrypted: [{listed}]")
+            problems.append(Problem(name, f"table {name}: dsr pseudonymize encrypted column(s) {listed} (table "
+                                    f"property {PSEUDONYMIZED_PROPERTY}) but its encrypted: list does not name them, "
+                                    f"so access packages would deliver them as ciphertext; add encrypted: [{listed}]"))
         sample = df.select(mapping.key).where(F.col(mapping.key).isNotNull()).limit(SAMPLE_ROWS)
         plain = sample.where(~F.col(mapping.key).rlike(PSEUDONYM_PATTERN)).count()
         if plain:
-            problems.append(f"table {name}: {plain} of the first {SAMPLE_ROWS} values of {mapping.key!r} are not "
-                            "vault pseudonyms, so a shred would leave them identifying; pseudonymize the table "
-                            "(dsr pseudonymize) or use action: delete")
+            problems.append(Problem(name, f"table {name}: {plain} of the first {SAMPLE_ROWS} values of "
+                                    f"{mapping.key!r} are not vault pseudonyms, so a shred would leave them "
+                                    "identifying; pseudonymize the table (dsr pseudonymize) or use action: delete"))
     return problems
 
 
-def _aggregate_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[str]:
+def _aggregate_problems(spark: SparkSession, datamap: DataMap, qualify: Callable[[str], str]) -> list[Problem]:
     """Each aggregate's sql parses, reads only tables of the data map named in its `from:`, returns its
     `group_by` columns and exactly the table's columns. Analysis only: nothing is read."""
-    problems: list[str] = []
+    problems: list[Problem] = []
     known = {*datamap.tables, *datamap.derived}
     catalog = qualify("a.b").split(".")[0].strip("`")
     for name, mapping in datamap.aggregates.items():
@@ -264,9 +292,9 @@ def _aggregate_problems(spark: SparkSession, datamap: DataMap, qualify: Callable
             result = lineage.shape(lineage.bound(spark, query, lambda t: spark.table(qualify(t))),
                                    mapping.group_by).columns
         except Exception as exc:  # DataMapError (group_by), AnalysisException (an unknown column ...)
-            problems.append(f"derived {name}: {first_line(exc)}")
+            problems.append(Problem(name, f"derived {name}: {first_line(exc)}"))
             continue
         if sorted(result) != sorted(columns):
-            problems.append(f"derived {name}: the sql returns {', '.join(result)} but the table has "
-                            f"{', '.join(columns)}")
+            problems.append(Problem(name, f"derived {name}: the sql returns {', '.join(result)} but the table "
+                                    f"has {', '.join(columns)}"))
     return problems
