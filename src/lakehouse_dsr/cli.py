@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 from rich.console import Console
@@ -32,6 +32,9 @@ from .keys import rotate_key
 from .ledger.holds import add_hold, list_holds, parse_until, release_hold
 from .ledger.ledger import Ledger
 from .ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, parse_received, read_requests_csv, utc_now
+
+if TYPE_CHECKING:  # imported by the commands that start Spark, not by the control plane's
+    from .runner.plan import PlanReport, Rate
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Data subject requests (GDPR/CCPA) on a lakehouse of Apache Iceberg and Delta Lake tables.")
@@ -218,6 +221,55 @@ def run_cmd(
     result.render(console)
     if result.needs_attention:
         raise typer.Exit(1)
+
+
+@app.command("plan")
+def plan_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """What the next `dsr run` would do for the open erase requests, per table: candidate files and bytes,
+    rows matched, strategy, estimated seconds; and every data-map problem that would stop it (exit 2).
+    Changes nothing."""
+    from .runner.plan import plan
+
+    result = plan(_spark(by_lake_size=True), _settings())
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        _render_plan(result)
+    if result.problems:
+        raise typer.Exit(2)
+
+
+def _render_plan(result: PlanReport) -> None:
+    """`dsr plan`'s report for people (runner/plan.py's PlanReport)."""
+    r = result.requests
+    table = Table(title=f"plan for {r.erase} open erase request(s)" + (", purged in the same run" if result.purge
+                                                                       else ""))
+    for column in ("table", "action", "strategy", "files (cand./all)", "bytes (cand./all)", "rows", "files matched",
+                   "rewritten", "est. s"):
+        table.add_column(column, overflow="fold")
+    for name, t in result.tables.items():
+        table.add_row(name, t.action, t.strategy, f"{t.files:,}/{t.total_files:,}",
+                      f"{decimal(t.bytes)}/{decimal(t.total_bytes)}",
+                      "counted by the rewrite" if t.rows is None else f"{t.rows:,}",
+                      "every candidate" if t.matched_files is None else f"{t.matched_files:,}",
+                      decimal(t.rewrite_bytes), f"{t.estimated_seconds:,.1f}")
+    console.print(table if result.tables else "no table to plan" + ("" if r.erase else ": no open erase requests"))
+    for name, why in result.not_planned.items():
+        console.print(f"not planned: {name}: {escape(why)}")
+    others = {"access": r.access, "opt-out/opt-in": r.consent, "held by a legal hold": r.held,
+              "waiting for the batched purge": r.waiting_for_purge}
+    if any(others.values()):
+        console.print("other open requests (not planned): " + ", ".join(f"{n} {k}" for k, n in others.items() if n))
+    rates = result.rates
+    byte_rate, per_request = rates.rewrite_bytes_per_second, rates.seconds_per_request
+
+    def source(rate: Rate) -> str:
+        return f"measured over {rate.runs} run(s)" if rate.source == "measured" else "default: no recorded run"
+    console.print(f"estimated: {result.estimated_seconds:,.1f} s ({byte_rate.value / 1e6:,.1f} MB rewritten per s, "
+                  f"{source(byte_rate)}; {per_request.value * 1000:,.2f} ms per request, {source(per_request)}); "
+                  f"this plan took {result.seconds:,.1f} s")
+    for p in result.problems:
+        console.print(f"[red]problem:[/] {escape(p.text)}", soft_wrap=True)
 
 
 @app.command()
