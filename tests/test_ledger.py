@@ -6,7 +6,7 @@ from helpers import make_settings, snapshot_ids
 from lakehouse_dsr.exceptions import LedgerError, RequestInputError
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger import ledger as ledger_module
-from lakehouse_dsr.ledger.ledger import Ledger, new_request_id
+from lakehouse_dsr.ledger.ledger import Ledger, new_request_id, new_request_ids
 from lakehouse_dsr.ledger.requests import RequestInput, add_months, due_date, read_requests_csv
 
 
@@ -127,12 +127,15 @@ def test_invalid_request_changes_nothing(ledger, spark):
 
 
 def test_request_ids_made_in_the_same_millisecond_with_the_same_random_part_differ(monkeypatch):
-    randoms = iter(["00000000aa", "00000000aa", "00000000bb"])
-    monkeypatch.setattr(ledger_module.secrets, "token_hex", lambda n: next(randoms))
+    randoms = iter([bytes.fromhex("00000000aa"), bytes.fromhex("00000000aa"), bytes.fromhex("00000000bb")])
+    monkeypatch.setattr(ledger_module.os, "urandom", lambda n: next(randoms))
     monkeypatch.setattr(ledger_module.time, "time", lambda: 1_700_000_000.0)
     taken: set[str] = set()
     first, second = new_request_id(taken), new_request_id(taken)
     assert first != second and taken == {first, second} and second.endswith("bb")
+    drawn = new_request_ids(set(), draw=3)  # one draw per three ids; the repeat within a draw is skipped
+    randoms = iter([bytes.fromhex("0000000001" "0000000001" "0000000002"), bytes.fromhex("0000000003" * 3)])
+    assert [next(drawn)[-10:] for _ in range(3)] == ["0000000001", "0000000002", "0000000003"]
 
 
 def test_a_large_batch_gets_one_id_per_request(ledger):

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
@@ -50,10 +50,34 @@ def new_request_id(taken: set[str]) -> str:
     statistics let a run skip files of long-completed requests, then 40 random bits. Never one of
     `taken` (the ids made so far in this batch, which share milliseconds by the hundred); the id is
     added to it."""
-    while (request_id := f"req-{int(time.time() * 1000):011x}{secrets.token_hex(5)}") in taken:
-        continue
-    taken.add(request_id)
-    return request_id
+    return next(new_request_ids(taken, 1))
+
+
+def new_request_ids(taken: set[str], draw: int = 4096) -> Iterator[str]:
+    """`new_request_id`s without end, their random bits drawn from the system `draw` ids at a time
+    (one call per id was a third of `dsr submit` of a million requests)."""
+    while True:
+        bits = os.urandom(5 * draw).hex()
+        for start in range(0, len(bits), 10):
+            request_id = f"req-{int(time.time() * 1000):011x}{bits[start:start + 10]}"
+            if request_id not in taken:
+                taken.add(request_id)
+                yield request_id
+
+
+# What a run reads of its open requests (Ledger.work_requests).
+WORK_COLUMNS = ("request_id", "request_type", "regulation", "subject_id", "subject_hash", "status", "status_reason",
+                "received_at", "due_date", "purge_by")
+
+
+def _evidence_texts(outcomes: list[Outcome]) -> list[str]:
+    """Each outcome's evidence as JSON, written once per evidence object: a batch's outcomes share
+    them where equal (runner/rules.py)."""
+    written: dict[int, str] = {}
+    for o in outcomes:
+        if id(o.evidence) not in written:
+            written[id(o.evidence)] = json.dumps(o.evidence, sort_keys=True)
+    return [written[id(o.evidence)] for o in outcomes]
 
 
 def _ids_stored(loaded: Table, ids: list[str]) -> set[str]:
@@ -129,7 +153,7 @@ class Ledger:
             seen = {(r["subject_hash"], r["request_type"]) for r in rows}
             stored = _ids_stored(loaded, given) if snapshot and given else set()
             fresh: list[dict[str, Any]] = []
-            ids = set(given)
+            ids = new_request_ids(set(given))
             for r in inputs:
                 hashes = [keyed_hash(k, r.subject_id) for k in keys.values()]
                 if r.request_id in stored if r.request_id else any((h, r.request_type) in seen for h in hashes):
@@ -139,7 +163,7 @@ class Ledger:
                     stored.add(r.request_id)
                 received = r.received_at or now
                 fresh.append({
-                    "request_id": r.request_id or new_request_id(ids), "request_type": r.request_type,
+                    "request_id": r.request_id or next(ids), "request_type": r.request_type,
                     "regulation": r.regulation,
                     "subject_id": r.subject_id, "subject_hash": hashes[0], "status": "received",
                     "status_reason": None, "received_at": received, "extended": False, "updated_at": now,
@@ -156,6 +180,18 @@ class Ledger:
     def requests(self, statuses: tuple[str, ...] | None = None) -> list[dict]:
         """Raw request rows (subject ids included: for the run, never for display). One read."""
         return self.store.rows("requests", In("status", statuses) if statuses else None)
+
+    def work_requests(self, statuses: tuple[str, ...]) -> list[dict]:
+        """The rows a run works on (`WORK_COLUMNS`): when each was received only where a run uses it
+        (opt-outs and opt-ins, applied in that order), since a million timestamps cost seconds in
+        Python. One read."""
+        read = self.store.arrow("requests", In("status", statuses), WORK_COLUMNS)
+        rows = read.drop_columns(["received_at"]).to_pylist()
+        received = read.column("received_at")
+        consent = pc.is_in(read.column("request_type"), pa.array(["opt_out", "opt_in"])).to_pylist()
+        for i in (i for i, applied in enumerate(consent) if applied):
+            rows[i]["received_at"] = received[i].as_py()
+        return rows
 
     def statuses(self, today: date | None = None, request_id: str | None = None) -> list[RequestStatus]:
         """Every request (or one) without its subject: for `dsr status`. Requests a run holding the
@@ -278,7 +314,7 @@ class Ledger:
         ids = [o.request_id for o in outcomes]
         decided = pa.table({
             "status": [o.status for o in outcomes], "status_reason": [o.reason for o in outcomes],
-            "evidence": [json.dumps(o.evidence, sort_keys=True) for o in outcomes],
+            "evidence": _evidence_texts(outcomes),
             "purge_by": pa.array([o.purge_by for o in outcomes], pa.date32())})
 
         def change(loaded: Table, rows: pa.Table) -> pa.Table:

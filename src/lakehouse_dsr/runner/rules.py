@@ -6,6 +6,7 @@ tests/test_rules.py.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import date
 from pathlib import Path
@@ -73,7 +74,29 @@ def table_entry(request_id: str, e: erase.TableErasure | None, p: purge.TablePur
     rewritten = (e.data_files_rewritten, e.bytes_rewritten) if e is not None else (
         entry.get("data_files_rewritten", 0), entry.get("bytes_rewritten", 0))  # an earlier run's erase
     entry.update(purge.evidence(p, *rewritten), **v.evidence(request_id))
-    return TableProof.model_validate(entry).model_dump(exclude_unset=True)
+    return entry
+
+
+class _Validated:
+    """Evidence validated against its published models once per distinct content: in a batch, most
+    requests' table entries are equal (a million requests, a handful of entries), and validating
+    each again cost a minute. The dicts returned are shared: read-only."""
+
+    def __init__(self) -> None:
+        self._seen: dict[object, dict] = {}
+
+    def _once(self, key: object, model: type[TableProof] | type[ErasureEvidence], raw: dict) -> dict:
+        if key not in self._seen:
+            self._seen[key] = model.model_validate(raw).model_dump(exclude_unset=True)
+        return self._seen[key]
+
+    def table(self, raw: dict) -> dict:
+        return self._once(json.dumps(raw, sort_keys=True, default=str), TableProof, raw)
+
+    def evidence(self, raw: dict) -> dict:
+        """`raw`'s tables must come from `table`: they are told apart by identity (held here)."""
+        rest = json.dumps({k: v for k, v in raw.items() if k != "tables"}, sort_keys=True, default=str)
+        return self._once((rest, *((t, id(d)) for t, d in raw["tables"].items())), ErasureEvidence, raw)
 
 
 def request_reasons(request_id: str, table: str, e: erase.TableErasure | None, v: verify.TableVerification
@@ -97,7 +120,7 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
     earlier run keep that run's erase evidence (`prior`), and so do requests an interrupted run
     erased (`resumed`, from the step journal). `stop_reason`: why the run stopped before the purge
     (fails every request)."""
-    outcomes = []
+    outcomes, validated = [], _Validated()
     for request_id in request_ids:
         earlier = prior.get(request_id, {})
         reasons: list[str] = []
@@ -108,15 +131,15 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
             found = request_reasons(request_id, table, e, v)
             reasons += [] if table in legal_tables else found
             held += [legal_tables[table]] if table in legal_tables and found else []
-            tables[table] = table_entry(request_id, e, purges.get(table), v, resumed.get(table),
-                                        earlier.get("tables", {}).get(table, {}))
+            tables[table] = validated.table(table_entry(request_id, e, purges.get(table), v, resumed.get(table),
+                                                        earlier.get("tables", {}).get(table, {})))
         if stop_reason:
             reasons.append(stop_reason)
         evidence: dict[str, Any] = {"version": VERSION, "run_id": run_id, "verified_at": verified_at,
                                     "tables": tables}
         if earlier:
             evidence["erased_in_run"] = earlier.get("run_id")
-        evidence = ErasureEvidence.model_validate(evidence).model_dump(exclude_unset=True)
+        evidence = validated.evidence(evidence)
         if reasons:
             outcomes.append(Outcome(request_id, "failed", "; ".join([*reasons, *held]), evidence))
         elif held:

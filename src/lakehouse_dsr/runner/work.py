@@ -60,7 +60,7 @@ def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tupl
     A table on a collateral hold stops every erasure and purge (its erase requests wait); an erase
     request of a subject under a legal hold is left out of the batch. Cost: three small ledger reads,
     and one HMAC per open erase request and key while a subject hold is active."""
-    rows = ledger.requests(OPEN_STATUSES)
+    rows = ledger.work_requests(OPEN_STATUSES)
     steps = ledger.journal.steps()
     held = {t: s.detail.get("reason", "") for t, s in ledger.journal.holds(steps).items()}
     legal = active_holds(ledger, today)

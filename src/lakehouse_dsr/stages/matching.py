@@ -51,16 +51,17 @@ class KeySet:
 def key_set(keys: DataFrame, identifier: str, key_type: DataType) -> KeySet:
     """The KeySet of `identifier` at `key_type`. Cost: none when `keys` are held in the driver's JVM
     (identity.resolve keeps them there) and the type can be pruned on: they are grouped there;
-    else one small job over the batch's keys (its result kept as it is computed: the checkpoint is
-    lazy, filled by that job)."""
+    else a job over the batch's keys that groups and counts them (kept on the executors: a local
+    checkpoint), and one more that fetches them into the driver's JVM when there are at most
+    skipping.MAX_VALUES."""
     selected = keys_for_identifier(keys, identifier, key_type)
     held = skipping.held_key_values(selected, key_type)
     if held is not None:
         return KeySet(*held)
     grouped = selected.groupBy("key_value").agg(
         F.collect_set("request_id").alias("request_ids")).localCheckpoint(eager=False)
-    values = skipping.key_values(grouped, key_type)
-    return KeySet(grouped, values.size if values else grouped.count(), values)
+    size = grouped.count()  # fills the checkpoint; beyond MAX_VALUES the values are not fetched at all
+    return KeySet(grouped, size, skipping.key_values(grouped, key_type) if size <= skipping.MAX_VALUES else None)
 
 
 def disjoint(a: KeySet, b: KeySet) -> bool:
