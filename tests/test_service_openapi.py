@@ -277,6 +277,10 @@ def test_what_the_server_refuses_for_its_shape_the_document_refuses_too(service)
         ("/api/v1/operator/holds", {"reason": "audit"}, {}),
         ("/api/v1/operator/holds", {"subject_id": "gil", "reason": "\u00a0"}, {}),
         ("/api/v1/operator/requests/{request_id}/extend", {"reason": " "}, {}),
+        ("/api/v1/operator/requests/batch", {"source": "fides", "requests": [
+            {"external_id": "f-1", "type": "erase", "subject_id": "\u2003"}]}, {}),
+        ("/api/v1/operator/requests/batch", {"source": "fides", "requests": [  # a year the ledger cannot keep
+            {"external_id": "f-2", "type": "erase", "subject_id": "gil", "received_at": "0999-01-01T00:00:00Z"}]}, {}),
     ]
     for path, body, headers in refused:
         assert not _allows(openapi, path, "post", body, headers), (path, body, headers)

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import WebhookEvent as EventName
-from ..ledger.requests import Regulation, RequestType
+from ..ledger.requests import NOT_BLANK, Regulation, RequestType
 
 _RequestId = Annotated[str, Field(pattern=r"^req-[0-9a-f]{21}$", description="the request's id in this engine")]
 _Timestamp = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$", description="UTC, to the second",
@@ -91,10 +91,11 @@ class BatchItem(_Body):
 
     external_id: ExternalId
     type: RequestType
-    subject_id: str = Field(min_length=1, max_length=1000, description="the person, as the data map names them")
+    subject_id: str = Field(min_length=1, max_length=1000, pattern=NOT_BLANK,
+                            description="the person, as the data map names them")
     regulation: Regulation = "gdpr"
     received_at: str | None = Field(
-        None, pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$",
+        None, pattern=r"^[1-9]\d{3}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$",
         json_schema_extra={"format": "date-time"},
         description="when the tool received it (with its UTC offset; not in the future): the deadline runs from "
                     "then (default: now)")

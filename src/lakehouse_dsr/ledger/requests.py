@@ -20,6 +20,11 @@ CONSENT_TYPES: tuple[str, ...] = ("opt_out", "opt_in")  # sale/sharing of person
 REGULATIONS: tuple[str, ...] = ("gdpr", "ccpa")
 MAX_SUBJECT_LENGTH = 65_536
 REQUEST_ID = re.compile(r"req-[0-9a-f]{21}")
+# Python's whitespace (str.strip, str.isspace, re's \s) spelled out, so that the API's JSON Schemas
+# (service/app.py, evidence/handoff.py) state exactly the rules checked here: `\s` means other sets in
+# ECMA-262 regexes (JSON Schema's) and in pydantic's Rust ones.
+SPACE = r"\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_BLANK = f"[^{SPACE}]"  # unanchored: somewhere a character that is not whitespace
 
 
 def utc_now() -> datetime:

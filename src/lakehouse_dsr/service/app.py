@@ -38,15 +38,13 @@ from ..evidence.handoff import BatchResult, ExternalReference, RequestBatch
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..ledger.holds import add_hold, list_holds, parse_until, release_hold
 from ..ledger.ledger import RequestStatus
-from ..ledger.requests import MAX_SUBJECT_LENGTH, REQUEST_ID, utc_now
+from ..ledger.requests import MAX_SUBJECT_LENGTH, NOT_BLANK, REQUEST_ID, SPACE, utc_now
 from . import models
 from .guard import Guard
 from .intake import (
     EARLIEST_RECEIPT,
     EMAIL,
     EMAIL_MAX_LENGTH,
-    NOT_BLANK,
-    SPACE,
     VERIFIED_TYPES,
     Filing,
     Intake,

@@ -34,7 +34,7 @@ from ..evidence.handoff import BatchItemResult, BatchResult, ExternalReference, 
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..keys import derive_key, keyed_hash
 from ..ledger.ledger import OPEN_STATUSES, Ledger, RequestStatus, new_request_id
-from ..ledger.requests import RequestInput, due_date, utc_now
+from ..ledger.requests import SPACE, RequestInput, due_date, utc_now
 from .ingester import Ingester, ingest_leased
 from .mail import MailError, send_code
 from .queue import Connection, open_queue
@@ -46,11 +46,6 @@ MAIL_STOP_SECONDS = 1.0
 READY_TIMEOUT_SECONDS = 5.0
 INGEST_WAIT_SECONDS = 30.0  # an operator's ingest waits this long for the ingest lease
 VERIFIED_TYPES = ("erase", "access", "opt_in")  # never opt-outs: CCPA regulations forbid verifying them
-# Python's whitespace (str.strip, str.isspace, re's \s) spelled out, so that the API's JSON Schema
-# (service/app.py) states exactly the rules checked here: `\s` means other sets in ECMA-262 regexes
-# (JSON Schema's) and in pydantic's Rust ones.
-SPACE = r"\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-NOT_BLANK = f"[^{SPACE}]"  # unanchored: somewhere a character that is not whitespace
 EMAIL = f"^[^@{SPACE}]{{1,64}}@[^@{SPACE}]+\\.[^@{SPACE}]+$"
 EMAIL_MAX_LENGTH = 254
 _EMAIL = re.compile(EMAIL)
