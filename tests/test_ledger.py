@@ -138,6 +138,12 @@ def test_request_ids_made_in_the_same_millisecond_with_the_same_random_part_diff
     assert [next(drawn)[-10:] for _ in range(3)] == ["0000000001", "0000000002", "0000000003"]
 
 
+def test_a_request_received_before_year_1000_shows_a_four_digit_year(ledger):
+    """glibc's %Y drops the padding below 1000; the status document's date-time pattern needs it."""
+    ledger.submit([RequestInput("old", "erase", received_at=datetime(999, 5, 1, tzinfo=UTC))])
+    assert [s.received for s in ledger.statuses()] == ["0999-05-01T00:00:00Z"]
+
+
 def test_a_large_batch_gets_one_id_per_request(ledger):
     created = ledger.submit([RequestInput(f"person-{i}", "access") for i in range(3000)]).created
     assert len(created) == len(set(created)) == 3000

@@ -391,13 +391,19 @@ class Ledger:
         return {**result.__dict__, "plaintext_found": found, "passed": found == 0}
 
 
+def _utc_text(at: datetime) -> str:
+    """`at` (UTC) as 2026-01-31T12:00:00Z; the year always four digits (glibc's %Y drops the padding of
+    years before 1000, which the status document's pattern then refuses)."""
+    return f"{at.year:04d}-{at:%m-%dT%H:%M:%SZ}"
+
+
 def _status(r: dict, today: date, working: bool) -> RequestStatus:
     status = "in_progress" if working and r["status"] in ACTIONABLE_STATUSES else r["status"]
     return RequestStatus(
         r["request_id"], r["request_type"], r["regulation"], status, r["status_reason"],
-        f"{r['received_at']:%Y-%m-%dT%H:%M:%SZ}", r["due_date"].isoformat(),
+        _utc_text(r["received_at"]), r["due_date"].isoformat(),
         (r["due_date"] - today).days if r["status"] != "completed" else None, bool(r["extended"]),
-        f"{r['completed_at']:%Y-%m-%dT%H:%M:%SZ}" if r["completed_at"] else None,
+        _utc_text(r["completed_at"]) if r["completed_at"] else None,
         r["purge_by"].isoformat() if r["purge_by"] else None)
 
 
