@@ -566,58 +566,53 @@ class DeltaTable:
         """(path, modified ms) of every file under `_delta_log`."""
         return listing(self.spark, self.path.rstrip("/") + "/_delta_log")
 
+    def _actions(self, files: list[str], kinds: tuple[str, ...]) -> list[tuple[int, str, str, bool, int | None]]:
+        """(index in `files`, kind, path as the log spells it, carries a deletion vector, numRecords)
+        of every action of `kinds` in `files` (JSON log files), read in the driver's JVM
+        (DeltaLogText.java): only paths, flags and counts reach Python."""
+        if not files:
+            return []
+        answer = compiled(self.spark, "DeltaLogText").actions(
+            _list(self.spark, files), _list(self.spark, list(kinds)), self.spark._jsc.hadoopConfiguration())
+        return [(int(i), str(k), str(p), bool(v), None if r is None else int(r))
+                for i, k, p, v, r in json.loads(answer)]
+
     def _commit_actions(self, kinds: tuple[str, ...], versions: range | None = None) -> set[str]:
         """The paths the log's JSON commits name in actions of `kinds` (add, remove, cdc), of
-        `versions` (default all the log holds), read in Spark as text (only paths reach the driver)."""
+        `versions` (default all the log holds): a listing and the commits read."""
         root = self.path.rstrip("/")
         commits = [p for p, _ in self._log_paths() if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1]))
                    and m.group(2) == "json" and (versions is None or int(m.group(1)) in versions)]
-        if not commits:
-            return set()
-        lines = self.spark.read.text(commits)
-        paths = [F.get_json_object("value", f"$.{kind}.path") for kind in kinds]
-        found = lines.select(F.explode(F.array(*paths)).alias("p")).where("p IS NOT NULL").distinct().collect()
-        return {_absolute(root, r.p) for r in found}
+        return {_absolute(root, path) for _, _, path, _, _ in self._actions(commits, kinds)}
 
     def added_versions(self, paths: list[str]) -> list[int | None]:
         """For each of `paths` (live files), the newest version whose commit added it, from the JSON
         commits the log holds; a file none of them adds came with the log's checkpoint: the oldest
-        version the log holds (it was added then or before). The log read as text in Spark."""
+        version the log holds (it was added then or before). A listing and the commits read."""
         root = self.path.rstrip("/")
-        commits = {p: int(m.group(1)) for p, _ in self._log_paths()
-                   if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and m.group(2) == "json"}
+        commits = sorted((int(m.group(1)), p) for p, _ in self._log_paths()
+                         if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and m.group(2) == "json")
         history = self.history()
         oldest = history[0].snapshot_id if history else None
         added: dict[str, int] = {}
-        if commits:
-            lines = self.spark.read.text(sorted(commits)).select(
-                F.get_json_object("value", "$.add.path").alias("p"), F.input_file_name().alias("f"))
-            for r in lines.where("p IS NOT NULL").groupBy("p", "f").count().collect():
-                version = next(v for c, v in commits.items() if same_file(c) == same_file(r.f))
-                path = same_file(_absolute(root, r.p))
-                added[path] = max(added.get(path, -1), version)
+        for index, _, path, _, _ in self._actions([p for _, p in commits], ("add",)):
+            added[same_file(_absolute(root, path))] = commits[index][0]  # in version order: the newest wins
         return [added.get(same_file(p), oldest) for p in paths]
 
     def commit_files(self, snapshot_id: int) -> CommitFiles:
         """What version `snapshot_id`'s commit changed, from its JSON commit: the files it removed
         (rewritten), the files it added, and those it gave a deletion vector (removed and added again
-        under the same path, with one). The commit read as text in Spark: only paths, the vector
-        flags and row counts reach the driver (a statistic's values never do)."""
+        under the same path, with one). The commit read in the driver's JVM: only paths, the vector
+        flags and row counts reach Python (a statistic's values never do)."""
         root = self._root()  # as the file lists spell paths (candidates are compared with these)
-        lines = self.spark.read.text(f"{root}/_delta_log/{snapshot_id:020d}.json")
-        actions = lines.select(
-            F.get_json_object("value", "$.add.path").alias("added"),
-            F.get_json_object("value", "$.add.deletionVector").isNotNull().alias("vector"),
-            F.get_json_object(F.get_json_object("value", "$.add.stats"), "$.numRecords").cast("long").alias("rows"),
-            F.get_json_object("value", "$.remove.path").alias("removed"),
-        ).where("added IS NOT NULL OR removed IS NOT NULL").collect()
-        added = {_absolute(root, a.added): a for a in actions if a.added is not None}
-        removed = {_absolute(root, a.removed) for a in actions if a.removed is not None}
+        actions = self._actions([f"{root}/_delta_log/{snapshot_id:020d}.json"], ("add", "remove"))
+        added = {_absolute(root, path): (vector, rows) for _, kind, path, vector, rows in actions if kind == "add"}
+        removed = {_absolute(root, path) for _, kind, path, _, _ in actions if kind == "remove"}
         new = frozenset(added) - removed
-        rows = [added[p].rows for p in new]
+        rows = [added[p][1] for p in new]
         return CommitFiles(snapshot_id - 1 if snapshot_id else None, frozenset(removed - set(added)), new,
-                           None if any(r is None for r in rows) else sum(rows),
-                           frozenset(p for p in removed & set(added) if added[p].vector))
+                           None if any(r is None for r in rows) else sum(r for r in rows if r is not None),
+                           frozenset(p for p in removed & set(added) if added[p][0]))
 
     def _files_added_between(self, after_id: int, until_id: int) -> set[str]:
         return self._commit_actions(("add",), range(after_id + 1, until_id + 1))
@@ -704,22 +699,20 @@ class DeltaTable:
         """Files of `_delta_log/_sidecars/` (a v2 checkpoint's parts: `add` actions with their
         statistics) that no top-level checkpoint of `version` references and that were written before
         `before_ms` (a concurrent checkpoint's are younger): older checkpoints' sidecars. `logged`:
-        the log's listing. The checkpoint's `sidecar` actions are read in Spark (file names only)."""
+        the log's listing. The checkpoint's `sidecar` actions are read (file names only)."""
         sidecars = [(p, modified) for p, modified in logged if "/_sidecars/" in p]
         if not sidecars:
             return []
         tops = [p for p, _ in logged if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and int(m.group(1)) == version
                 and m.group(2).startswith("checkpoint")]
-        referenced: set[str] = set()
+        referenced = {path.rsplit("/", 1)[-1] for _, _, path, _, _ in self._actions(
+            [top for top in tops if top.endswith(".json")], ("sidecar",))}
         for top in tops:
-            if top.endswith(".json"):
-                paths = self.spark.read.text(top).select(F.get_json_object("value", "$.sidecar.path").alias("p"))
-            else:
+            if top.endswith(".parquet"):
                 actions = self.spark.read.parquet(top)
-                if "sidecar" not in actions.columns:
-                    continue
-                paths = actions.select(F.col("sidecar.path").alias("p"))
-            referenced |= {r.p.rsplit("/", 1)[-1] for r in paths.where("p IS NOT NULL").collect()}
+                if "sidecar" in actions.columns:
+                    referenced |= {r.p.rsplit("/", 1)[-1] for r in actions.select(
+                        F.col("sidecar.path").alias("p")).where("p IS NOT NULL").collect()}
         return [p for p, modified in sidecars if modified < before_ms and p.rsplit("/", 1)[-1] not in referenced]
 
     def remove_orphan_files(self, min_age_minutes: float) -> int:
