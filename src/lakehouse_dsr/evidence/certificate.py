@@ -30,7 +30,7 @@ from pydantic.json_schema import SkipJsonSchema
 from ..exceptions import DsrError, LedgerError
 from ..keys import KEY_ENV, Keyring, derive_key
 from ..ledger.ledger import Ledger
-from ..ledger.requests import REQUEST_ID, Regulation, RequestType, utc_now
+from ..ledger.requests import REQUEST_ID, Regulation, RequestType, utc_now, utc_text
 from ..ledger.store import EqualTo
 from .html import Markup, badge, code, esc, fact_list, human_bytes, page, table
 
@@ -188,11 +188,11 @@ def build_certificate(ledger: Ledger, request_id: str, now: datetime | None = No
         {name: _table(entry) for name, entry in sorted(evidence.get("tables", {}).items())}
     doc = {
         "format": FORMAT,
-        "issued_at": _iso(now or utc_now()),
+        "issued_at": utc_text(now or utc_now()),
         "request": {
             "request_id": r["request_id"], "type": r["request_type"], "regulation": r["regulation"],
-            "received": _iso(r["received_at"]), "due": due.isoformat(), "extended": bool(r["extended"]),
-            "completed": _iso(completed), "deadline_met": completed.date() <= due,
+            "received": utc_text(r["received_at"]), "due": due.isoformat(), "extended": bool(r["extended"]),
+            "completed": utc_text(completed), "deadline_met": completed.date() <= due,
             "days_before_due": (due - completed.date()).days,
         },
         "runs": runs,
@@ -244,10 +244,6 @@ def _storage_scan(action: str, scanned: bool, passed: bool) -> str:
 
 def _access_tables(evidence: dict) -> dict:
     return {name: {"action": "export", "rows": int(n)} for name, n in sorted(evidence.get("rows", {}).items())}
-
-
-def _iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- signature ----------------------------------------------------------------------------------------

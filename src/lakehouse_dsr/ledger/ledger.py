@@ -32,7 +32,7 @@ from ..exceptions import ConfigError, LedgerError
 from ..keys import Keyring, keyed_hash, load_key, load_retired
 from .journal import Journal, Step
 from .lease import current_holder
-from .requests import RequestInput, due_date, utc_now
+from .requests import RequestInput, due_date, utc_now, utc_text
 from .store import SCHEMAS, Among, EqualTo, GreaterThan, In, NotNull, Store, arrow_rows
 
 TIMESTAMP = SCHEMAS["requests"].field("updated_at").type  # the ledger's times: UTC, microseconds
@@ -391,19 +391,13 @@ class Ledger:
         return {**result.__dict__, "plaintext_found": found, "passed": found == 0}
 
 
-def _utc_text(at: datetime) -> str:
-    """`at` (UTC) as 2026-01-31T12:00:00Z; the year always four digits (glibc's %Y drops the padding of
-    years before 1000, which the status document's pattern then refuses)."""
-    return f"{at.year:04d}-{at:%m-%dT%H:%M:%SZ}"
-
-
 def _status(r: dict, today: date, working: bool) -> RequestStatus:
     status = "in_progress" if working and r["status"] in ACTIONABLE_STATUSES else r["status"]
     return RequestStatus(
         r["request_id"], r["request_type"], r["regulation"], status, r["status_reason"],
-        _utc_text(r["received_at"]), r["due_date"].isoformat(),
+        utc_text(r["received_at"]), r["due_date"].isoformat(),
         (r["due_date"] - today).days if r["status"] != "completed" else None, bool(r["extended"]),
-        _utc_text(r["completed_at"]) if r["completed_at"] else None,
+        utc_text(r["completed_at"]) if r["completed_at"] else None,
         r["purge_by"].isoformat() if r["purge_by"] else None)
 
 

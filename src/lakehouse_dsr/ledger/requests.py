@@ -31,6 +31,13 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def utc_text(at: datetime) -> str:
+    """`at` (UTC) as 2026-01-31T12:00:00Z, as statuses, certificates and events show times; the year
+    always four digits (glibc's %Y drops the padding of years before 1000, which the documents'
+    date-time pattern refuses)."""
+    return f"{at.year:04d}-{at:%m-%dT%H:%M:%SZ}"
+
+
 def add_months(day: date, months: int) -> date:
     """Same day `months` later, clamped to the month's end (Jan 31 + 1 month = Feb 28/29)."""
     month_index = day.month - 1 + months

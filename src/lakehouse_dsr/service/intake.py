@@ -34,7 +34,7 @@ from ..evidence.handoff import BatchItemResult, BatchResult, ExternalReference, 
 from ..exceptions import DsrError, LedgerError, RequestInputError, first_line
 from ..keys import derive_key, keyed_hash
 from ..ledger.ledger import OPEN_STATUSES, Ledger, RequestStatus, new_request_id
-from ..ledger.requests import SPACE, RequestInput, due_date, utc_now
+from ..ledger.requests import SPACE, RequestInput, due_date, utc_now, utc_text
 from .ingester import Ingester, ingest_leased
 from .mail import MailError, send_code
 from .queue import Connection, open_queue
@@ -457,7 +457,7 @@ def _queued_status(row: Any, today: date) -> RequestStatus:
     received = datetime.fromisoformat(row["received_at"])
     due = due_date(received.date(), row["regulation"], request_type=row["request_type"])
     return RequestStatus(row["request_id"], row["request_type"], row["regulation"], row["state"], row["reason"],
-                         f"{received:%Y-%m-%dT%H:%M:%SZ}", due.isoformat(), (due - today).days, False, None)
+                         utc_text(received), due.isoformat(), (due - today).days, False, None)
 
 
 def _received_at(value: str | None, now: datetime, field: str) -> datetime | None:

@@ -45,7 +45,7 @@ from ..evidence.certificate import build_certificate, certificate_digest
 from ..evidence.handoff import CertificateReference, EventRequest, ExternalReference, WebhookEventDocument
 from ..exceptions import LedgerError, first_line
 from ..ledger.ledger import Ledger
-from ..ledger.requests import utc_now
+from ..ledger.requests import utc_now, utc_text
 from ..ledger.store import Among, GreaterThan
 from .queue import Connection, Queue, QueueUnavailableError, open_queue
 
@@ -94,7 +94,7 @@ def record(connection: Connection, settings: Settings, event_id: str, event: Web
                               " ORDER BY occurred DESC LIMIT 1", (request_id,)).fetchone()
     repeat = last is not None and tuple(last) == (event, reason)
     document = WebhookEventDocument.model_validate({
-        "id": event_id, "event": event, "occurred": f"{occurred:%Y-%m-%dT%H:%M:%SZ}", "certificate": certificate,
+        "id": event_id, "event": event, "occurred": utc_text(occurred), "certificate": certificate,
         "request": EventRequest.model_validate({
             "request_id": request_id, "type": request_type, "regulation": regulation, "status": _STATUS[event],
             "reason": reason, "external_reference": external_references(connection, [request_id]).get(request_id)})})
