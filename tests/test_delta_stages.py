@@ -303,6 +303,48 @@ def test_a_subset_of_a_delta_tables_files_is_read_without_opening_the_others(spa
     assert scan.metrics().apply("numFiles").value() == 1  # not every file of the version, filtered
 
 
+@pytest.mark.slow  # this file runs on one worker: make test stays under 10 minutes
+def test_a_commits_files_deletion_vectors_and_rows_are_read_as_its_json_says(spark, tmp_path):
+    """commit_files and added_versions against the log's JSON commits parsed here and the files'
+    rows counted by pyarrow: a deletion-vector delete, then a copy-on-write one."""
+    settings = make_settings(tmp_path, delta={"warehouse": str(tmp_path / "delta")},
+                             datamap={"subject": "user_id", "tables": {"app.t": {"key": "user_id", "format": "delta"}}})
+    attach(spark, settings)
+    lake = Lake.of(spark, settings)
+    people = spark.createDataFrame([(f"u{i}", i) for i in range(40)], "user_id string, n int").repartition(2)
+    lake.create_table("app.t", people, {"delta.enableDeletionVectors": "true"})
+    handle = lake.table("app.t")
+    log = Path(re.sub("^file:/*", "/", handle.location())) / "_delta_log"
+
+    def actions(version):
+        lines = (log / f"{version:020d}.json").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def local(paths):
+        return {re.sub("^file:/+", "/", p) for p in paths}
+
+    spark.sql(f"DELETE FROM {handle.quoted} WHERE n = 3")
+    masked = handle.commit_files(1)
+    vectors = {a["add"]["path"] for a in actions(1) if "add" in a and a["add"].get("deletionVector")}
+    assert len(vectors) == 1 and {p.rsplit("/", 1)[-1] for p in masked.deleted_from} == vectors
+    assert masked.removed == masked.added == frozenset() and masked.added_rows == 0
+
+    spark.sql(f"ALTER TABLE {handle.quoted} SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')")
+    spark.sql(f"REORG TABLE {handle.quoted} APPLY (PURGE)")
+    rewrite = handle.current_snapshot().snapshot_id
+    changed = handle.commit_files(rewrite)
+    said = actions(rewrite)
+    assert {p.rsplit("/", 1)[-1] for p in changed.removed} == {a["remove"]["path"] for a in said if "remove" in a}
+    assert {p.rsplit("/", 1)[-1] for p in changed.added} == {a["add"]["path"] for a in said if "add" in a} != set()
+    assert not changed.deleted_from
+    rows = {name: sum(pq.read_metadata(p).num_rows for p in local(paths))
+            for name, paths in (('added', changed.added), ('removed', changed.removed))}
+    assert changed.added_rows == rows['added'] == rows['removed'] - 1  # the masked row left with the purge
+    live = [path for path, _, _ in handle.live_files()]
+    first = {a["add"]["path"] for a in actions(0) if "add" in a}
+    assert handle.added_versions(live) == [0 if p.rsplit("/", 1)[-1] in first else rewrite for p in live]
+
+
 @pytest.mark.parametrize("writer", ["append", pytest.param("delete", marks=pytest.mark.slow)])  # two runs
 def test_another_writer_during_the_engines_own_delta_rewrite(spark, tmp_path, monkeypatch, writer):
     """A Delta table without a change data feed is erased by the engine's own rewrite, committed

@@ -609,9 +609,9 @@ class DeltaTable:
         added = {_absolute(root, path): (vector, rows) for _, kind, path, vector, rows in actions if kind == "add"}
         removed = {_absolute(root, path) for _, kind, path, _, _ in actions if kind == "remove"}
         new = frozenset(added) - removed
-        rows = [added[p][1] for p in new]
+        counted = [rows for p in new if (rows := added[p][1]) is not None]
         return CommitFiles(snapshot_id - 1 if snapshot_id else None, frozenset(removed - set(added)), new,
-                           None if any(r is None for r in rows) else sum(r for r in rows if r is not None),
+                           sum(counted) if len(counted) == len(new) else None,
                            frozenset(p for p in removed & set(added) if added[p][0]))
 
     def _files_added_between(self, after_id: int, until_id: int) -> set[str]:
