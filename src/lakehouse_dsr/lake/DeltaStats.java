@@ -17,7 +17,8 @@ public class DeltaStats {
     private static final ObjectMapper JSON = new ObjectMapper();
 
     /**
-     * [[path, size, rows or null, may hold]] of each file in `adds` (AddFile actions), as JSON. A file
+     * [[path, size, rows or null, may hold, masked by a deletion vector]] of each file in `adds`
+     * (AddFile actions), as JSON. A file
      * may hold the values when, for some key column (`paths` item i: its path in the statistics, dotted;
      * `values` item i: its values, String, Long or Integer), one value lies within the file's
      * minimum and maximum, or the file has no statistics for the column. Strings compare as UTF-8
@@ -51,9 +52,19 @@ public class DeltaStats {
                 long deleted = add.deletionVector() == null ? 0L : add.deletionVector().cardinality();
                 rows = Long.valueOf(stats.get("numRecords").asLong() - deleted);
             }
-            out.add(new Object[] {add.path(), Long.valueOf(add.size()), rows, Boolean.valueOf(may)});
+            out.add(new Object[] {add.path(), Long.valueOf(add.size()), rows, Boolean.valueOf(may),
+                Boolean.valueOf(add.deletionVector() != null)});
         }
         return JSON.writeValueAsString(out);
+    }
+
+    /** The items of `adds` at `indexes` (Integers), in that order. */
+    public List pick(List adds, List indexes) {
+        List out = new ArrayList();
+        for (int i = 0; i < indexes.size(); i++) {
+            out.add(adds.get(((Number) indexes.get(i)).intValue()));
+        }
+        return out;
     }
 
     private static boolean mayHold(JsonNode stats, String path, List sorted) {

@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from py4j.java_gateway import JavaClass
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
@@ -225,10 +226,19 @@ class DeltaTable:
         return ".".join(names)
 
     def history(self) -> list[Snapshot]:
-        """Every version the log still holds, oldest first. Metadata only (DESCRIBE HISTORY)."""
+        """Every version the log still holds, oldest first. Metadata only (DESCRIBE HISTORY), read once
+        per state of the log: a commit never changes, so the JSON commits the log holds (names and
+        times: one listing) key the answer, and a commit added or removed reads it again."""
+        commits = tuple(sorted((p, t) for p, t in self._log_paths()
+                               if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and m.group(2) == "json"))
+        if (known := _recalled(_histories, commits)) is not None:
+            return known
         rows = self.spark.sql(f"DESCRIBE HISTORY {self.quoted}").select(
             "version", "timestamp", "operation", "isBlindAppend", "operationMetrics", "userMetadata").collect()
-        return sorted((_version(r) for r in rows), key=lambda s: s.snapshot_id)
+        found = sorted((_version(r) for r in rows), key=lambda s: s.snapshot_id)
+        if commits:
+            _remember(_histories, commits, found)
+        return found
 
     def current_snapshot(self) -> Snapshot | None:
         """The newest version and its commit's record: the log brought up to date (a listing), then
@@ -263,7 +273,7 @@ class DeltaTable:
         vectors = getattr(jclass(self.spark, "org.apache.spark.sql.delta.commands.DeletionVectorUtils$"), "MODULE$")
         if not vectors.deletionVectorsReadable(snapshot.protocol(), snapshot.metadata()):
             return self._scan(snapshot_id)
-        return self._pinned(snapshot, snapshot.allFiles().collectAsList())
+        return self._pinned(snapshot, self._adds(snapshot)[0])
 
     def _scan(self, snapshot_id: int | None) -> DataFrame:
         """Delta's own scan of a version: its planner skips files by statistics and answers a count from
@@ -299,13 +309,20 @@ class DeltaTable:
 
     def _add_files(self, snapshot: Any, paths: set[str] | frozenset[str]) -> Any:
         """The `add` actions (a Java list of AddFile) of the files at `paths` live in `snapshot`, picked
-        in Spark from the log's file list by absolute path: no statistic reaches Python."""
-        wanted = sorted({same_file(p) for p in paths})
-        return snapshot.allFiles().where(_absolute_path(self._root()).isin(wanted)._jc).collectAsList()
+        from the version's file list (`_adds`) by absolute path: no statistic reaches Python."""
+        adds, listed = self._adds(snapshot)
+        wanted = {same_file(p) for p in paths}
+        picked = [i for i, (path, _, _, _) in enumerate(listed) if same_file(path) in wanted]
+        return compiled(self.spark, "DeltaStats").pick(adds, _list(self.spark, picked))
 
     def live_rows(self, snapshot_id: int | None) -> int:
-        """Rows a reader sees at a version: a count (deletion vectors applied)."""
-        return 0 if snapshot_id is None else self._scan(snapshot_id).count()
+        """Rows a reader sees at a version: the sum of its files' counts in the log (records less those
+        a deletion vector masks), as Delta's own metadata-only count answers, when every file has
+        one (metadata only); else a count."""
+        if snapshot_id is None:
+            return 0
+        counts = [rows for _, _, rows, _ in self._files(snapshot_id)]
+        return sum(cast(list[int], counts)) if None not in counts else self._scan(snapshot_id).count()
 
     def rows_after_commit(self, snapshot_id: int | None, rows_before: int) -> int:
         """Rows a reader sees after a commit, given the rows before it: from the commit's own metrics
@@ -316,7 +333,7 @@ class DeltaTable:
         if commit is not None and commit.stats.rows_removed is not None and not commit.stats.rows_added \
                 and commit.operation in ("delete", "overwrite"):
             return rows_before - commit.stats.rows_removed
-        return self._scan(snapshot_id).count()
+        return self.live_rows(snapshot_id)
 
     # The line of commits
 
@@ -420,19 +437,31 @@ class DeltaTable:
             log, "getSnapshotAt", snapshot_id)
 
     def _files(self, snapshot_id: int | None) -> list[tuple[str, int, int | None, bool]]:
-        """(path, size, rows, masked by a deletion vector) of each live file at a version, listed once
-        per table and version (see live_files)."""
-        snapshot = self._snapshot_at(snapshot_id)
+        """(path, size, rows, masked by a deletion vector) of each live file at a version (see
+        live_files and _adds)."""
+        return self._adds(self._snapshot_at(snapshot_id))[1]
+
+    def _adds(self, snapshot: Any) -> tuple[Any, list[tuple[str, int, int | None, bool]]]:
+        """The `add` actions (a Java list of AddFile) of the files live in `snapshot` and, for each,
+        (absolute path, size, rows a reader sees or None, masked by a deletion vector), listed once
+        per table and version. A log whose checkpoint and later commits hold up to
+        `_REPLAY_MAX_BYTES` is replayed in the driver's JVM (DeltaLogText.liveFiles: those files read,
+        no Spark job; Delta's replay job cost 0.7-1.3 s per version of a small table here), a larger
+        one by Delta's own replay in Spark (`allFiles`). Only paths, sizes, counts and flags reach
+        Python (DeltaStats.files), never a statistic's values."""
         key = (str(snapshot.metadata().id()), self.path, int(snapshot.version()))
         if (known := _recalled(_listed, key)) is not None:
             return known
-        files = DataFrame(snapshot.allFiles().toDF(), self.spark)
-        masked = F.col("deletionVector").isNotNull() if "deletionVector" in files.columns else F.lit(False)
+        adds = compiled(self.spark, "DeltaLogText").liveFiles(self._log(), snapshot, _REPLAY_MAX_BYTES,
+                                                              self.spark._jsc.hadoopConfiguration())
+        if adds is None:
+            adds = snapshot.allFiles().collectAsList()
         root = self._root()
-        found = [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.masked))
-                 for r in files.select("path", "size", _rows(files).alias("rows"), masked.alias("masked")).collect()]
-        _remember(_listed, key, found)
-        return found
+        listed = [(_absolute(root, path), int(size), rows, bool(masked)) for path, size, rows, _, masked
+                  in json.loads(compiled(self.spark, "DeltaStats").files(adds, _list(self.spark, []),
+                                                                         _list(self.spark, [])))]
+        _remember(_listed, key, (adds, listed))
+        return adds, listed
 
     def _root(self) -> str:
         return str(self._log().dataPath().toString()).rstrip("/")
@@ -459,9 +488,9 @@ class DeltaTable:
         root, held = self._root(), [kv for _, _, kv in keys]
         if all(kv is not None for kv in held):
             listed = json.loads(compiled(self.spark, "DeltaStats").files(
-                snapshot.allFiles().collectAsList(), _list(self.spark, [self._stats_path(c) for c, _, _ in keys]),
+                self._adds(snapshot)[0], _list(self.spark, [self._stats_path(c) for c, _, _ in keys]),
                 _list(self.spark, [cast("KeyValues", kv).java_list for kv in held])))
-            found = [(_absolute(root, path), int(size), rows, bool(may)) for path, size, rows, may in listed]
+            found = [(_absolute(root, path), int(size), rows, bool(may)) for path, size, rows, may, _ in listed]
         else:
             files = DataFrame(snapshot.allFiles().toDF(), self.spark)
             flagged = _may_hold(files.select("path", "size", _rows(files).alias("rows"), "stats"),
@@ -763,9 +792,14 @@ def _copy_on_write(spark: SparkSession) -> Iterator[None]:
 
 
 # Live file lists by (table id, location, version): a version's list never changes.
-_listed: dict[tuple[str, str, int], list[tuple[str, int, int | None, bool]]] = {}
+_listed: dict[tuple[str, str, int], tuple[Any, list[tuple[str, int, int | None, bool]]]] = {}
+# The largest log (checkpoint and the commits since, bytes) replayed in the driver's JVM: its AddFiles
+# (a few hundred bytes each with statistics) stay well inside a 1 GB driver.
+_REPLAY_MAX_BYTES = 16 * 1024 * 1024
 # The same with each file's "may hold one of these values" (files_for_keys), by the values' objects.
 _listed_for_keys: dict[tuple, tuple[list[tuple[str, int, int | None, bool]], list[tuple[str, DataFrame, Any]]]] = {}
+# A table's history (DESCRIBE HISTORY) by the JSON commits its log holds (paths and times).
+_histories: dict[tuple[tuple[str, int], ...], list[Snapshot]] = {}
 # The newest version's commit record (current_snapshot) by (table id, location, version).
 _newest: dict[tuple[str, str, int], Snapshot] = {}
 _listed_lock = threading.Lock()
@@ -918,11 +952,14 @@ _ARITIES: dict[tuple[str, str, int], int] = {}
 
 
 def _default_arity(cls: Any, method: str, given: int) -> int:
-    """The arity `_with_defaults` calls, found once per class and method: listing a class's methods
-    takes a Py4J round trip per method (hundreds on Delta's log), which every call paid before."""
+    """The arity `_with_defaults` calls, found once per class and method, from the class's methods'
+    signatures read as one text (a Py4J round trip per method cost 1.3 s of a `dsr` process)."""
     key = (str(cls.getName()), method, given)
     if key not in _ARITIES:
-        methods = [(str(m.getName()), len(m.getParameterTypes())) for m in cls.getMethods()]
+        # "Array(public … a.b.C.name(int,scala.Option), …)": erased types, no space within a parameter list
+        signatures = str(JavaClass("scala.runtime.ScalaRunTime", cls._gateway_client).stringOf(cls.getMethods()))
+        methods = [(name, 0 if not params else params.count(",") + 1)
+                   for name, params in re.findall(r"\.([\w$]+)\(([^)]*)\)", signatures)]
         names = {name for name, _ in methods}
         arities = sorted({n for name, n in methods if name == method}, reverse=True)
         _ARITIES[key] = next(n for n in arities if n >= given
