@@ -45,14 +45,17 @@ public class DeltaLogText {
 
     /**
      * [[file index, kind, path, carries a deletion vector, numRecords or null]] of every action of
-     * `kinds` (add, remove, cdc, sidecar) in `files` (JSON commits or JSON checkpoints), as JSON, in
-     * file order. The files are read whole, `READERS` at a time; a missing one fails the call.
+     * `kinds` (add, remove, cdc, sidecar) in `files` (JSON commits, checkpoints JSON or Parquet), as
+     * JSON, in file order. The files are read whole, `READERS` at a time; a missing one fails the call.
      */
     public String actions(final List files, final List kinds, final Configuration conf) throws Exception {
         List read = readAll(files, kinds, conf);
         List out = new ArrayList();
         for (int i = 0; i < read.size(); i++) {
             List found = (List) read.get(i);
+            if (found == null) {
+                throw new IllegalStateException("a checkpoint keeps its statistics only as a struct: " + files.get(i));
+            }
             for (int j = 0; j < found.size(); j++) {
                 Object[] action = (Object[]) found.get(j);
                 JsonNode body = (JsonNode) action[1];

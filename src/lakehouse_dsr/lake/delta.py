@@ -3,8 +3,9 @@ path, with the operations the stages use.
 
 Versions come from the table's history (`DESCRIBE HISTORY`: its commit log; the `operationParameters`
 column, where other writers' DELETE predicates keep their literals, is never read), files from the
-log's replay (`DeltaLog.update().allFiles`, through the JVM: paths, sizes and row counts reach the
-driver, never a column statistic), rows through Spark's Delta reader.
+log's replay (its checkpoint and later commits read in the driver's JVM, or Delta's own `allFiles`
+for a large log: paths, sizes and row counts reach Python, never a column statistic), rows through
+Spark's Delta reader.
 
 What a purge removes, and why: a deletion vector only masks rows, so `compact_deletes` runs
 `REORG TABLE … APPLY (PURGE)`; a commit's removed files (and the change data feed's `_change_data`
@@ -597,7 +598,7 @@ class DeltaTable:
 
     def _actions(self, files: list[str], kinds: tuple[str, ...]) -> list[tuple[int, str, str, bool, int | None]]:
         """(index in `files`, kind, path as the log spells it, carries a deletion vector, numRecords)
-        of every action of `kinds` in `files` (JSON log files), read in the driver's JVM
+        of every action of `kinds` in `files` (log files: JSON, or Parquet checkpoints), read in the driver's JVM
         (DeltaLogText.java): only paths, flags and counts reach Python."""
         if not files:
             return []
@@ -728,20 +729,14 @@ class DeltaTable:
         """Files of `_delta_log/_sidecars/` (a v2 checkpoint's parts: `add` actions with their
         statistics) that no top-level checkpoint of `version` references and that were written before
         `before_ms` (a concurrent checkpoint's are younger): older checkpoints' sidecars. `logged`:
-        the log's listing. The checkpoint's `sidecar` actions are read (file names only)."""
+        the log's listing. The checkpoint's `sidecar` actions are read in the driver's JVM, JSON or
+        Parquet (file names only)."""
         sidecars = [(p, modified) for p, modified in logged if "/_sidecars/" in p]
         if not sidecars:
             return []
         tops = [p for p, _ in logged if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and int(m.group(1)) == version
                 and m.group(2).startswith("checkpoint")]
-        referenced = {path.rsplit("/", 1)[-1] for _, _, path, _, _ in self._actions(
-            [top for top in tops if top.endswith(".json")], ("sidecar",))}
-        for top in tops:
-            if top.endswith(".parquet"):
-                actions = self.spark.read.parquet(top)
-                if "sidecar" in actions.columns:
-                    referenced |= {r.p.rsplit("/", 1)[-1] for r in actions.select(
-                        F.col("sidecar.path").alias("p")).where("p IS NOT NULL").collect()}
+        referenced = {path.rsplit("/", 1)[-1] for _, _, path, _, _ in self._actions(tops, ("sidecar",))}
         return [p for p, modified in sidecars if modified < before_ms and p.rsplit("/", 1)[-1] not in referenced]
 
     def remove_orphan_files(self, min_age_minutes: float) -> int:
