@@ -33,6 +33,7 @@ from lakehouse_dsr import synth
 from lakehouse_dsr.config import settings_from_dict
 from lakehouse_dsr.exceptions import DataMapError
 from lakehouse_dsr.lake import layout, plainfiles, skipping
+from lakehouse_dsr.lake.bridge import compiled
 from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -545,7 +546,12 @@ def test_a_versions_files_replayed_in_the_driver_are_deltas_own(spark, tmp_path,
         snapshot = handle._snapshot()
         adds, listed = handle._adds(snapshot)
         theirs = snapshot.allFiles().collectAsList()
-        assert sorted(str(a.json()) for a in adds) == sorted(str(a.json()) for a in theirs) != []
+        conf = spark._jsc.hadoopConfiguration()
+        replayed = compiled(spark, "DeltaLogText").liveFiles(handle._log(), snapshot, 1 << 30, conf)
+        assert replayed is not None  # replayed here, not Delta's list handed back by the fallback
+        assert sorted(str(a.json()) for a in adds) == sorted(str(a.json()) for a in replayed) \
+            == sorted(str(a.json()) for a in theirs) != []
+        assert compiled(spark, "DeltaLogText").liveFiles(handle._log(), snapshot, 0, conf) is None  # past the limit
         assert sorted(re.sub("^file:/+", "/", p) for p, _, _, _ in listed) == sorted(
             re.sub("^file:/+", "/", unquote(p)) for p in DeltaTable(location).file_uris())  # delta-rs: URIs
         assert sum(rows for _, _, rows, _ in listed) == delta_rows(location).num_rows == handle.live_rows(

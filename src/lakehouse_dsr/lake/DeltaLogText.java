@@ -80,23 +80,22 @@ public class DeltaLogText {
         if (at.checkpointProvider().effectiveCheckpointSizeInBytes() + at.deltaFileSizeInBytes() > maxBytes) {
             return null;
         }
-        List files = new ArrayList();
+        List checkpoint = new ArrayList();
         List indexes = scala.collection.JavaConverters.seqAsJavaList(at.checkpointProvider().allActionsFileIndexes());
         for (int i = 0; i < indexes.size(); i++) {
             FileStatus[] parts = ((org.apache.spark.sql.delta.DeltaLogFileIndex) indexes.get(i)).files();
             for (int j = 0; j < parts.length; j++) {
-                files.add(parts[j].getPath().toString());
+                checkpoint.add(parts[j].getPath().toString());
             }
         }
-        int checkpointFiles = files.size();
+        List commits = new ArrayList();
         List deltas = scala.collection.JavaConverters.seqAsJavaList(at.logSegment().deltas());
         for (int i = 0; i < deltas.size(); i++) {
-            files.add(((FileStatus) deltas.get(i)).getPath().toString());
+            commits.add(((FileStatus) deltas.get(i)).getPath().toString());
         }
-        List kinds = new ArrayList();
-        kinds.add("add");
-        kinds.add("remove");
-        List read = readAll(files, kinds, conf);
+        // A checkpoint's removes are tombstones of files gone before it: only its adds are read.
+        List read = readAll(checkpoint, java.util.Arrays.asList(new Object[] {"add"}), conf);
+        read.addAll(readAll(commits, java.util.Arrays.asList(new Object[] {"add", "remove"}), conf));
         scala.Function1 canonical = ((org.apache.spark.sql.delta.DeltaLog) log).getCanonicalPathFunction(false);
         Map live = new LinkedHashMap();
         for (int i = 0; i < read.size(); i++) {
@@ -112,7 +111,7 @@ public class DeltaLogText {
                 if ("add".equals(action[0])) {
                     body.put("dataChange", false);
                     live.put(key, body);
-                } else if (i >= checkpointFiles) {  // a checkpoint's removes are tombstones of files gone before it
+                } else {
                     live.remove(key);
                 }
             }
