@@ -12,10 +12,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from helpers import SEED, snapshot_ids, write_config
+from helpers import DELTA_LAYOUTS, SEED, delta_settings, snapshot_ids, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.exceptions import DsrError, LedgerError
+from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 
@@ -28,8 +29,15 @@ def dsr(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def configured(spark, new_lakehouse, tmp_path):
-    settings = new_lakehouse(users=20, events=100)
+def configured(spark, new_lakehouse, tmp_path, request):
+    """A tiny demo lake (Iceberg, or with `indirect` parametrization "delta", its tables in Delta)
+    with one erase request, and its dsr.yaml."""
+    if getattr(request, "param", "iceberg") == "delta":
+        settings = delta_settings(tmp_path / "lake", DELTA_LAYOUTS["delta"])
+        attach(spark, settings)
+        synth.generate(spark, settings, users=20, events=100, seed=SEED, batches=2)
+    else:
+        settings = new_lakehouse(users=20, events=100)
     Ledger(settings).submit([RequestInput(synth.user_id(SEED, 0), "erase")])
     return settings, write_config(settings, tmp_path / "dsr.yaml")
 
@@ -72,6 +80,7 @@ def test_bad_input_exits_2_and_changes_nothing(spark, configured, tmp_path):
     assert ledger_only.returncode == 0 and len(json.loads(ledger_only.stdout)) == 1, ledger_only.stderr
 
 
+@pytest.mark.parametrize("configured", ["iceberg", "delta"], indirect=True)
 def test_happy_path_in_process(spark, configured, tmp_path):
     settings, config = configured
     runner = CliRunner()

@@ -599,7 +599,7 @@ def optimize(
         bars.stage("optimize", len(tables))
         for name in tables:
             bars.step(name)
-            results.append(layout.optimize(lake.iceberg(name), settings.datamap,
+            results.append(layout.optimize(lake.table(name), settings.datamap,
                                            target_file_size_bytes=target_file_size_mb << 20))
         bars.done()
     summary = Table(title="clustered by subject key")
