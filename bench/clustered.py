@@ -1,18 +1,19 @@
 """Cost follows the people, not the lake: a clustered events table at 1M -> 10M -> 30M -> 100M events.
 
 Usage: python bench/clustered.py [--events 1000000,10000000,30000000,100000000] [--unclustered 10000000]
-       [--erase 10] [--access 10] [--rounds 3] [--file-mb 16] [--keep-others]
+       [--erase 10] [--access 10] [--rounds 3] [--file-mb 16] [--keep-others] [--format iceberg|delta]
 Per size and layout, as whole `dsr` processes with Spark's default 1 GB driver: `dsr generate`
-(users = events / 100, as in the notebook); for the clustered layout `dsr optimize --table
-demo.events --target-file-size-mb 16` (files of a fixed size, so 10 people touch at most 10 files
-whatever the table's size); then `rounds` times: `dsr submit --file` of `erase` + `access` random
+(users = events / 100, as in the notebook; `--format delta`: Delta tables under the config's
+`delta.warehouse`); for the clustered layout `dsr optimize --table demo.events --target-file-size-mb 16`
+(files of a fixed size, so 10 people touch at most 10 files whatever the table's size; on Delta
+`OPTIMIZE ... ZORDER BY` the key); then `rounds` times: `dsr submit --file` of `erase` + `access` random
 users not asked about before, and `dsr run --report`. The data map holds the events table only.
 Per round: the run's seconds, each stage's seconds and Spark I/O (rows and bytes read), and the
-bytes of the data files holding the requested people before the run (found with pyiceberg and
-pyarrow, not by the engine). The summary: median run per size, the ratio of each size to 10M, and
+bytes of the data files holding the requested people before the run (found with pyiceberg or
+delta-rs and pyarrow, not by the engine). The summary: median run per size, the ratio of each size to 10M, and
 bytes read by plan + erase + collateral check + verification + export (stages export, resolve,
 erase, verify) against the bytes of the files holding the people. Writes bench/results/clustered.json
-and clustered.png.
+and clustered.png (`--format delta`: clustered-delta.json and clustered-delta.png).
 """
 
 from __future__ import annotations
@@ -33,27 +34,43 @@ from lakehouse_dsr.bench import dsr_process
 SEED = 42  # `dsr generate`'s default seed: user ids are synth.user_id(SEED, i)
 
 
-def config(work: Path, file_mb: int) -> Path:
+def config(work: Path, file_mb: int, table_format: str) -> Path:
     path = work / "dsr.yaml"
+    events = {"key": "user_id"} | ({"format": "delta"} if table_format == "delta" else {})
     path.write_text(yaml.safe_dump({
+        "delta": {"warehouse": str(work / "delta")},
         "catalog": {"name": "lakehouse", "properties": {"type": "hadoop", "warehouse": str(work / "wh")}},
         "secret_key_file": str(work / "dsr-secret.key"),
         "export": {"directory": str(work / "exports")},
         # The purge writes files of the clustered size, so later erasures keep touching few bytes.
         "purge": {"orphan_min_age_minutes": 0, "target_file_size_mb": file_mb},
-        "datamap": {"subject": "user_id", "identifiers": {}, "tables": {"demo.events": {"key": "user_id"}}},
+        "datamap": {"subject": "user_id", "identifiers": {}, "tables": {"demo.events": events}},
     }))
     return path
 
 
-def table_size(cfg: Path) -> tuple[int, int]:
-    """(data files, bytes) of the events table's current files, read with pyiceberg (no JVM)."""
+def live_files(cfg: Path) -> list[tuple[str, int]]:
+    """(local path, bytes) of the events table's current data files, read with pyiceberg or delta-rs
+    (no JVM)."""
     from lakehouse_dsr.config import load_settings
     from lakehouse_dsr.lake.catalog import open_catalog
 
-    table = open_catalog(load_settings(cfg)).load_table("demo.events")
-    files = table.inspect.files().to_pylist()
-    return len(files), sum(f["file_size_in_bytes"] for f in files)
+    settings = load_settings(cfg)
+    if settings.datamap.tables["demo.events"].format == "delta":
+        import pyarrow as pa
+        from deltalake import DeltaTable
+
+        root = settings.delta_location("demo.events")
+        adds = pa.table(DeltaTable(root).get_add_actions(flatten=True)).to_pylist()
+        return [(f"{root}/{a['path']}", a["size_bytes"]) for a in adds]
+    files = open_catalog(settings).load_table("demo.events").inspect.files().to_pylist()
+    return [(f["file_path"].removeprefix("file:"), f["file_size_in_bytes"]) for f in files]
+
+
+def table_size(cfg: Path) -> tuple[int, int]:
+    """(data files, bytes) of the events table's current files."""
+    files = live_files(cfg)
+    return len(files), sum(size for _, size in files)
 
 
 def holding_bytes(cfg: Path, subjects: list[str]) -> tuple[int, int]:
@@ -63,32 +80,31 @@ def holding_bytes(cfg: Path, subjects: list[str]) -> tuple[int, int]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from lakehouse_dsr.config import load_settings
-    from lakehouse_dsr.lake.catalog import open_catalog
-
     wanted = pa.array(subjects)
     files = n = 0
-    for f in open_catalog(load_settings(cfg)).load_table("demo.events").inspect.files().to_pylist():
-        ids = pq.read_table(f["file_path"].removeprefix("file:"), columns=["user_id"]).column("user_id")
+    for path, size in live_files(cfg):
+        ids = pq.read_table(path, columns=["user_id"]).column("user_id")
         if pc.any(pc.is_in(ids, value_set=wanted)).as_py():
-            files, n = files + 1, n + f["file_size_in_bytes"]
+            files, n = files + 1, n + size
     return files, n
 
 
 SCANS = ("export", "resolve", "erase", "verify")  # plan, erase commit, collateral check, verification, export
 
 
-def point(events: int, clustered: bool, erase: int, access: int, rounds: int, file_mb: int, work: Path) -> dict:
+def point(events: int, clustered: bool, erase: int, access: int, rounds: int, file_mb: int, work: Path,
+          table_format: str) -> dict:
     from lakehouse_dsr import synth
 
-    cfg = config(work, file_mb)
+    cfg = config(work, file_mb, table_format)
     users = max(1, events // 100)
     built = work / "lake.json"  # a lake kept by --keep-lakes: later rounds erase people not asked about yet
     if built.exists():
         out = json.loads(built.read_text())
     else:
         out = {"events": events, "layout": "clustered" if clustered else "unsorted",
-               "generate_s": dsr_process(cfg, "generate", "--users", str(users), "--events", str(events))}
+               "generate_s": dsr_process(cfg, "generate", "--users", str(users), "--events", str(events),
+                                          "--format", table_format)}
         if clustered:
             out["optimize_s"] = dsr_process(cfg, "optimize", "--table", "demo.events",
                                             "--target-file-size-mb", str(file_mb))
@@ -130,7 +146,7 @@ def point(events: int, clustered: bool, erase: int, access: int, rounds: int, fi
     return out
 
 
-def chart(points: list[dict], path: Path) -> None:
+def chart(points: list[dict], path: Path, table_format: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,7 +163,7 @@ def chart(points: list[dict], path: Path) -> None:
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     secs.plot(labels, [p["run_s"] for p in mine], "ko-", label="whole dsr run")
     secs.set_ylabel("seconds (median)")
-    secs.set_title("dsr run, clustered events, 10 erase + 10 access: seconds per stage")
+    secs.set_title(f"dsr run, clustered {table_format} events, 10 erase + 10 access: seconds per stage")
     secs.legend(fontsize=7)
     x = range(len(mine))
     read.bar([i - 0.2 for i in x], [p["rounds"][0]["holding_bytes"] / 1e6 for p in mine], 0.4,
@@ -175,31 +191,33 @@ def main() -> None:
     args.add_argument("--file-mb", type=int, default=16, help="clustered file size (dsr optimize)")
     args.add_argument("--keep-others", action="store_true", help="keep the saved points not measured now")
     args.add_argument("--keep-lakes", action="store_true", help="keep each lake in --workdir for a later run")
+    args.add_argument("--format", dest="table_format", choices=("iceberg", "delta"), default="iceberg")
     args.add_argument("--workdir", default=tempfile.mkdtemp(prefix="dsr-bench-clustered-"))
     a = args.parse_args()
+    name = "clustered" if a.table_format == "iceberg" else f"clustered-{a.table_format}"
     runs = [(int(n), True) for n in a.events.split(",") if n] + [(int(n), False) for n in a.unclustered.split(",") if n]
     points = []
     for events, clustered in runs:
         work = Path(a.workdir) / f"{events}-{'clustered' if clustered else 'unsorted'}"
         work.mkdir(parents=True, exist_ok=True)
-        points.append(point(events, clustered, a.erase, a.access, a.rounds, a.file_mb, work))
+        points.append(point(events, clustered, a.erase, a.access, a.rounds, a.file_mb, work, a.table_format))
         print(json.dumps(points[-1]), flush=True)
         if not a.keep_lakes:
             shutil.rmtree(work, ignore_errors=True)  # 30M events take GBs
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
-    if a.keep_others and (results / "clustered.json").exists():  # re-measured points replace their old ones
+    if a.keep_others and (results / f"{name}.json").exists():  # re-measured points replace their old ones
         measured = {(p["events"], p["layout"]) for p in points}
-        points = [p for p in json.loads((results / "clustered.json").read_text())["points"]
+        points = [p for p in json.loads((results / f"{name}.json").read_text())["points"]
                   if (p["events"], p["layout"]) not in measured] + points
     runs = {p["events"]: p["run_s"] for p in points if p["layout"] == "clustered"}
-    (results / "clustered.json").write_text(json.dumps({
-        "erase": a.erase, "access": a.access, "rounds": a.rounds, "file_mb": a.file_mb,
+    (results / f"{name}.json").write_text(json.dumps({
+        "format": a.table_format, "erase": a.erase, "access": a.access, "rounds": a.rounds, "file_mb": a.file_mb,
         "driver_memory": "Spark default (1g)",
         "run_vs_10M": {str(n): round(s / runs[10_000_000], 2) for n, s in sorted(runs.items())}
         if 10_000_000 in runs else {},
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"), "points": points}, indent=1))
-    chart(points, results / "clustered.png")
+    chart(points, results / f"{name}.png", a.table_format)
 
 
 if __name__ == "__main__":
