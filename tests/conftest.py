@@ -3,10 +3,6 @@ Helpers that tests import are in helpers.py."""
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
-from pathlib import Path
-
 import pytest
 from pyspark.sql import SparkSession
 
@@ -14,41 +10,6 @@ from helpers import CODEGEN_MODES, SEED, codegen, make_disk_lakehouse, make_sett
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import Settings
 from lakehouse_dsr.lake.spark import INTERPRETED, attach, build_session
-
-# Seconds per test (setup, call and teardown; a module fixture's setup counts for its first test), as
-# measured on this project's 2-core machine by `pytest --store-durations` (make durations).
-DURATIONS = Path(__file__).with_name("durations.json")
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--store-durations", action="store_true",
-                     help="write each test's seconds into tests/durations.json (kept entries of tests not run)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The test files with the most seconds first, each file's tests in their own order: xdist hands out
-    whole files in collection order (`--dist loadfile --no-loadscope-reorder`), so the longest start
-    first and the run does not end with one worker alone in a long file. A test not measured yet
-    counts 0 s."""
-    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    per_file: dict[str, float] = defaultdict(float)
-    for item in items:
-        per_file[item.nodeid.split("::")[0]] += seconds.get(item.nodeid, 0.0)
-    items.sort(key=lambda item: -per_file[item.nodeid.split("::")[0]])  # stable: same-cost files keep their order
-
-
-_measured: dict[str, float] = defaultdict(float)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _measured[report.nodeid] += report.duration  # xdist's controller gets every worker's reports
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if session.config.getoption("store_durations") and _measured and not hasattr(session.config, "workerinput"):
-        kept = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-        kept.update({nodeid: round(s, 2) for nodeid, s in _measured.items()})
-        DURATIONS.write_text(json.dumps(dict(sorted(kept.items())), indent=0) + "\n")
 
 
 @pytest.fixture(scope="session")
