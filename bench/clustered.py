@@ -56,13 +56,15 @@ def live_files(cfg: Path) -> list[tuple[str, int]]:
     from lakehouse_dsr.lake.catalog import open_catalog
 
     settings = load_settings(cfg)
-    if settings.datamap.tables["demo.events"].format == "delta":
+    root = settings.delta_tables().get("demo.events")
+    if root is not None:
+        from urllib.parse import unquote
+
         import pyarrow as pa
         from deltalake import DeltaTable
 
-        root = settings.delta_location("demo.events")
         adds = pa.table(DeltaTable(root).get_add_actions(flatten=True)).to_pylist()
-        return [(f"{root}/{a['path']}", a["size_bytes"]) for a in adds]
+        return [(f"{root}/{unquote(a['path'])}", a["size_bytes"]) for a in adds]  # the log's paths are URL-encoded
     files = open_catalog(settings).load_table("demo.events").inspect.files().to_pylist()
     return [(f["file_path"].removeprefix("file:"), f["file_size_in_bytes"]) for f in files]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import SparkSession
 
-from helpers import CODEGEN_MODES, SEED, codegen, make_disk_lakehouse, make_settings
+from helpers import CODEGEN_MODES, SEED, codegen, conf_kept, delta_settings, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import Settings
 from lakehouse_dsr.lake.spark import INTERPRETED, attach, build_session
@@ -27,11 +27,8 @@ def _suite_codegen(request):
     if "spark" not in request.fixturenames:  # tests without Spark start no JVM for this
         yield
         return
-    spark = request.getfixturevalue("spark")
-    before = {key: spark.conf.get(key, None) for key in INTERPRETED}
-    yield
-    for key, value in before.items():
-        spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+    with conf_kept(request.getfixturevalue("spark"), INTERPRETED):
+        yield
 
 
 @pytest.fixture(params=list(CODEGEN_MODES))
@@ -44,10 +41,12 @@ def mode(spark, request):
 
 @pytest.fixture
 def new_lakehouse(spark, tmp_path_factory):
-    """Factory: a fresh catalog with the tiny demo tables (users, events, newsletter, orders)."""
+    """Factory: a fresh catalog with the tiny demo tables (users, events, newsletter, orders);
+    `delta`: these of them written and mapped as Delta tables (helpers.delta_settings)."""
 
-    def make(users: int = 40, events: int = 600, **overrides) -> Settings:
-        settings = make_settings(tmp_path_factory.mktemp("lh"), **overrides)
+    def make(users: int = 40, events: int = 600, delta: list[str] | None = None, **overrides) -> Settings:
+        root = tmp_path_factory.mktemp("lh")
+        settings = delta_settings(root, delta, **overrides) if delta else make_settings(root, **overrides)
         attach(spark, settings)
         synth.generate(spark, settings, users=users, events=events, seed=SEED, batches=2)
         return settings

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,16 +34,23 @@ CODEGEN_MODES = {"generated": GENERATED, "interpreted": INTERPRETED}  # a large 
 
 
 @contextmanager
-def codegen(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
-    """The session's code generation set to `conf` (GENERATED or INTERPRETED) meanwhile."""
-    before = {key: spark.conf.get(key, None) for key in conf}
-    for key, value in conf.items():
-        spark.conf.set(key, value)
+def conf_kept(spark: SparkSession, keys: Iterable[str]) -> Iterator[None]:
+    """The session's values of `keys` (set or unset) back as they are now when the block ends."""
+    before = {key: spark.conf.get(key, None) for key in keys}
     try:
         yield
     finally:
         for key, value in before.items():
             spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+
+
+@contextmanager
+def codegen(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
+    """The session's code generation set to `conf` (GENERATED or INTERPRETED) meanwhile."""
+    with conf_kept(spark, conf):
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        yield
 
 
 def make_settings(root: Path, **overrides) -> Settings:
