@@ -720,7 +720,9 @@ class DeltaTable:
         logged = self._log_paths()
         before = [p for p, _ in logged if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1])) and int(m.group(1)) < version]
         _delete(spark, before + self._unreferenced_sidecars(logged, version, started_ms))
-        jclass(spark, "org.apache.spark.sql.delta.DeltaLog").clearCache()  # the log it cached is gone
+        # The log Delta cached for this table names files that are gone; other tables' stay cached.
+        jclass(spark, "org.apache.spark.sql.delta.DeltaLog").invalidateCache(
+            spark._jsparkSession, jclass(spark, "org.apache.hadoop.fs.Path")(self.path))
         commits = len({m.group(1) for p in before if (m := _LOG_FILE.match(p.rsplit("/", 1)[-1]))
                        and m.group(2) == "json"})
         return ExpireResult(commits, deleted)
