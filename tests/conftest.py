@@ -14,7 +14,9 @@ from lakehouse_dsr.lake.spark import INTERPRETED, attach, build_session
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory) -> SparkSession:
-    session = build_session(make_settings(tmp_path_factory.mktemp("session")), quick_jit=True)  # tiny data
+    # Tiny data: queries interpreted, as on a small lake's run (about a quarter less time in a Delta
+    # test); the tests whose subject is code generation run in both modes (`mode`).
+    session = build_session(make_settings(tmp_path_factory.mktemp("session")), quick_jit=True, interpreted=True)
     yield session
     session.stop()
 
@@ -22,8 +24,8 @@ def spark(tmp_path_factory) -> SparkSession:
 @pytest.fixture(autouse=True)
 def _suite_codegen(request):
     """Each test that uses Spark leaves the suite's code generation as it found it: an in-process CLI
-    command builds its session on the suite's (lake/spark.py's `build_session` on a small lake sets
-    INTERPRETED), and Spark 3.5 then fails `spark.catalog.listTables` in tests that follow."""
+    command builds its session on the suite's (lake/spark.py's `build_session` sets the codegen confs
+    by the lake's size), and tests that follow would run in that mode."""
     if "spark" not in request.fixturenames:  # tests without Spark start no JVM for this
         yield
         return

@@ -140,7 +140,7 @@ def _set_by_hand(location: str, properties: dict[str, str]) -> None:
     ({"delta.universalFormat.enabledFormats": "iceberg"}, "delta.universalFormat.enabledFormats is iceberg")])
 def test_a_delta_table_feature_the_engine_cannot_erase_through_is_refused_by_name_before_anything_changes(
         spark, tmp_path, properties, said):
-    settings = delta_settings(tmp_path, LAYOUTS["mixed"])
+    settings = delta_settings(tmp_path, ["demo.events"])
     attach(spark, settings)
     synth.generate(spark, settings, users=5, events=20, seed=SEED, batches=1)
     events = settings.delta_tables()["demo.events"]
@@ -157,7 +157,7 @@ def test_a_column_mapped_delta_table_is_erased_and_proven_by_its_files_own_colum
     """Column mapping: the key column renamed after the files were written, so Parquet and the log's
     statistics still call it `user_id` while the table (and the data map) say `member_id`. The raw
     reads of the proof and the statistics of the plan go by the physical name."""
-    settings = delta_settings(tmp_path, LAYOUTS["mixed"])
+    settings = delta_settings(tmp_path, ["demo.events"])
     attach(spark, settings)
     synth.generate(spark, settings, users=USERS, events=300, seed=SEED, batches=2)
     spark.sql(f"ALTER TABLE {settings.table('demo.events')} SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
@@ -187,7 +187,7 @@ def test_a_column_mapped_delta_table_is_erased_and_proven_by_its_files_own_colum
 def test_a_v2_checkpoint_table_keeps_no_sidecar_of_an_older_checkpoint(spark, tmp_path):
     """v2 checkpoints keep their file lists, statistics included, in `_delta_log/_sidecars/`: after the
     purge only the new checkpoint's sidecars are left, and the table reads whole with delta-rs."""
-    settings = delta_settings(tmp_path, LAYOUTS["mixed"])
+    settings = delta_settings(tmp_path, ["demo.events"])
     attach(spark, settings)
     synth.generate(spark, settings, users=USERS, events=300, seed=SEED, batches=1)
     name, events = settings.table("demo.events"), settings.delta_tables()["demo.events"]
@@ -454,7 +454,7 @@ def test_a_restore_behind_the_engines_back_is_caught_and_the_person_erased_again
     and fails the request, naming where (no certificate for an erasure that did not hold); the next
     run erases them again, and the purge after it completes the request with nothing left anywhere.
     (Once purged, no version holding the person is left to restore.)"""
-    settings = delta_settings(tmp_path, LAYOUTS["mixed"], purge={"policy": "batched"})
+    settings = delta_settings(tmp_path, ["demo.events"], purge={"policy": "batched"})
     attach(spark, settings)
     synth.generate(spark, settings, users=USERS, events=300, seed=SEED + 3, batches=1)
     events = settings.delta_tables()["demo.events"]

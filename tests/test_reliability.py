@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import SEED, datamap_dict, make_settings, snapshot_ids
+from helpers import SEED, make_settings, snapshot_ids
 from lakehouse_dsr import synth
-from lakehouse_dsr.datamap import demo_datamap
 from lakehouse_dsr.exceptions import CommitConflictError, ConfigError, LedgerError
 from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.table import CommitRetries, with_conflict_retries
@@ -68,12 +67,12 @@ def roll_back(spark, settings, table: str, snapshot_id: int) -> None:
     # the tiny tables rewritten and checked in the driver (make test-slow: 12 s)
     pytest.param("content", 8 << 20, "iceberg", marks=pytest.mark.slow),
     ("content", 0, "iceberg"),  # Spark's rewrite and check, as for large tables
-    # the MERGE's files, from its commit in the log (three Delta runs: make test-slow)
+    # the MERGE's files, from its commit in the log (three runs, demo.events in Delta: make test-slow)
     pytest.param("content", 0, "delta", marks=pytest.mark.slow),
     pytest.param("count", 8 << 20, "iceberg", marks=pytest.mark.slow)])
 def test_collateral_damage_stops_the_run_before_the_purge_and_holds_the_table(spark, new_lakehouse, monkeypatch,
                                                                               mode, in_driver_max_bytes, table_format):
-    settings = new_lakehouse(datamap=datamap_dict(demo_datamap(derived=False, table_format=table_format)),
+    settings = new_lakehouse(delta=["demo.events"] if table_format == "delta" else None,
                              erase={"collateral_check": mode, "in_driver_max_bytes": in_driver_max_bytes})
     ledger = Ledger(settings)
     ledger.submit([RequestInput(s, "erase") for s in ERASED])

@@ -15,7 +15,16 @@ import pytest
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
 
-from helpers import DELTA_LAYOUTS, SEED, datamap_dict, delta_settings, make_settings, snapshot_ids, write_config
+from helpers import (
+    DELTA_LAYOUTS,
+    SEED,
+    datamap_dict,
+    delta_settings,
+    make_settings,
+    rows_of,
+    snapshot_ids,
+    write_config,
+)
 from lakehouse_dsr import synth
 from lakehouse_dsr.cli import app
 from lakehouse_dsr.config import settings_from_dict
@@ -49,8 +58,8 @@ def share_is_its_sql(spark, settings, without: list[str]) -> None:
     held = spark.table(settings.table(SHARE))
     expected = spark.table(settings.table("demo.events")).where(~F.col("user_id").isin(*without)) \
         .select("user_id", "event_type", "event_timestamp")
-    assert held.count() == expected.count() > 0
-    assert held.exceptAll(expected).count() == 0 and expected.exceptAll(held).count() == 0
+    rows = rows_of(held)
+    assert rows and rows == rows_of(expected)
 
 
 def anywhere(spark, settings, subjects: list[str]) -> dict[str, int]:
