@@ -183,6 +183,21 @@ def test_a_column_mapped_delta_table_is_erased_and_proven_by_its_files_own_colum
     assert kept in found and erased not in found  # read by the physical name: the values are there
 
 
+def test_the_log_cleanup_drops_delta_s_cached_log_of_its_own_table_only(spark, tmp_path):
+    """After the expiry deleted the log files before its checkpoint, Delta's cached log of that table
+    (which names them) is replaced, and the table reads whole; another table's cached log is kept."""
+    settings = delta_settings(tmp_path, LAYOUTS["mixed"])
+    attach(spark, settings)
+    synth.generate(spark, settings, users=5, events=20, seed=SEED, batches=2)
+    lake = Lake.of(spark, settings)
+    events, newsletter = lake.table("demo.events"), lake.table("demo.newsletter")
+    rows = spark.table(settings.table("demo.events")).count()
+    cached_events, cached_newsletter = events._log(), newsletter._log()
+    assert events.expire_snapshots_before_current().snapshots_expired > 0
+    assert not events._log().equals(cached_events) and newsletter._log().equals(cached_newsletter)
+    assert spark.table(settings.table("demo.events")).count() == rows == delta_rows(events.location()).num_rows
+
+
 @pytest.mark.slow  # this file runs on one worker: make test stays under 10 minutes
 def test_a_v2_checkpoint_table_keeps_no_sidecar_of_an_older_checkpoint(spark, tmp_path):
     """v2 checkpoints keep their file lists, statistics included, in `_delta_log/_sidecars/`: after the

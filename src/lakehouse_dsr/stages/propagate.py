@@ -74,9 +74,9 @@ def _rows_differing(held: DataFrame, fresh: DataFrame) -> int:
     """How many rows the two differ by, duplicates counted (the sizes of both multiset differences,
     what `exceptAll` both ways counts). Cost: one job, one shuffle of both sides' rows by value;
     `exceptAll` both ways is two jobs of a shuffle each."""
-    sign = "_dsr_sign"
-    both = held.withColumn(sign, F.lit(1)).unionByName(fresh.select(*held.columns).withColumn(sign, F.lit(-1)))
-    balance = both.groupBy(*[F.col(f"`{c}`") for c in held.columns]).agg(F.sum(sign).alias(sign))
+    sign, columns = "_dsr_sign", [F.col(f"`{c}`") for c in held.columns]
+    both = held.withColumn(sign, F.lit(1)).unionByName(fresh.select(*columns).withColumn(sign, F.lit(-1)))
+    balance = both.groupBy(*columns).agg(F.sum(sign).alias(sign))
     (total,) = balance.agg(F.sum(F.abs(F.col(sign)))).collect()[0]  # an aggregate: one row, null when empty
     return int(total or 0)
 
