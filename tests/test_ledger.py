@@ -244,3 +244,29 @@ def test_rows_named_by_id_are_read_replaced_and_deleted_without_touching_the_unn
     assert statuses() == {**{i: "failed" for i in named}, **{i: "received" for i in between}}
     ledger.store.delete("requests", Among("request_id", named))
     assert statuses() == {i: "received" for i in between}
+
+
+def test_a_writer_whose_snapshot_another_writer_purged_meanwhile_writes_again_from_the_new_state(tmp_path, monkeypatch):
+    """Two writers of an appending ledger table (the service's intake and a request handler, say): one
+    loads the table, the other commits past the compaction limits, rewrites it and purges the history
+    the first loaded, files and all. The first one's commit then cannot read its parent snapshot's
+    manifests; it is a lost race like a refused commit, so it loads the new state and commits again:
+    no 500, nothing lost (pyiceberg reads every step back)."""
+    from lakehouse_dsr.ledger import store as store_module
+    from lakehouse_dsr.ledger.journal import Step
+
+    monkeypatch.setattr(store_module, "COMPACT_FILES", 3)
+    ledger = Ledger(make_settings(tmp_path))
+    other = Ledger(make_settings(tmp_path))
+    for n in range(3):
+        ledger.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
+    stale = ledger.store.load("steps")
+    for n in range(3, 9):  # compacted and purged by the other writer, past the stale snapshot
+        other.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
+    with pytest.raises(FileNotFoundError):  # what a stale writer meets: its parent's manifests are gone
+        stale.append(stale.scan().to_arrow().slice(0, 0))
+    handed, fresh = [stale], ledger.store.load
+    monkeypatch.setattr(ledger.store, "load",
+                        lambda table, create=True: handed.pop() if handed else fresh(table, create))
+    ledger.journal.record([Step("run-9", "demo.events", "checked", 9)])
+    assert sorted(s.snapshot_id for s in other.journal.steps()) == list(range(10))

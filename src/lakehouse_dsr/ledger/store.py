@@ -335,7 +335,18 @@ class Store:
                 loaded.delete(AlwaysTrue())
         except _LOST_RACE:
             return False
+        except FileNotFoundError:
+            if self._moved_on(loaded):
+                return False
+            raise
         return True
+
+    def _moved_on(self, loaded: Table) -> bool:
+        """Whether another writer committed since `loaded`. A commit that found files of the snapshot it
+        loaded missing lost a race to a compaction that purged them (`compact`): the same as a refused
+        commit. Without a newer commit the files are really gone, and that is not retried away."""
+        current, now = loaded.current_snapshot(), self.load(loaded.name()[-1]).current_snapshot()
+        return (current.snapshot_id if current else None) != (now.snapshot_id if now else None)
 
     def snapshot_id(self, table: str) -> int | None:
         current = self.load(table).current_snapshot()
@@ -350,7 +361,11 @@ class Store:
                 attempt(loaded)
                 return loaded
             except _LOST_RACE:
-                time.sleep(min(2.0, 0.02 * 2 ** n) * random.uniform(0.5, 1.5))
+                pass
+            except FileNotFoundError:
+                if not self._moved_on(loaded):
+                    raise
+            time.sleep(min(2.0, 0.02 * 2 ** n) * random.uniform(0.5, 1.5))
         raise LedgerError(f"ledger table {self.name(table)} kept changing under concurrent writers "
                           f"({_RETRIES} attempts); nothing was written, try again")
 
