@@ -1,0 +1,198 @@
+"""California DROP: standardization and hashing (every published vector), reading downloads."""
+
+import base64
+import hashlib
+import unicodedata
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, StringType, StructField, StructType
+
+from lakehouse_dsr.drop.hashing import Rules, hashed, list_hash, standardized, standardized_name
+
+# CalPrivacy's worked examples and the v1.2.0 golden vectors (../shared/DROP.md section 3):
+# (field, input, standardized, hash).
+VECTORS = [
+    ("first_name", "Juan Pablo", "juanpablo", "91hIbrbzNeqHs3o81O5yNrXUj7wDd2shvZ6THKi9qz8="),
+    ("last_name", "Martinez", "martinez", "2wRPGbwBNxhShjRczx8GfS2c4cjvs4NJskeWloUNtp8="),
+    ("dob", "July 4, 1776", "17760704", "skXYXxBER6HQTZ3rXSZH1wVGLQ054mS5rbR/bwvzy4I="),
+    ("dob", "1985-07-04", "19850704", "IWi7qxOAbBJe0fNciDj76Eg84gmj40rB7aNMK/VnFOI="),
+    ("zip", "91790-3771", "91790", "2FPZucR4x7U8KlM+SFAX4LPGhwNz/PIZUCSUdDh0o/s="),
+    ("zip", "M1B 1A1", "m1b1a", "n8L9q8mVeT6Xt9/EeUNiTukGDrkbPJ3DvOEx14uElxk="),
+    ("zip", "00712345", "71234", "aeNUYKh7Xw5sqpxSbSP9eOHsj6iXewbUyavv89DIuhQ="),
+    ("zip", " 00712345", "71234", "aeNUYKh7Xw5sqpxSbSP9eOHsj6iXewbUyavv89DIuhQ="),
+    ("zip", "00300-9999", "300", "mDvWFLta/s5as7YCP3EUfNe2vCMU+dJ690IlQcZVg4k="),
+    ("zip", " 00300-9999", "300", "mDvWFLta/s5as7YCP3EUfNe2vCMU+dJ690IlQcZVg4k="),
+    ("email", "Anna.Smith@Domain.com", "anna.smith@domain.com", "KA18MT/ph6IHYjzT9zwETySDQyvSh87YuoSBpOQtkhE="),
+    ("email", "danielle.johnson12@example.com", "danielle.johnson12@example.com",
+     "mKDnDvwF2inxrKcK1hJN2TRkxPfL6kzNNTtU12eH8Bw="),
+    ("phone", "+1(415)555-9317", "4155559317", "vGM7y5n+hBXRSEAklhHDPCbysyNgYTmXdMcagGUOY8E="),
+    ("phone", "+84(90)123 4567", "4901234567", "ptzVkgbv9DonwvPCHmXmJ2SEOaolSh37z3ZzY/Gmm+U="),
+    ("phone", "+354(123)4567", "3541234567", "Btrzydf5K6ALAKKXJGFHSx7u5bDzHC9WlVYtpq1n2rY="),
+    ("phone", "5551273811", "5551273811", "jr/RAWYVN+ODBf2vRxwBASPwiO4x27OGI1y3IDhcwLo="),
+    ("vin", "1HGCM82633A004352", "1hgcm82633a004352", "iNswy1m+0VSt8jAfFrvaiQ1R/0HAbgSwNGkwqo6QBss="),
+    ("maid", "a3f1c2d4-5678-90ab-cdef-1234567890ab", "a3f1c2d4567890abcdef1234567890ab",
+     "250KY6lOgzYUB3EHrkbDCE2kMEZQE69SF38muhoDudI="),
+    ("ctvid", "SmartTV_9F8E7D6C", "smarttv9f8e7d6c", "d9fxuTIrKksBXYDlaWsvQbcyUUfCbUx7v78gd+KP+tc="),
+    # Names by one third-party reading of the rules (secondary: not CalPrivacy's own).
+    ("first_name", "José", "jose", "HsTtA3dmqhgdiECtBLn8bhlf033twEyYpXZ6Z9N1js4="),
+    ("last_name", "Müller", "muller", "qLH8g8uSrZC3MZN892EW72waukNvjQ0OxnPo00AirKg="),
+    ("last_name", "O'Brien", "obrien", "tMtssz/kuGWGjeglAjoeJ5DcEqwB7MjXxa/oJUBxyLo="),
+    ("first_name", "Mary-Jane", "maryjane", "8I9Eil56ncNhm7fBKfan1fxq8ALOoXrXHf3Bxo9NTg4="),
+    ("last_name", "Straße", "strasse", "FtlpUgh3dP7gabdYXTmRsk2QwYHAmyEptJCMNbqn8MA="),
+    ("first_name", "محمد", "محمد", "DLTJshBi3k0sDt1I78n6hrl/3IpqTn+nCSVE+E4SH2E="),
+    ("first_name", "שלום", "שלום", "t6wDmO90GTq3OLId8JEjKTA98Q2GjCusN6hKWdEsDi8="),
+    ("last_name", "Иванов", "ivanov", "XADYpQziZ5wwj1rxgLAUMCgs1snfav0OfMyQorOVVIg="),
+    ("last_name", "Ёлкина", "yolkina", "76+cWLeQDX12pDMJWw+j6jNgjkh09RHp/1ovYf8WuMU="),
+    ("last_name", "Щербакова", "shcherbakova", "lsADHYr3cQfIKD6Eq/o+SfsxvBHaIT7MuwP/n9sDVHQ="),
+    ("last_name", "田中", "田中", "GAZJa8t1PCgPk0u94hpBrVeTAYcmaBwDjanPyKjIKiA="),
+    ("last_name", "Θεοδώρου", "theodoroy", "oTqNXryIuGLEAMz7fjHhP/mOztw60RTlUBKXMZ4/vSA="),
+    ("first_name", "Иван", "ivan", "zQuUUvw3b8TDWmAIezZvcNiD/JAVJNrx8SL70xk4T2o="),
+]
+
+
+def _rows(frame):
+    return [tuple(r) for r in frame.collect()]
+
+
+def test_every_published_vector_is_standardized_and_hashed_as_drop_does_in_spark(spark):
+    """Each field of each vector through the Spark expressions the matching uses; the hashes are also
+    recomputed here with hashlib from the standardized text (an independent digest)."""
+    frame = spark.createDataFrame([(f, i) for f, i, _, _ in VECTORS], "field string, value string")
+    by_field = {f: (standardized(f, F.col("value")), hashed(f, F.col("value"))) for f, *_ in VECTORS}
+    std, digest = F.lit(None).cast("string"), F.lit(None).cast("string")
+    for field, (s, h) in by_field.items():
+        std = F.when(F.col("field") == field, s).otherwise(std)
+        digest = F.when(F.col("field") == field, h).otherwise(digest)
+    got = _rows(frame.select("field", "value", std.alias("s"), digest.alias("h")))
+    assert sorted(got) == sorted((f, i, s, h) for f, i, s, h in VECTORS)
+    for _, _, s, h in VECTORS:
+        assert base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() == h
+
+
+@pytest.mark.parametrize("list_name, fields, final", [
+    ("ndz", {"first_name": "Danielle", "last_name": "Johnson", "dob": "July 4, 1985", "zip": "91790"},
+     "PQOfn1RffEKmqMmNAzDKKaoZCwxWbQZkQzPWmQo9REA="),
+    ("namevin", {"first_name": "Eve", "last_name": "Genesis", "vin": "1HGCM82633A004352"},
+     "rtnDuXIe63jXYQQXW5r07GJ7lSsrib8+46QuKFwkOmk="),
+    ("email", {"email": " Anna.Smith@Domain.com "}, "KA18MT/ph6IHYjzT9zwETySDQyvSh87YuoSBpOQtkhE="),
+])
+def test_a_list_s_hash_is_its_fields_hashes_joined_in_order_and_hashed_again(spark, list_name, fields, final):
+    frame = spark.createDataFrame([tuple(fields.values())], ", ".join(f"{f} string" for f in fields))
+    assert _rows(frame.select(list_hash(list_name, {f: F.col(f) for f in fields}))) == [(final,)]
+
+
+def test_a_date_of_birth_held_as_a_date_hashes_as_the_same_day_written_out(spark):
+    frame = spark.createDataFrame([("1985-07-04",)], "d string").select(F.to_date("d").alias("d"))
+    assert _rows(frame.select(hashed("dob", F.col("d"), DateType()))) == \
+        [("IWi7qxOAbBJe0fNciDj76Eg84gmj40rB7aNMK/VnFOI=",)]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("maid", "a3f1c2d4-5678-90ab-cdef-1234567890"),  # 30 hex digits
+    ("vin", "1HGCM82633A00435"), ("ctvid", "tv_12"), ("ctvid", "x" * 33),
+    ("email", " \t "), ("phone", "n/a"), ("zip", "-000-"), ("first_name", "--"), ("dob", "1985-13-45"),
+    ("dob", "yesterday"), ("email", None),
+])
+def test_a_value_empty_or_invalid_after_standardization_gets_no_hash(spark, field, value):
+    """Never the hash of an empty string: a record with such a value cannot match anyone."""
+    frame = spark.createDataFrame([(value,)], StructType([StructField("v", StringType())]))
+    assert _rows(frame.select(hashed(field, F.col("v")))) == [(None,)]
+
+
+def test_a_composite_with_one_invalid_field_has_no_hash(spark):
+    frame = spark.createDataFrame([("Eve", "Genesis", "1HGCM8263")], "f string, l string, v string")
+    assert _rows(frame.select(list_hash("namevin", {"first_name": F.col("f"), "last_name": F.col("l"),
+                                                    "vin": F.col("v")}))) == [(None,)]
+
+
+def test_how_a_zip_plus_4_is_recognised_is_a_rule_and_differs_only_for_nine_bare_digits(spark):
+    frame = spark.createDataFrame([("003001234",), ("00300-1234",)], "z string")
+    nine = _rows(frame.select(standardized("zip", F.col("z"))))
+    hyphen = _rows(frame.select(standardized("zip", F.col("z"), rules=Rules(zip_plus4="hyphenated"))))
+    assert nine == [("300",), ("300",)] and hyphen == [("30012",), ("300",)]
+
+
+def test_names_keep_other_scripts_and_lose_what_is_not_a_letter_or_digit_whatever_their_normal_form():
+    composed, decomposed = "Zoë Йорк", unicodedata.normalize("NFD", "Zoë Йорк")
+    assert standardized_name(composed) == standardized_name(decomposed) == "zoeyork"
+    assert standardized_name("김 민준") == "김민준" and standardized_name("'-. ") is None
+
+
+def test_an_unknown_field_or_list_or_a_missing_field_is_refused_by_name(spark):
+    with pytest.raises(ValueError, match="no DROP standardization for 'ssn'"):
+        standardized("ssn", F.col("x"))
+    with pytest.raises(ValueError, match="no DROP list 'passport'"):
+        list_hash("passport", {})
+    with pytest.raises(ValueError, match="needs dob, zip"):
+        list_hash("ndz", {"first_name": F.col("f"), "last_name": F.col("l")})
+
+
+# -- reading a download ----------------------------------------------------------------------------
+HASHES = ["KA18MT/ph6IHYjzT9zwETySDQyvSh87YuoSBpOQtkhE=", "vGM7y5n+hBXRSEAklhHDPCbysyNgYTmXdMcagGUOY8E=",
+          "PQOfn1RffEKmqMmNAzDKKaoZCwxWbQZkQzPWmQo9REA=", "250KY6lOgzYUB3EHrkbDCE2kMEZQE69SF38muhoDudI="]
+
+
+def _zip(tmp_path, files: dict[str, str | bytes], name: str = "20260312_4821_DROP.zip"):
+    import zipfile
+    path = tmp_path / name
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, content in files.items():
+            archive.writestr(member, content)
+    return path
+
+
+def test_a_download_s_lists_and_withdrawals_are_read_with_their_work_items(tmp_path):
+    from lakehouse_dsr.drop.download import read_download
+    path = _zip(tmp_path, {
+        "20260312_4821_Email.csv": f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\nB7kP2xQ9Lm4R,{HASHES[1]}\n",
+        "20260312_4821_NDZ.csv": f"\ufeffID,Hash\r\nC7kP2xQ9Lm4R,{HASHES[2]}\r\n",  # a BOM, CRLF
+        "20260312_4821_MAID.csv": "ID,Hash\n",  # nothing new on this list
+        "20260312_4821_Removed.csv": f"ID,Hash,ListType\nZ7kP2xQ9Lm4R,{HASHES[3]},NameVIN\n"})
+    download = read_download(path)
+    assert (download.name, download.day.isoformat(), download.broker_id) == (path.name, "2026-03-12", "4821")
+    assert download.counts() == {"email": 2, "ndz": 1, "maid": 0}
+    assert sorted(download.items.to_pylist(), key=lambda r: r["work_item_id"]) == [
+        {"work_item_id": "A7kP2xQ9Lm4R", "list_type": "email", "hash": HASHES[0]},
+        {"work_item_id": "B7kP2xQ9Lm4R", "list_type": "email", "hash": HASHES[1]},
+        {"work_item_id": "C7kP2xQ9Lm4R", "list_type": "ndz", "hash": HASHES[2]}]
+    assert download.removed.to_pylist() == [{"work_item_id": "Z7kP2xQ9Lm4R", "list_type": "namevin",
+                                             "hash": HASHES[3]}]
+    assert download.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"20260312_4821_Email.csv": f"Id,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\n"},
+     r"20260312_4821_Email.csv, line 1: the header must be exactly 'ID,Hash', found 'Id,Hash'"),
+    ({"20260312_4821_Email.csv": f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\nA7kP2xQ9Lm4,{HASHES[1]}\n"},
+     r"20260312_4821_Email.csv, line 3: the ID is not 12 letters or digits"),
+    ({"20260312_4821_Phone.csv": "ID,Hash\nA7kP2xQ9Lm4R,not-a-hash\n"},
+     r"20260312_4821_Phone.csv, line 2: the Hash is not a SHA-256 in Base64"),
+    ({"20260312_4821_Phone.csv": f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]},Email\n"},
+     r"20260312_4821_Phone.csv, line 2: 3 fields, not 2"),
+    ({"20260312_4821_Removed.csv": f"ID,Hash,ListType\nA7kP2xQ9Lm4R,{HASHES[0]},SSN\n"},
+     r"20260312_4821_Removed.csv, line 2: the ListType is not one of"),
+    ({"20260312_4821_Email.csv": "ID,Hash\n", "notes.txt": "hello"}, r"notes.txt: not a DROP file"),
+    ({"20260312_4821_Email.csv": "ID,Hash\n", "20260313_4821_Phone.csv": "ID,Hash\n"},
+     r"of different days or brokers \(20260312_4821, 20260313_4821\)"),
+    ({"20260312_4821_Email.csv": f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\n",
+      "20260312_4821_Phone.csv": f"ID,Hash\nB7kP2xQ9Lm4R,{HASHES[1]}\nA7kP2xQ9Lm4R,{HASHES[2]}\n"},
+     r"work-item ID at line 2 of the Email list appears 2 times"),
+    ({"20260312_4821_Email.csv": b"ID,Hash\n\xff\n"}, r"20260312_4821_Email.csv, line 2: not UTF-8"),
+    ({"20261399_4821_Email.csv": "ID,Hash\n"}, r"20261399 in its file names is not a date"),
+    ({}, r"the archive holds no file"),
+])
+def test_a_download_that_breaks_the_format_is_refused_with_the_file_line_and_reason(tmp_path, files, message):
+    from lakehouse_dsr.drop.download import DropFileError, read_download
+    with pytest.raises(DropFileError, match=message) as refused:
+        read_download(_zip(tmp_path, files))
+    assert not any(h in str(refused.value) for h in HASHES)  # a hash is personal data: never quoted
+
+
+def test_a_file_that_is_no_zip_is_refused(tmp_path):
+    from lakehouse_dsr.drop.download import DropFileError, read_download
+    (tmp_path / "x.zip").write_text("ID,Hash\n")
+    with pytest.raises(DropFileError, match="not a ZIP archive"):
+        read_download(tmp_path / "x.zip")
+    with pytest.raises(DropFileError, match="no such file"):
+        read_download(tmp_path / "missing.zip")
