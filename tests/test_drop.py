@@ -2,6 +2,7 @@
 
 import base64
 import hashlib
+import json
 import unicodedata
 
 import pytest
@@ -196,3 +197,91 @@ def test_a_file_that_is_no_zip_is_refused(tmp_path):
         read_download(tmp_path / "x.zip")
     with pytest.raises(DropFileError, match="no such file"):
         read_download(tmp_path / "missing.zip")
+
+
+# -- filing downloads in the ledger ------------------------------------------------------------------
+def _items(ledger) -> dict[str, dict]:
+    """The ledger's work items as pyiceberg reads the table itself (not through the engine's store)."""
+    rows = ledger.store.catalog.load_table(ledger.store.name("drop_items")).scan().to_arrow().to_pylist()
+    return {r["work_item_id"]: r for r in rows}
+
+
+def test_a_download_is_filed_once_its_withdrawals_withdraw_only_what_is_unsettled_and_the_cycle_is_shown(tmp_path):
+    from datetime import UTC, date, datetime
+
+    from helpers import make_settings
+    from lakehouse_dsr.drop.items import drop_status, import_download
+    from lakehouse_dsr.ledger.ledger import Ledger
+
+    ledger = Ledger(make_settings(tmp_path))
+    first = _zip(tmp_path, {"20260312_4821_Email.csv": f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\nB7kP2xQ9Lm4R,{HASHES[1]}\n",
+                            "20260312_4821_NDZ.csv": f"ID,Hash\nC7kP2xQ9Lm4R,{HASHES[2]}\n",
+                            "20260312_4821_MAID.csv": "ID,Hash\n"})
+    march = datetime(2026, 3, 13, 9, 0, tzinfo=UTC)
+    result = import_download(ledger, first, now=march)
+    assert (result.filed, result.already_filed, result.withdrawn, result.repeated) == (3, 0, 0, False)
+    assert result.lists == {"email": 2, "ndz": 1, "maid": 0} and result.due_date == date(2026, 4, 26)
+    items = _items(ledger)
+    assert set(items) == {"A7kP2xQ9Lm4R", "B7kP2xQ9Lm4R", "C7kP2xQ9Lm4R"}
+    assert items["C7kP2xQ9Lm4R"]["list_type"] == "ndz" and items["C7kP2xQ9Lm4R"]["hash"] == HASHES[2]
+    assert all(r["status"] is None and r["download"] == first.name for r in items.values())
+
+    again = import_download(ledger, first, now=march)  # the same download twice: nothing filed twice
+    assert (again.filed, again.already_filed, again.repeated) == (0, 3, True) and len(_items(ledger)) == 3
+
+    # B is settled (deleted) before the next download withdraws it and A; it stays as it was.
+    ledger.store.replace("drop_items", "work_item_id", ["B7kP2xQ9Lm4R"],
+                         lambda rows: [{**r, "status": 3, "status_at": march} for r in rows])
+    second = _zip(tmp_path, {"20260420_4821_Email.csv":
+                             f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\nD7kP2xQ9Lm4R,{HASHES[3]}\n",
+                             "20260420_4821_Removed.csv": f"ID,Hash,ListType\nA7kP2xQ9Lm4R,{HASHES[0]},Email\n"
+                                                          f"B7kP2xQ9Lm4R,{HASHES[1]},Email\n"},
+                  name="20260420_4821_DROP.zip")
+    april = datetime(2026, 4, 20, 8, 0, tzinfo=UTC)
+    result = import_download(ledger, second, now=april)
+    assert (result.filed, result.already_filed, result.withdrawn) == (1, 1, 1)
+    items = _items(ledger)
+    assert items["A7kP2xQ9Lm4R"]["withdrawn_at"] == april and items["B7kP2xQ9Lm4R"]["withdrawn_at"] is None
+    assert items["A7kP2xQ9Lm4R"]["download"] == first.name  # filed by the download that brought it first
+    assert items["D7kP2xQ9Lm4R"]["due_date"] == date(2026, 6, 4)
+
+    status = drop_status(ledger, today=date(2026, 5, 1))
+    assert (status.last_download, status.last_download_day, status.last_access) == \
+        (second.name, date(2026, 4, 20), april)
+    assert status.items == {"pending": 2, "withdrawn": 1, "exempted": 0, "deleted": 1, "opted_out": 0, "not_found": 0}
+    assert status.unreported == 1  # B's status was never uploaded
+    assert (status.next_access_by, status.days_left_in_cycle, status.next_deadline) == \
+        (date(2026, 6, 4), 34, date(2026, 4, 26))
+
+
+def test_dsr_drop_import_refuses_a_malformed_download_with_exit_2_and_files_nothing(tmp_path):
+    """The commands as a user runs them, each in its own process, which never imports PySpark (the
+    control plane starts no JVM)."""
+    import subprocess
+    import sys
+
+    from helpers import make_settings, write_config
+
+    config = write_config(make_settings(tmp_path), tmp_path / "dsr.yaml")
+
+    def dsr(*args: str) -> subprocess.CompletedProcess:
+        wrapper = ("import atexit, sys\n"
+                   "atexit.register(lambda: print('pyspark imported' if 'pyspark' in sys.modules else '',\n"
+                   "                              file=sys.stderr))\n"
+                   "from lakehouse_dsr.cli import entry\nentry()")
+        done = subprocess.run([sys.executable, "-c", wrapper, "-c", str(config), "drop", *args],
+                              capture_output=True, text=True, timeout=300)
+        assert "pyspark imported" not in done.stderr
+        return done
+
+    bad = _zip(tmp_path, {"20260312_4821_Email.csv": f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\nA7kP2xQ9Lm4R\n"})
+    result = dsr("import", str(bad))
+    assert result.returncode == 2 and "20260312_4821_Email.csv, line 3: 1 fields, not 2" in result.stderr
+    assert "Traceback" not in result.stderr
+    status = dsr("status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["items"]["pending"] == 0
+    good = _zip(tmp_path, {"20260312_4821_Email.csv": f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\n"}, name="good.zip")
+    result = dsr("import", str(good))
+    assert result.returncode == 0 and "1 work item(s) filed" in result.stdout and "due 2026-04-26" in result.stdout
+    status = dsr("status")
+    assert status.returncode == 0 and "pending 1" in status.stdout and HASHES[0] not in status.stdout

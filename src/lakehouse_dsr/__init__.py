@@ -12,6 +12,8 @@ The public API, for a notebook or a Spark job (every `dsr` command is one of the
   version; Iceberg's refs), both implementing `TableHandle`
 - keeping erased people out of new data: `erased`, `suppress`, `suppress_for`, `suppress_stream`
 - pseudonymization: `pseudonymize`, `reidentify`
+- California DROP: `import_download`, `drop_status` (no SparkSession needed), `list_hash` (a DROP list's
+  hash of a record's fields, as a Spark column)
 - errors: `DsrError` and its subclasses in `lakehouse_dsr.exceptions`
 """
 
@@ -31,6 +33,7 @@ _EXPORTS = {
     "erased": ".ingest.suppress", "suppress": ".ingest.suppress", "suppress_for": ".ingest.suppress",
     "suppress_stream": ".ingest.stream",
     "pseudonymize": ".vault.pseudonymize", "reidentify": ".vault.pseudonymize",
+    "import_download": ".drop.items", "drop_status": ".drop.items", "list_hash": ".drop.hashing",
     "DsrError": ".exceptions",
 }
 

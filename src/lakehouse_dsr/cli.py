@@ -873,6 +873,49 @@ def webhooks_log(limit: Annotated[int, typer.Option(min=1, help="attempts to sho
         queue.close()
 
 
+# -- dsr drop: California's DROP lists (drop/) ---------------------------------------------------------
+drop_app = typer.Typer(no_args_is_help=True, help="California's DROP: import downloads of hashed deletion lists, "
+                                                  "see where the cycle stands.")
+app.add_typer(drop_app, name="drop")
+
+
+@drop_app.command("import")
+def drop_import(download: Annotated[Path, typer.Argument(help="the ZIP DROP gave (YYYYMMDD_BROKER_DROP.zip)")]) -> None:
+    """File a DROP download's work items in the ledger (checked whole first: a malformed download is
+    refused with the file, line and reason, and nothing is filed; nothing is filed twice)."""
+    from .drop.items import import_download
+
+    settings = _settings()
+    result = import_download(Ledger(settings), download, settings.drop)
+    lists = ", ".join(f"{name} {count}" for name, count in result.lists.items()) or "no list"
+    again = " (imported before)" if result.repeated else ""
+    console.print(f"{escape(result.download)}{again}: {lists}; {result.filed} work item(s) filed, "
+                  f"{result.already_filed} already filed, {result.withdrawn} withdrawn; due {result.due_date}")
+
+
+@drop_app.command("status")
+def drop_status_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """The last download, work items per state, the days left before DROP must be accessed again and the
+    next processing deadline."""
+    from dataclasses import asdict
+
+    from .drop.items import drop_status
+
+    settings = _settings()
+    result = drop_status(Ledger(settings), settings.drop)
+    if as_json:
+        print(json.dumps(asdict(result), default=str, indent=2))
+        return
+    if result.last_download is None:
+        console.print("no DROP download imported yet: `dsr drop import DOWNLOAD.zip`")
+        return
+    console.print(f"last download {escape(result.last_download)} ({result.last_download_day}), imported "
+                  f"{result.last_access:%Y-%m-%d %H:%M} UTC")
+    console.print("work items: " + ", ".join(f"{name} {count}" for name, count in result.items.items()))
+    console.print(f"next access of DROP due by {result.next_access_by} ({result.days_left_in_cycle} days left); "
+                  f"next processing deadline: {result.next_deadline or 'none (nothing pending)'}")
+
+
 @app.command()
 def demo(
     users: Annotated[int, typer.Option(min=1)] = 10_000,

@@ -245,6 +245,19 @@ class RecordSettings(_Strict):
     keep_unverified_days: int = Field(default=30, ge=1)
 
 
+class DropSettings(_Strict):
+    """California's DROP (`drop:`; drop/): the cycle and the choices its spec leaves open."""
+
+    # A broker must access DROP at least this often (Civ. Code 1798.99.86(c)(1): 45 days; AB 883 is
+    # reported to make it 30 from 2027) ...
+    interval_days: int = Field(default=45, ge=1)
+    # ... and process a download's requests within this many days of it.
+    processing_days: int = Field(default=45, ge=1)
+    # How a ZIP+4 is recognised before its +4 is dropped (drop/hashing.py's Rules): nine digits once
+    # punctuation is gone, or written ddddd-dddd.
+    zip_plus4: Literal["nine_digits", "hyphenated"] = "nine_digits"
+
+
 class DeltaSettings(_Strict):
     """Where Delta tables live (`delta:`). A data-map table with `format: delta` and no `path:` is at
     `<warehouse>/<namespace>/<table>` (relative to the config file's folder), or, with `catalog`, the
@@ -265,7 +278,7 @@ class DeltaSettings(_Strict):
 class Settings(_Strict):
     """Everything `dsr.yaml` says, validated and frozen (load_settings, settings_from_dict; a variant
     is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake, records,
-    webhooks."""
+    drop, webhooks."""
 
     model_config = ConfigDict(serialize_by_alias=True)  # `datamap`, as written, in every dump
 
@@ -281,6 +294,7 @@ class Settings(_Strict):
     run: RunSettings = Field(default_factory=RunSettings)
     intake: IntakeSettings = Field(default_factory=IntakeSettings)
     records: RecordSettings = Field(default_factory=RecordSettings)
+    drop: DropSettings = Field(default_factory=DropSettings)
     webhooks: list[WebhookSettings] = Field(default_factory=list)  # told of status changes
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"

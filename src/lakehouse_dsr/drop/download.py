@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..exceptions import DsrError
-from .hashing import DROP_NAMES
+from .lists import DROP_NAMES
 
 FILE_NAME = re.compile(r"^(?P<day>[0-9]{8})_(?P<broker>[0-9]{4})_(?P<type>[A-Za-z]+)\.csv$")
 WORK_ITEM_ID = "[A-Za-z0-9]{12}"

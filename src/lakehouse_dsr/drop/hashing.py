@@ -14,7 +14,6 @@ normalization, transliteration), about a microsecond per value in the executors'
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,14 +23,8 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DateType, StringType, TimestampNTZType, TimestampType
 
-# The lists DROP sends, by the name the data map's `drop:` section uses, and the fields of each.
-LISTS: dict[str, tuple[str, ...]] = {
-    "email": ("email",), "phone": ("phone",), "maid": ("maid",), "ctvid": ("ctvid",),
-    "ndz": ("first_name", "last_name", "dob", "zip"), "namevin": ("first_name", "last_name", "vin"),
-}
-# The list names as DROP spells them in file names and in the Removed file's ListType.
-DROP_NAMES: dict[str, str] = {"email": "Email", "phone": "Phone", "maid": "MAID", "ctvid": "CTVID", "ndz": "NDZ",
-                              "namevin": "NameVIN"}
+from .lists import LISTS
+
 FIELDS = ("email", "phone", "maid", "ctvid", "vin", "first_name", "last_name", "dob", "zip")
 
 # Letters the name rule transliterates or folds to Latin (lowercase; anything not listed and not a
@@ -155,5 +148,3 @@ def list_hash(list_name: str, values: Mapping[str, Column], types: Mapping[str, 
     parts = [hashed(f, values[f], (types or {}).get(f, _TEXT), rules) for f in fields]
     return parts[0] if len(parts) == 1 else digest(F.concat(*parts))
 
-
-HASH_PATTERN = re.compile(r"^[A-Za-z0-9+/]{43}=$")

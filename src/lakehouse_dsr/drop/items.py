@@ -1,0 +1,153 @@
+"""DROP work items in the ledger: filing a download, withdrawals, and where the cycle stands.
+
+Two ledger tables (ledger/store.py): `drop_items`, one row per work item as DROP sent it (its ID, its
+list, the hash, the download it came in, its deadline) and what became of it; `drop_downloads`, one
+row per download imported, which is also the record of each access of DROP the law requires. No
+Spark, no JVM: pyiceberg, like the rest of the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.table import Table
+
+from ..config import DropSettings
+from ..ledger.ledger import TIMESTAMP, Ledger
+from ..ledger.requests import utc_now
+from ..ledger.store import SCHEMAS, Among, EqualTo
+from .download import Download, read_download
+
+# DROP's status codes for a work item (0 and 1 are unused).
+STATUS_NAMES = {2: "exempted", 3: "deleted", 4: "opted_out", 5: "not_found"}
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What importing one download filed. `repeated`: this very download (same bytes) was imported
+    before; `already_filed`: its work items the ledger had (from it or an earlier download)."""
+
+    download: str
+    day: date
+    broker_id: str
+    lists: dict[str, int]
+    filed: int
+    already_filed: int
+    withdrawn: int
+    due_date: date
+    repeated: bool
+
+
+def import_download(ledger: Ledger, path: Path, settings: DropSettings | None = None,
+                    now: datetime | None = None) -> ImportResult:
+    """File a DROP download's work items in the ledger, due `processing_days` after the download's day,
+    and withdraw the ones its `Removed` file names (those not settled yet: a deleted person stays
+    deleted). Checked whole first (drop/download.py): a malformed download files nothing. Importing the
+    same download again, or items an earlier one carried, files nothing twice. Cost: reads the download,
+    the ledger's work-item IDs (one column), and appends in one commit each: items, withdrawals, the
+    download's record."""
+    settings = settings or DropSettings()
+    download = read_download(path)
+    now = now or utc_now()
+    due = download.day + timedelta(days=settings.processing_days)
+    store = ledger.store
+    repeated = bool(store.rows("drop_downloads", EqualTo("sha256", download.sha256), ("download",)))
+    filed = 0
+
+    def attempt(loaded: Table) -> None:
+        nonlocal filed
+        items = download.items
+        if loaded.current_snapshot() is not None and items.num_rows:
+            have = Among("work_item_id", _ids(items)).read(loaded, ("work_item_id",))
+            items = items.filter(pc.invert(pc.is_in(items.column("work_item_id"), value_set=have.column(0))))
+        filed = items.num_rows
+        if filed:
+            loaded.append(_new_items(items, download, due, now))
+
+    store.compact(store.transact("drop_items", attempt))
+    withdrawn = _withdraw(ledger, download, now)
+    store.append("drop_downloads", [{
+        "download": download.name, "sha256": download.sha256, "broker_id": download.broker_id,
+        "download_day": download.day, "imported_at": now, "lists": json.dumps(download.counts()),
+        "items": download.items.num_rows, "filed": filed, "withdrawn": withdrawn}])
+    return ImportResult(download.name, download.day, download.broker_id, download.counts(), filed,
+                        download.items.num_rows - filed, withdrawn, due, repeated)
+
+
+def _new_items(items: pa.Table, download: Download, due: date, now: datetime) -> pa.Table:
+    schema, n = SCHEMAS["drop_items"], items.num_rows
+    columns = {"work_item_id": items.column("work_item_id"), "list_type": items.column("list_type"),
+               "hash": items.column("hash"), "download": pa.repeat(download.name, n),
+               "download_day": pa.repeat(pa.scalar(download.day, pa.date32()), n),
+               "due_date": pa.repeat(pa.scalar(due, pa.date32()), n),
+               "filed_at": pa.repeat(pa.scalar(now, TIMESTAMP), n)}
+    return pa.table({f.name: columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in schema},
+                    schema=schema)
+
+
+def _withdraw(ledger: Ledger, download: Download, now: datetime) -> int:
+    """Mark the work items of the download's `Removed` file withdrawn, unless settled or withdrawn
+    already. One commit (none when nothing changes)."""
+    if not download.removed.num_rows:
+        return 0
+    changed = 0
+
+    def change(loaded: Table, rows: pa.Table) -> pa.Table:
+        nonlocal changed
+        open_ = pc.and_(pc.is_null(rows.column("withdrawn_at")), pc.is_null(rows.column("status")))
+        changed = pc.sum(pc.cast(open_, pa.int64())).as_py() or 0
+        stamp = pc.if_else(open_, pa.scalar(now, TIMESTAMP), rows.column("withdrawn_at"))
+        return rows.set_column(rows.schema.get_field_index("withdrawn_at"), "withdrawn_at", stamp)
+
+    ledger.store.replace_arrow("drop_items", "work_item_id", _ids(download.removed), change)
+    return changed
+
+
+@dataclass(frozen=True)
+class DropStatus:
+    """Where the DROP cycle stands. `items`: work items per state (pending, withdrawn, and DROP's status
+    names); `next_access_by`: the last day the next download is due (last access + interval);
+    `next_deadline`: the earliest due date of a pending work item."""
+
+    last_download: str | None
+    last_download_day: date | None
+    last_access: datetime | None
+    items: dict[str, int]
+    unreported: int
+    next_access_by: date | None
+    days_left_in_cycle: int | None
+    next_deadline: date | None
+
+
+def drop_status(ledger: Ledger, settings: DropSettings | None = None, today: date | None = None) -> DropStatus:
+    """The last download, the work items per state, the days left before DROP must be accessed again
+    and the next processing deadline. Cost: reads the downloads table and four columns of the items."""
+    settings, today = settings or DropSettings(), today or utc_now().date()
+    downloads = ledger.store.rows("drop_downloads", columns=("download", "download_day", "imported_at"))
+    last = max(downloads, key=lambda d: d["imported_at"], default=None)
+    items = ledger.store.arrow("drop_items", columns=("status", "withdrawn_at", "due_date", "reported_status"))
+    withdrawn, status = pc.is_valid(items.column("withdrawn_at")), items.column("status")
+    pending = pc.and_(pc.invert(withdrawn), pc.is_null(status))
+    counts = {"pending": _count(pending), "withdrawn": _count(withdrawn)}
+    for code, name in STATUS_NAMES.items():
+        counts[name] = _count(pc.and_(pc.invert(withdrawn), pc.equal(status, pa.scalar(code, pa.int64()))))
+    # settled, less settled and reported as it stands (equal: null where either is, which counts as no)
+    unreported = _count(pc.is_valid(status)) - _count(pc.equal(status, items.column("reported_status")))
+    deadline = pc.min(pc.filter(items.column("due_date"), pending)).as_py() if counts["pending"] else None
+    access = last["imported_at"] if last else None
+    access_by = access.date() + timedelta(days=settings.interval_days) if access else None
+    return DropStatus(last["download"] if last else None, last["download_day"] if last else None, access, counts,
+                      unreported, access_by, (access_by - today).days if access_by else None, deadline)
+
+
+def _ids(items: pa.Table) -> list[str]:
+    return [str(i) for i in items.column("work_item_id").to_pylist()]
+
+
+def _count(mask: pa.ChunkedArray | pa.Array) -> int:
+    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
