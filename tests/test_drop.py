@@ -285,3 +285,83 @@ def test_dsr_drop_import_refuses_a_malformed_download_with_exit_2_and_files_noth
     assert result.returncode == 0 and "1 work item(s) filed" in result.stdout and "due 2026-04-26" in result.stdout
     status = dsr("status")
     assert status.returncode == 0 and "pending 1" in status.stdout and HASHES[0] not in status.stdout
+
+
+# -- matching the lake ---------------------------------------------------------------------------------
+def _b64(text: str) -> str:
+    return base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+
+
+def _download(tmp_path, day: str, rows: dict[str, list[tuple[str, str]]]):
+    """A download of `rows` ({DROP list name: [(work item ID, hash)]})."""
+    return _zip(tmp_path, {f"{day}_4821_{kind}.csv": "ID,Hash\n" + "".join(f"{i},{h}\n" for i, h in items)
+                           for kind, items in rows.items()}, name=f"{day}_4821_DROP.zip")
+
+
+@pytest.mark.parametrize("users_format", ["iceberg", "delta"])
+def test_work_items_are_matched_in_spark_to_one_person_several_or_nobody_and_filed_once(
+        spark, new_lakehouse, tmp_path, users_format):
+    """Emails from the users table (Iceberg or Delta), phones and the NDZ composite from a profiles
+    table: one person per item asks for an erasure (a person matched by two items gets one request),
+    a phone two people share opts both out, an unknown email is status 5 until the lake gains its
+    owner. The hashes here are recomputed with hashlib from the plaintext, independently of Spark's."""
+    from datetime import UTC, date, datetime
+
+    from helpers import add_subjects, datamap_dict
+    from lakehouse_dsr.datamap import DataMap
+    from lakehouse_dsr.drop.items import import_download
+    from lakehouse_dsr.drop.matching import match_items
+    from lakehouse_dsr.lake.lakehouse import Lake
+    from lakehouse_dsr.ledger.ledger import Ledger
+
+    settings = new_lakehouse(users=5, events=20, delta=["demo.users"] if users_format == "delta" else None)
+    add_subjects(spark, settings, ["ann", "bob", "cat", "dan"], "p")  # emails p0@example.net ... p3@example.net
+    spark.createDataFrame(
+        [("ann", "Ann", "Lee", date(1990, 1, 2), "10001", "+1 (212) 555-0101"),
+         ("bob", "Bob", "Roe", date(1980, 5, 6), "94105-1234", "415-555-0000"),
+         ("cat", "Cat", "Poe", date(1970, 7, 8), "60601", "+1 415 555 0000"),
+         ("dan", "Dan", "Müller", date(1985, 7, 4), "91790-3771", None)],
+        "user_id string, first_name string, last_name string, birth_date date, zip string, phone string",
+    ).writeTo(settings.table("demo.profiles")).create()
+    raw = datamap_dict(settings.datamap)
+    raw["identifiers"]["phone"] = {"table": "demo.profiles", "subject_column": "user_id", "column": "phone"}
+    raw["tables"]["demo.profiles"] = {"key": "user_id"}
+    raw["drop"] = {"email": {"identifier": "email"}, "phone": {"identifier": "phone"},
+                   "ndz": {"table": "demo.profiles", "subject_column": "user_id", "first_name": "first_name",
+                           "last_name": "last_name", "dob": "birth_date", "zip": "zip"}}
+    settings = settings.replace(datamap=DataMap.model_validate(raw))
+    ledger = Ledger(settings)
+    ndz = lambda *fields: _b64("".join(_b64(f) for f in fields))  # noqa: E731
+    import_download(ledger, _download(tmp_path, "20260312", {
+        "Email": [("EMAILann0001", _b64("p0@example.net")), ("EMAILnone001", _b64("p9@example.net"))],
+        "Phone": [("PHONEshared1", _b64("4155550000"))],
+        "NDZ": [("NDZdan000001", ndz("dan", "muller", "19850704", "91790")),
+                ("NDZann000001", ndz("ann", "lee", "19900102", "10001"))]}))
+    lake = Lake.of(spark, settings)
+
+    result = match_items(lake, ledger, settings)
+    assert (result.items, result.one_person, result.several_people, result.not_found) == (5, 3, 1, 1)
+    assert (result.erase_requests, result.opt_out_requests) == (2, 2)  # ann once for two items
+    requests = {r["request_id"]: r for r in ledger.requests()}
+    assert sorted((r["subject_id"], r["request_type"], r["regulation"], r["due_date"]) for r in requests.values()) == [
+        ("ann", "erase", "ccpa", date(2026, 4, 26)), ("bob", "opt_out", "ccpa", date(2026, 4, 2)),
+        ("cat", "opt_out", "ccpa", date(2026, 4, 2)), ("dan", "erase", "ccpa", date(2026, 4, 26))]
+    items = _items(ledger)
+    linked = {i: json.loads(r["request_ids"]) if r["request_ids"] else None for i, r in items.items()}
+    assert linked["EMAILann0001"] == linked["NDZann000001"] and len(linked["EMAILann0001"]) == 1
+    assert {requests[r]["subject_id"] for r in linked["PHONEshared1"]} == {"bob", "cat"}
+    assert items["PHONEshared1"]["subjects"] == 2 and items["EMAILnone001"]["subjects"] == 0
+    assert (items["EMAILnone001"]["status"], linked["EMAILnone001"]) == (5, None)
+    assert all(items[i]["status"] is None for i in ("EMAILann0001", "PHONEshared1", "NDZdan000001"))
+
+    again = match_items(lake, ledger, settings)  # only the unknown email is looked for again: still nobody
+    assert (again.items, again.not_found, again.erase_requests) == (1, 1, 0) and len(ledger.requests()) == 4
+
+    add_subjects(spark, settings, ["eve"], "p9-")  # eve's email is p9-0@example.net: still not p9@example.net
+    spark.sql(f"UPDATE {lake.quoted('demo.users')} SET email = 'P9@Example.net ' WHERE user_id = 'eve'")
+    later = match_items(lake, ledger, settings)
+    assert (later.items, later.one_person, later.not_found, later.erase_requests) == (1, 1, 0, 1)
+    items = _items(ledger)
+    assert items["EMAILnone001"]["status"] is None and items["EMAILnone001"]["subjects"] == 1
+    eve = [r for r in ledger.requests() if r["subject_id"] == "eve"]
+    assert [(r["request_type"], r["received_at"]) for r in eve] == [("erase", datetime(2026, 3, 12, tzinfo=UTC))]

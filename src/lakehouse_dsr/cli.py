@@ -893,6 +893,21 @@ def drop_import(download: Annotated[Path, typer.Argument(help="the ZIP DROP gave
                   f"{result.already_filed} already filed, {result.withdrawn} withdrawn; due {result.due_date}")
 
 
+@drop_app.command("match")
+def drop_match() -> None:
+    """Match the work items waiting for it against the lake, in Spark (the identifiers the data map's
+    `drop:` section places, standardized and hashed as DROP does): one person -> an erase request (the
+    next `dsr run` erases them), several -> each opted out of sale/sharing, nobody -> status 5."""
+    from .drop.matching import match_items
+    from .lake.lakehouse import Lake
+
+    settings = _settings()
+    result = match_items(Lake.of(_spark(), settings), Ledger(settings), settings)
+    console.print(f"{result.items} work item(s) matched: {result.one_person} to one person, {result.several_people} "
+                  f"to several, {result.not_found} to nobody (status 5); requests: {result.erase_requests} erase, "
+                  f"{result.opt_out_requests} opt-out")
+
+
 @drop_app.command("status")
 def drop_status_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
     """The last download, work items per state, the days left before DROP must be accessed again and the

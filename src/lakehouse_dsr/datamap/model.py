@@ -252,6 +252,51 @@ class LinkedIdentifier(BaseModel):
         return self
 
 
+# California DROP's lists (drop/), by the names the `drop:` section uses, with the fields each list's
+# hash is made of, in order.
+DROP_LISTS: dict[str, tuple[str, ...]] = {
+    "email": ("email",), "phone": ("phone",), "maid": ("maid",), "ctvid": ("ctvid",),
+    "ndz": ("first_name", "last_name", "dob", "zip"), "namevin": ("first_name", "last_name", "vin"),
+}
+
+
+class DropList(BaseModel):
+    """Where the identifiers of one DROP list are in the lake (`drop:`): a single-identifier list by
+    `identifier` (a linked identifier, or the subject itself); a composite list (ndz, namevin) by
+    `table`, its `subject_column`, and a column per field of the list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    identifier: str | None = None
+    table: str | None = None
+    subject_column: str | None = None
+    first_name: str | None = None
+    last_name: str | None = None
+    dob: str | None = None
+    zip: str | None = None
+    vin: str | None = None
+
+    def columns(self, list_name: str) -> dict[str, str]:
+        """{field: column} of a composite list."""
+        return {f: getattr(self, f) for f in DROP_LISTS[list_name]}
+
+    def checked(self, list_name: str) -> DropList:
+        fields = DROP_LISTS[list_name]
+        named = {f for f in ("first_name", "last_name", "dob", "zip", "vin") if getattr(self, f) is not None}
+        if len(fields) == 1:
+            if self.identifier is None or self.table or self.subject_column or named:
+                raise ValueError(f"drop: {list_name} is found by an identifier alone: "
+                                 f"{{identifier: NAME}} (a linked identifier or the subject)")
+            return self
+        if self.identifier is not None or self.table is None or self.subject_column is None \
+                or named != set(fields):
+            raise ValueError(f"drop: {list_name} needs table, subject_column and a column for each of "
+                             f"{', '.join(fields)} (and nothing else)")
+        check_table_name(self.table)
+        for column in [self.subject_column, *self.columns(list_name).values()]:
+            _check_column(column, array_allowed=False)
+        return self
+
+
 class TableMapping(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     key: str | None = None
@@ -481,6 +526,7 @@ class DataMap(BaseModel):
     files: dict[str, FileMapping] = Field(default_factory=dict)
     derived: dict[str, DerivedMapping] = Field(default_factory=dict)
     shares: dict[str, ShareMapping] = Field(default_factory=dict)
+    drop: dict[str, DropList] = Field(default_factory=dict)  # California DROP: where each list's identifiers are
 
     @model_validator(mode="before")
     @classmethod
@@ -539,6 +585,14 @@ class DataMap(BaseModel):
                 raise ValueError(f"shares: {name} reads {share.source}, whose key holds vault pseudonyms "
                                  "(action: shred), so opted-out subjects could not be found in it")
             share._subject = self.subject
+        for list_name, where in self.drop.items():
+            if list_name not in DROP_LISTS:
+                raise ValueError(f"drop: no DROP list {list_name!r}; one of {', '.join(DROP_LISTS)}")
+            where.checked(list_name)
+            if where.identifier is not None and where.identifier != self.subject \
+                    and where.identifier not in self.identifiers:
+                raise ValueError(f"drop: {list_name}: identifier {where.identifier!r} is neither the subject "
+                                 f"({self.subject!r}) nor one of the linked identifiers {sorted(self.identifiers)}")
         for name, mapping in [*self.tables.items(), *self.files.items(), *self.keyed_derived.items()]:
             if name not in self.files:
                 check_table_name(name)

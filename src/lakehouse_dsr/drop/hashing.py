@@ -90,7 +90,7 @@ def _nonempty(value: Column) -> Column:
     return F.when(F.length(value) > 0, value)
 
 
-def standardized(field: str, value: Column, data_type: DataType = _TEXT, rules: Rules = Rules()
+def standardized(field: str, value: Column, data_type: DataType = _TEXT, rules: Rules | None = None
                  ) -> Column:
     """`value` standardized by DROP's rule for `field` (one of FIELDS); null when empty or invalid.
     `data_type` is the column's type: a date of birth held as a date or timestamp is formatted,
@@ -107,7 +107,7 @@ def standardized(field: str, value: Column, data_type: DataType = _TEXT, rules: 
         return F.when(F.length(kept).between(*lengths), kept)
     if field == "zip":  # the +4 goes before leading zeros do: 00300-9999 -> 300
         kept = F.regexp_replace(text, "[^0-9A-Za-z]", "")
-        plus4 = kept.rlike(r"^[0-9]{9}$") if rules.zip_plus4 == "nine_digits" \
+        plus4 = kept.rlike(r"^[0-9]{9}$") if (rules or Rules()).zip_plus4 == "nine_digits" \
             else text.rlike(r"^\s*[0-9]{5}-[0-9]{4}\s*$")
         base = F.when(plus4, F.substring(kept, 1, 5)).otherwise(kept)
         return _nonempty(F.substring(F.regexp_replace(F.lower(base), "^0+", ""), 1, 5))
@@ -129,13 +129,13 @@ def digest(text: Column) -> Column:
     return F.base64(F.unhex(F.sha2(text, 256)))
 
 
-def hashed(field: str, value: Column, data_type: DataType = _TEXT, rules: Rules = Rules()) -> Column:
+def hashed(field: str, value: Column, data_type: DataType = _TEXT, rules: Rules | None = None) -> Column:
     """The DROP hash of one field's value (`standardized`, then `digest`); null when invalid."""
     return digest(standardized(field, value, data_type, rules))
 
 
 def list_hash(list_name: str, values: Mapping[str, Column], types: Mapping[str, DataType] | None = None,
-              rules: Rules = Rules()) -> Column:
+              rules: Rules | None = None) -> Column:
     """The hash DROP sends for a list (a key of LISTS) from the record's field values (`values`, one
     Column per field of the list). A composite list hashes each field, joins the 44-character hashes
     in the list's order and hashes that; null when any field is invalid (a match is all or nothing)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,8 +18,9 @@ import pyarrow.compute as pc
 from pyiceberg.table import Table
 
 from ..config import DropSettings
+from ..keys import keyed_hash
 from ..ledger.ledger import TIMESTAMP, Ledger
-from ..ledger.requests import utc_now
+from ..ledger.requests import RequestInput, utc_now
 from ..ledger.store import SCHEMAS, Among, EqualTo
 from .download import Download, read_download
 
@@ -151,3 +152,86 @@ def _ids(items: pa.Table) -> list[str]:
 
 def _count(mask: pa.ChunkedArray | pa.Array) -> int:
     return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+
+# -- matching's outcomes ----------------------------------------------------------------------------
+def unmatched_items(ledger: Ledger) -> pa.Table:
+    """The work items a match has to look for (work_item_id, list_type, hash, download, download_day):
+    those no request was filed for, not withdrawn, never matched or found nobody before (status 5: a
+    person the lake gained since must be acted on). Cost: one read of the items table."""
+    items = ledger.store.arrow("drop_items", columns=("work_item_id", "list_type", "hash", "download", "download_day",
+                                                       "request_ids", "withdrawn_at"))
+    wanted = pc.and_(pc.is_null(items.column("request_ids")), pc.is_null(items.column("withdrawn_at")))
+    return items.filter(wanted).select(["work_item_id", "list_type", "hash", "download", "download_day"])
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """What one match did: work items looked for; of them, those matched to one person (an erase
+    request each person), to several (an opt-out of sale/sharing for each of them) or to nobody
+    (status 5); requests filed (a person matched by several items of a download gets one)."""
+
+    items: int
+    one_person: int
+    several_people: int
+    not_found: int
+    erase_requests: int
+    opt_out_requests: int
+
+
+def file_matches(ledger: Ledger, looked_for: pa.Table, matches: pa.Table, now: datetime | None = None) -> MatchResult:
+    """File what the match of `looked_for` (unmatched_items) found (`matches`: work_item_id, subject_id):
+    a work item matched to exactly one person asks for that person's erasure (CCPA, received on the
+    download's day, so due with the download); one matched to several people opts each of them out of
+    sale and sharing, and deletes nothing; one matched to nobody is settled as status 5, its hash kept
+    for the next match. Requests get ids derived from the download, the person and the type under the
+    ledger's key: filing the same match again files nothing twice. Then one commit of the items."""
+    now = now or utc_now()
+    subjects: dict[str, set[str]] = {}
+    for item, subject in zip(matches.column("work_item_id").to_pylist(), matches.column("subject_id").to_pylist(),
+                             strict=True):
+        subjects.setdefault(str(item), set()).add(str(subject))
+    where = {str(i): (str(d), datetime(day.year, day.month, day.day, tzinfo=UTC)) for i, d, day in zip(
+        looked_for.column("work_item_id").to_pylist(), looked_for.column("download").to_pylist(),
+        looked_for.column("download_day").to_pylist(), strict=True) if day is not None}
+    key = ledger.key
+    requests: dict[str, RequestInput] = {}
+    ids_of: dict[str, str] = {}
+    for item, people in subjects.items():
+        download, received = where[item]
+        kind = "erase" if len(people) == 1 else "opt_out"
+        ids: list[str] = []
+        for person in sorted(people):
+            request_id = _request_id(key, download, person, kind, received)
+            requests[request_id] = RequestInput(person, kind, "ccpa", received, request_id)
+            ids.append(request_id)
+        ids_of[item] = json.dumps(ids)
+    ledger.submit(list(requests.values()), now)
+
+    def change(loaded: Table, rows: pa.Table) -> pa.Table:
+        item_ids = [str(i) for i in rows.column("work_item_id").to_pylist()]
+        found = [ids_of.get(i) for i in item_ids]
+        none = pa.array([f is None for f in found])
+        columns = {
+            "matched_at": pa.repeat(pa.scalar(now, TIMESTAMP), rows.num_rows),
+            "subjects": pa.array([len(subjects.get(i, ())) for i in item_ids], pa.int64()),
+            "request_ids": pa.array(found, pa.string()),
+            "status": pc.if_else(none, pa.scalar(5, pa.int64()), pa.scalar(None, pa.int64())),
+            "status_at": pc.if_else(none, pc.fill_null(rows.column("status_at"), pa.scalar(now, TIMESTAMP)),
+                                    pa.scalar(None, TIMESTAMP))}
+        for name, values in columns.items():
+            rows = rows.set_column(rows.schema.get_field_index(name), name, values)
+        return rows
+
+    ledger.store.replace_arrow("drop_items", "work_item_id", list(where), change)
+    kinds = [r.request_type for r in requests.values()]
+    return MatchResult(len(where), sum(len(p) == 1 for p in subjects.values()),
+                       sum(len(p) > 1 for p in subjects.values()), len(where) - len(subjects),
+                       kinds.count("erase"), kinds.count("opt_out"))
+
+
+def _request_id(key: bytes, download: str, subject: str, kind: str, received: datetime) -> str:
+    """`req-` + the download day's milliseconds (request ids sort by age) + 40 bits of a keyed hash of
+    download, person and type: the same for the same match, and telling nothing of the person."""
+    digest = keyed_hash(key, json.dumps([download, subject, kind]))
+    return f"req-{int(received.timestamp() * 1000):011x}{digest[:10]}"

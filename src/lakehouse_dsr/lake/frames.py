@@ -19,6 +19,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from .indriver import local_rows
 
+_SMALL = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
 BATCH_ROWS = 65_536  # rows per Arrow batch, each one partition of the DataFrame
 _LOCAL_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
@@ -38,6 +39,9 @@ def arrow_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
     of Arrow data does (over its authenticated socket when I/O encryption is on); never as Py4J
     command text, and no Python worker reads them. Spark keeps the batches' bytes in the driver
     and ships them with each job that reads them."""
+    # Spark's Arrow reader takes 32-bit offsets: large strings and binaries (pyiceberg reads strings as
+    # large ones) would be read as empty values
+    rows = rows.cast(pa.schema([f.with_type(_SMALL.get(f.type, f.type)) for f in rows.schema]))
     schema = from_arrow_schema(rows.schema)
     conf = spark.conf
     threshold = conf.get(_LOCAL_THRESHOLD, None)

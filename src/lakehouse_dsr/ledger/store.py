@@ -121,13 +121,14 @@ SCHEMAS: dict[str, pa.Schema] = {
                                ("received", pa.int64()), ("complied", pa.int64()), ("denied", pa.int64()),
                                ("days", pa.string()), ("completed_before", _TS), ("intake_before", _TS)]),
     # California DROP (drop/items.py): each work item of a download, as DROP sent it (an ID and the
-    # hash of an identifier, never the identifier), and what became of it; `status` is DROP's code
-    # (2 exempted, 3 deleted, 4 opted out, 5 not found), null until settled.
+    # hash of an identifier, never the identifier), and what became of it: `subjects` matched when it
+    # was matched, `request_ids` (JSON) the requests filed for them; `status` is DROP's code (2 exempted,
+    # 3 deleted, 4 opted out, 5 not found), null until settled.
     "drop_items": _schema([("work_item_id", pa.string()), ("list_type", pa.string()), ("hash", pa.string()),
                              ("download", pa.string()), ("download_day", pa.date32()), ("due_date", pa.date32()),
-                             ("filed_at", _TS), ("status", pa.int64()), ("status_at", _TS),
-                             ("request_id", pa.string()), ("withdrawn_at", _TS), ("reported_status", pa.int64()),
-                             ("reported_at", _TS)]),
+                             ("filed_at", _TS), ("matched_at", _TS), ("subjects", pa.int64()),
+                             ("request_ids", pa.string()), ("status", pa.int64()), ("status_at", _TS),
+                             ("withdrawn_at", _TS), ("reported_status", pa.int64()), ("reported_at", _TS)]),
     # Each DROP download imported: an access of DROP, which the law requires every `drop.interval_days`.
     "drop_downloads": _schema([("download", pa.string()), ("sha256", pa.string()), ("broker_id", pa.string()),
                                  ("download_day", pa.date32()), ("imported_at", _TS), ("lists", pa.string()),

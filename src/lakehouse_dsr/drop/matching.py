@@ -1,0 +1,91 @@
+"""Matching DROP work items to the people of the lake, in Spark.
+
+Each list the data map's `drop:` section places is hashed where its identifiers are (drop/hashing.py)
+and joined with the work items' hashes: a shuffle join, at any size (a million hashes against ten
+million identity rows). The identifiers are standardized and hashed inside Spark's jobs; what comes
+back to the driver is the matches alone: work-item ID and subject id, which the ledger's requests hold
+anyway.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..config import Settings
+from ..datamap import DataMap
+from ..datamap.model import column_path
+from ..lake.frames import arrow_frame, to_arrow
+from ..lake.lakehouse import Lake
+from ..ledger.ledger import Ledger
+from .hashing import Rules, hashed, list_hash
+from .items import MatchResult, file_matches, unmatched_items
+from .lists import LISTS
+
+MATCHES = pa.schema([("work_item_id", pa.string()), ("subject_id", pa.string())])
+
+
+def lake_hashes(lake: Lake, datamap: DataMap, lists: set[str] | None = None, rules: Rules | None = None) -> DataFrame:
+    """(list_type, hash, subject_id) for every value of the lake a mapped DROP list can match (of
+    `lists`, default all mapped). A single-identifier list reads the two columns of its identifier's
+    table (the subject itself: the key column of every table mapped by the subject); a composite list
+    reads its table's subject column and field columns. Values that standardize to nothing give no row.
+    Cost: a scan of those columns when the frame is read; nothing here runs a job."""
+    spark, parts = lake.spark, []
+    for list_name, where in datamap.drop.items():
+        if lists is not None and list_name not in lists:
+            continue
+        if where.identifier is None:  # composite: one row of one table holds every field
+            assert where.table is not None and where.subject_column is not None  # DropList.checked
+            source = spark.table(lake.quoted(where.table))
+            columns = where.columns(list_name)
+            types = {f: source.schema[c].dataType for f, c in columns.items()}
+            digest = list_hash(list_name, {f: F.col(c) for f, c in columns.items()}, types, rules)
+            parts.append(source.select(F.lit(list_name).alias("list_type"), digest.alias("hash"),
+                                       F.col(where.subject_column).cast("string").alias("subject_id")))
+            continue
+        (field,) = LISTS[list_name]
+        for table, subject_column, column in _holders(datamap, where.identifier):
+            source = spark.table(lake.quoted(table))
+            digest = hashed(field, F.col(column), source.schema[column].dataType, rules)
+            parts.append(source.select(F.lit(list_name).alias("list_type"), digest.alias("hash"),
+                                       F.col(subject_column).cast("string").alias("subject_id")))
+    if not parts:
+        return spark.createDataFrame([], "list_type string, hash string, subject_id string")
+    found = parts[0]
+    for part in parts[1:]:
+        found = found.unionByName(part)
+    return found.where(F.col("hash").isNotNull() & F.col("subject_id").isNotNull())
+
+
+def _holders(datamap: DataMap, identifier: str) -> list[tuple[str, str, str]]:
+    """(table, subject column, value column) where `identifier`'s values are: a linked identifier's
+    table, or for the subject itself every mapped table whose key column (a plain column) holds it."""
+    if identifier != datamap.subject:
+        link = datamap.identifiers[identifier]
+        return [(link.table, link.subject_column, link.column)]
+    return [(name, g.column, g.column) for name, mapping in datamap.tables.items() for g in mapping.groups
+            if g.identifier == identifier and "." not in g.column and g.column == column_path(g.column)]
+
+
+def match(lake: Lake, datamap: DataMap, items: pa.Table, rules: Rules | None = None) -> pa.Table:
+    """The people each work item (`items`: work_item_id, list_type, hash) matches, as (work_item_id,
+    subject_id) pairs, each pair once. One Spark job: the items shipped as Arrow batches, joined with
+    `lake_hashes` of the lists they come from."""
+    if not items.num_rows:
+        return MATCHES.empty_table()
+    wanted = {str(v) for v in items.column("list_type").unique().to_pylist()}
+    found = lake_hashes(lake, datamap, wanted & set(datamap.drop), rules)
+    frame = arrow_frame(lake.spark, items.select(["work_item_id", "list_type", "hash"]))
+    pairs = frame.join(found, ["list_type", "hash"]).select("work_item_id", "subject_id").distinct()
+    return to_arrow(pairs).select(MATCHES.names).cast(MATCHES)
+
+
+def match_items(lake: Lake, ledger: Ledger, settings: Settings) -> MatchResult:
+    """Match every work item waiting for it (drop/items.py's `unmatched_items`) against the lake and
+    file the outcomes (`file_matches`): erase requests for the next `dsr run`, opt-outs, status 5.
+    Cost: one Spark job (`match`), then the ledger's commits."""
+    looked_for = unmatched_items(ledger)
+    found = match(lake, settings.datamap, looked_for, Rules(zip_plus4=settings.drop.zip_plus4))
+    return file_matches(ledger, looked_for, found)
