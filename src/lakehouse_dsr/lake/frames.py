@@ -19,7 +19,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from .indriver import local_rows
 
-_SMALL = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+_SMALL: dict[pa.DataType, pa.DataType] = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
 BATCH_ROWS = 65_536  # rows per Arrow batch, each one partition of the DataFrame
 _LOCAL_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
