@@ -365,3 +365,63 @@ def test_work_items_are_matched_in_spark_to_one_person_several_or_nobody_and_fil
     assert items["EMAILnone001"]["status"] is None and items["EMAILnone001"]["subjects"] == 1
     eve = [r for r in ledger.requests() if r["subject_id"] == "eve"]
     assert [(r["request_type"], r["received_at"]) for r in eve] == [("erase", datetime(2026, 3, 12, tzinfo=UTC))]
+
+
+def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_what_changed(
+        spark, new_lakehouse, tmp_path):
+    """Import, match, export (the unknown email: 5), then the lake gains that email's owner, a hold
+    keeps one person, `run` erases and opts out; the next export sends first statuses under new file
+    names and amends the 5 that became a 3. Files as DROP wants them: `Id,Status`, owner-only."""
+    import os
+    import stat
+
+    from helpers import add_subjects, datamap_dict
+    from lakehouse_dsr.datamap import DataMap
+    from lakehouse_dsr.drop.items import drop_status, export_answers, import_download
+    from lakehouse_dsr.drop.matching import match_items
+    from lakehouse_dsr.lake.lakehouse import Lake
+    from lakehouse_dsr.ledger.holds import add_hold, list_holds, release_hold
+    from lakehouse_dsr.ledger.ledger import Ledger
+    from lakehouse_dsr.runner import run
+
+    settings = new_lakehouse(users=5, events=20)
+    add_subjects(spark, settings, ["ann", "bob", "cat"], "q")  # emails q0@, q1@, q2@example.net
+    spark.sql(f"UPDATE {settings.table('demo.users')} SET email = 'shared@example.net' WHERE user_id IN ('bob', 'cat')")
+    raw = datamap_dict(settings.datamap)
+    raw["drop"] = {"email": {"identifier": "email"}}
+    settings = settings.replace(datamap=DataMap.model_validate(raw))
+    ledger, out = Ledger(settings), tmp_path / "answers"
+    import_download(ledger, _download(tmp_path, "20260312", {
+        "Email": [("EMAILann0001", _b64("q0@example.net")), ("EMAILshared1", _b64("shared@example.net")),
+                  ("EMAILlater01", _b64("later@example.net"))],
+        "Phone": []}))
+    lake = Lake.of(spark, settings)
+    match_items(lake, ledger, settings)
+    first = export_answers(ledger, out)
+    assert (first.uploads, first.amendments, first.pending) == ({"20260312_4821_Email.csv": 1}, {}, 2)
+    assert (out / "20260312_4821_Email.csv").read_text() == "Id,Status\nEMAILlater01,5\n"
+    assert stat.S_IMODE(os.stat(out / "20260312_4821_Email.csv").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
+
+    add_subjects(spark, settings, ["dan"], "later")  # later0@example.net: not yet the listed one
+    spark.sql(f"UPDATE {settings.table('demo.users')} SET email = 'later@example.net' WHERE user_id = 'dan'")
+    match_items(lake, ledger, settings)
+    add_hold(ledger, "litigation", "test", subject="ann")
+    report = run(spark, settings)
+    assert len(report.completed) == 3 and len(report.legally_held) == 1  # dan erased, bob and cat opted out; ann held
+    second = export_answers(ledger, out)
+    assert second.uploads == {"20260312_4821_Email_part01.csv": 2} and second.pending == 0
+    assert second.amendments == {"20260312_4821_Email_amend01.csv": 1}
+    assert (out / "20260312_4821_Email_part01.csv").read_text() == "Id,Status\nEMAILann0001,2\nEMAILshared1,4\n"
+    assert (out / "20260312_4821_Email_amend01.csv").read_text() == "Id,Status\nEMAILlater01,3\n"
+    assert drop_status(ledger).unreported == 0
+    third = export_answers(ledger, out)
+    assert (third.uploads, third.amendments) == ({}, {})
+    (hold,) = list_holds(ledger)
+    release_hold(ledger, hold.hold_id, "test")  # the hold ends: ann is erased, her 2 becomes a 3
+    run(spark, settings)
+    fourth = export_answers(ledger, out)
+    assert (fourth.uploads, fourth.amendments) == ({}, {"20260312_4821_Email_amend02.csv": 1})
+    assert (out / "20260312_4821_Email_amend02.csv").read_text() == "Id,Status\nEMAILann0001,3\n"
+    for path in out.iterdir():  # no identifier of the lake in what goes to DROP
+        assert "@" not in path.read_text()

@@ -908,6 +908,22 @@ def drop_match() -> None:
                   f"{result.opt_out_requests} opt-out")
 
 
+@drop_app.command("export")
+def drop_export(out: Annotated[Path, typer.Option(help="folder for the files to upload (owner-only)")]) -> None:
+    """Write the files to upload to DROP: first statuses per download and list (`POST /data/upload`) and
+    statuses changed since they were written (`POST /data/amend`); work items are settled from their
+    requests first (erased 3, held 2, opted out 4; nobody found: 5)."""
+    from .drop.items import export_answers
+
+    result = export_answers(_ledger(), out)
+    for kind, files in (("upload", result.uploads), ("amend", result.amendments)):
+        for name, count in files.items():
+            console.print(f"{kind}: {out / name} ({count} work item(s))")
+    if not result.uploads and not result.amendments:
+        console.print("nothing new to send")
+    console.print(f"{result.pending} work item(s) still pending")
+
+
 @drop_app.command("status")
 def drop_status_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
     """The last download, work items per state, the days left before DROP must be accessed again and the

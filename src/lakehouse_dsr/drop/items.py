@@ -18,11 +18,12 @@ import pyarrow.compute as pc
 from pyiceberg.table import Table
 
 from ..config import DropSettings
-from ..keys import keyed_hash
+from ..keys import keyed_hash, private_dir, write_private
 from ..ledger.ledger import TIMESTAMP, Ledger
 from ..ledger.requests import RequestInput, utc_now
 from ..ledger.store import SCHEMAS, Among, EqualTo
 from .download import Download, read_download
+from .lists import DROP_NAMES
 
 # DROP's status codes for a work item (0 and 1 are unused).
 STATUS_NAMES = {2: "exempted", 3: "deleted", 4: "opted_out", 5: "not_found"}
@@ -235,3 +236,132 @@ def _request_id(key: bytes, download: str, subject: str, kind: str, received: da
     download, person and type: the same for the same match, and telling nothing of the person."""
     digest = keyed_hash(key, json.dumps([download, subject, kind]))
     return f"req-{int(received.timestamp() * 1000):011x}{digest[:10]}"
+
+
+# -- settling and answering ---------------------------------------------------------------------------
+def settle(ledger: Ledger, now: datetime | None = None) -> int:
+    """Give each matched work item the status its requests have earned: an erase request completed ->
+    3 (deleted; also when exempt data was kept), held by a legal hold -> 2 (exempted, until the hold
+    ends and the erasure completes: then 3); every opt-out of an item matched to several people
+    completed -> 4. Items whose requests are still open stay pending.
+    Returns how many items changed status. Cost: reads the items waiting and their requests (status
+    column), then one commit when something changed."""
+    now = now or utc_now()
+    items = ledger.store.arrow("drop_items", columns=("work_item_id", "request_ids", "status", "withdrawn_at"))
+    # pending, or exempted by a hold that may since have been released
+    status = items.column("status")
+    unsettled = pc.or_kleene(pc.is_null(status), pc.equal(status, pa.scalar(2, pa.int64())))
+    waiting = items.filter(pc.and_(pc.and_(pc.is_valid(items.column("request_ids")), unsettled),
+                                   pc.is_null(items.column("withdrawn_at"))))
+    if not waiting.num_rows:
+        return 0
+    linked = {str(i): json.loads(str(r)) for i, r in zip(waiting.column("work_item_id").to_pylist(),
+                                                       waiting.column("request_ids").to_pylist(), strict=True)}
+    before = dict(zip(linked, waiting.column("status").to_pylist(), strict=True))
+    wanted = sorted({r for ids in linked.values() for r in ids})
+    rows = ledger.store.arrow("requests", Among("request_id", wanted), ("request_id", "request_type", "status"))
+    state = {str(i): (str(t), str(s)) for i, t, s in zip(*(rows.column(c).to_pylist() for c in rows.column_names),
+                                                          strict=True)}
+    earned: dict[str, int] = {}
+    for item, ids in linked.items():
+        if any(r not in state for r in ids):
+            continue  # a request not in the ledger (yet): wait
+        kinds = {state[r][0] for r in ids}
+        statuses = {state[r][1] for r in ids}
+        if kinds == {"erase"}:  # one person
+            code = {"completed": 3, "held": 2}.get(statuses.pop())
+        else:
+            code = 4 if statuses == {"completed"} else None
+        if code is not None and code != before[item]:
+            earned[item] = code
+    if not earned:
+        return 0
+
+    def change(loaded: Table, rows: pa.Table) -> pa.Table:
+        codes = [earned.get(str(i)) for i in rows.column("work_item_id").to_pylist()]
+        status = pa.array(codes, pa.int64())
+        rows = rows.set_column(rows.schema.get_field_index("status"), "status", status)
+        stamp = pc.if_else(pc.is_valid(status), pa.scalar(now, TIMESTAMP), rows.column("status_at"))
+        return rows.set_column(rows.schema.get_field_index("status_at"), "status_at", stamp)
+
+    ledger.store.replace_arrow("drop_items", "work_item_id", list(earned), change)
+    return len(earned)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export_answers` wrote: {file name: work items} of first statuses and of amendments, and the
+    work items still pending (no status to send yet)."""
+
+    uploads: dict[str, int]
+    amendments: dict[str, int]
+    pending: int
+
+
+def export_answers(ledger: Ledger, out: Path, now: datetime | None = None) -> ExportResult:
+    """Settle what can be settled (`settle`), then write DROP's upload files into `out` (owner-only):
+    per download and list, the work items with a first status in `YYYYMMDD_BROKER_Type.csv` (header
+    `Id,Status`; a later file of the same list gets a suffix `_partNN`, since DROP accepts a name once
+    per download), and statuses changed since they were sent in `..._amendNN.csv`, for `POST
+    /data/amend`. Withdrawn items need no status. The items are then marked sent with that status.
+    Cost: reads the items and the record of files written; one commit each for items and record."""
+    now = now or utc_now()
+    settle(ledger, now)
+    items = ledger.store.arrow("drop_items", columns=("work_item_id", "list_type", "download", "status",
+                                                       "reported_status", "withdrawn_at"))
+    live = items.filter(pc.is_null(items.column("withdrawn_at")))
+    pending = _count(pc.is_null(live.column("status")))
+    settled = live.filter(pc.is_valid(live.column("status")))
+    first = settled.filter(pc.is_null(settled.column("reported_status")))
+    # sent before with another status (not_equal is null where nothing was sent: not selected)
+    changed = settled.filter(pc.not_equal(settled.column("status"), settled.column("reported_status")))
+    written = ledger.store.rows("drop_uploads", columns=("download", "file_name"))
+    taken = {(str(w["download"]), str(w["file_name"])) for w in written}
+    downloads = {str(d["download"]): d for d in ledger.store.rows("drop_downloads",
+                                                                   columns=("download", "download_day", "broker_id"))}
+    private_dir(out)
+    uploads: dict[str, int] = {}
+    amendments: dict[str, int] = {}
+    record: list[dict] = []
+    for kind, chosen, into in (("upload", first, uploads), ("amend", changed, amendments)):
+        groups: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        for i, lst, d, s in zip(*(chosen.column(c).to_pylist() for c in ("work_item_id", "list_type", "download",
+                                                                         "status")), strict=True):
+            groups.setdefault((str(d), str(lst)), []).append((str(i), int(s)))
+        for (download, list_type), rows in sorted(groups.items()):
+            day, broker = downloads[download]["download_day"], downloads[download]["broker_id"]
+            name = _file_name(f"{day:%Y%m%d}_{broker}_{DROP_NAMES[list_type]}", kind, download, taken)
+            write_private(out / name, "Id,Status\n" + "".join(f"{i},{s}\n" for i, s in sorted(rows)))
+            taken.add((download, name))
+            into[name] = len(rows)
+            record.append({"download": download, "file_name": name, "kind": kind, "items": len(rows),
+                           "written_at": now})
+    sent = {**_statuses(first), **_statuses(changed)}
+    if sent:
+        def change(loaded: Table, rows: pa.Table) -> pa.Table:
+            codes = pa.array([sent[str(i)] for i in rows.column("work_item_id").to_pylist()], pa.int64())
+            rows = rows.set_column(rows.schema.get_field_index("reported_status"), "reported_status", codes)
+            return rows.set_column(rows.schema.get_field_index("reported_at"), "reported_at",
+                                   pa.repeat(pa.scalar(now, TIMESTAMP), rows.num_rows))
+
+        ledger.store.replace_arrow("drop_items", "work_item_id", list(sent), change)
+        ledger.store.append("drop_uploads", record)
+    return ExportResult(uploads, amendments, pending)
+
+
+def _statuses(items: pa.Table) -> dict[str, int]:
+    """{work item: status} of settled items."""
+    return {str(i): int(s or 0) for i, s in zip(items.column("work_item_id").to_pylist(),
+                                                items.column("status").to_pylist(), strict=True)}
+
+
+def _file_name(stem: str, kind: str, download: str, taken: set[tuple[str, str]]) -> str:
+    """The downloaded file's name for a list's first upload; then `_partNN` (more first statuses) or
+    `_amendNN` (amendments), the first number not used for this download."""
+    if kind == "upload" and (download, f"{stem}.csv") not in taken:
+        return f"{stem}.csv"
+    suffix = "part" if kind == "upload" else "amend"
+    n = 1
+    while (download, f"{stem}_{suffix}{n:02d}.csv") in taken:
+        n += 1
+    return f"{stem}_{suffix}{n:02d}.csv"

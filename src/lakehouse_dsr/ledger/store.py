@@ -129,6 +129,9 @@ SCHEMAS: dict[str, pa.Schema] = {
                              ("filed_at", _TS), ("matched_at", _TS), ("subjects", pa.int64()),
                              ("request_ids", pa.string()), ("status", pa.int64()), ("status_at", _TS),
                              ("withdrawn_at", _TS), ("reported_status", pa.int64()), ("reported_at", _TS)]),
+    # Each file `dsr drop export` wrote (drop/items.py): DROP accepts a file name once per download.
+    "drop_uploads": _schema([("download", pa.string()), ("file_name", pa.string()), ("kind", pa.string()),
+                               ("items", pa.int64()), ("written_at", _TS)]),
     # Each DROP download imported: an access of DROP, which the law requires every `drop.interval_days`.
     "drop_downloads": _schema([("download", pa.string()), ("sha256", pa.string()), ("broker_id", pa.string()),
                                  ("download_day", pa.date32()), ("imported_at", _TS), ("lists", pa.string()),
