@@ -3,6 +3,7 @@
 import base64
 import hashlib
 import json
+import re
 import unicodedata
 
 import pytest
@@ -369,59 +370,94 @@ def test_work_items_are_matched_in_spark_to_one_person_several_or_nobody_and_fil
 
 def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_what_changed(
         spark, new_lakehouse, tmp_path):
-    """Import, match, export (the unknown email: 5), then the lake gains that email's owner, a hold
-    keeps one person, `run` erases and opts out; the next export sends first statuses under new file
-    names and amends the 5 that became a 3. Files as DROP wants them: `Id,Status`, owner-only."""
+    """A download built from the lake's own identifiers: an email of one person, one two people share,
+    one of a held person, one withdrawn by the next download's Removed file before any run, one nobody
+    has; NDZ and NameVIN from a profiles table. `run` matches and acts; the export answers every item
+    (withdrawn ones need none) in DROP's Id,Status files, owner-only. Then the unknown email's owner
+    arrives through `ingest`: the next run erases them and the next export amends 5 to 3; a hold's end
+    amends 2 to 3. People are checked gone, or kept, with pyiceberg."""
     import os
     import stat
+    from datetime import date
 
-    from helpers import add_subjects, datamap_dict
+    from helpers import add_subjects, datamap_dict, live_rows
     from lakehouse_dsr.datamap import DataMap
     from lakehouse_dsr.drop.items import drop_status, export_answers, import_download
     from lakehouse_dsr.drop.matching import match_items
+    from lakehouse_dsr.ingest.stream import ingest
     from lakehouse_dsr.lake.lakehouse import Lake
     from lakehouse_dsr.ledger.holds import add_hold, list_holds, release_hold
     from lakehouse_dsr.ledger.ledger import Ledger
     from lakehouse_dsr.runner import run
 
     settings = new_lakehouse(users=5, events=20)
-    add_subjects(spark, settings, ["ann", "bob", "cat"], "q")  # emails q0@, q1@, q2@example.net
+    people = ["ann", "bob", "cat", "dan", "hal", "eve", "fay"]
+    add_subjects(spark, settings, people, "q")  # q0@example.net ... q6@example.net
     spark.sql(f"UPDATE {settings.table('demo.users')} SET email = 'shared@example.net' WHERE user_id IN ('bob', 'cat')")
+    spark.createDataFrame(
+        [("eve", "Eve", "O'Neil", date(1985, 7, 4), "00300-9999", None),
+         ("fay", "Fay", "Genesis", date(1990, 1, 1), "10001", "1HGCM82633A004352")],
+        "user_id string, first_name string, last_name string, birth_date date, zip string, vin string",
+    ).writeTo(settings.table("demo.profiles")).create()
     raw = datamap_dict(settings.datamap)
-    raw["drop"] = {"email": {"identifier": "email"}}
+    raw["tables"]["demo.profiles"] = {"key": "user_id"}
+    profile = {"table": "demo.profiles", "subject_column": "user_id", "first_name": "first_name",
+               "last_name": "last_name"}
+    raw["drop"] = {"email": {"identifier": "email"}, "ndz": {**profile, "dob": "birth_date", "zip": "zip"},
+                   "namevin": {**profile, "vin": "vin"}}
     settings = settings.replace(datamap=DataMap.model_validate(raw))
     ledger, out = Ledger(settings), tmp_path / "answers"
+    composite = lambda *fields: _b64("".join(_b64(f) for f in fields))  # noqa: E731
     import_download(ledger, _download(tmp_path, "20260312", {
         "Email": [("EMAILann0001", _b64("q0@example.net")), ("EMAILshared1", _b64("shared@example.net")),
+                  ("EMAILdan0001", _b64("q3@example.net")), ("EMAILhal0001", _b64("q4@example.net")),
                   ("EMAILlater01", _b64("later@example.net"))],
+        "NDZ": [("NDZeve000001", composite("eve", "oneil", "19850704", "300"))],
+        "NameVIN": [("NVINfay00001", composite("fay", "genesis", "1hgcm82633a004352"))],
         "Phone": []}))
-    lake = Lake.of(spark, settings)
-    match_items(lake, ledger, settings)
-    first = export_answers(ledger, out)
-    assert (first.uploads, first.amendments, first.pending) == ({"20260312_4821_Email.csv": 1}, {}, 2)
-    assert (out / "20260312_4821_Email.csv").read_text() == "Id,Status\nEMAILlater01,5\n"
-    assert stat.S_IMODE(os.stat(out / "20260312_4821_Email.csv").st_mode) == 0o600
-    assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
+    match_items(Lake.of(spark, settings), ledger, settings)  # `dsr drop match`: hal's request is filed ...
+    assert len(ledger.requests()) == 7
+    withdrawal = f"ID,Hash,ListType\nEMAILhal0001,{_b64('q4@example.net')},Email\n"
+    removed = _zip(tmp_path, {"20260313_4821_Email.csv": "ID,Hash\n", "20260313_4821_Removed.csv": withdrawal},
+                   name="20260313_4821_DROP.zip")
+    assert import_download(ledger, removed).withdrawn == 1  # ... and withdrawn before any run acted on it
+    assert "hal" not in {r["subject_id"] for r in ledger.requests()}
+    add_hold(ledger, "litigation", "test", subject="dan")
 
-    add_subjects(spark, settings, ["dan"], "later")  # later0@example.net: not yet the listed one
-    spark.sql(f"UPDATE {settings.table('demo.users')} SET email = 'later@example.net' WHERE user_id = 'dan'")
-    match_items(lake, ledger, settings)
-    add_hold(ledger, "litigation", "test", subject="ann")
     report = run(spark, settings)
-    assert len(report.completed) == 3 and len(report.legally_held) == 1  # dan erased, bob and cat opted out; ann held
+    assert len(report.completed) == 5 and len(report.legally_held) == 1  # ann eve fay erased, bob cat opted out
+    users = {str(u) for u in live_rows(settings, "demo.users").column("user_id").to_pylist()}
+    assert users.isdisjoint({"ann", "eve", "fay"}) and {"bob", "cat", "dan", "hal"} <= users
+    assert not {str(u) for u in live_rows(settings, "demo.profiles").column("user_id").to_pylist()}
+    first = export_answers(ledger, out)
+    assert first.pending == 0 and first.amendments == {}
+    assert first.uploads == {"20260312_4821_Email.csv": 4, "20260312_4821_NDZ.csv": 1,
+                             "20260312_4821_NameVIN.csv": 1}
+    assert (out / "20260312_4821_Email.csv").read_text() == \
+        "Id,Status\nEMAILann0001,3\nEMAILdan0001,2\nEMAILlater01,5\nEMAILshared1,4\n"
+    assert (out / "20260312_4821_NDZ.csv").read_text() == "Id,Status\nNDZeve000001,3\n"
+    assert (out / "20260312_4821_NameVIN.csv").read_text() == "Id,Status\nNVINfay00001,3\n"
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
+    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in out.iterdir())
+
+    landing = tmp_path / "landing"  # the unknown email's owner arrives through an ingest
+    landing.mkdir()
+    (landing / "a.json").write_text('{"user_id": "gus", "created_at": "2026-04-01T00:00:00", "name": "G", '
+                                    '"email": " Later@Example.net"}\n')
+    ingest(spark, settings, str(landing), "json", "demo.users", str(tmp_path / "ckpt"), once=True)
+    report = run(spark, settings)
+    assert report.drop["one_person"] == 1 and len(report.completed) == 1
+    assert "gus" not in {str(u) for u in live_rows(settings, "demo.users").column("user_id").to_pylist()}
     second = export_answers(ledger, out)
-    assert second.uploads == {"20260312_4821_Email_part01.csv": 2} and second.pending == 0
-    assert second.amendments == {"20260312_4821_Email_amend01.csv": 1}
-    assert (out / "20260312_4821_Email_part01.csv").read_text() == "Id,Status\nEMAILann0001,2\nEMAILshared1,4\n"
+    assert (second.uploads, second.amendments) == ({}, {"20260312_4821_Email_amend01.csv": 1})
     assert (out / "20260312_4821_Email_amend01.csv").read_text() == "Id,Status\nEMAILlater01,3\n"
     assert drop_status(ledger).unreported == 0
-    third = export_answers(ledger, out)
-    assert (third.uploads, third.amendments) == ({}, {})
+
     (hold,) = list_holds(ledger)
-    release_hold(ledger, hold.hold_id, "test")  # the hold ends: ann is erased, her 2 becomes a 3
+    release_hold(ledger, hold.hold_id, "test")  # the hold ends: dan is erased, his 2 becomes a 3
     run(spark, settings)
-    fourth = export_answers(ledger, out)
-    assert (fourth.uploads, fourth.amendments) == ({}, {"20260312_4821_Email_amend02.csv": 1})
-    assert (out / "20260312_4821_Email_amend02.csv").read_text() == "Id,Status\nEMAILann0001,3\n"
-    for path in out.iterdir():  # no identifier of the lake in what goes to DROP
-        assert "@" not in path.read_text()
+    third = export_answers(ledger, out)
+    assert (third.uploads, third.amendments) == ({}, {"20260312_4821_Email_amend02.csv": 1})
+    assert (out / "20260312_4821_Email_amend02.csv").read_text() == "Id,Status\nEMAILdan0001,3\n"
+    for path in out.iterdir():  # only work-item IDs and codes go to DROP
+        assert all(re.fullmatch(r"[A-Za-z0-9]{12},[2-5]", line) for line in path.read_text().splitlines()[1:])

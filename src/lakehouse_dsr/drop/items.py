@@ -94,20 +94,30 @@ def _new_items(items: pa.Table, download: Download, due: date, now: datetime) ->
 
 def _withdraw(ledger: Ledger, download: Download, now: datetime) -> int:
     """Mark the work items of the download's `Removed` file withdrawn, unless settled or withdrawn
-    already. One commit (none when nothing changes)."""
+    already, in one commit (none when nothing changes); the requests filed for them and not carried
+    out yet are withdrawn from the ledger (`Ledger.withdraw`), unless another work item still needs
+    them (a person matched by two items, one of them withdrawn)."""
     if not download.removed.num_rows:
         return 0
-    changed = 0
+    changed: list[str] = []
+    freed: set[str] = set()
 
     def change(loaded: Table, rows: pa.Table) -> pa.Table:
-        nonlocal changed
         open_ = pc.and_(pc.is_null(rows.column("withdrawn_at")), pc.is_null(rows.column("status")))
-        changed = pc.sum(pc.cast(open_, pa.int64())).as_py() or 0
+        chosen = rows.filter(open_)
+        changed[:] = [str(i) for i in chosen.column("work_item_id").to_pylist()]
+        freed.clear()
+        freed.update(r for ids in chosen.column("request_ids").to_pylist() if ids for r in json.loads(str(ids)))
         stamp = pc.if_else(open_, pa.scalar(now, TIMESTAMP), rows.column("withdrawn_at"))
         return rows.set_column(rows.schema.get_field_index("withdrawn_at"), "withdrawn_at", stamp)
 
     ledger.store.replace_arrow("drop_items", "work_item_id", _ids(download.removed), change)
-    return changed
+    if freed:
+        items = ledger.store.arrow("drop_items", columns=("request_ids", "withdrawn_at"))
+        live = items.filter(pc.and_(pc.is_null(items.column("withdrawn_at")), pc.is_valid(items.column("request_ids"))))
+        needed = {r for ids in live.column("request_ids").to_pylist() for r in json.loads(str(ids))}
+        ledger.withdraw(sorted(freed - needed), "withdrawn by DROP (a Removed entry of the download)", now)
+    return len(changed)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,11 @@ anyway.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import asdict
+
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
@@ -89,3 +92,14 @@ def match_items(lake: Lake, ledger: Ledger, settings: Settings) -> MatchResult:
     looked_for = unmatched_items(ledger)
     found = match(lake, settings.datamap, looked_for, Rules(zip_plus4=settings.drop.zip_plus4))
     return file_matches(ledger, looked_for, found)
+
+
+def match_waiting(spark: SparkSession | Callable[[], SparkSession], settings: Settings, ledger: Ledger) -> dict:
+    """What every run of a data map with a `drop:` section does first: `match_items`, when work items
+    wait (never matched, or found nobody before: the lake may have gained them), so the requests it
+    files are carried out by the same run. `spark`: a session, or a function making one, called only
+    when items wait. The counts of `MatchResult`, or {} when nothing waited (no Spark then)."""
+    if not unmatched_items(ledger).num_rows:
+        return {}
+    session = spark() if callable(spark) else spark
+    return asdict(match_items(Lake.of(session, settings), ledger, settings))

@@ -260,6 +260,17 @@ class ResurrectionRecord(_Document):
                                           "rollback, a replaced table, format v1)")
 
 
+class DropMatch(_Document):
+    """California DROP work items matched against the lake (drop/matching.py): counts only."""
+
+    items: int = Field(description="work items looked for: never matched, or found nobody before")
+    one_person: int = Field(description="matched to one person: an erase request each")
+    several_people: int = Field(description="matched to several people: each opted out of sale/sharing")
+    not_found: int = Field(description="matched to nobody: DROP status 5, looked for again by the next run")
+    erase_requests: int = Field(description="erase requests filed (a person matched twice gets one)")
+    opt_out_requests: int = Field(description="opt-out requests filed")
+
+
 class RunReportDocument(_Document):
     """The run report: what one `dsr run` did, table by table and request by request."""
 
@@ -283,6 +294,8 @@ class RunReportDocument(_Document):
     shares: dict[str, ShareRecord]
     records: RecordExpiry | None = Field(None, description="our own records past their period, removed by this "
                                          "run: completed requests, access packages, unverified intake requests")
+    drop: DropMatch | dict[str, Any] = Field(default_factory=dict, description="California DROP work items "
+                                              "matched at the start of the run (none waiting: empty)")
     retention: RetentionPass | None = Field(None, description="the data map's retention rules (`expire:`) enforced "
                                             "by this run: per table and rule the rows past it, the commit, the "
                                             "purge and the proof; tables a legal hold kept out")

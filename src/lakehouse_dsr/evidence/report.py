@@ -51,6 +51,8 @@ class RunReport:
     shares: dict[str, dict] = field(default_factory=dict)
     # our own records past their period (ledger/records.py), removed at the start of the run
     records: RecordExpiry | None = None
+    # California DROP work items matched at the start of the run (drop/matching.py): counts only
+    drop: dict = field(default_factory=dict)
     # the data map's retention rules enforced by this run (stages/retention.py)
     retention: RetentionPass | None = None
 

@@ -368,6 +368,22 @@ class Ledger:
         self.audit([(request_id, None, "extended", {"reason": reason})], now)
         return self.request(request_id)
 
+    def withdraw(self, request_ids: list[str], reason: str, now: datetime | None = None) -> list[str]:
+        """Take the requests of `request_ids` not carried out yet (not completed, not erased) out of the
+        ledger, their subject with them, in one commit; each gets an audit event `withdrawn` with the
+        reason. Returns the ids taken out. For a request its source cancelled (a DROP work item its
+        `Removed` file names) before any run acted on it."""
+        taken: list[str] = []
+
+        def change(loaded: Table, rows: pa.Table) -> pa.Table:
+            done = pc.is_in(rows.column("status"), value_set=pa.array(["completed", "erased"]))
+            taken[:] = [str(i) for i in rows.filter(pc.invert(done)).column("request_id").to_pylist()]
+            return rows.filter(done)
+
+        self.store.replace_arrow("requests", "request_id", request_ids, change)
+        self.audit([(rid, None, "withdrawn", {"reason": reason}) for rid in taken], now)
+        return taken
+
     def audit(self, events: list[tuple], now: datetime | None = None) -> None:
         """Append audit events (request_id, run_id, event, detail[, at]); details never hold identifiers.
         One append, built column by column (a run records two events per request)."""

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from .. import faults
 from ..config import Settings
+from ..drop.matching import match_waiting
 from ..evidence.report import RequestResult, RunReport
 from ..inventory.check import check_against_catalog, check_formats
 from ..lake import skipping
@@ -61,6 +62,9 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     ledger = Ledger(settings)
     with timed(report, "ledger"):  # the ledger's own upkeep: its evidence is the report's `records`
         report.records = expire_records(settings, run_id=report.run_id, now=started)
+    if settings.datamap.drop:  # work items matched first: the requests they file are this run's work
+        with timed(report, "drop"):
+            report.drop = match_waiting(spark, settings, ledger)
     with timed(report, "ledger"):
         work = _noted(report, read_work(ledger, settings, today))
     if not work.needs_lease:
