@@ -72,13 +72,14 @@ test-integration: integration-deps bytecode
 # streaming suppression, the vault (shred against erase, pseudonymize against a copy, export through
 # it, at 1M and BENCH_EVENTS), the intake service under 10,000 filings from 20 clients (one instance on
 # SQLite, two on a throwaway PostgreSQL: hence integration-deps) against a
-# commit per request; JSON + charts in bench/results/.
+# commit per request, a DROP list of 1M hashes matched against 10M people; JSON + charts in bench/results/.
 bench: $(STAMP) integration-deps bytecode
 	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
 	$(PY) bench/tables.py
 	$(PY) bench/propagate.py --events $(BENCH_EVENTS)
 	$(PY) bench/vault.py --events $(sort 1000000 $(BENCH_EVENTS))
 	$(PY) bench/intake.py --instances 2 --queue postgresql
+	$(PY) bench/drop.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench mkdocs

@@ -8,6 +8,7 @@ Spark, no JVM: pyiceberg, like the rest of the ledger.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -18,7 +19,7 @@ import pyarrow.compute as pc
 from pyiceberg.table import Table
 
 from ..config import DropSettings
-from ..keys import keyed_hash, private_dir, write_private
+from ..keys import private_dir, write_private
 from ..ledger.ledger import TIMESTAMP, Ledger
 from ..ledger.requests import RequestInput, utc_now
 from ..ledger.store import SCHEMAS, Among, EqualTo
@@ -196,37 +197,42 @@ def file_matches(ledger: Ledger, looked_for: pa.Table, matches: pa.Table, now: d
     download's day, so due with the download); one matched to several people opts each of them out of
     sale and sharing, and deletes nothing; one matched to nobody is settled as status 5, its hash kept
     for the next match. Requests get ids derived from the download, the person and the type under the
-    ledger's key: filing the same match again files nothing twice. Then one commit of the items."""
+    ledger's key: filing the same match again files nothing twice. Then one commit of the items.
+    Cost: Arrow joins and group-bys, one keyed hash per request, `Ledger.submit`, one rewrite of the
+    items' files."""
     now = now or utc_now()
-    subjects: dict[str, set[str]] = {}
-    for item, subject in zip(matches.column("work_item_id").to_pylist(), matches.column("subject_id").to_pylist(),
-                             strict=True):
-        subjects.setdefault(str(item), set()).add(str(subject))
-    where = {str(i): (str(d), datetime(day.year, day.month, day.day, tzinfo=UTC)) for i, d, day in zip(
-        looked_for.column("work_item_id").to_pylist(), looked_for.column("download").to_pylist(),
-        looked_for.column("download_day").to_pylist(), strict=True) if day is not None}
-    key = ledger.key
-    requests: dict[str, RequestInput] = {}
-    ids_of: dict[str, str] = {}
-    for item, people in subjects.items():
-        download, received = where[item]
-        kind = "erase" if len(people) == 1 else "opt_out"
-        ids: list[str] = []
-        for person in sorted(people):
-            request_id = _request_id(key, download, person, kind, received)
-            requests[request_id] = RequestInput(person, kind, "ccpa", received, request_id)
-            ids.append(request_id)
-        ids_of[item] = json.dumps(ids)
+    looked_for, matches = _plain(looked_for), _plain(matches)  # joins need one string type on both sides
+    pairs = matches.group_by(["work_item_id", "subject_id"]).aggregate([])  # each pair once
+    people = pairs.group_by("work_item_id").aggregate([("subject_id", "count")]).rename_columns(
+        ["work_item_id", "subjects"])
+    pairs = pairs.join(people, "work_item_id", join_type="inner").join(
+        looked_for.select(["work_item_id", "download", "download_day"]), "work_item_id", join_type="inner")
+    kind = pc.if_else(pc.equal(pairs.column("subjects"), pa.scalar(1, pa.int64())), "erase", "opt_out")
+    key, requests, ids = ledger.key, {}, []
+    for download, day, person, request_type in zip(*(c.to_pylist() for c in (
+            pairs.column("download"), pairs.column("download_day"), pairs.column("subject_id"), kind)), strict=True):
+        received = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        request_id = _request_id(key, str(download), str(person), str(request_type), received)
+        requests[request_id] = RequestInput(str(person), str(request_type), "ccpa", received, request_id)
+        ids.append(request_id)
     ledger.submit(list(requests.values()), now)
+    # per item its requests as a JSON list (ids are letters, digits and '-': nothing to escape)
+    linked = pairs.select(["work_item_id"]).append_column("request_id", pa.array(ids, pa.string())).group_by(
+        "work_item_id").aggregate([("request_id", "list")])
+    joined = pc.binary_join(linked.column("request_id_list"), "\",\"")
+    listed = pc.binary_join_element_wise(pa.scalar("[\""), joined, pa.scalar("\"]"), pa.scalar(""))  # type: ignore[type-var]
+    linked = pa.table({"work_item_id": linked.column("work_item_id"), "request_ids": listed}).join(
+        people, "work_item_id", join_type="inner")
 
     def change(loaded: Table, rows: pa.Table) -> pa.Table:
-        item_ids = [str(i) for i in rows.column("work_item_id").to_pylist()]
-        found = [ids_of.get(i) for i in item_ids]
-        none = pa.array([f is None for f in found])
+        keys = _plain(rows.select(["work_item_id"]))
+        found = keys.join(linked, "work_item_id", join_type="inner")  # row order: restored by take
+        at = pc.index_in(keys.column("work_item_id"), value_set=found.column("work_item_id"))
+        none = pc.is_null(at)
         columns = {
             "matched_at": pa.repeat(pa.scalar(now, TIMESTAMP), rows.num_rows),
-            "subjects": pa.array([len(subjects.get(i, ())) for i in item_ids], pa.int64()),
-            "request_ids": pa.array(found, pa.string()),
+            "subjects": pc.fill_null(found.column("subjects").take(at), pa.scalar(0, pa.int64())),
+            "request_ids": found.column("request_ids").take(at),
             "status": pc.if_else(none, pa.scalar(5, pa.int64()), pa.scalar(None, pa.int64())),
             "status_at": pc.if_else(none, pc.fill_null(rows.column("status_at"), pa.scalar(now, TIMESTAMP)),
                                     pa.scalar(None, TIMESTAMP))}
@@ -234,18 +240,25 @@ def file_matches(ledger: Ledger, looked_for: pa.Table, matches: pa.Table, now: d
             rows = rows.set_column(rows.schema.get_field_index(name), name, values)
         return rows
 
-    ledger.store.replace_arrow("drop_items", "work_item_id", list(where), change)
+    ledger.store.replace_arrow("drop_items", "work_item_id", _ids(looked_for), change)
+    several = _count(pc.greater(people.column("subjects"), pa.scalar(1, pa.int64())))
     kinds = [r.request_type for r in requests.values()]
-    return MatchResult(len(where), sum(len(p) == 1 for p in subjects.values()),
-                       sum(len(p) > 1 for p in subjects.values()), len(where) - len(subjects),
+    return MatchResult(looked_for.num_rows, people.num_rows - several, several, looked_for.num_rows - people.num_rows,
                        kinds.count("erase"), kinds.count("opt_out"))
 
 
+def _plain(table: pa.Table) -> pa.Table:
+    """`table` with strings as plain strings (pyiceberg reads large ones)."""
+    return table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f
+                                 for f in table.schema]))
+
+
 def _request_id(key: bytes, download: str, subject: str, kind: str, received: datetime) -> str:
-    """`req-` + the download day's milliseconds (request ids sort by age) + 40 bits of a keyed hash of
-    download, person and type: the same for the same match, and telling nothing of the person."""
-    digest = keyed_hash(key, json.dumps([download, subject, kind]))
-    return f"req-{int(received.timestamp() * 1000):011x}{digest[:10]}"
+    """`req-` + the download day's milliseconds (request ids sort by age) + 40 bits of a keyed hash
+    (BLAKE2b keyed with the ledger's key: a MAC) of download, person and type: the same for the same
+    match, and telling nothing of the person."""
+    digest = hashlib.blake2b(f"{download}\0{subject}\0{kind}".encode(), key=key[:64], digest_size=5).hexdigest()
+    return f"req-{int(received.timestamp() * 1000):011x}{digest}"
 
 
 # -- settling and answering ---------------------------------------------------------------------------
