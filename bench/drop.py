@@ -115,7 +115,7 @@ def main() -> None:
         matching, out = _timed([DSR, "-c", str(config), "drop", "match"])
         limit, found = _timed([sys.executable, "-c", LIMIT, str(config), str(csv)])
         assert int(found.strip().splitlines()[-1]) == matched, found
-        assert f"{matched} to one person" in out, out
+        assert f"{matched} to one person" in out and f"requests: {matched} erase" in out, out
         rounds.append({"import_s": round(imported, 2), "match_s": round(matching, 2), "limit_s": round(limit, 2)})
         print(rounds[-1], flush=True)
     median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}

@@ -461,3 +461,28 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
     assert (out / "20260312_4821_Email_amend02.csv").read_text() == "Id,Status\nEMAILdan0001,3\n"
     for path in out.iterdir():  # only work-item IDs and codes go to DROP
         assert all(re.fullmatch(r"[A-Za-z0-9]{12},[2-5]", line) for line in path.read_text().splitlines()[1:])
+
+
+def test_two_people_given_the_same_request_id_are_refused_and_nothing_is_filed(tmp_path, monkeypatch):
+    """Request ids of a match are derived (66 bits): should two people's ever collide, the match files
+    nothing rather than merge two requests into one and leave a person unerased."""
+    from datetime import date
+
+    import pyarrow as pa
+
+    from helpers import make_settings
+    from lakehouse_dsr.drop import items as items_module
+    from lakehouse_dsr.exceptions import LedgerError
+    from lakehouse_dsr.ledger.ledger import Ledger
+
+    ledger = Ledger(make_settings(tmp_path))
+    import_ = items_module.import_download(ledger, _zip(tmp_path, {
+        "20260312_4821_Email.csv": f"ID,Hash\nA7kP2xQ9Lm4R,{HASHES[0]}\nB7kP2xQ9Lm4R,{HASHES[1]}\n"}))
+    assert import_.filed == 2
+    looked_for = items_module.unmatched_items(ledger)
+    matches = pa.table({"work_item_id": ["A7kP2xQ9Lm4R", "B7kP2xQ9Lm4R"], "subject_id": ["ann", "bob"]})
+    monkeypatch.setattr(items_module, "_request_id", lambda *args: "req-19cdf57d07b85ea8fa503")
+    with pytest.raises(LedgerError, match="were given the same id req-19cdf57d07b85ea8fa503; nothing was filed"):
+        items_module.file_matches(ledger, looked_for, matches)
+    assert ledger.requests() == [] and all(r["request_ids"] is None for r in _items(ledger).values())
+    assert looked_for.column("download_day").to_pylist() == [date(2026, 3, 12)] * 2
