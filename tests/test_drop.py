@@ -384,6 +384,7 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
     from lakehouse_dsr.datamap import DataMap
     from lakehouse_dsr.drop.items import drop_status, export_answers, import_download
     from lakehouse_dsr.drop.matching import match_items
+    from lakehouse_dsr.evidence.certificate import build_certificate, certificate_html, check_certificate
     from lakehouse_dsr.ingest.stream import ingest
     from lakehouse_dsr.lake.lakehouse import Lake
     from lakehouse_dsr.ledger.holds import add_hold, list_holds, release_hold
@@ -429,6 +430,10 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
     users = {str(u) for u in live_rows(settings, "demo.users").column("user_id").to_pylist()}
     assert users.isdisjoint({"ann", "eve", "fay"}) and {"bob", "cat", "dan", "hal"} <= users
     assert not {str(u) for u in live_rows(settings, "demo.profiles").column("user_id").to_pylist()}
+    (ann,) = json.loads(_items(ledger)["EMAILann0001"]["request_ids"])
+    certificate = build_certificate(ledger, ann)  # names the work item it answers, signed
+    assert certificate["request"]["drop_work_items"] == ["EMAILann0001"]
+    assert check_certificate(certificate, ledger).intact and "EMAILann0001" in certificate_html(certificate)
     first = export_answers(ledger, out)
     assert first.pending == 0 and first.amendments == {}
     assert first.uploads == {"20260312_4821_Email.csv": 4, "20260312_4821_NDZ.csv": 1,

@@ -253,6 +253,17 @@ def file_matches(ledger: Ledger, looked_for: pa.Table, matches: pa.Table, now: d
                        kinds.count("erase"), kinds.count("opt_out"))
 
 
+def drop_work_items(ledger: Ledger, request_id: str) -> list[str]:
+    """The DROP work items a request was filed for (none for a request DROP did not bring). Cost: one
+    read of two columns of the items table (nothing when there is none)."""
+    items = ledger.store.arrow("drop_items", columns=("work_item_id", "request_ids"))
+    items = items.filter(pc.is_valid(items.column("request_ids")))
+    if not items.num_rows:
+        return []
+    named = pc.match_substring(items.column("request_ids"), f'"{request_id}"')
+    return sorted(str(i) for i in items.filter(named).column("work_item_id").to_pylist())
+
+
 def _plain(table: pa.Table) -> pa.Table:
     """`table` with strings as plain strings (pyiceberg reads large ones)."""
     return table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f

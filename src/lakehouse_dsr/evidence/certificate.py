@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from ..drop.items import drop_work_items
 from ..exceptions import DsrError, LedgerError
 from ..keys import KEY_ENV, Keyring, derive_key
 from ..ledger.ledger import Ledger
@@ -80,6 +81,9 @@ class CertifiedRequest(_Part):
     completed: _Timestamp = Field(description="when it was completed (UTC)")
     deadline_met: bool = Field(description="completed on or before the day it was due")
     days_before_due: int = Field(description="days between completion and the due day (negative: days late)")
+    drop_work_items: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9]{12}$")]] | SkipJsonSchema[None] = Field(
+        None, json_schema_extra=_no_default,
+        description="California DROP: the work items this request answers (absent for a request DROP did not bring)")
 
 
 class CertificateRuns(_Part):
@@ -169,7 +173,8 @@ def build_certificate(ledger: Ledger, request_id: str, now: datetime | None = No
     """The signed certificate of a completed request (a JSON-ready dict).
 
     Raises LedgerError for an unknown request or one not completed. Cost: one read of the requests
-    table pruned to files that may hold `request_id`, and the key file.
+    table pruned to files that may hold `request_id`, the key file, and two columns of the DROP work
+    items (drop/items.py) when there are any.
     """
     rows = ledger.store.rows("requests", EqualTo("request_id", request_id), _COLUMNS)
     if not rows:  # what was asked for is echoed only when it is shaped like an id (it may be an identifier)
@@ -186,15 +191,19 @@ def build_certificate(ledger: Ledger, request_id: str, now: datetime | None = No
         runs["erased_in"] = evidence["erased_in_run"]
     tables = _access_tables(evidence) if r["request_type"] == "access" else \
         {name: _table(entry) for name, entry in sorted(evidence.get("tables", {}).items())}
+    request: dict[str, Any] = {
+        "request_id": r["request_id"], "type": r["request_type"], "regulation": r["regulation"],
+        "received": utc_text(r["received_at"]), "due": due.isoformat(), "extended": bool(r["extended"]),
+        "completed": utc_text(completed), "deadline_met": completed.date() <= due,
+        "days_before_due": (due - completed.date()).days,
+    }
+    work_items = drop_work_items(ledger, request_id)
+    if work_items:
+        request["drop_work_items"] = work_items
     doc = {
         "format": FORMAT,
         "issued_at": utc_text(now or utc_now()),
-        "request": {
-            "request_id": r["request_id"], "type": r["request_type"], "regulation": r["regulation"],
-            "received": utc_text(r["received_at"]), "due": due.isoformat(), "extended": bool(r["extended"]),
-            "completed": utc_text(completed), "deadline_met": completed.date() <= due,
-            "days_before_due": (due - completed.date()).days,
-        },
+        "request": request,
         "runs": runs,
         "tables": tables,
         "totals": {"tables": len(tables), "rows": sum(t["rows"] for t in tables.values())},
@@ -333,7 +342,8 @@ def certificate_html(doc: dict) -> str:
     facts = [("request", req["request_id"]), ("type", req["type"]), ("regulation", req["regulation"].upper()),
              ("received", req["received"]), ("due", due), ("completed", req["completed"]),
              ("deadline", Markup(f"{deadline} {esc(f'{spare} day(s) to spare' if met else f'{-spare} day(s) late')}")),
-             *((f"run ({k.replace('_', ' ')})", v) for k, v in doc["runs"].items())]
+             *((f"run ({k.replace('_', ' ')})", v) for k, v in doc["runs"].items()),
+             *((("DROP work items", ", ".join(req["drop_work_items"])),) if req.get("drop_work_items") else ())]
     body = [f'<div class="card">{fact_list(facts)}</div>']
     access = req["type"] == "access"
     body.append(f"<h2>{'What was exported' if access else 'What was done, table by table'}</h2>")
