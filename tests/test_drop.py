@@ -491,3 +491,39 @@ def test_two_people_given_the_same_request_id_are_refused_and_nothing_is_filed(t
         items_module.file_matches(ledger, looked_for, matches)
     assert ledger.requests() == [] and all(r["request_ids"] is None for r in _items(ledger).values())
     assert looked_for.column("download_day").to_pylist() == [date(2026, 3, 12)] * 2
+
+
+@pytest.mark.slow  # a `dsr drop match` process of its own, with Spark's event log on
+def test_no_identifier_or_drop_hash_in_the_plans_event_log_or_output_of_a_match(spark, tmp_path):
+    """The lake's emails are hashed inside Spark's jobs and the work items reach Spark as Arrow batches:
+    no email of the lake and no hash of the download appears in any plan Spark records, nor in what
+    the command prints."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from helpers import make_disk_lakehouse
+    from lakehouse_dsr.drop.items import import_download
+    from lakehouse_dsr.ledger.ledger import Ledger
+
+    settings, config = make_disk_lakehouse(spark, tmp_path)
+    raw = yaml.safe_load(config.read_text())
+    raw["spark"]["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(tmp_path / "events")})
+    raw["datamap"]["drop"] = {"email": {"identifier": "email"}}
+    (tmp_path / "events").mkdir()
+    config.write_text(yaml.safe_dump(raw))
+    emails = sorted(str(r.email) for r in spark.table(settings.table("demo.users")).select("email").limit(3).collect())
+    hashes = [_b64(e.strip().lower()) for e in emails] + [_b64("nobody@example.org")]
+    import_download(Ledger(settings), _download(tmp_path, "20260312", {
+        "Email": [(f"W{n:011d}", h) for n, h in enumerate(hashes)]}))
+    done = subprocess.run([str(Path(sys.executable).parent / "dsr"), "-c", str(config), "drop", "match"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "4 work item(s) matched: 3 to one person" in done.stdout
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "events").iterdir()]
+    assert logs and any("SparkListenerSQLExecutionStart" in log and "demo.users" in log for log in logs)
+    for value in [*emails, *hashes]:
+        assert value not in done.stdout + done.stderr
+        assert not any(value in log for log in logs), "an identifier or a DROP hash is in the event log"

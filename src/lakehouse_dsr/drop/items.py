@@ -372,6 +372,9 @@ def export_answers(ledger: Ledger, out: Path, now: datetime | None = None) -> Ex
                                                                          "status")), strict=True):
             groups.setdefault((str(d), str(lst)), []).append((str(i), int(s)))
         for (download, list_type), rows in sorted(groups.items()):
+            if download not in downloads:  # an import stopped between its items and its record
+                raise LedgerError(f"download {download} has work items but no record of its import: import it "
+                                  "again (nothing is filed twice), then export")
             day, broker = downloads[download]["download_day"], downloads[download]["broker_id"]
             name = _file_name(f"{day:%Y%m%d}_{broker}_{DROP_NAMES[list_type]}", kind, download, taken)
             write_private(out / name, "Id,Status\n" + "".join(f"{i},{s}\n" for i, s in sorted(rows)))
