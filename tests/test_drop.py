@@ -350,6 +350,10 @@ def test_work_items_are_matched_in_spark_to_one_person_several_or_nobody_and_fil
     items = _items(ledger)
     linked = {i: json.loads(r["request_ids"]) if r["request_ids"] else None for i, r in items.items()}
     assert linked["EMAILann0001"] == linked["NDZann000001"] and len(linked["EMAILann0001"]) == 1
+    # the request carries the work items it answers (its certificate names them)
+    assert json.loads(requests[linked["EMAILann0001"][0]]["drop_work_items"]) == ["EMAILann0001", "NDZann000001"]
+    assert {json.dumps(json.loads(requests[r]["drop_work_items"])) for r in linked["PHONEshared1"]} == \
+        {'["PHONEshared1"]'}
     assert {requests[r]["subject_id"] for r in linked["PHONEshared1"]} == {"bob", "cat"}
     assert items["PHONEshared1"]["subjects"] == 2 and items["EMAILnone001"]["subjects"] == 0
     assert (items["EMAILnone001"]["status"], linked["EMAILnone001"]) == (5, None)

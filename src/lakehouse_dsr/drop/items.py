@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -21,9 +21,10 @@ from pyiceberg.table import Table
 from ..config import DropSettings
 from ..exceptions import LedgerError
 from ..keys import private_dir, write_private
+from ..lake.arrow import plain_offsets
 from ..ledger.ledger import TIMESTAMP, Ledger
 from ..ledger.requests import RequestInput, utc_now
-from ..ledger.store import SCHEMAS, Among, EqualTo
+from ..ledger.store import SCHEMAS, Among, EqualTo, In
 from .download import Download, read_download
 from .lists import DROP_NAMES
 
@@ -103,6 +104,7 @@ def _withdraw(ledger: Ledger, download: Download, now: datetime) -> int:
         return 0
     changed: list[str] = []
     freed: set[str] = set()
+    downloads: set[str] = set()
 
     def change(loaded: Table, rows: pa.Table) -> pa.Table:
         open_ = pc.and_(pc.is_null(rows.column("withdrawn_at")), pc.is_null(rows.column("status")))
@@ -110,12 +112,13 @@ def _withdraw(ledger: Ledger, download: Download, now: datetime) -> int:
         changed[:] = [str(i) for i in chosen.column("work_item_id").to_pylist()]
         freed.clear()
         freed.update(r for ids in chosen.column("request_ids").to_pylist() if ids for r in json.loads(str(ids)))
+        downloads.update(str(d) for d in chosen.column("download").to_pylist())
         stamp = pc.if_else(open_, pa.scalar(now, TIMESTAMP), rows.column("withdrawn_at"))
         return rows.set_column(rows.schema.get_field_index("withdrawn_at"), "withdrawn_at", stamp)
 
     ledger.store.replace_arrow("drop_items", "work_item_id", _ids(download.removed), change)
-    if freed:
-        items = ledger.store.arrow("drop_items", columns=("request_ids", "withdrawn_at"))
+    if freed:  # a request answers items of one download (its id is derived from it): only theirs are read
+        items = ledger.store.arrow("drop_items", In("download", sorted(downloads)), ("request_ids", "withdrawn_at"))
         live = items.filter(pc.and_(pc.is_null(items.column("withdrawn_at")), pc.is_valid(items.column("request_ids"))))
         needed = {r for ids in live.column("request_ids").to_pylist() for r in json.loads(str(ids))}
         ledger.withdraw(sorted(freed - needed), "withdrawn by DROP (a Removed entry of the download)", now)
@@ -202,7 +205,7 @@ def file_matches(ledger: Ledger, looked_for: pa.Table, matches: pa.Table, now: d
     Cost: Arrow joins and group-bys, one keyed hash per request, `Ledger.submit`, one rewrite of the
     items' files."""
     now = now or utc_now()
-    looked_for, matches = _plain(looked_for), _plain(matches)  # joins need one string type on both sides
+    looked_for, matches = plain_offsets(looked_for), plain_offsets(matches)  # joins need one string type on both sides
     pairs = matches.group_by(["work_item_id", "subject_id"]).aggregate([])  # each pair once
     people = pairs.group_by("work_item_id").aggregate([("subject_id", "count")]).rename_columns(
         ["work_item_id", "subjects"])
@@ -211,17 +214,23 @@ def file_matches(ledger: Ledger, looked_for: pa.Table, matches: pa.Table, now: d
     kind = pc.if_else(pc.equal(pairs.column("subjects"), pa.scalar(1, pa.int64())), "erase", "opt_out")
     key, ids = ledger.key, []
     requests: dict[str, RequestInput] = {}
-    for download, day, person, request_type in zip(*(c.to_pylist() for c in (
-            pairs.column("download"), pairs.column("download_day"), pairs.column("subject_id"), kind)), strict=True):
+    answers: dict[str, list[str]] = {}  # request id -> the work items it answers
+    for item, download, day, person, request_type in zip(*(c.to_pylist() for c in (
+            pairs.column("work_item_id"), pairs.column("download"), pairs.column("download_day"),
+            pairs.column("subject_id"), kind)), strict=True):
         received = datetime(day.year, day.month, day.day, tzinfo=UTC)
         request_id = _request_id(key, str(download), str(person), str(request_type), received)
         earlier = requests.get(request_id)
         if earlier is not None and (earlier.subject_id, earlier.request_type) != (str(person), str(request_type)):
             raise LedgerError(f"two DROP requests of download {download} were given the same id {request_id}; "
                               "nothing was filed, run the match again after rotating the ledger's key")
-        requests[request_id] = RequestInput(str(person), str(request_type), "ccpa", received, request_id)
+        if earlier is None:
+            requests[request_id] = RequestInput(str(person), str(request_type), "ccpa", received, request_id)
+        # the request row lists the items it was filed for; an item matched later to a request already
+        # filed links to it from its own row only (submit adds an id once)
+        answers.setdefault(request_id, []).append(str(item))
         ids.append(request_id)
-    ledger.submit(list(requests.values()), now)
+    ledger.submit([replace(r, drop_work_items=tuple(sorted(answers[i]))) for i, r in requests.items()], now)
     # per item its requests as a JSON list (ids are letters, digits and '-': nothing to escape)
     linked = pairs.select(["work_item_id"]).append_column("request_id", pa.array(ids, pa.string())).group_by(
         "work_item_id").aggregate([("request_id", "list")])
@@ -231,7 +240,7 @@ def file_matches(ledger: Ledger, looked_for: pa.Table, matches: pa.Table, now: d
         people, "work_item_id", join_type="inner")
 
     def change(loaded: Table, rows: pa.Table) -> pa.Table:
-        keys = _plain(rows.select(["work_item_id"]))
+        keys = plain_offsets(rows.select(["work_item_id"]))
         found = keys.join(linked, "work_item_id", join_type="inner")  # row order: restored by take
         at = pc.index_in(keys.column("work_item_id"), value_set=found.column("work_item_id"))
         none = pc.is_null(at)
@@ -251,23 +260,6 @@ def file_matches(ledger: Ledger, looked_for: pa.Table, matches: pa.Table, now: d
     kinds = [r.request_type for r in requests.values()]
     return MatchResult(looked_for.num_rows, people.num_rows - several, several, looked_for.num_rows - people.num_rows,
                        kinds.count("erase"), kinds.count("opt_out"))
-
-
-def drop_work_items(ledger: Ledger, request_id: str) -> list[str]:
-    """The DROP work items a request was filed for (none for a request DROP did not bring). Cost: one
-    read of two columns of the items table (nothing when there is none)."""
-    items = ledger.store.arrow("drop_items", columns=("work_item_id", "request_ids"))
-    items = items.filter(pc.is_valid(items.column("request_ids")))
-    if not items.num_rows:
-        return []
-    named = pc.match_substring(items.column("request_ids"), f'"{request_id}"')
-    return sorted(str(i) for i in items.filter(named).column("work_item_id").to_pylist())
-
-
-def _plain(table: pa.Table) -> pa.Table:
-    """`table` with strings as plain strings (pyiceberg reads large ones)."""
-    return table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f
-                                 for f in table.schema]))
 
 
 def _request_id(key: bytes, download: str, subject: str, kind: str, received: datetime) -> str:

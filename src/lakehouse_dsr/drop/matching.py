@@ -85,11 +85,11 @@ def match(lake: Lake, datamap: DataMap, items: pa.Table, rules: Rules | None = N
     return to_arrow(pairs).select(MATCHES.names).cast(MATCHES)
 
 
-def match_items(lake: Lake, ledger: Ledger, settings: Settings) -> MatchResult:
-    """Match every work item waiting for it (drop/items.py's `unmatched_items`) against the lake and
-    file the outcomes (`file_matches`): erase requests for the next `dsr run`, opt-outs, status 5.
-    Cost: one Spark job (`match`), then the ledger's commits."""
-    looked_for = unmatched_items(ledger)
+def match_items(lake: Lake, ledger: Ledger, settings: Settings, looked_for: pa.Table | None = None) -> MatchResult:
+    """Match every work item waiting for it (`looked_for`, default drop/items.py's `unmatched_items`)
+    against the lake and file the outcomes (`file_matches`): erase requests for the next `dsr run`,
+    opt-outs, status 5. Cost: one Spark job (`match`), then the ledger's commits."""
+    looked_for = unmatched_items(ledger) if looked_for is None else looked_for
     found = match(lake, settings.datamap, looked_for, Rules(zip_plus4=settings.drop.zip_plus4))
     return file_matches(ledger, looked_for, found)
 
@@ -99,7 +99,8 @@ def match_waiting(spark: SparkSession | Callable[[], SparkSession], settings: Se
     wait (never matched, or found nobody before: the lake may have gained them), so the requests it
     files are carried out by the same run. `spark`: a session, or a function making one, called only
     when items wait. The counts of `MatchResult`, or {} when nothing waited (no Spark then)."""
-    if not unmatched_items(ledger).num_rows:
+    looked_for = unmatched_items(ledger)
+    if not looked_for.num_rows:
         return {}
     session = spark() if callable(spark) else spark
-    return asdict(match_items(Lake.of(session, settings), ledger, settings))
+    return asdict(match_items(Lake.of(session, settings), ledger, settings, looked_for))

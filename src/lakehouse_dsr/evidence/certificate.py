@@ -27,7 +27,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-from ..drop.items import drop_work_items
 from ..exceptions import DsrError, LedgerError
 from ..keys import KEY_ENV, Keyring, derive_key
 from ..ledger.ledger import Ledger
@@ -39,7 +38,7 @@ FORMAT = "lakehouse-dsr certificate 1"
 ALGORITHM = "HMAC-SHA256"
 _PURPOSE = "lakehouse-dsr certificate"  # derives the signing key (keys.derive_key)
 _COLUMNS = ("request_id", "request_type", "regulation", "status", "received_at", "due_date", "extended",
-            "completed_at", "run_id", "evidence")  # no subject_id, no subject_hash
+            "completed_at", "run_id", "evidence", "drop_work_items")  # no subject_id, no subject_hash
 _KEY_ID = re.compile(r"[0-9a-f]{8}")
 _TITLES = {"erase": "Certificate of erasure", "access": "Certificate of access",
            "opt_out": "Certificate of opt-out of sale and sharing", "opt_in": "Certificate of opt-in"}
@@ -173,8 +172,7 @@ def build_certificate(ledger: Ledger, request_id: str, now: datetime | None = No
     """The signed certificate of a completed request (a JSON-ready dict).
 
     Raises LedgerError for an unknown request or one not completed. Cost: one read of the requests
-    table pruned to files that may hold `request_id`, the key file, and two columns of the DROP work
-    items (drop/items.py) when there are any.
+    table pruned to files that may hold `request_id`, and the key file.
     """
     rows = ledger.store.rows("requests", EqualTo("request_id", request_id), _COLUMNS)
     if not rows:  # what was asked for is echoed only when it is shaped like an id (it may be an identifier)
@@ -197,9 +195,8 @@ def build_certificate(ledger: Ledger, request_id: str, now: datetime | None = No
         "completed": utc_text(completed), "deadline_met": completed.date() <= due,
         "days_before_due": (due - completed.date()).days,
     }
-    work_items = drop_work_items(ledger, request_id)
-    if work_items:
-        request["drop_work_items"] = work_items
+    if r["drop_work_items"]:
+        request["drop_work_items"] = json.loads(r["drop_work_items"])
     doc = {
         "format": FORMAT,
         "issued_at": utc_text(now or utc_now()),

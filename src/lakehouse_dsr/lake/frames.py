@@ -17,9 +17,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.serializers import ArrowStreamSerializer
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
+from .arrow import plain_offsets
 from .indriver import local_rows
 
-_SMALL: dict[pa.DataType, pa.DataType] = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
 BATCH_ROWS = 65_536  # rows per Arrow batch, each one partition of the DataFrame
 _LOCAL_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
@@ -39,9 +39,7 @@ def arrow_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
     of Arrow data does (over its authenticated socket when I/O encryption is on); never as Py4J
     command text, and no Python worker reads them. Spark keeps the batches' bytes in the driver
     and ships them with each job that reads them."""
-    # Spark's Arrow reader takes 32-bit offsets: large strings and binaries (pyiceberg reads strings as
-    # large ones) would be read as empty values
-    rows = rows.cast(pa.schema([f.with_type(_SMALL.get(f.type, f.type)) for f in rows.schema]))
+    rows = plain_offsets(rows)
     schema = from_arrow_schema(rows.schema)
     conf = spark.conf
     threshold = conf.get(_LOCAL_THRESHOLD, None)

@@ -79,7 +79,8 @@ def _new_requests(schema: pa.Schema, fresh: list[tuple[RequestInput, str]], ids:
         "request_id": ids, "request_type": [r.request_type for r, _ in fresh],
         "regulation": [r.regulation for r, _ in fresh], "subject_id": [r.subject_id for r, _ in fresh],
         "subject_hash": [h for _, h in fresh], "status": ["received"] * n, "received_at": received,
-        "extended": [False] * n, "updated_at": [now] * n, "due_date": due}
+        "extended": [False] * n, "updated_at": [now] * n, "due_date": due,
+        "drop_work_items": [json.dumps(list(r.drop_work_items)) if r.drop_work_items else None for r, _ in fresh]}
     return pa.table([pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(n, f.type)
                      for f in schema], schema=schema)
 

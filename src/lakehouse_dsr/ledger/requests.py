@@ -82,6 +82,8 @@ class RequestInput:
     received_at: datetime | None = None
     # Given by the intake service, which acknowledged the request under this id before the ledger saw it.
     request_id: str | None = None
+    # California DROP: the work items (12-character ids) this request answers (drop/items.py).
+    drop_work_items: tuple[str, ...] = ()
 
     def validated(self, where: str = "") -> RequestInput:
         prefix = f"{where}: " if where else ""
@@ -108,7 +110,8 @@ class RequestInput:
             raise RequestInputError(f"{prefix}request id {_shown(self.request_id)} is not req-<21 hex digits>")
         if received is self.received_at:  # nothing to fill in: no copy (a million of them cost a second)
             return self
-        return RequestInput(self.subject_id, self.request_type, self.regulation, received, self.request_id)
+        return RequestInput(self.subject_id, self.request_type, self.regulation, received, self.request_id,
+                            self.drop_work_items)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -86,6 +86,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("status_reason", pa.string()), ("received_at", _TS), ("due_date", pa.date32()), ("extended", pa.bool_()),
         ("extension_reason", pa.string()), ("updated_at", _TS), ("completed_at", _TS), ("run_id", pa.string()),
         ("evidence", pa.string()), ("purge_by", pa.date32()),
+        ("drop_work_items", pa.string()),  # JSON list of the DROP work items a request answers (drop/items.py)
     ]),
     # key_id: the key that made key_hash (keys.key_id); NULL: the key in use before key rotation existed.
     "request_keys": _schema([("request_id", pa.string()), ("key_type", pa.string()), ("key_hash", pa.string()),
