@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import cast
 
-from pyspark.sql import DataFrame, Row, SparkSession, Window
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from ..config import EraseSettings
 from ..datamap import DataMap, TableMapping, column_ref, is_array
 from ..lake import indriver, membership, skipping
-from ..lake.batching import collect_union, map_in_threads
+from ..lake.batching import map_in_threads, map_unions
+from ..lake.frames import to_arrow
 from ..lake.lakehouse import Lake
 from ..lake.skipping import POSITION, Candidates
 from ..lake.table import DriverRewriting, FileRewriting, Snapshot, TableHandle
@@ -60,31 +64,26 @@ class TablePlan:
     folded: bool = False
 
     @classmethod
-    def from_groups(cls, table: str, mapping: TableMapping, groups: list, strategy: str, write_mode: str,
-                    snapshot_before: int | None, rows_before: int | None = None,
-                    candidates: Candidates | None = None, positions: dict[str, list[int]] | None = None
-                    ) -> TablePlan:
-        """The plan from a scan's groups (rows with `request_ids`, NULL for rows nobody asked about,
-        and `count`, per file with `dsr_file`): a row named by several requests counts once in the
-        totals, once per request in `matches_by_request`. `rows_before`: the table's rows when the
-        scan read only some files (`candidates`); `positions`: the requested rows' positions, per file,
-        for `delete_positions`."""
-        matches: dict[str, int] = {}
-        for g in groups:
-            for request_id in g.request_ids or []:
-                matches[request_id] = matches.get(request_id, 0) + g["count"]
-        # A scan of files without deletes groups the rows it matched only: their manifests count the rest.
+    def from_found(cls, table: str, mapping: TableMapping, found: Found, strategy: str, write_mode: str,
+                   snapshot_before: int | None, rows_before: int | None = None,
+                   candidates: Candidates | None = None, positions: dict[str, list[int]] | None = None
+                   ) -> TablePlan:
+        """The plan from what a scan `found`. `rows_before`: the table's rows when the scan read only
+        some files (`candidates`); `positions`: the requested rows' positions, per file, for
+        `delete_positions`."""
+        # A scan of files without deletes counts the rows it matched only: their manifests count the rest.
         known = candidates.rows if candidates is not None else None
-        scanned = known if known is not None else sum(g["count"] for g in groups)
+        matched = sum(found.requested_by_file.values())
+        scanned = known if known is not None else matched + found.other_rows
         return cls(table=table, key=", ".join(mapping.key_columns),
                    identifier=", ".join(dict.fromkeys(g.identifier for g in mapping.groups)), action=mapping.action,
                    strategy=strategy, write_mode=write_mode,
                    rows_before=scanned if rows_before is None else rows_before,
-                   rows_matched=sum(g["count"] for g in groups if g.request_ids), matches_by_request=matches,
+                   rows_matched=matched, matches_by_request=found.matches_by_request,
                    snapshot_before=snapshot_before, rows_scanned=scanned,
                    skipping=candidates.as_dict() if candidates else None,
                    candidate_files=candidates.paths() if candidates else [],
-                   requested_by_file=_requested_by_file(groups) if candidates else {},
+                   requested_by_file=found.requested_by_file if candidates else {},
                    positions=positions or {})
 
     @property
@@ -98,25 +97,50 @@ class TablePlan:
         return self.rows_before if self.action == "redact" else self.rows_before - self.rows_matched
 
 
-def _requested_by_file(groups: list) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for g in groups:
-        if g.request_ids:
-            found[g[_FILE]] = found.get(g[_FILE], 0) + g["count"]
-    return found
+@dataclass
+class Found:
+    """What a plan's scan found in one table: per file, the rows requests name (counted once however
+    many requests name a row) and their positions; the rows nobody asked about (`other_rows`, where
+    the scan counted them); per request, the rows naming its subject."""
+    requested_by_file: dict[str, int] = field(default_factory=dict)
+    other_rows: int = 0
+    matches_by_request: dict[str, int] = field(default_factory=dict)
+    # None: a file holding requested rows came without them (the table's matches exceeded
+    # `erase.max_delete_positions`, or the plan was made in the driver)
+    positions: dict[str, list[int]] | None = field(default_factory=dict)
 
+    @classmethod
+    def of_groups(cls, groups: Sequence[tuple[str | None, list[str] | None, int]]) -> Found:
+        """From (file, request ids or None, rows) per file and combination of requests naming a row."""
+        found = cls()
+        for path, request_ids, count in groups:
+            if not request_ids:
+                found.other_rows += count
+                continue
+            found.positions = None  # none recorded
+            found.requested_by_file[str(path)] = found.requested_by_file.get(str(path), 0) + count
+            for request_id in request_ids:
+                found.matches_by_request[request_id] = found.matches_by_request.get(request_id, 0) + count
+        return found
 
-def _positions_by_file(groups: list) -> dict[str, list[int]] | None:
-    """The requested rows' positions per file, from groups that carry them (`positions`); None when a
-    group holding requested rows has none (the table's matches exceeded `erase.max_delete_positions`,
-    or the plan was made in the driver)."""
-    found: dict[str, list[int]] = {}
-    for g in groups:
-        if g.request_ids:
-            if g["positions"] is None:
-                return None
-            found.setdefault(g[_FILE], []).extend(g["positions"])
-    return {path: sorted(at) for path, at in found.items()}
+    @classmethod
+    def of_arrow(cls, rows: pa.Table) -> Found:
+        """From `_found`'s rows of one table: per file (`dsr_file`; NULL for rows nobody asked about)
+        its rows and positions, and per request (`request_id`) its rows. Cost: Arrow, and one dict
+        entry per request."""
+        by_request = rows.filter(pc.is_valid(rows.column("request_id")))
+        ids: list[str] = by_request.column("request_id").to_pylist()  # type: ignore[assignment]  # no NULL
+        counts: list[int] = by_request.column("count").to_pylist()  # type: ignore[assignment]
+        found = cls(matches_by_request=dict(zip(ids, counts, strict=True)))
+        for f in rows.filter(pc.is_null(rows.column("request_id"))).to_pylist():
+            if f[_FILE] is None:
+                found.other_rows += f["count"]
+                continue
+            found.requested_by_file[f[_FILE]] = f["count"]
+            if found.positions is not None:
+                found.positions = None if f["positions"] is None else {
+                    **found.positions, f[_FILE]: sorted(f["positions"])}
+        return found
 
 
 @dataclass
@@ -264,7 +288,7 @@ def plan_many(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[s
     """`plan` for several tables in a few Spark jobs over unions of their scans (lake/batching.py): on
     a wide lake of small tables, a job per table would cost more than the reading. `parallel_tables`
     (`run.parallel_tables`): tables scanned, and scans collected, at once."""
-    in_driver: dict[str, list] = {}
+    in_driver: dict[str, Found] = {}
     folded: set[str] = set()
     spark = lake.spark
     with_positions = {t: positional(lake.table(t), datamap.table_mapping(t), erase, purging) for t in tables}
@@ -275,8 +299,7 @@ def plan_many(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[s
             found = indriver.attempt(f"{table}: the plan",
                                      lambda: indriver.plan(spark, candidates, keys[table].key_columns()))
             if found is not None:
-                in_driver[table] = [Row(dsr_table=table, request_ids=ids, dsr_file=path, count=count, positions=None)
-                                    for path, ids, count in found]
+                in_driver[table] = Found.of_groups(found)
                 return candidates, None
         if folds(lake.table(table), datamap.table_mapping(table), erase, keys[table], candidates, purging):
             folded.add(table)
@@ -297,14 +320,34 @@ def plan_many(lake: Lake, datamap: DataMap, erase: EraseSettings, tables: list[s
                                          F.when(hit, F.col(_FILE)).alias(_FILE), position.alias(POSITION))
 
     scans = dict(zip(tables, map_in_threads(scan, tables, parallel_tables), strict=True))
-    groups: dict[str, list] = {table: in_driver.get(table, []) for table in tables}
-    per_file = partial(_per_file, max_positions=erase.max_delete_positions if any(with_positions.values()) else None)
-    for g in collect_union([part for _, part in scans.values() if part is not None], per_file,
-                           parallel_tables):
-        groups[g.dsr_table].append(g)
+    per_file = partial(_found, max_positions=erase.max_delete_positions if any(with_positions.values()) else None)
+    parts = [part for _, part in scans.values() if part is not None]
+    rows = pa.concat_tables(map_unions(parts, per_file, parallel_tables)) if parts else None
+    found = {table: in_driver.get(table) or (Found() if rows is None else Found.of_arrow(
+        rows.filter(pc.equal(rows.column("dsr_table"), pa.scalar(table))))) for table in tables}
     return {table: _plan(lake.table(table), datamap.table_mapping(table), erase, keys[table], purging,
-                         scans[table][0], groups[table], with_positions[table], table in folded)
+                         scans[table][0], found[table], with_positions[table], table in folded)
             for table in tables}
+
+
+def _found(union: DataFrame, max_positions: int | None) -> pa.Table:
+    """What the scans of `union` found (`Found.of_arrow`'s rows, every table's), shipped as Arrow: one
+    row per file and one per request (a million requests: a million Python `Row`s cost 15 s). Each
+    group (`_per_file`) counts once for its file and once for each of its requests, in one
+    aggregation: two over the same groups would scan the tables twice (column pruning makes their
+    exchanges differ)."""
+    nothing = F.lit(None).cast("string")
+    no_positions = F.lit(None).cast("array<bigint>")
+    entries = F.concat(
+        F.array(F.struct(F.col(_FILE).alias(_FILE), nothing.alias("request_id"), F.col("positions"))),
+        F.transform(F.coalesce(F.col("request_ids"), F.array().cast("array<string>")),
+                    lambda request_id: F.struct(nothing.alias(_FILE), request_id.alias("request_id"),
+                                                no_positions.alias("positions"))))
+    each = _per_file(union, max_positions).select("dsr_table", "count", F.explode(entries).alias("e"))
+    return to_arrow(each.groupBy("dsr_table", f"e.{_FILE}", "e.request_id")
+                    .agg(F.sum("count").alias("count"),
+                         F.when(F.count(F.lit(1)) == F.count("e.positions"),
+                                F.flatten(F.collect_list("e.positions"))).alias("positions")))
 
 
 def _per_file(union: DataFrame, max_positions: int | None) -> DataFrame:
@@ -313,7 +356,7 @@ def _per_file(union: DataFrame, max_positions: int | None) -> DataFrame:
     group's list at a time), and only for tables with at most `max_positions` requested rows."""
     if max_positions is None:
         return union.groupBy("dsr_table", "request_ids", _FILE).agg(F.count(F.lit(1)).alias("count"),
-                                                                  F.lit(None).alias("positions"))
+                                                                  F.lit(None).cast("array<bigint>").alias("positions"))
     groups = union.groupBy("dsr_table", "request_ids", _FILE, F.shiftright(POSITION, 16).alias("dsr_bucket")).agg(
         F.count(F.lit(1)).alias("count"), F.collect_list(POSITION).alias("positions"))
     requested = F.sum(F.when(F.col("request_ids").isNotNull(), F.col("count"))).over(Window.partitionBy("dsr_table"))
@@ -343,9 +386,9 @@ def _in_driver_rewriting(handle: TableHandle) -> DriverRewriting:
 
 
 def _plan(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys: TableKeys, purging: bool,
-          candidates: skipping.Candidates, groups: list, with_positions: bool, folded: bool = False) -> TablePlan:
+          candidates: skipping.Candidates, found: Found, with_positions: bool, folded: bool = False) -> TablePlan:
     snapshot_id = candidates.snapshot_id
-    positions = _positions_by_file(groups) if with_positions else None
+    positions = found.positions if with_positions else None
     modes = write_modes(handle)
     strategy = choose_strategy(mapping.action, keys.size, erase.broadcast_max_keys, modes, mapping.simple,
                                _rewrites(handle, mapping, purging, modes), positions is not None,
@@ -354,7 +397,7 @@ def _plan(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
     # purge rewrites in this run rewrites them at once where the format lets it (statements_in_mode)
     mode = {"rewrite_files": "copy-on-write", "delete_positions": "merge-on-read"}.get(strategy) \
         or ("copy-on-write" if purging and handle.capabilities.statement_modes else modes[strategy.split("_")[0]])
-    table_plan = TablePlan.from_groups(handle.name, mapping, groups, strategy, mode, snapshot_id,
+    table_plan = TablePlan.from_found(handle.name, mapping, found, strategy, mode, snapshot_id,
                                        handle.live_rows(snapshot_id), candidates, positions)
     if folded:
         table_plan.folded, table_plan.rows_scanned = True, 0

@@ -18,7 +18,7 @@ from ..exceptions import first_line
 from ..lake import plainfiles
 from . import collateral, matching
 from .collateral import CollateralResult
-from .erase import TableErasure, TablePlan
+from .erase import Found, TableErasure, TablePlan
 from .matching import TableKeys
 
 _FILE = "dsr_file"
@@ -44,7 +44,8 @@ def erase_dataset(spark: SparkSession, datamap: DataMap, name: str, keys: TableK
     for g in groups:
         rows_in[g[_FILE]] += g["count"]
         hits_in[g[_FILE]] += g["count"] if g.request_ids else 0
-    table_plan = TablePlan.from_groups(name, mapping, groups, "file_rewrite", "files", None)
+    found = Found.of_groups([(g[_FILE], g.request_ids, g["count"]) for g in groups])
+    table_plan = TablePlan.from_found(name, mapping, found, "file_rewrite", "files", None)
     result = TableErasure(table_plan, rows_after=table_plan.expected_rows_after, collateral=CollateralResult(True))
     try:
         for old in sorted(f for f, hits in hits_in.items() if hits):
