@@ -120,9 +120,18 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
     due by its deadline: requests in `deadlines`), or completed (proven). Requests erased in an
     earlier run keep that run's erase evidence (`prior`), and so do requests an interrupted run
     erased (`resumed`, from the step journal). `stop_reason`: why the run stopped before the purge
-    (fails every request)."""
-    outcomes, validated = [], _Validated()
-    for request_id in request_ids:
+    (fails every request).
+
+    Cost: the outcome of a request nothing singles out (no earlier or interrupted run erased it, no
+    check found it) depends only on its rows per table and its purge deadline, so it is decided once
+    per distinct such signature: a batch of a million requests makes a handful of decisions."""
+    validated = _Validated()
+    singled_out = {*prior, *(rid for v in verifications.values() for rid in v.failing),
+                   *(rid for step in resumed.values() for rid in step.detail.get("rows", {}))}
+    matches = [(erasures[t].plan.matches_by_request if t in erasures else {}) for t in verifications]
+    decided: dict[tuple, tuple] = {}
+
+    def decide(request_id: str) -> tuple:
         earlier = prior.get(request_id, {})
         reasons: list[str] = []
         held: list[str] = []  # findings in tables under a legal hold
@@ -142,15 +151,22 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
             evidence["erased_in_run"] = earlier.get("run_id")
         evidence = validated.evidence(evidence)
         if reasons:
-            outcomes.append(Outcome(request_id, "failed", "; ".join([*reasons, *held]), evidence))
-        elif held:
-            outcomes.append(Outcome(request_id, "held", "; ".join(held), evidence))
-        elif request_id in deadlines:
+            return "failed", "; ".join([*reasons, *held]), evidence, None
+        if held:
+            return "held", "; ".join(held), evidence, None
+        if request_id in deadlines:
             by = deadlines[request_id]
-            outcomes.append(Outcome(request_id, "erased", f"logically erased; physical purge due by {by}",
-                                    evidence, purge_by=by))
+            return "erased", f"logically erased; physical purge due by {by}", evidence, by
+        return "completed", None, evidence, None
+
+    outcomes = []
+    for request_id in request_ids:
+        if request_id in singled_out:
+            outcome = decide(request_id)
         else:
-            outcomes.append(Outcome(request_id, "completed", None, evidence))
+            signature = (deadlines.get(request_id), *(m.get(request_id) for m in matches))
+            outcome = decided.get(signature) or decided.setdefault(signature, decide(request_id))
+        outcomes.append(Outcome(request_id, *outcome))
     return outcomes
 
 
