@@ -207,6 +207,11 @@ class Ledger:
             rows[i]["received_at"] = received[i].as_py()
         return rows
 
+    def work_version(self) -> tuple[int | None, ...]:
+        """The snapshots of the tables a run's work is read from (requests, journal, holds): equal
+        versions, equal work. Cost: three metadata reads."""
+        return tuple(self.store.snapshot_id(table) for table in ("requests", "steps", "holds"))
+
     def statuses(self, today: date | None = None, request_id: str | None = None) -> list[RequestStatus]:
         """Every request (or one) without its subject: for `dsr status`. Requests a run holding the
         lease works on show as in progress. Two small reads."""
@@ -344,8 +349,18 @@ class Ledger:
             return rows
 
         self.store.replace_arrow("requests", "request_id", ids, change)
-        self.audit([*((o.request_id, run_id, "in_progress", {}, started_at) for o in outcomes if started_at),
-                    *((o.request_id, run_id, o.status, _audit_detail(o)) for o in outcomes)], now)
+        details: dict[tuple, str] = {}  # a batch's outcomes share a handful of details
+        events = {"request_id": ids, "event": [o.status for o in outcomes],
+                  "detail": [details.get((o.reason, o.purge_by)) or details.setdefault((o.reason, o.purge_by),
+                                                                                     _audit_detail(o))
+                             for o in outcomes],
+                  "at": pa.repeat(pa.scalar(now, TIMESTAMP), len(ids))}
+        if started_at:  # each request's run began when the run did
+            events = {"request_id": [*ids, *ids], "event": [*["in_progress"] * len(ids), *events["event"]],
+                      "detail": [*[_NO_DETAIL] * len(ids), *events["detail"]],
+                      "at": pa.concat_arrays([pa.repeat(pa.scalar(started_at, TIMESTAMP), len(ids)),
+                                              events["at"]])}
+        self._append_audit({**events, "run_id": pa.repeat(pa.scalar(run_id, pa.string()), len(events["event"]))})
 
     def extend(self, request_id: str, reason: str, now: datetime | None = None) -> RequestStatus:
         """Apply the regulation's one allowed extension to an open request."""
@@ -391,13 +406,17 @@ class Ledger:
         if not events:
             return
         at = now or utc_now()
-        ids = os.urandom(16 * len(events)).hex()  # uuid4().hex's randomness, drawn at once
-        empty = json.dumps({})
-        self.store.append_arrow("audit", pa.table({
-            "event_id": [ids[32 * i:32 * i + 32] for i in range(len(events))],
-            "request_id": [e[0] for e in events], "run_id": [e[1] for e in events],
-            "at": pa.array([e[4] if len(e) > 4 else at for e in events], TIMESTAMP),
-            "event": [e[2] for e in events], "detail": [json.dumps(e[3]) if e[3] else empty for e in events]}))
+        self._append_audit({"request_id": [e[0] for e in events], "run_id": [e[1] for e in events],
+                            "at": pa.array([e[4] if len(e) > 4 else at for e in events], TIMESTAMP),
+                            "event": [e[2] for e in events],
+                            "detail": [json.dumps(e[3]) if e[3] else _NO_DETAIL for e in events]})
+
+    def _append_audit(self, columns: dict) -> None:
+        """Append audit events given column by column (details as JSON text), each with a new id."""
+        n = len(columns["event"])
+        ids = os.urandom(16 * n).hex()  # uuid4().hex's randomness, drawn at once
+        self.store.append_arrow("audit", pa.table({"event_id": [ids[32 * i:32 * i + 32] for i in range(n)],
+                                                   **columns}))
 
     # -- the ledger's own history ---------------------------------------------------------------
     def purge_owed(self, steps: list[Step]) -> bool:
@@ -460,11 +479,15 @@ class Outcome:
     purge_by: date | None = None  # status erased: the physical purge is due by this day
 
 
-def _audit_detail(outcome: Outcome) -> dict:
+_NO_DETAIL = json.dumps({})
+
+
+def _audit_detail(outcome: Outcome) -> str:
+    """The outcome's audit detail as JSON text: its reason and purge deadline."""
     detail: dict = {"reason": outcome.reason} if outcome.reason else {}
     if outcome.purge_by:
         detail["purge_by"] = outcome.purge_by.isoformat()
-    return detail
+    return json.dumps(detail) if detail else _NO_DETAIL
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import replace
 from datetime import date, datetime
 from pathlib import Path
 
@@ -66,6 +67,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         with timed(report, "drop"):
             report.drop = match_waiting(spark, settings, ledger)
     with timed(report, "ledger"):
+        version = ledger.work_version()
         work = _noted(report, read_work(ledger, settings, today))
     if not work.needs_lease:
         report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
@@ -84,7 +86,10 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         if waited:
             progress.done()
         with timed(report, "ledger"):
-            work = _noted(report, read_work(ledger, settings, today, holder.interrupted))  # as it is now we hold it
+            if ledger.work_version() == version:  # nothing changed while the lease was taken: the same work
+                work = replace(work, interrupted=list(holder.interrupted))
+            else:  # read again as it is now we hold it
+                work = _noted(report, read_work(ledger, settings, today, holder.interrupted))
             if work.ids:
                 lease.working_on(work.ids)
         if not work.needs_spark:
