@@ -474,7 +474,7 @@ class DeltaTable:
         every file may): its statistics say so in one of the columns (min <= value <= max; a file
         without statistics for a column may hold any). Decided in the driver's JVM over the version's
         `add` actions when every column's values are held there (no Spark job: DeltaStats.java), else
-        in Spark by a join of the file list with the values; either way only paths, sizes, counts and
+        in Spark against the values' range (`_may_hold`); either way only paths, sizes, counts and
         the flag reach Python. It narrows a table clustered by the key (`dsr optimize`: Z-order or
         liquid clustering)."""
         if not keys:
@@ -829,18 +829,21 @@ def _rows(files: DataFrame) -> Column:
 def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
     """`files` (a log's file list with `stats`), each with `dsr_may`: whether its statistics say it
     may hold one of the values of one of the key columns (`keys`: each column's path in the
-    statistics, its values; see DeltaTable.files_for_keys). Cost: one comparison per value and file."""
+    statistics, its values; see DeltaTable.files_for_keys). This path serves sets too large to hold
+    in the driver (a million ids): a file is kept when its bounds overlap the range of the values, a
+    superset of the files whose bounds hold one. Comparing each value with each file's bounds cost
+    7.5 s at a million values and 40 files, and kept the same files: a batch that large lands in
+    every file's range. Cost: one aggregate over each column's values, one comparison per file."""
     kept = None
     for path, values in keys:
         low = F.get_json_object("stats", f"$.minValues.{path}")
         high = F.get_json_object("stats", f"$.maxValues.{path}")
         key_type = values.schema["key_value"].dataType
         bounded = files.select("path", low.cast(key_type).alias("dsr_low"), high.cast(key_type).alias("dsr_high"))
+        span = values.agg(F.min("key_value").alias("dsr_first"), F.max("key_value").alias("dsr_last"))
         inside = (F.col("dsr_low").isNull() | F.col("dsr_high").isNull()
-                  | ((F.col("key_value") >= F.col("dsr_low")) & (F.col("key_value") <= F.col("dsr_high"))))
-        # The file list is broadcast, not the values: this path serves sets too large to hold in the
-        # driver (a million ids); each value is compared with each file's bounds on the executors.
-        found = values.select("key_value").join(F.broadcast(bounded), inside).select("path")
+                  | ((F.col("dsr_last") >= F.col("dsr_low")) & (F.col("dsr_first") <= F.col("dsr_high"))))
+        found = bounded.crossJoin(F.broadcast(span)).where(inside).select("path")
         kept = found if kept is None else kept.union(found)
     assert kept is not None, "called with key columns"
     return files.join(kept.distinct().withColumn("dsr_may", F.lit(True)), "path", "left").fillna(
