@@ -1,11 +1,11 @@
 """A batch erased from a Delta table: `dsr submit` + `dsr run` against the seeds' own recipes, each a
 whole process on an identical copy of the same table.
 
-Usage: python bench/delta.py [--rows 1000000] [--erase 10000] [--rounds 3] [--workdir DIR]
+Usage: python bench/delta.py [--rows 1000000] [--erase 10000] [--rounds 3] [--workdir DIR] [--absent]
 
 The table: `--rows` distinct string ids (seed 003's shape: an id and a few payload columns), written
 once as Delta with deletion vectors and copied for every variant and round. `--erase` of its ids are
-erased. The variants, alternated in each round:
+erased (with `--absent`, as many ids the table does not hold: nothing matches). The variants, alternated in each round:
 
 - `seed002_merge`: seed 002's `DELETE ... WHERE EXISTS` with the broadcast threshold raised, in its
   open-source Delta form (Delta refuses the subquery): `MERGE ... WHEN MATCHED THEN DELETE` against
@@ -17,8 +17,9 @@ erased. The variants, alternated in each round:
   history, storage, log) and removes the log files that still hold the ids.
 
 The recipes neither prove nor clean the log: their VACUUM leaves every JSON commit, whose statistics
-still hold erased ids. Writes bench/results/delta-<rows>-<erase>.json: each round's seconds and the
-medians, with each variant's ratio to the fastest recipe.
+still hold erased ids. Writes bench/results/delta-<rows>-<erase>[-absent].json: each round's seconds and the
+medians, with each variant's ratio to the fastest recipe, and each process's peak memory (Python and
+the driver's JVM) in the last round.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from lakehouse_dsr.bench import _python_process, dsr_process
+from lakehouse_dsr.bench import measured_process
 
 RECIPES = ("seed002_merge", "seed003_dv", "seed003_cow")
 
@@ -83,13 +84,14 @@ def main() -> None:
     args.add_argument("--erase", type=int, default=10_000)
     args.add_argument("--rounds", type=int, default=3)
     args.add_argument("--workdir", default=tempfile.mkdtemp(prefix="dsr-bench-delta-"))
+    args.add_argument("--absent", action="store_true", help="erase ids the table does not hold (nothing matches)")
     a = args.parse_args()
     work = Path(a.workdir)
     source = work / "source"
     if not source.exists():
         make_table(source, a.rows)
     step = a.rows // a.erase
-    ids = [f"id-{i * step:010d}" for i in range(a.erase)]
+    ids = [f"{'absent' if a.absent else 'id'}-{i * step:010d}" for i in range(a.erase)]
     keys = work / "keys.parquet"
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -98,6 +100,7 @@ def main() -> None:
     requests = work / "requests.csv"
     requests.write_text("subject_id,type\n" + "".join(f"{i},erase\n" for i in ids))
     rounds = []
+    peak_mb: dict[str, int] = {}  # each process's peak memory (Python and the driver's JVM), last round
     for r in range(a.rounds):
         seconds: dict[str, float] = {}
         for variant in (*RECIPES, "dsr"):
@@ -112,18 +115,21 @@ def main() -> None:
                     "purge": {"orphan_min_age_minutes": 0},
                     "datamap": {"subject": "id", "tables": {"ads.events": {"key": "id", "format": "delta",
                                                                            "path": str(side / "table")}}}}))
+                dsr = ("-m", "lakehouse_dsr", "--config", str(config))
                 start = time.perf_counter()
-                dsr_process(config, "submit", "--file", str(requests))
+                *_, submit_peak = measured_process("dsr submit", *dsr, "submit", "--file", str(requests))
                 submitted = time.perf_counter()
-                dsr_process(config, "run", "--report", str(side / "report.json"))
+                *_, run_peak = measured_process("dsr run", *dsr, "run", "--report", str(side / "report.json"))
                 seconds["dsr"] = round(time.perf_counter() - start, 3)
                 seconds["dsr_submit"] = round(submitted - start, 3)
+                peak_mb.update({"submit": round(submit_peak / 2**20), "run": round(run_peak / 2**20)})
                 report = json.loads((side / "report.json").read_text())
                 assert sum(1 for q in report["requests"] if q["status"] == "completed") == a.erase, "dsr run"
                 seconds.update({f"dsr_{stage}": s for stage, s in report["seconds"].items()})
             else:
-                seconds[variant] = _python_process(variant, __file__, "recipe", variant, str(side / "table"),
-                                                   str(keys))[0]
+                seconds[variant], _, peak = measured_process(variant, __file__, "recipe", variant,
+                                                             str(side / "table"), str(keys))
+                peak_mb[variant] = round(peak / 2**20)
             shutil.rmtree(side, ignore_errors=True)
         rounds.append(seconds)
         print(json.dumps(seconds), flush=True)
@@ -131,8 +137,10 @@ def main() -> None:
     fastest = min(medians[v] for v in RECIPES)
     out = {"rows": a.rows, "erase": a.erase, "rounds": rounds, "median_s": medians,
            "vs_fastest_recipe": {v: round(medians[v] / fastest, 3) for v in (*RECIPES, "dsr")},
+           "peak_memory_mb": peak_mb,
            "generated_at": datetime.now(UTC).isoformat(timespec="seconds")}
-    (Path(__file__).parent / "results" / f"delta-{a.rows}-{a.erase}.json").write_text(json.dumps(out, indent=1))
+    name = f"delta-{a.rows}-{a.erase}{'-absent' if a.absent else ''}.json"
+    (Path(__file__).parent / "results" / name).write_text(json.dumps(out, indent=1))
     print(json.dumps({k: v for k, v in out.items() if k != "rounds"}))
 
 

@@ -23,6 +23,15 @@ from lakehouse_dsr.lake.metrics import StageMeter
 VALUES = ["alice", "x' OR '1'='1", "%", "\u00e9l\u00e8ve \U0001f600", "a\x00b", " ", "k" * 10_000]
 
 
+@pytest.mark.parametrize("key", [b"", b"short key", os.urandom(64), os.urandom(65), os.urandom(100)])
+def test_keyed_hash_is_the_standard_hmac_sha256(key):
+    """keyed_hash reuses each key's padded states: the result is still RFC 2104's, key lengths past the
+    block size (hashed first) included."""
+    import hmac
+
+    assert [keyed_hash(key, v) for v in VALUES] == [hmac.new(key, v.encode(), "sha256").hexdigest() for v in VALUES]
+
+
 @pytest.mark.parametrize("key", [b"short key", os.urandom(32), os.urandom(100)], ids=["short", "32-bytes", "100-bytes"])
 @pytest.mark.parametrize("held", ["spark", "driver"])
 def test_spark_hmac_equals_python_hmac(spark, key, held):
