@@ -100,6 +100,15 @@ def _evidence_texts(outcomes: list[Outcome]) -> list[str]:
     return [written[id(o.evidence)] for o in outcomes]
 
 
+def _few(values: list, kind: pa.DataType) -> pa.Array:
+    """`values`, few distinct among many (a batch's outcomes share their statuses, reasons and
+    evidence), as an Arrow array of `kind`: each distinct value is converted once, then gathered in
+    Arrow (a million evidence texts converted one by one cost seconds)."""
+    index: dict = {}
+    positions = pa.array([index.setdefault(v, len(index)) for v in values], pa.int32())
+    return pa.array(list(index), kind).take(positions)
+
+
 def _ids_stored(loaded: Table, ids: list[str]) -> set[str]:
     """Which of `ids` the requests table holds (`Among`: a batch of new ids skips every older file)."""
     return {str(i) for i in Among("request_id", ids).read(loaded, ("request_id",)).column("request_id").to_pylist()}
@@ -332,9 +341,10 @@ class Ledger:
         now = utc_now()
         ids = [o.request_id for o in outcomes]
         decided = pa.table({
-            "status": [o.status for o in outcomes], "status_reason": [o.reason for o in outcomes],
-            "evidence": _evidence_texts(outcomes),
-            "purge_by": pa.array([o.purge_by for o in outcomes], pa.date32())})
+            "status": _few([o.status for o in outcomes], pa.string()),
+            "status_reason": _few([o.reason for o in outcomes], pa.string()),
+            "evidence": _few(_evidence_texts(outcomes), pa.string()),
+            "purge_by": _few([o.purge_by for o in outcomes], pa.date32())})
 
         def change(loaded: Table, rows: pa.Table) -> pa.Table:
             mine = decided.take(pc.index_in(rows.column("request_id"), value_set=pa.array(ids, pa.string())))
@@ -470,7 +480,7 @@ class RunRecord:
     erased: int  # logically erased, awaiting the batched purge
 
 
-@dataclass
+@dataclass(slots=True)  # a batch makes one per request
 class Outcome:
     request_id: str
     status: Literal["completed", "failed", "erased", "held"]

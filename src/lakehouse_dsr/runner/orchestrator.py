@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from .. import faults
 from ..config import Settings
 from ..drop.matching import match_waiting
-from ..evidence.report import RequestResult, RunReport
+from ..evidence.report import RunReport
 from ..inventory.check import check_against_catalog, check_formats
 from ..lake import skipping
 from ..lake.lakehouse import Lake
@@ -203,7 +203,7 @@ def _finish(ledger: Ledger, lease: Lease, report: RunReport, work: Work, outcome
         if any(o.status == "completed" for o in outcomes) or work.ledger_purge:
             if ledger.settings.purge.policy == "immediate" or report.purge_schedule.get("purged"):
                 _purge_ledger(ledger, report)
-    report.requests = [RequestResult(o.request_id, o.status, o.reason) for o in outcomes]
+    report.requests = outcomes
     ledger.record_run(report.record(utc_now()))  # the dashboard's run history: one append
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from datetime import date
 
@@ -79,8 +80,8 @@ def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tupl
         else:
             not_processed[r["request_type"]] = not_processed.get(r["request_type"], 0) + 1
     erase = {} if held else by_type["erase"]
-    deadlines = {**waiting, **{rid: purge.purge_deadline(today, r["due_date"], settings.purge)
-                               for rid, r in erase.items()}}
+    deadline = functools.cache(lambda due: purge.purge_deadline(today, due, settings.purge))  # per due day
+    deadlines = {**waiting, **{rid: deadline(r["due_date"]) for rid, r in erase.items()}}
     work = Work(by_type["access"], erase, waiting, steps, list(interrupted), deadlines,
                 not held and purge.purge_due(deadlines.values(), today),
                 settings.purge.policy == "immediate" and ledger.purge_owed(steps),
