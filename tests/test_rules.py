@@ -3,12 +3,15 @@ and what its evidence says, from the stages' results alone. No Spark session is 
 
 from __future__ import annotations
 
+import json
 from datetime import date
 
 import pytest
 
 from lakehouse_dsr.datamap import DataMap
+from lakehouse_dsr.evidence.report import RunReport
 from lakehouse_dsr.ledger.journal import Step
+from lakehouse_dsr.ledger.ledger import Outcome
 from lakehouse_dsr.runner import rules
 from lakehouse_dsr.stages.access import ExportResult, Package
 from lakehouse_dsr.stages.collateral import CollateralResult
@@ -136,3 +139,35 @@ def test_access_requests_complete_only_with_a_package_whose_checksum_holds():
     assert done["a3"].status == "failed" and done["a3"].evidence == {"version": 1, "run_id": RUN}
     assert rules.export_summary(result, "json", ["demo.events", "demo.users"])["rows"] == {
         "demo.events": 2, "demo.users": 0}
+
+
+def test_the_written_report_is_its_document_with_every_request_line(tmp_path):
+    """RunReport.write encodes its request lines itself (fast at a million): the file must read back as
+    the document (`as_dict`) with every request, escaping included; `document` validates one line per
+    distinct status and reason."""
+    report = RunReport("run-1", "2026-12-04T00:00:00+00:00")
+    report.requests = [Outcome("req-1", "completed"), Outcome('odd "id" é\\', "failed", 'why "é"\n'),
+                       Outcome("req-2", "erased", "later"), Outcome("req-3", "completed")]
+    report.write(tmp_path / "report.json")
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written == report.as_dict()
+    assert [r["request_id"] for r in written["requests"]] == ["req-1", 'odd "id" é\\', "req-2", "req-3"]
+    assert written["summary"]["requests"] == 4 and len(report.document().requests) == 3
+
+
+def test_requests_alike_share_one_decision_and_each_keeps_its_own_counts_and_deadline():
+    """A batch's requests are decided once per signature (rows per table, purge deadline): equal ones
+    share their evidence object, and any difference (rows, deadline, a finding) still shows."""
+    erasures = {"demo.events": erasure({"r1": 1, "r2": 1, "r3": 2, "r5": 1, "r6": 1})}
+    failing = TableVerification("demo.events", live=1, failing={"r6": ["demo.events: 1 row left"]})
+    later = date(2026, 12, 31)
+    done = outcomes(["r1", "r2", "r3", "r4", "r5", "r6"], erasures, {"demo.events": failing},
+                    deadlines={"r5": later})
+    rows = {r: o.evidence["tables"]["demo.events"]["rows"] for r, o in done.items()}
+    assert rows == {"r1": 1, "r2": 1, "r3": 2, "r4": 0, "r5": 1, "r6": 1}
+    assert done["r1"].evidence is done["r2"].evidence and done["r1"].evidence is not done["r3"].evidence
+    assert [done[r].request_id for r in ("r1", "r2")] == ["r1", "r2"]
+    assert (done["r5"].status, done["r5"].purge_by) == ("erased", later) and done["r1"].status == "completed"
+    assert (done["r6"].status, done["r6"].reason) == ("failed", "demo.events: 1 row left")
+    assert done["r6"].evidence["tables"]["demo.events"]["verification"]["passed"] is False
+    assert done["r1"].evidence["tables"]["demo.events"]["verification"]["passed"] is True
