@@ -23,7 +23,8 @@ from lakehouse_dsr.lake.metrics import StageMeter
 VALUES = ["alice", "x' OR '1'='1", "%", "\u00e9l\u00e8ve \U0001f600", "a\x00b", " ", "k" * 10_000]
 
 
-@pytest.mark.parametrize("key", [b"", b"short key", os.urandom(64), os.urandom(65), os.urandom(100)])
+@pytest.mark.parametrize("key", [b"", b"short key", os.urandom(64), os.urandom(65), os.urandom(100)],
+                         ids=["empty", "short", "64-bytes", "65-bytes", "100-bytes"])
 def test_keyed_hash_is_the_standard_hmac_sha256(key):
     """keyed_hash reuses each key's padded states: the result is still RFC 2104's, key lengths past the
     block size (hashed first) included."""
