@@ -1,4 +1,7 @@
+import os
+import time
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 import pytest
 
@@ -6,6 +9,7 @@ from helpers import make_settings, snapshot_ids
 from lakehouse_dsr.exceptions import LedgerError, RequestInputError
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger import ledger as ledger_module
+from lakehouse_dsr.ledger.journal import Step
 from lakehouse_dsr.ledger.ledger import Ledger, new_request_id, new_request_ids
 from lakehouse_dsr.ledger.requests import RequestInput, add_months, due_date, read_requests_csv
 
@@ -270,3 +274,26 @@ def test_a_writer_whose_snapshot_another_writer_purged_meanwhile_writes_again_fr
                         lambda table, create=True: handed.pop() if handed else fresh(table, create))
     ledger.journal.record([Step("run-9", "demo.events", "checked", 9)])
     assert sorted(s.snapshot_id for s in other.journal.steps()) == list(range(10))
+
+
+def test_the_ledger_purge_removes_torn_files_of_every_ledger_table_but_not_their_live_ones(tmp_path):
+    """A write a full disk cut short leaves a torn file beside a ledger table (a zero-length Parquet
+    file no snapshot references): the ledger's purge removes it once older than the orphan window,
+    whatever table it is in, and every committed row stays."""
+    ledger = Ledger(make_settings(tmp_path))  # pyiceberg only: no Spark
+    ledger.submit([RequestInput("p1", "erase")])
+    ledger.journal.record([Step("run-1", "demo.events", "erased")])
+    torn = []
+    for table in ("steps", "audit"):
+        data = Path(ledger.store.load(table).location().removeprefix("file://")) / "data"
+        torn.append(data / "00000-0-torn.parquet")
+        torn[-1].write_bytes(b"")
+        old = time.time() - 2 * 24 * 3600  # past any orphan window
+        os.utime(torn[-1], (old, old))
+    young = torn[0].with_name("00000-1-young.parquet")  # a writer's file not committed yet: kept
+    young.write_bytes(b"")
+
+    result = ledger.purge_history()
+    assert result["orphans_removed"] >= 2 and not any(t.exists() for t in torn) and young.exists()
+    assert [s.step for s in ledger.journal.steps()] == ["erased"]
+    assert len(ledger.statuses()) == 1

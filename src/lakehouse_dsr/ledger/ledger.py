@@ -440,8 +440,13 @@ class Ledger:
     def purge_history(self) -> dict:
         """Purge the requests table's history (old snapshots and files hold plaintext subject ids of
         requests completed since) and prove it: no stored file holds the plaintext of a completed
-        request, by keyed hash. Cost: metadata, a listing, and the subject column of the ledger's files."""
-        result = self.store.purge_history("requests", self.settings.purge.orphan_min_age_minutes)
+        request, by keyed hash. The other ledger tables lose their orphan files (a write a full disk
+        cut short leaves a torn one); the lease's own return purges its table. Cost: metadata, a
+        listing per ledger table, and the subject column of the ledger's files."""
+        window = self.settings.purge.orphan_min_age_minutes
+        result = self.store.purge_history("requests", window)
+        result.orphans_removed += sum(self.store.remove_orphans(table, window) for table in LEDGER_TABLES
+                                      if table not in ("requests", "lease"))
         completed = {r["subject_hash"] for r in self.store.rows("requests", EqualTo("status", "completed"),
                                                                 ("subject_hash",))}
         keys = list(self.keyring.keys().values())

@@ -412,13 +412,28 @@ class Store:
                 for path in gone:
                     loaded.io.delete(path)
                 result.snapshots_expired, result.files_deleted = len(expired), len(gone)
+        result.orphans_removed = self._remove_orphans(loaded, orphan_min_age_minutes)
+        return result
+
+    def remove_orphans(self, table: str, orphan_min_age_minutes: float) -> int:
+        """Delete the table's data and manifest files no snapshot references, once older than the orphan
+        window (a write a full disk cut short leaves one, torn); returns how many. A table not created
+        yet is left alone. Cost: reads the manifests of every snapshot and lists the table location."""
+        try:
+            loaded = self.load(table, create=False)
+        except NoSuchTableError:
+            return 0
+        return self._remove_orphans(loaded, orphan_min_age_minutes)
+
+    def _remove_orphans(self, loaded: Table, orphan_min_age_minutes: float) -> int:
         referenced = _reachable(loaded, loaded.snapshots()) | {_normal(loaded.metadata_location)}
         cutoff = time.time() - orphan_min_age_minutes * 60
+        removed = 0
         for info in self.files(loaded):
             if info.uri not in referenced and info.path.endswith((".parquet", ".avro")) and info.mtime < cutoff:
                 info.fs.delete_file(info.path)
-                result.orphans_removed += 1
-        return result
+                removed += 1
+        return removed
 
     def files(self, loaded: Table) -> list[StoredFile]:
         """Every file under the table's location, as the storage lists it."""
