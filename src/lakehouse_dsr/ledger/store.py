@@ -366,7 +366,11 @@ class Store:
         return (current.snapshot_id if current else None) != (now.snapshot_id if now else None)
 
     def snapshot_id(self, table: str) -> int | None:
-        current = self.load(table).current_snapshot()
+        """The table's current snapshot (None: no snapshot, or no table: a read creates none)."""
+        try:
+            current = self.load(table, create=False).current_snapshot()
+        except NoSuchTableError:
+            return None
         return current.snapshot_id if current else None
 
     def transact(self, table: str, attempt: Callable[[Table], object]) -> Table:

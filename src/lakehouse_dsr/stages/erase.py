@@ -137,9 +137,10 @@ class Found:
                 found.other_rows += f["count"]
                 continue
             found.requested_by_file[f[_FILE]] = f["count"]
-            if found.positions is not None:
-                found.positions = None if f["positions"] is None else {
-                    **found.positions, f[_FILE]: sorted(f["positions"])}
+            if f["positions"] is None:
+                found.positions = None
+            elif found.positions is not None:
+                found.positions[f[_FILE]] = sorted(f["positions"])
         return found
 
 
