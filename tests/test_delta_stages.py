@@ -525,6 +525,16 @@ def test_the_drivers_pruning_by_the_logs_statistics_agrees_with_sparks(spark, tm
         assert counts[-1] >= sum(1 for rows in files if _utf8(min(rows, key=_utf8)) <= _utf8(probe)
                                  <= _utf8(max(rows, key=_utf8))), probe  # never pruned where it may be
     assert 0 in counts and max(counts) > 0  # some probe pruned every file, some kept one
+    # Several values at once: beyond what the driver holds, a file is kept where its bounds overlap the
+    # values' range, never fewer than the driver's value-by-value answer
+    pair = sorted(probes[:2], key=_utf8)
+    grouped = spark.createDataFrame([(v, ["r"]) for v in pair], f"key_value {key_type}, request_ids array<string>")
+    held = skipping.key_values(grouped, grouped.schema["key_value"].dataType)
+    exact = {f[0] for f in handle.files_for_keys(version, [("k", grouped.select("key_value"), held)]) if f[3]}
+    ranged = {f[0] for f in handle.files_for_keys(version, [("k", grouped.select("key_value"), None)]) if f[3]}
+    overlapping = sum(1 for rows in files if _utf8(min(rows, key=_utf8)) <= _utf8(pair[1])
+                      and _utf8(pair[0]) <= _utf8(max(rows, key=_utf8)))
+    assert exact <= ranged and len(ranged) >= overlapping
 
 
 def _utf8(value):

@@ -40,15 +40,14 @@ def erase_dataset(spark: SparkSession, datamap: DataMap, name: str, keys: TableK
     groups = (matching.mark(rows, keys).select(matching.request_ids(keys).alias("request_ids"), _FILE)
               .groupBy("request_ids", _FILE).count().collect())
     rows_in: Counter[str] = Counter()  # per file: rows
-    hits_in: Counter[str] = Counter()  # per file: rows naming a requested subject
     for g in groups:
         rows_in[g[_FILE]] += g["count"]
-        hits_in[g[_FILE]] += g["count"] if g.request_ids else 0
     found = Found.of_groups([(g[_FILE], g.request_ids, g["count"]) for g in groups])
+    hits_in = found.requested_by_file  # per file holding some: rows naming a requested subject
     table_plan = TablePlan.from_found(name, mapping, found, "file_rewrite", "files", None)
     result = TableErasure(table_plan, rows_after=table_plan.expected_rows_after, collateral=CollateralResult(True))
     try:
-        for old in sorted(f for f, hits in hits_in.items() if hits):
+        for old in sorted(hits_in):
             content = plainfiles.reader(spark, mapping).load(old)
             new = plainfiles.replace(spark, old, collateral.erased_rows(content, keys, mapping.action), mapping)
             after = plainfiles.reader(spark, mapping).load(new).count()
