@@ -31,7 +31,15 @@ from .exceptions import DsrError, LedgerBusyError, disk_full, first_line
 from .keys import rotate_key
 from .ledger.holds import add_hold, list_holds, parse_until, release_hold
 from .ledger.ledger import Ledger
-from .ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, parse_received, read_requests_csv, utc_now
+from .ledger.requests import (
+    REGULATIONS,
+    REQUEST_TYPES,
+    RequestBatch,
+    RequestInput,
+    parse_received,
+    read_requests_csv,
+    utc_now,
+)
 
 if TYPE_CHECKING:  # imported by the commands that start Spark, not by the control plane's
     from .runner.plan import PlanReport, Rate
@@ -184,7 +192,7 @@ def submit(
             raise DsrError(f"--subject and --type are required (types: {', '.join(REQUEST_TYPES)}; "
                            f"regulations: {', '.join(REGULATIONS)})")
         when = parse_received(received, "--received") if received else None
-        inputs = [RequestInput(subject, type_.lower(), regulation.lower(), when).validated()]
+        inputs = RequestBatch.of([RequestInput(subject, type_.lower(), regulation.lower(), when)])
     result = _ledger().submit(inputs)
     # One write for every id: a million lines through Rich's renderer took minutes.
     console.file.write("".join(f"submitted {request_id}\n" for request_id in result.created))

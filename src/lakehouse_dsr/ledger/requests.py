@@ -6,10 +6,13 @@ import calendar
 import csv
 import io
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ..exceptions import RequestInputError
 
@@ -132,8 +135,49 @@ def parse_received(text: str, where: str = "") -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def read_requests_csv(path: str | Path) -> list[RequestInput]:
-    """Parse and validate a whole CSV (`subject_id,type[,regulation][,received_at]`) before anything is submitted."""
+@dataclass(frozen=True)
+class RequestBatch:
+    """Validated requests as columns, in the order given: `Ledger.submit`'s input at any size (a
+    million `RequestInput` objects cost seconds that a list per field does not). Made by `of` or
+    `read_requests_csv`, which validate every request; iterating gives `RequestInput`s."""
+
+    subject_id: list[str]
+    request_type: list[str]
+    regulation: list[str]
+    received_at: list[datetime | None]
+    request_id: list[str | None]
+    drop_work_items: list[tuple[str, ...]]
+
+    @staticmethod
+    def of(inputs: Iterable[RequestInput]) -> RequestBatch:
+        valid = [r.validated() for r in inputs]
+        return RequestBatch([r.subject_id for r in valid], [r.request_type for r in valid],
+                            [r.regulation for r in valid], [r.received_at for r in valid],
+                            [r.request_id for r in valid], [r.drop_work_items for r in valid])
+
+    def __len__(self) -> int:
+        return len(self.subject_id)
+
+    def __getitem__(self, i: int) -> RequestInput:
+        return RequestInput(self.subject_id[i], self.request_type[i], self.regulation[i], self.received_at[i],
+                            self.request_id[i], self.drop_work_items[i])
+
+    def __iter__(self) -> Iterator[RequestInput]:
+        return map(RequestInput, self.subject_id, self.request_type, self.regulation, self.received_at,
+                   self.request_id, self.drop_work_items)
+
+
+_COLUMNS = ("subject_id", "type", "regulation", "received_at")
+
+
+def read_requests_csv(path: str | Path) -> RequestBatch:
+    """Parse and validate a whole CSV (`subject_id,type[,regulation][,received_at]`) before anything is
+    submitted. A malformed file is refused with its first bad line and the reason.
+
+    Cost: the csv module's C reader, then the checks column by column: keywords and dates once per
+    distinct value, subject ids with a few string methods each; only a row those find suspect (a
+    subject id that is not plain ASCII, a value that is not valid) goes through `RequestInput.validated`,
+    which gives the verdict and the message."""
     file = Path(path)
     try:
         text = file.read_bytes().decode("utf-8-sig")  # bytes: a "\r" inside a field stays "\r"
@@ -144,40 +188,109 @@ def read_requests_csv(path: str | Path) -> list[RequestInput]:
     except OSError as exc:  # a directory, no permission, ...
         raise RequestInputError(f"{file} cannot be read: {exc.strerror or type(exc).__name__}") from None
     # newline="": a line break inside a quoted field (and U+2028, U+0085 anywhere) belongs to the field.
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    requests = []
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
-        columns = [c.strip() for c in reader.fieldnames or []]
-        if any("\x00" in c for c in columns):
-            raise RequestInputError(f"{file} is not UTF-8 text (NUL bytes in the header: UTF-16?); save it as UTF-8")
-        allowed = ("subject_id", "type", "regulation", "received_at")
-        missing = [c for c in allowed[:2] if c not in columns]
-        unknown = [_shown(c) for c in columns if c not in allowed]
-        twice = [c for c in allowed if columns.count(c) > 1]
-        if missing or unknown or twice:
-            found = "; ".join([*([f"missing {', '.join(missing)}"] if missing else []),
-                               *([f"unknown column(s) {', '.join(unknown)}"] if unknown else []),
-                               *([f"{', '.join(twice)} given twice"] if twice else [])])
-            if any(c.lower() in REQUEST_TYPES for c in columns):  # a request, not a header: show none of it
-                found = "the first line looks like a request (is the header line missing?)"
-            raise RequestInputError(
-                f"{file}: header must be subject_id,type[,regulation][,received_at]; "
-                + (found if columns else "the file is empty")
-            )
-        reader.fieldnames = columns
-        for row in reader:
-            where = f"{file} line {reader.line_num}"
-            if None in row or any(v is None for v in row.values()):
-                raise RequestInputError(f"{where}: expected {len(columns)} fields")
-            received = parse_received(row["received_at"], where) if row.get("received_at") else None
-            requests.append(
-                RequestInput(
-                    row["subject_id"], row["type"].strip().lower(), (row.get("regulation") or "gdpr").strip().lower(),
-                    received,
-                ).validated(where)
-            )
+        columns = [c.strip() for c in next(reader, [])]
+        _check_header(file, columns)
+        width = len(columns)
+        plain = _plain_fields(text, width)
+        rows = [] if plain else list(filter(None, reader))  # blank lines hold no request
     except csv.Error as exc:  # e.g. a field longer than the csv module's limit
-        raise RequestInputError(f"{file} line {reader.reader.line_num}: not valid CSV ({exc})") from None
-    if not requests:
+        raise RequestInputError(f"{file} line {reader.line_num}: not valid CSV ({exc})") from None
+    if not (plain or rows):
         raise RequestInputError(f"{file} holds no requests")
-    return requests
+
+    def where(index: int) -> str:
+        """The line the `index`-th request ends on (a quoted field may span lines): the file read again,
+        only to name a bad line."""
+        again = csv.reader(io.StringIO(text, newline=""))
+        next(again)
+        for i, _ in enumerate(filter(None, again)):
+            if i == index:
+                break
+        return f"{file} line {again.line_num}"
+
+    # A row of the wrong width is refused once every row before it has been checked.
+    cut = next((i for i, r in enumerate(rows) if len(r) != width), len(rows)) \
+        if set(map(len, rows)) != {width} else len(rows)
+    given = plain or [list(map(itemgetter(i), rows[:cut])) for i in range(width)]
+    count = len(given[0])
+    field = {c: given[columns.index(c)] if c in columns else [""] * count for c in _COLUMNS}
+    subjects = field["subject_id"]
+    types = _each_distinct(field["type"], lambda v: v.strip().lower())
+    regulations = _each_distinct(field["regulation"], lambda v: (v or "gdpr").strip().lower())
+    latest = utc_now() + timedelta(days=1)
+    received = _each_distinct(field["received_at"], lambda v: _received_or_bad(v, latest) if v else None)
+    suspect = {i for i, s in enumerate(subjects) if not (s and s.isascii() and len(s) <= MAX_SUBJECT_LENGTH
+                                                         and not s.isspace())}
+    suspect.update(i for i, v in enumerate(types) if v not in REQUEST_TYPES)
+    suspect.update(i for i, v in enumerate(regulations) if v not in REGULATIONS)
+    suspect.update(i for i, v in enumerate(received) if v is _BAD)
+    for i in sorted(suspect):  # the verdict and the message of the row-by-row check
+        try:
+            request = _request(field, i).validated()
+        except RequestInputError:
+            _request(field, i, where(i)).validated(where(i))
+            raise
+        subjects[i], types[i], regulations[i], received[i] = (request.subject_id, request.request_type,
+                                                              request.regulation, request.received_at)
+    if cut < len(rows):
+        raise RequestInputError(f"{where(cut)}: expected {width} fields")
+    return RequestBatch(subjects, types, regulations, received, [None] * count, [()] * count)
+
+
+def _plain_fields(text: str, width: int) -> list[list[str]] | None:
+    """The columns of a CSV with no quote, carriage return or NUL, no field over the csv module's limit
+    and `width` fields on every line, split as the csv module splits them without making a list per
+    row (a million of those cost a second); None for any other text, which the csv module reads."""
+    if '"' in text or "\r" in text or "\x00" in text:
+        return None
+    lines = [line for line in text.split("\n")[1:] if line]
+    if not lines or max(map(len, lines)) > csv.field_size_limit() \
+            or set(map(str.count, lines, repeat(","))) != {width - 1}:
+        return None
+    fields = ",".join(lines).split(",")
+    return [fields[c::width] for c in range(width)]
+
+
+def _check_header(file: Path, columns: list[str]) -> None:
+    if any("\x00" in c for c in columns):
+        raise RequestInputError(f"{file} is not UTF-8 text (NUL bytes in the header: UTF-16?); save it as UTF-8")
+    missing = [c for c in _COLUMNS[:2] if c not in columns]
+    unknown = [_shown(c) for c in columns if c not in _COLUMNS]
+    twice = [c for c in _COLUMNS if columns.count(c) > 1]
+    if missing or unknown or twice:
+        found = "; ".join([*([f"missing {', '.join(missing)}"] if missing else []),
+                           *([f"unknown column(s) {', '.join(unknown)}"] if unknown else []),
+                           *([f"{', '.join(twice)} given twice"] if twice else [])])
+        if any(c.lower() in REQUEST_TYPES for c in columns):  # a request, not a header: show none of it
+            found = "the first line looks like a request (is the header line missing?)"
+        raise RequestInputError(
+            f"{file}: header must be subject_id,type[,regulation][,received_at]; "
+            + (found if columns else "the file is empty")
+        )
+
+
+_BAD = object()  # a value the row-by-row check must judge (and refuse)
+
+
+def _received_or_bad(text: str, latest: datetime) -> datetime | object:
+    try:
+        received = parse_received(text)
+    except RequestInputError:
+        return _BAD
+    return _BAD if received > latest else received
+
+
+def _each_distinct(values: list[str], convert: Callable[[str], Any]) -> list[Any]:
+    """`convert` of each value, called once per distinct value (a batch repeats its keywords and dates)."""
+    converted = {v: convert(v) for v in set(values)}
+    return [converted[v] for v in values]
+
+
+def _request(field: dict[str, list[str]], i: int, where: str = "") -> RequestInput:
+    """Row `i` as the row-by-row reader made it (`where`: the line, for a date that is not one)."""
+    received = field["received_at"][i]
+    return RequestInput(field["subject_id"][i], field["type"][i].strip().lower(),
+                        (field["regulation"][i] or "gdpr").strip().lower(),
+                        parse_received(received, where) if received else None)
