@@ -106,13 +106,14 @@ def _evidence_texts(outcomes: list[Outcome]) -> list[str]:
     return [written[id(o.evidence)] for o in outcomes]
 
 
-def _few(values: list, kind: pa.DataType) -> pa.Array:
+def _few(values: list, kind: pa.DataType) -> pa.DictionaryArray:
     """`values`, few distinct among many (a batch's outcomes share their statuses, reasons and
-    evidence), as an Arrow array of `kind`: each distinct value is converted once, then gathered in
-    Arrow (a million evidence texts converted one by one cost seconds)."""
+    evidence), dictionary-encoded: each distinct value converted to `kind` once, a position per value.
+    Taking rows of it moves positions only; a cast to `kind` writes each value out once (a million
+    evidence texts, 800 MB, were converted one by one, then copied by every take)."""
     index: dict = {}
     positions = pa.array([index.setdefault(v, len(index)) for v in values], pa.int32())
-    return pa.array(list(index), kind).take(positions)
+    return pa.DictionaryArray.from_arrays(positions, pa.array(list(index), kind))
 
 
 def _ids_stored(loaded: Table, ids: list[str]) -> set[str]:
@@ -366,7 +367,7 @@ class Ledger:
 
         def change(loaded: Table, rows: pa.Table) -> pa.Table:
             mine = decided.take(pc.index_in(rows.column("request_id"), value_set=pa.array(ids, pa.string())))
-            done = pc.equal(mine.column("status"), pa.scalar("completed"))
+            done = pc.equal(mine.column("status").cast(pa.string()), pa.scalar("completed"))
             stamp = pa.scalar(now, TIMESTAMP)
             columns = {**{name: mine.column(name) for name in decided.column_names},
                        "run_id": pa.repeat(run_id, rows.num_rows), "updated_at": pa.repeat(stamp, rows.num_rows),
