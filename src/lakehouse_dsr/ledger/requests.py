@@ -174,10 +174,11 @@ def read_requests_csv(path: str | Path) -> RequestBatch:
     """Parse and validate a whole CSV (`subject_id,type[,regulation][,received_at]`) before anything is
     submitted. A malformed file is refused with its first bad line and the reason.
 
-    Cost: the csv module's C reader, then the checks column by column: keywords and dates once per
-    distinct value, subject ids with a few string methods each; only a row those find suspect (a
-    subject id that is not plain ASCII, a value that is not valid) goes through `RequestInput.validated`,
-    which gives the verdict and the message."""
+    Cost: the text split into columns (`_plain_fields`; a quoted file by the csv module's C reader),
+    then the checks column by column: keywords and dates once per distinct value, subject ids with a
+    few string methods each; only a row those find suspect (a subject id that is not plain ASCII, a
+    value that is not valid) goes through `RequestInput.validated`, which gives the verdict and the
+    message."""
     file = Path(path)
     try:
         text = file.read_bytes().decode("utf-8-sig")  # bytes: a "\r" inside a field stays "\r"
