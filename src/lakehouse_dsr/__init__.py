@@ -4,7 +4,8 @@ Lake tables.
 The public API, for a notebook or a Spark job (every `dsr` command is one of these calls):
 
 - settings: `load_settings`, `settings_from_dict`, `Settings`
-- the ledger of requests (no SparkSession needed): `Ledger`, `RequestInput`
+- the ledger of requests (no SparkSession needed): `Ledger`, `RequestInput`, `RequestBatch` (requests
+  as columns, for batches of any size: `RequestBatch.of`, or `read_requests_csv` of a CSV file)
 - a run, on your SparkSession: `attach` (registers the catalog), `run` (returns a `RunReport`)
 - proof: `verify_completed`
 - the lake as the engine sees it, on your SparkSession: `Lake` (a catalog and the Delta tables on a
@@ -25,7 +26,8 @@ import importlib
 # imports PySpark. No export shares a submodule's name: importing that submodule would replace it.
 _EXPORTS = {
     "load_settings": ".config", "settings_from_dict": ".config", "Settings": ".config",
-    "Ledger": ".ledger.ledger", "RequestInput": ".ledger.requests",
+    "Ledger": ".ledger.ledger", "RequestInput": ".ledger.requests", "RequestBatch": ".ledger.requests",
+    "read_requests_csv": ".ledger.requests",
     "attach": ".lake.spark", "run": ".runner", "RunReport": ".evidence.report",
     "verify_completed": ".stages.verify",
     "Lake": ".lake.lakehouse", "IcebergTable": ".lake.iceberg", "DeltaTable": ".lake.delta",
