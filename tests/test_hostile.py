@@ -30,6 +30,7 @@ from lakehouse_dsr.datamap import DataMap, demo_datamap
 from lakehouse_dsr.exceptions import CatalogUnavailableError, ConfigError, DataMapError, RequestInputError
 from lakehouse_dsr.keys import KEY_ENV
 from lakehouse_dsr.lake.spark import attach
+from lakehouse_dsr.ledger import requests
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import REGULATIONS, REQUEST_TYPES, RequestInput, read_requests_csv
 from lakehouse_dsr.runner import run
@@ -225,6 +226,10 @@ def test_csv_read_alike_whether_plain_or_quoted(tmp_path, rows, blank):
             return str(exc).replace(str(path), "FILE")
 
     assert read(plain) == read(quoted)
+    # both readings compared: the plain file takes the split, the quoted one the csv module
+    text = plain.read_text(encoding="utf-8")
+    assert requests._plain_fields(text, len(header)) is not None
+    assert requests._plain_fields(quoted.read_text(encoding="utf-8"), len(header)) is None
 
 
 @FAST

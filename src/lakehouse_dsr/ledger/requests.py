@@ -163,8 +163,7 @@ class RequestBatch:
                             self.request_id[i], self.drop_work_items[i])
 
     def __iter__(self) -> Iterator[RequestInput]:
-        return map(RequestInput, self.subject_id, self.request_type, self.regulation, self.received_at,
-                   self.request_id, self.drop_work_items)
+        return map(self.__getitem__, range(len(self)))
 
 
 _COLUMNS = ("subject_id", "type", "regulation", "received_at")
@@ -212,14 +211,13 @@ def read_requests_csv(path: str | Path) -> RequestBatch:
         return f"{file} line {again.line_num}"
 
     # A row of the wrong width is refused once every row before it has been checked.
-    cut = next((i for i, r in enumerate(rows) if len(r) != width), len(rows)) \
-        if set(map(len, rows)) != {width} else len(rows)
+    cut = next((i for i, r in enumerate(rows) if len(r) != width), len(rows))
     given = plain or [list(map(itemgetter(i), rows[:cut])) for i in range(width)]
     count = len(given[0])
     field = {c: given[columns.index(c)] if c in columns else [""] * count for c in _COLUMNS}
     subjects = field["subject_id"]
-    types = _each_distinct(field["type"], lambda v: v.strip().lower())
-    regulations = _each_distinct(field["regulation"], lambda v: (v or "gdpr").strip().lower())
+    types = _each_distinct(field["type"], _keyword)
+    regulations = _each_distinct(field["regulation"], _regulation)
     latest = utc_now() + timedelta(days=1)
     received = _each_distinct(field["received_at"], lambda v: _received_or_bad(v, latest) if v else None)
     suspect = {i for i, s in enumerate(subjects) if not (s and s.isascii() and len(s) <= MAX_SUBJECT_LENGTH
@@ -231,7 +229,8 @@ def read_requests_csv(path: str | Path) -> RequestBatch:
         try:
             request = _request(field, i).validated()
         except RequestInputError:
-            _request(field, i, where(i)).validated(where(i))
+            line = where(i)
+            _request(field, i, line).validated(line)
             raise
         subjects[i], types[i], regulations[i], received[i] = (request.subject_id, request.request_type,
                                                               request.regulation, request.received_at)
@@ -292,6 +291,14 @@ def _each_distinct(values: list[str], convert: Callable[[str], Any]) -> list[Any
 def _request(field: dict[str, list[str]], i: int, where: str = "") -> RequestInput:
     """Row `i` as the row-by-row reader made it (`where`: the line, for a date that is not one)."""
     received = field["received_at"][i]
-    return RequestInput(field["subject_id"][i], field["type"][i].strip().lower(),
-                        (field["regulation"][i] or "gdpr").strip().lower(),
+    return RequestInput(field["subject_id"][i], _keyword(field["type"][i]), _regulation(field["regulation"][i]),
                         parse_received(received, where) if received else None)
+
+
+def _keyword(text: str) -> str:
+    return text.strip().lower()
+
+
+def _regulation(text: str) -> str:
+    """A regulation as given, GDPR when the field is empty."""
+    return _keyword(text or "gdpr")
