@@ -225,6 +225,31 @@ def test_appended_tables_are_compacted_and_their_history_purged_so_reads_stay_on
     assert sorted(r["subject_id"] for r in ledger.requests()) == sorted(f"user-{n}" for n in range(10))
 
 
+def test_a_late_version_hint_does_not_send_a_commit_back_to_an_old_version(tmp_path):
+    """Concurrent commits to a hadoop-catalog table (the service's handlers and its intake loop both
+    append to the audit): a writer can replace `version-hint.text` after later writers replaced it,
+    and the versions just after its hint may already be deleted (old metadata files go). The table
+    is still read at its newest version, and the next commit follows that one: no step recorded is
+    lost (CI once answered a 500 here: the old version's purged files were read)."""
+    import pyarrow.parquet as pq
+
+    ledger = Ledger(make_settings(tmp_path))  # pyiceberg only: no Spark
+    for n in range(14):
+        ledger.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
+    metadata = tmp_path / "wh" / "dsr" / "steps" / "metadata"
+    versions = sorted(int(p.name[1:].split(".")[0]) for p in metadata.glob("v*.metadata.json"))
+    newest, oldest = versions[-1], versions[0]
+    assert oldest > 2  # older versions were deleted: the gap a stale hint falls into
+    (metadata / "v1.metadata.json").write_bytes((metadata / f"v{oldest}.metadata.json").read_bytes())
+    (metadata / "version-hint.text").write_text("1")  # the late writer's hint, its version still there
+    assert ledger.store.load("steps").metadata_location.endswith(f"v{newest}.metadata.json")
+    ledger.journal.record([Step("run-14", "demo.events", "checked", 14)])
+    assert (metadata / f"v{newest + 1}.metadata.json").is_file()
+    assert sorted(s.snapshot_id for s in ledger.journal.steps()) == list(range(15))
+    live = {f.file.file_path for f in ledger.store.load("steps").scan().plan_files()}
+    assert sum(pq.read_table(p.removeprefix("file:")).num_rows for p in live) == 15  # read by pyarrow
+
+
 def test_rows_named_by_id_are_read_replaced_and_deleted_without_touching_the_unnamed_ones_between(tmp_path):
     """`Among` reads the span [min, max] of the named ids and matches them in Arrow: rows inside that
     span that are not named (every other id here) are neither returned, changed nor deleted. Checked

@@ -7,7 +7,8 @@
 - `type: rest`: pyiceberg's RestCatalog, with S3 settings taken from Spark's S3A configuration.
 - `type: hadoop` (the embedded default): pyiceberg has no writable catalog for it, so
   `HadoopCatalog` below implements the layout Iceberg's Java HadoopCatalog uses (one folder per
-  table, `metadata/vN.metadata.json`, `version-hint.text`). A commit creates the next version's
+  table, `metadata/vN.metadata.json`, `version-hint.text` kept for Java; the newest version is
+  found by listing, not from the hint). A commit creates the next version's
   file with a hard link, which fails if that file exists: an atomic compare-and-set between
   processes on a local file system (Java's own commit checks, then renames).
 Anything else (hive, glue, ...) is handed to pyiceberg as configured. `catalog.pyiceberg` in
@@ -221,21 +222,16 @@ class HadoopCatalog(MetastoreCatalog):
         return self.root.joinpath(*self.identifier_to_tuple(identifier), "metadata")
 
     def _current_version(self, metadata: Path) -> tuple[int, Path] | None:
-        """The newest version, as Java finds it: the version hint, then any newer file (all files when
-        the hint names one already deleted: a writer that wrote its hint late)."""
-        try:
-            version = int((metadata / "version-hint.text").read_text().strip())
-        except (OSError, ValueError):
-            version = None
-        if version is None or not self._version_file(metadata, version):
-            found = [int(m.group(1)) for p in metadata.glob("v*.metadata.json") if (m := _VERSION.match(p.name))]
-            if not found:
-                return None
-            version = max(found)
-        while self._version_file(metadata, version + 1):
-            version += 1
-        file = self._version_file(metadata, version)
-        return (version, file) if file else None
+        """The newest version: the highest `vN` file of the folder. Not the version hint, as Java reads
+        it: under concurrent commits a writer can replace the hint after later writers replaced it, and
+        the versions just after that stale hint may already be deleted (old metadata files go), so
+        walking forward from it stops at an old version, which a commit would then follow. Cost: one
+        listing of the metadata folder."""
+        found = [int(m.group(1)) for p in metadata.glob("v*.metadata.json") if (m := _VERSION.match(p.name))]
+        if not found:
+            return None
+        file = self._version_file(metadata, max(found))
+        return (max(found), file) if file else None
 
     @staticmethod
     def _version_file(metadata: Path, version: int) -> Path | None:
