@@ -250,6 +250,43 @@ def test_a_late_version_hint_does_not_send_a_commit_back_to_an_old_version(tmp_p
     assert sum(pq.read_table(p.removeprefix("file:")).num_rows for p in live) == 15  # read by pyarrow
 
 
+@pytest.mark.parametrize("lands", ["before its read of the history", "between its expiry and its deletes"])
+def test_two_purges_of_one_table_at_once_both_finish_and_keep_every_row(tmp_path, monkeypatch, lands):
+    """Two writers compacting one ledger table at once purge its history at once (the service's
+    handlers and its intake loop both append to the audit). A purge that runs to its end inside
+    another one, before that one reads the history or after it expired snapshots and before it
+    deletes their files, leaves it nothing to fail on: it reads the new state again, and a file the
+    other deleted first is not deleted twice. Every row stays (pyarrow reads the live files)."""
+    import pyarrow.parquet as pq
+
+    from lakehouse_dsr.ledger import store as store_module
+
+    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0})
+    ledger, other = Ledger(settings), Ledger(settings)
+    for n in range(5):
+        ledger.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
+    reads, reachable = [], store_module._reachable
+    at = 0 if lands.startswith("before") else 1
+
+    def reachable_amid_another_purge(loaded, snapshots):
+        reads.append(1)
+        if len(reads) - 1 == at:
+            with monkeypatch.context() as m:
+                m.setattr(store_module, "_reachable", reachable)
+                other.store.purge_history("steps", 0)
+        return reachable(loaded, snapshots)
+
+    monkeypatch.setattr(store_module, "_reachable", reachable_amid_another_purge)
+    ledger.store.purge_history("steps", 0)
+    monkeypatch.setattr(store_module, "_reachable", reachable)
+    table = ledger.store.load("steps")
+    assert len(table.metadata.snapshots) == 1
+    live = {f.file.file_path for f in table.scan().plan_files()}
+    assert sum(pq.read_table(p.removeprefix("file:")).num_rows for p in live) == 5
+    on_disk = {f"file://{p}" for p in (tmp_path / "wh" / "dsr" / "steps" / "data").rglob("*.parquet")}
+    assert on_disk == {store_module._normal(p) for p in live}  # the expired snapshots' files are gone
+
+
 def test_rows_named_by_id_are_read_replaced_and_deleted_without_touching_the_unnamed_ones_between(tmp_path):
     """`Among` reads the span [min, max] of the named ids and matches them in Arrow: rows inside that
     span that are not named (every other id here) are neither returned, changed nor deleted. Checked

@@ -398,7 +398,20 @@ class Store:
 
         A concurrent writer is safe: only files of expired snapshots are deleted at once, and files no
         snapshot references (a writer may be about to commit them) only once older than the window.
+        So is a concurrent purge (two writers compacting at once): a file it deleted first is not
+        deleted twice, and history it expired while this one read it is read again from the new state.
         Cost: reads the manifests of every snapshot and lists the table location."""
+        for _ in range(_RETRIES):
+            try:
+                return self._purge_history(table, orphan_min_age_minutes, keep)
+            except _LOST_RACE:  # another writer committed in between: expire from the new state
+                pass
+            except FileNotFoundError:  # another purge deleted files of the history this one was reading
+                pass
+        raise LedgerError(f"ledger table {self.name(table)} kept changing while its history was purged "
+                          f"({_RETRIES} attempts); try again")
+
+    def _purge_history(self, table: str, orphan_min_age_minutes: float, keep: frozenset[int]) -> HistoryPurge:
         result = HistoryPurge()
         loaded = self.load(table)
         current = loaded.current_snapshot()
@@ -407,14 +420,11 @@ class Store:
             expired = [s.snapshot_id for s in loaded.snapshots() if s.snapshot_id not in protected]
             if expired:
                 before = _reachable(loaded, loaded.snapshots())
-                try:
-                    loaded.maintenance.expire_snapshots().by_ids(expired).commit()
-                except _LOST_RACE:
-                    return self.purge_history(table, orphan_min_age_minutes, keep)
+                loaded.maintenance.expire_snapshots().by_ids(expired).commit()
                 loaded = self.load(table)
                 gone = before - _reachable(loaded, loaded.snapshots())
                 for path in gone:
-                    loaded.io.delete(path)
+                    _delete(loaded.io.delete, path)
                 result.snapshots_expired, result.files_deleted = len(expired), len(gone)
         result.orphans_removed = self._remove_orphans(loaded, orphan_min_age_minutes)
         return result
@@ -435,7 +445,7 @@ class Store:
         removed = 0
         for info in self.files(loaded):
             if info.uri not in referenced and info.path.endswith((".parquet", ".avro")) and info.mtime < cutoff:
-                info.fs.delete_file(info.path)
+                _delete(info.fs.delete_file, info.path)
                 removed += 1
         return removed
 
@@ -472,6 +482,14 @@ class StoredFile:
 
 def _uri(prefix: str, path: str, scheme: str) -> str:
     return f"file://{path}" if scheme == "file" else f"{prefix}{path.lstrip('/')}"
+
+
+def _delete(delete: Callable[[str], None], path: str) -> None:
+    """`delete(path)`; a file already gone was deleted by a concurrent purge of the same files."""
+    try:
+        delete(path)
+    except FileNotFoundError:
+        pass
 
 
 def _reachable(loaded: Table, snapshots) -> set[str]:
