@@ -6,6 +6,7 @@ with exit code 2 while the tables without one are still planned; `--json`'s fiel
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
-from lakehouse_dsr.runner.plan import plan
+from lakehouse_dsr.runner import plan as plan_module
+from lakehouse_dsr.runner.plan import measured_rates, plan
 
 USERS = 12
 TABLES = ["app.users", "app.mail", "app.events"]
@@ -81,8 +83,8 @@ def test_the_plan_predicts_what_the_run_touches_and_changes_nothing(spark, tmp_p
     assert planned.rates.rewrite_bytes_per_second.source == "default"  # no run recorded yet
     rates = planned.rates
     assert events.estimated_seconds == pytest.approx(events.rewrite_bytes / rates.rewrite_bytes_per_second.value)
-    assert planned.estimated_seconds == pytest.approx(3 * rates.seconds_per_request.value + sum(
-        t.estimated_seconds for t in planned.tables.values()))
+    assert planned.estimated_seconds == pytest.approx(rates.fixed_seconds.value + 3 * rates.seconds_per_request.value
+                                                      + sum(t.estimated_seconds for t in planned.tables.values()))
 
     report = run(spark, settings)
 
@@ -97,11 +99,13 @@ def test_the_plan_predicts_what_the_run_touches_and_changes_nothing(spark, tmp_p
         assert forecast.matched_files == report.per_table[table]["files_rewritten"], table
         assert forecast.rewrite_bytes == report.per_table[table]["bytes_rewritten"] > 0, table
 
-    after = plan(spark, settings)  # the run is on record: its rates are this installation's
-    rate = after.rates.rewrite_bytes_per_second
-    assert (rate.source, rate.runs) == ("measured", 1)
-    assert rate.value == pytest.approx(sum(f["bytes_rewritten"] for f in report.per_table.values()) / sum(
-        report.seconds.get(s, 0) for s in ("erase", "propagate", "purge", "verify")), rel=1e-3)
+    after = plan(spark, settings)  # the run is on record: the model is scaled to how long it took
+    recorded = Ledger(settings).runs()[0]
+    took = (datetime.fromisoformat(recorded["finished_at"]) - datetime.fromisoformat(recorded["started_at"]))
+    modelled = rates.fixed_seconds.value + len(created) * rates.seconds_per_request.value + sum(
+        f["bytes_rewritten"] for f in report.per_table.values()) / rates.rewrite_bytes_per_second.value
+    assert (after.rates.fixed_seconds.source, after.rates.fixed_seconds.runs) == ("measured", 1)
+    assert after.rates.scale == pytest.approx(took.total_seconds() / modelled, rel=1e-3)
     assert after.requests.erase == 0 and after.tables == {}
     assert after.requests.waiting_for_purge == (0 if policy == "immediate" else 3)
 
@@ -135,7 +139,7 @@ def test_every_data_map_problem_is_listed_the_other_tables_planned_and_the_cli_e
     assert planned.tables["app.users"].rows == 1 and planned.tables["app.mail"].rows == 3
     config = write_config(broken, tmp_path / "broken.yaml")
     code, out = dsr_in_process(monkeypatch, capsys, "-c", str(config), "plan")
-    assert code == 2 and "app.users" in out and "default: no recorded run" in out
+    assert code == 2 and "app.users" in out and "the defaults: no recorded run" in out
     assert all(f"problem: {p.text}" in out for p in planned.problems), out
     assert (snapshot_ids(spark, settings, TABLES), _ledger_state(spark, settings)) == before
 
@@ -161,6 +165,40 @@ def test_plan_json_is_a_stable_document(spark, tmp_path, monkeypatch, capsys):
         assert set(table) == {"action", "strategy", "files", "bytes", "total_files", "total_bytes", "rows",
                               "matched_files", "rewrite_bytes", "estimated_seconds"}
     assert doc["tables"]["app.events"]["rows"] == 5 and doc["tables"]["app.mail"]["rows"] == 3
-    assert {name: rate["source"] for name, rate in doc["rates"].items()} == {
-        "rewrite_bytes_per_second": "default", "seconds_per_request": "default"}
+    assert {name: rate["source"] if isinstance(rate, dict) else None for name, rate in doc["rates"].items()} == {
+        "rewrite_bytes_per_second": "default", "seconds_per_request": "default", "fixed_seconds": "default",
+        "scale": None}
     assert "u05" not in out and email(5) not in out  # counts and request ids only
+
+
+def _recorded(took: float, completed: int, rewritten: int, erased: int = 0) -> dict:
+    """A run as Ledger.runs gives it (the fields the model reads)."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    return {"started_at": start.isoformat(), "finished_at": (start + timedelta(seconds=took)).isoformat(),
+            "requests_completed": completed, "requests_failed": 0, "requests_erased": erased,
+            "tables": {"a.t": {"bytes_rewritten": rewritten}, "a.u": {"bytes_rewritten": 0}}}
+
+
+def test_the_estimate_is_the_model_scaled_by_the_median_recorded_run():
+    """The defaults give seed 003's 1M-id case its measured seconds; recorded runs scale every rate by
+    the median of took / modelled, so one run slowed by a busy machine moves it little, and runs that
+    did no work (nothing requested, nothing rewritten) do not count."""
+    default = measured_rates([])
+    assert (default.scale, default.fixed_seconds.source, default.seconds_per_request.runs) == (1.0, "default", 0)
+    million = default.fixed_seconds.value + 1_000_000 * default.seconds_per_request.value + \
+        145_047_389 / default.rewrite_bytes_per_second.value
+    assert million == pytest.approx(77, rel=0.05)  # bench/results/delta-10000000-1000000.json's run
+
+    def modelled(requests: int, rewritten: int) -> float:
+        return plan_module._modelled(requests, rewritten)
+
+    runs = [_recorded(2 * modelled(100, 10**8), 100, 10**8), _recorded(2 * modelled(5000, 0), 4000, 0, erased=1000),
+            _recorded(20 * modelled(10, 10**6), 10, 10**6),  # the outlier
+            _recorded(0.5, 0, 0)]  # nothing to do: not counted
+    rates = measured_rates(runs)
+    assert rates.scale == pytest.approx(2.0) and rates.fixed_seconds.runs == 3
+    assert (rates.fixed_seconds.source, rates.seconds_per_request.source, rates.rewrite_bytes_per_second.source) == \
+        ("measured",) * 3
+    assert rates.fixed_seconds.value == pytest.approx(2 * default.fixed_seconds.value)
+    assert rates.seconds_per_request.value == pytest.approx(2 * default.seconds_per_request.value)
+    assert rates.rewrite_bytes_per_second.value == pytest.approx(default.rewrite_bytes_per_second.value / 2)

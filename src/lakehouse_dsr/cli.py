@@ -42,7 +42,7 @@ from .ledger.requests import (
 )
 
 if TYPE_CHECKING:  # imported by the commands that start Spark, not by the control plane's
-    from .runner.plan import PlanReport, Rate
+    from .runner.plan import PlanReport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Data subject requests (GDPR/CCPA) on a lakehouse of Apache Iceberg and Delta Lake tables.")
@@ -269,12 +269,11 @@ def _render_plan(result: PlanReport) -> None:
     if any(others.values()):
         console.print("other open requests (not planned): " + ", ".join(f"{n} {k}" for k, n in others.items() if n))
     rates = result.rates
-    byte_rate, per_request = rates.rewrite_bytes_per_second, rates.seconds_per_request
-
-    def source(rate: Rate) -> str:
-        return f"measured over {rate.runs} run(s)" if rate.source == "measured" else "default: no recorded run"
-    console.print(f"estimated: {result.estimated_seconds:,.1f} s ({byte_rate.value / 1e6:,.1f} MB rewritten per s, "
-                  f"{source(byte_rate)}; {per_request.value * 1000:,.2f} ms per request, {source(per_request)}); "
+    measured = (f"the defaults scaled by {rates.scale:,.2f}, measured over {rates.fixed_seconds.runs} recorded run(s)"
+                if rates.fixed_seconds.source == "measured" else "the defaults: no recorded run")
+    console.print(f"estimated: {result.estimated_seconds:,.1f} s ({rates.fixed_seconds.value:,.1f} s, "
+                  f"{rates.seconds_per_request.value * 1000:,.3f} ms per request, "
+                  f"{rates.rewrite_bytes_per_second.value / 1e6:,.1f} MB rewritten per s: {measured}); "
                   f"this plan took {result.seconds:,.1f} s")
     for p in result.problems:
         console.print(f"[red]problem:[/] {escape(p.text)}", soft_wrap=True)

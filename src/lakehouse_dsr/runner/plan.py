@@ -3,16 +3,18 @@ every data-map problem that would stop it, found by the run's own code (work.py'
 stages/identity.py's `resolve`, stages/matching.py's `key_sets`, stages/erase.py's `plan_many`)
 and changing nothing: no commit to any table or to the ledger, no lease, nothing in the audit.
 
-The estimate is a model of this installation's recorded runs (the ledger's `runs` table): a run's
-erase, propagate, purge and verify stages take about the bytes it rewrites over a measured rate,
-and its resolve and ledger stages a measured time per request. Without a recorded run to measure,
-documented defaults apply and the report says so (`Rate.source`).
+The estimate is a model of a whole run's seconds: a fixed part, a part per erase request and a part
+per byte rewritten. Its shape was fitted on seed 003's case on a 2-core machine; this installation's
+recorded runs (the ledger's `runs` table) scale it by how long they took against what the model gives
+them (the median ratio: one slow run does not move it far). Without a recorded run, the defaults apply
+and the report says so (`Rate.source`).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
-from datetime import date
+from datetime import date, datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,15 +31,15 @@ from ..stages import erase, identity, matching
 from .context import batch
 from .work import Work, read_work
 
-# The run report's stages whose seconds follow the bytes a run rewrites, and those that follow its requests.
-TABLE_STAGES = ("erase", "propagate", "purge", "verify")
-REQUEST_STAGES = ("resolve", "ledger")
-RUNS_MEASURED = 20  # the newest recorded runs the rates are measured over
-# Defaults, measured on a 2-core machine: bench/results/10000000.json (`dsr run` on 10M events, 474 MB
-# rewritten in 12.7 s of erase, purge and verify) and bench/results/delta-10000000-100000.json (100,000
-# requests: resolve 8.8 s and ledger 10.7 s, medians of 3).
-DEFAULT_REWRITE_BYTES_PER_SECOND = 37e6
-DEFAULT_SECONDS_PER_REQUEST = 0.0002
+RUNS_MEASURED = 20  # the newest recorded runs the model is scaled by
+# The model's defaults: `dsr run` wall seconds (from start to finish) fitted on seed 003's case on a
+# 2-core machine, a 10M-row Delta table of 145 MB: 10,000 requests matching nothing in 10 s, 100,000
+# in 54 s and 1,000,000 in 77 s, both rewriting every file (bench/results/delta-*.json). Per byte the
+# fit is slow (a row there is 15 bytes: reading and matching rows costs more than bytes say); recorded
+# runs scale it to this installation's tables and machine.
+DEFAULT_FIXED_SECONDS = 9.7
+DEFAULT_SECONDS_PER_REQUEST = 2.56e-5
+DEFAULT_REWRITE_BYTES_PER_SECOND = 3.5e6
 
 
 class _Model(BaseModel):
@@ -64,17 +66,22 @@ class TableForecast(_Model):
 
 
 class Rate(_Model):
-    value: float = Field(description="bytes per second, or seconds per request")
+    value: float = Field(description="bytes per second, seconds per request, or seconds")
     source: Literal["measured", "default"] = Field(
-        description="measured: from the recorded runs counted in `runs`; default: no recorded run to measure")
+        description="measured: the default scaled by the recorded runs counted in `runs`; default: no recorded "
+                    "run to measure")
     runs: int = Field(description="recorded runs it was measured over (0: the default)")
 
 
 class Rates(_Model):
-    rewrite_bytes_per_second: Rate = Field(description="bytes rewritten per second of the erase, propagate, purge "
-                                                       "and verify stages")
-    seconds_per_request: Rate = Field(description="seconds of the resolve and ledger stages per request a run "
-                                                  "recorded (completed, failed or erased)")
+    rewrite_bytes_per_second: Rate = Field(description="bytes a run rewrites per second of its run time")
+    seconds_per_request: Rate = Field(description="seconds of a run per request it works on (the plan's: its erase "
+                                                  "requests)")
+    fixed_seconds: Rate = Field(description="seconds of a run whatever its size (starting Spark, reading the "
+                                            "ledger and the tables' metadata, committing)")
+    scale: float = Field(description="how much longer this installation's recorded runs took than the defaults "
+                                     "give them (the median ratio; 1.0 without a recorded run): every rate's "
+                                     "factor")
 
 
 class RequestCounts(_Model):
@@ -94,8 +101,8 @@ class PlanReport(_Model):
     not_planned: dict[str, str] = Field(description="tables of the data map not planned -> why")
     problems: list[Problem] = Field(description="every data-map problem a run would stop at (table, text)")
     rates: Rates
-    estimated_seconds: float = Field(description="the erase batch's seconds: erase requests times "
-                                                 "seconds_per_request plus every table's estimated_seconds")
+    estimated_seconds: float = Field(description="the run's seconds: fixed_seconds, plus erase requests times "
+                                                 "seconds_per_request, plus every table's estimated_seconds")
     seconds: float = Field(description="what this plan took")
 
 
@@ -140,7 +147,8 @@ def plan(spark: SparkSession, settings: Settings, today: date | None = None) -> 
         skipping.release()  # the plan's staged file lists
     requests = RequestCounts(erase=len(work.erase), access=len(work.access), consent=len(work.consent),
                              held=len(work.legal_subjects), waiting_for_purge=len(work.waiting))
-    estimated = len(work.erase) * rates.seconds_per_request.value + sum(f.estimated_seconds for f in forecasts.values())
+    estimated = rates.fixed_seconds.value + len(work.erase) * rates.seconds_per_request.value + sum(
+        f.estimated_seconds for f in forecasts.values())
     return PlanReport(requests=requests, purge=work.purge_now, tables=forecasts, not_planned=not_planned,
                       problems=problems, rates=rates, estimated_seconds=estimated,
                       seconds=round(time.perf_counter() - started, 3))
@@ -189,19 +197,34 @@ def _forecast(lake: Lake, keys: matching.TableKeys, table_plan: erase.TablePlan,
 
 
 def measured_rates(runs: list[dict]) -> Rates:
-    """This installation's rates from recorded runs (Ledger.runs): bytes rewritten per second of the
-    table stages, over the runs that rewrote some; seconds of the resolve and ledger stages per
-    request, over the runs that recorded some. A rate with no such run is the default."""
-    rewriting = [(sum(t["bytes_rewritten"] for t in r["tables"].values()),
-                  sum(r["seconds"].get(s, 0.0) for s in TABLE_STAGES)) for r in runs]
-    rewriting = [(b, s) for b, s in rewriting if b > 0 and s > 0]
-    requesting = [(r["requests_completed"] + r["requests_failed"] + r["requests_erased"],
-                   sum(r["seconds"].get(s, 0.0) for s in REQUEST_STAGES)) for r in runs]
-    requesting = [(n, s) for n, s in requesting if n > 0]
-    return Rates(
-        rewrite_bytes_per_second=Rate(value=sum(b for b, _ in rewriting) / sum(s for _, s in rewriting),
-                                      source="measured", runs=len(rewriting)) if rewriting
-        else Rate(value=DEFAULT_REWRITE_BYTES_PER_SECOND, source="default", runs=0),
-        seconds_per_request=Rate(value=sum(s for _, s in requesting) / sum(n for n, _ in requesting),
-                                 source="measured", runs=len(requesting)) if requesting
-        else Rate(value=DEFAULT_SECONDS_PER_REQUEST, source="default", runs=0))
+    """The model's rates for this installation: the defaults, scaled by the median over the recorded
+    runs (Ledger.runs) that worked on erase requests or rewrote bytes of how long each took (start to
+    finish) against what the defaults give it. Without such a run, the defaults."""
+    ratios = [_wall(r) / modelled for r in runs
+              if (modelled := _modelled(_requests(r), _rewritten(r))) > DEFAULT_FIXED_SECONDS and _wall(r) > 0]
+    scale = statistics.median(ratios) if ratios else 1.0
+    source: Literal["measured", "default"] = "measured" if ratios else "default"
+
+    def rate(value: float) -> Rate:
+        return Rate(value=value, source=source, runs=len(ratios))
+
+    return Rates(rewrite_bytes_per_second=rate(DEFAULT_REWRITE_BYTES_PER_SECOND / scale),
+                 seconds_per_request=rate(DEFAULT_SECONDS_PER_REQUEST * scale),
+                 fixed_seconds=rate(DEFAULT_FIXED_SECONDS * scale), scale=scale)
+
+
+def _modelled(requests: int, rewritten: int) -> float:
+    """The defaults' seconds for a run of `requests` erase requests rewriting `rewritten` bytes."""
+    return DEFAULT_FIXED_SECONDS + requests * DEFAULT_SECONDS_PER_REQUEST + rewritten / DEFAULT_REWRITE_BYTES_PER_SECOND
+
+
+def _requests(run: dict) -> int:
+    return run["requests_completed"] + run["requests_failed"] + run["requests_erased"]
+
+
+def _rewritten(run: dict) -> int:
+    return sum(t["bytes_rewritten"] for t in run["tables"].values())
+
+
+def _wall(run: dict) -> float:
+    return (datetime.fromisoformat(run["finished_at"]) - datetime.fromisoformat(run["started_at"])).total_seconds()
