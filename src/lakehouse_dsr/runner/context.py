@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from ..config import Settings
@@ -78,6 +79,7 @@ class Context:
     progress: Progress
     vault_keys: vault.Keys | None
     requests: dict[str, dict] = field(default_factory=dict)  # the run's access and erase requests, by id
+    rows: pa.Table | None = None  # `requests` as batch_rows gives them, built once for the resolution and key sets
     _resolved: list[DataFrame] = field(default_factory=list, compare=False, repr=False)
     _subsets: dict[frozenset[str], DataFrame] = field(default_factory=dict, compare=False, repr=False)
 
@@ -108,7 +110,7 @@ class Context:
         so the export and the erasure share one Spark job (on a small lake, each job's fixed cost is
         what a run waits for); later calls select from it."""
         if not self._resolved:
-            self._resolved.append(resolved(self.spark, self.settings, self.report, self.requests))
+            self._resolved.append(resolved(self.spark, self.settings, self.report, self.batch_rows()))
         keys, wanted = self._resolved[0], frozenset(request_ids)
         if wanted == set(self.requests):
             return keys
@@ -121,24 +123,36 @@ class Context:
         return self._subsets[wanted]
 
     def batch(self, requests: dict[str, dict]) -> DataFrame:
-        return batch(self.spark, requests, self.settings.erase.in_driver_max_requests)
+        return batch(self.spark, batch_rows(requests), self.settings.erase.in_driver_max_requests)
+
+    def batch_rows(self, request_ids: list[str] | None = None) -> pa.Table:
+        """`batch_rows` of the run's requests (`rows`, built once), or of those of `request_ids`."""
+        rows = self.rows if self.rows is not None else batch_rows(self.requests)
+        if request_ids is None or len(request_ids) == rows.num_rows:  # the ids are the run's
+            return rows
+        return rows.filter(pc.is_in(rows.column("request_id"), pa.array(request_ids, pa.string())))
 
 
-def batch(spark: SparkSession, requests: dict[str, dict], in_driver_max: int) -> DataFrame:
-    """(request_id, subject_id, regulation) of a batch as a DataFrame held in the driver's JVM, or,
-    beyond `in_driver_max` requests, as Arrow batches Spark reads (lake/frames.py): identifiers travel
-    as data, never as SQL text."""
+def batch_rows(requests: dict[str, dict]) -> pa.Table:
+    """(request_id, subject_id, regulation) of a batch as Arrow, by request id. Cost: a pass over the
+    requests in Python (a million: about a second)."""
     ids = sorted(requests)
-    rows = pa.table({"request_id": pa.array(ids, pa.string()),
+    return pa.table({"request_id": pa.array(ids, pa.string()),
                      "subject_id": pa.array([str(requests[i]["subject_id"]) for i in ids], pa.string()),
                      "regulation": pa.array([requests[i]["regulation"] for i in ids], pa.string())})
+
+
+def batch(spark: SparkSession, rows: pa.Table, in_driver_max: int) -> DataFrame:
+    """A batch's `batch_rows` as a DataFrame held in the driver's JVM, or, beyond `in_driver_max`
+    requests, as Arrow batches Spark reads (lake/frames.py): identifiers travel as data, never as
+    SQL text."""
     return frames.rows_frame(spark, rows, in_driver_max)
 
 
-def resolved(spark: SparkSession, settings: Settings, report: RunReport, requests: dict[str, dict]) -> DataFrame:
+def resolved(spark: SparkSession, settings: Settings, report: RunReport, rows: pa.Table) -> DataFrame:
     """The requests' identifiers (stages/identity.py), what `Context.identifiers` first resolves, for
     a thread that resolves them beside the run's other work: its jobs are described so
     (lake/metrics.py's `beside`) and timed as the `resolve` stage."""
     with timed(report, "resolve", spark, beside_the_run="resolve identifiers"):
         return identity.resolve(Lake.of(spark, settings), settings.datamap,
-                                batch(spark, requests, settings.erase.in_driver_max_requests))
+                                batch(spark, rows, settings.erase.in_driver_max_requests))

@@ -264,7 +264,8 @@ class ErasureBatch:
         waves = datamap.erase_waves()
         waves = waves[:len(waves) - len(datamap.derived_levels())]
         with ctx.timed("erase"):
-            erased.key_sets = matching.key_sets(datamap, keys, ctx.key_types, [*datamap.keyed, *datamap.files])
+            erased.key_sets = matching.key_sets(datamap, keys, ctx.key_types, [*datamap.keyed, *datamap.files],
+                                                ctx.batch_rows(self.request_ids))
             plans = self._plan_tables(waves[0] if waves else [], erased.key_sets)
         stored()
         export, self.export = self.export, None

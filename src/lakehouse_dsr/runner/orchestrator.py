@@ -31,7 +31,7 @@ from ..progress import Progress, Silent
 from ..stages import retention, share
 from ..vault import vault
 from . import rules
-from .context import Context, resolved, timed
+from .context import Context, batch_rows, resolved, timed
 from .erasure import ErasureBatch
 from .exports import Exported, SharedExport, export_requests
 from .work import Work, read_work
@@ -148,14 +148,15 @@ def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: Ru
     this machine), the check for reading each table's metadata (0.3 s at four tables), and either
     leaves a core idle."""
     faults.failpoint("after_start")
+    rows = batch_rows(requests)
     with ThreadPoolExecutor(1, thread_name_prefix="dsr-resolve") as pool:
-        keys = pool.submit(resolved, spark, settings, report, requests) if requests else None
+        keys = pool.submit(resolved, spark, settings, report, rows) if requests else None
         with timed(report, "ledger", spark):
             check_formats(Lake.of(spark, settings))
             key_types = check_against_catalog(spark, settings.datamap, settings.table)
             vault_keys = vault.open_keys(spark, settings) if settings.datamap.shredded else None
         # A resolution that failed is left to the stage that needs it, which fails as it would have.
-        return Context(spark, settings, ledger, key_types, report, progress, vault_keys, requests,
+        return Context(spark, settings, ledger, key_types, report, progress, vault_keys, requests, rows,
                        [keys.result()] if keys is not None and keys.exception() is None else [])
 
 

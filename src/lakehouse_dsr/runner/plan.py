@@ -28,7 +28,7 @@ from ..lake.lakehouse import Lake
 from ..ledger.ledger import Ledger
 from ..ledger.requests import utc_now
 from ..stages import erase, identity, matching
-from .context import batch
+from .context import batch, batch_rows
 from .work import Work, read_work
 
 RUNS_MEASURED = 20  # the newest recorded runs the model is scaled by
@@ -138,8 +138,9 @@ def plan(spark: SparkSession, settings: Settings, today: date | None = None) -> 
         if tables:
             resolvable = datamap.model_copy(update={"identifiers": {
                 n: link for n, link in datamap.identifiers.items() if link.table not in broken}})
-            keys = identity.resolve(lake, resolvable, batch(spark, work.erase, settings.erase.in_driver_max_requests))
-            key_sets = matching.key_sets(datamap, keys, key_types, tables)
+            rows = batch_rows(work.erase)
+            keys = identity.resolve(lake, resolvable, batch(spark, rows, settings.erase.in_driver_max_requests))
+            key_sets = matching.key_sets(datamap, keys, key_types, tables, rows)
             plans = erase.plan_many(lake, datamap, settings.erase, tables, key_sets, work.purge_now,
                                     parallel_tables=settings.run.parallel_tables)
             forecasts = {t: _forecast(lake, key_sets[t], p, work.purge_now, rates) for t, p in plans.items()}
