@@ -11,6 +11,7 @@ import java.util.Collections;
 import java.util.Comparator;
 import java.util.Iterator;
 import java.util.List;
+import org.apache.spark.sql.Row;
 import org.apache.spark.sql.delta.actions.AddFile;
 
 public class DeltaStats {
@@ -21,14 +22,21 @@ public class DeltaStats {
      * (AddFile actions), as JSON. A file
      * may hold the values when, for some key column (`paths` item i: its path in the statistics, dotted;
      * `values` item i: its values, String, Long or Integer), one value lies within the file's
-     * minimum and maximum, or the file has no statistics for the column. Strings compare as UTF-8
-     * bytes, as Spark and Delta's own data skipping order them (a maximum cut to 32 characters is
-     * raised past the values it stands for, a cut minimum is a prefix of the minimum).
+     * minimum and maximum, or the file has no statistics for the column. `values` item i may instead
+     * be a Row of the values' minimum and maximum (a set too large to hold here): the file may hold
+     * them when its bounds overlap that range. Strings compare as UTF-8 bytes, as Spark and Delta's
+     * own data skipping order them (a maximum cut to 32 characters is raised past the values it
+     * stands for, a cut minimum is a prefix of the minimum).
      */
     public String files(List adds, List paths, List values) throws Exception {
         // sorted in the order of the statistics (a TreeMap's strings are in UTF-16 order, not UTF-8's)
         List sortedValues = new ArrayList();
         for (int i = 0; i < values.size(); i++) {
+            if (values.get(i) instanceof Row) {
+                Row span = (Row) values.get(i);
+                sortedValues.add(span.isNullAt(0) ? Collections.emptyList() : span);
+                continue;
+            }
             List copy = new ArrayList((List) values.get(i));
             Collections.sort(copy, new Comparator() {
                 public int compare(Object a, Object b) {
@@ -45,7 +53,9 @@ public class DeltaStats {
             JsonNode stats = raw == null ? null : JSON.readTree(raw);
             boolean may = false;
             for (int i = 0; i < paths.size() && !may; i++) {
-                may = mayHold(stats, (String) paths.get(i), (List) sortedValues.get(i));
+                Object wanted = sortedValues.get(i);
+                may = wanted instanceof Row ? overlaps(stats, (String) paths.get(i), (Row) wanted)
+                    : mayHold(stats, (String) paths.get(i), (List) wanted);
             }
             Long rows = null;
             if (stats != null && stats.has("numRecords")) {
@@ -88,6 +98,18 @@ public class DeltaStats {
             }
         }
         return lo < sorted.size() && compare(sorted.get(lo), high) <= 0;
+    }
+
+    /** Whether the file's bounds overlap [span's first, span's last] (a file without them: may hold any). */
+    private static boolean overlaps(JsonNode stats, String path, Row span) {
+        JsonNode low = at(stats, "minValues", path);
+        JsonNode high = at(stats, "maxValues", path);
+        Object first = span.get(0);
+        Object last = span.get(1);
+        if (!comparable(first, low) || !comparable(first, high)) {
+            return true;
+        }
+        return compare(last, low) >= 0 && compare(first, high) <= 0;
     }
 
     private static JsonNode at(JsonNode stats, String kind, String path) {

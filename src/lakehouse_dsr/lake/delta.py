@@ -473,8 +473,10 @@ class DeltaTable:
         values of it as `key_value`, and the same values in the driver's JVM when held there; None:
         every file may): its statistics say so in one of the columns (min <= value <= max; a file
         without statistics for a column may hold any). Decided in the driver's JVM over the version's
-        `add` actions when every column's values are held there (no Spark job: DeltaStats.java), else
-        in Spark against the values' range (`_may_hold`); either way only paths, sizes, counts and
+        `add` actions (DeltaStats.java): value by value where a column's values are held there, else
+        against their range (a file kept when its bounds overlap it: a superset of the files whose
+        bounds hold a value; a set of a million ids lands in every file's range anyway), which costs
+        one small job for its minimum and maximum, kept in the JVM. Only paths, sizes, counts and
         the flag reach Python. It narrows a table clustered by the key (`dsr optimize`: Z-order or
         liquid clustering)."""
         if not keys:
@@ -486,18 +488,15 @@ class DeltaTable:
                tuple((column, id(values)) for column, values, _ in keys))
         if (entry := _recalled(_listed_for_keys, key)) is not None:
             return entry[0]
-        root, held = self._root(), [kv for _, _, kv in keys]
-        if all(kv is not None for kv in held):
-            listed = json.loads(compiled(self.spark, "DeltaStats").files(
-                self._adds(snapshot)[0], _list(self.spark, [self._stats_path(c) for c, _, _ in keys]),
-                _list(self.spark, [cast("KeyValues", kv).java_list for kv in held])))
-            found = [(_absolute(root, path), int(size), rows, bool(may)) for path, size, rows, may, _ in listed]
-        else:
-            files = DataFrame(snapshot.allFiles().toDF(), self.spark)
-            flagged = _may_hold(files.select("path", "size", _rows(files).alias("rows"), "stats"),
-                                [(self._stats_path(column), values) for column, values, _ in keys])
-            found = [(_absolute(root, r.path), int(r.size), None if r.rows is None else int(r.rows), bool(r.dsr_may))
-                     for r in flagged.select("path", "size", "rows", "dsr_may").collect()]
+        # Values held in the driver's JVM are compared one by one; a set too large to hold there (a
+        # million ids) by its range: its minimum and maximum, one small job that keeps them in the JVM.
+        wanted = [kv.java_list if kv is not None else values.agg(F.min("key_value"), F.max("key_value"))._jdf
+                  .collectAsList().get(0) for _, values, kv in keys]
+        listed = json.loads(compiled(self.spark, "DeltaStats").files(
+            self._adds(snapshot)[0], _list(self.spark, [self._stats_path(c) for c, _, _ in keys]),
+            _list(self.spark, wanted)))
+        root = self._root()
+        found = [(_absolute(root, path), int(size), rows, bool(may)) for path, size, rows, may, _ in listed]
         _remember(_listed_for_keys, key, (found, keys))
         return found
 
@@ -824,30 +823,6 @@ def _rows(files: DataFrame) -> Column:
     deleted = F.coalesce(F.col("deletionVector.cardinality"), F.lit(0)) \
         if "deletionVector" in files.columns else F.lit(0)
     return records - deleted
-
-
-def _may_hold(files: DataFrame, keys: list[tuple[str, DataFrame]]) -> DataFrame:
-    """`files` (a log's file list with `stats`), each with `dsr_may`: whether its statistics say it
-    may hold one of the values of one of the key columns (`keys`: each column's path in the
-    statistics, its values; see DeltaTable.files_for_keys). This path serves sets too large to hold
-    in the driver (a million ids): a file is kept when its bounds overlap the range of the values, a
-    superset of the files whose bounds hold one. Comparing each value with each file's bounds cost
-    7.5 s at a million values and 40 files, and kept the same files: a batch that large lands in
-    every file's range. Cost: one aggregate over each column's values, one comparison per file."""
-    kept = None
-    for path, values in keys:
-        low = F.get_json_object("stats", f"$.minValues.{path}")
-        high = F.get_json_object("stats", f"$.maxValues.{path}")
-        key_type = values.schema["key_value"].dataType
-        bounded = files.select("path", low.cast(key_type).alias("dsr_low"), high.cast(key_type).alias("dsr_high"))
-        span = values.agg(F.min("key_value").alias("dsr_first"), F.max("key_value").alias("dsr_last"))
-        inside = (F.col("dsr_low").isNull() | F.col("dsr_high").isNull()
-                  | ((F.col("dsr_last") >= F.col("dsr_low")) & (F.col("dsr_first") <= F.col("dsr_high"))))
-        found = bounded.crossJoin(F.broadcast(span)).where(inside).select("path")
-        kept = found if kept is None else kept.union(found)
-    assert kept is not None, "called with key columns"
-    return files.join(kept.distinct().withColumn("dsr_may", F.lit(True)), "path", "left").fillna(
-        False, ["dsr_may"])
 
 
 def _physical(wanted: DataType, table: DataType) -> DataType:

@@ -216,7 +216,9 @@ class ErasureBatch:
         hashed_ids = self.request_ids + (self._resurrected_ids(found) if found else [])
         with ThreadPoolExecutor(1, thread_name_prefix="dsr-keys") as pool:
             recorded = pool.submit(self._record_keys, resolved) if resolved is not None else None
-            erased = self._erase_sources(keys, partial(self._keys_stored, recorded, hashed_ids))
+            # the batch's own rows serve its key sets only when they are all the keys (no one came back)
+            subjects = self.ctx.batch_rows(self.request_ids) if again is None else None
+            erased = self._erase_sources(keys, subjects, partial(self._keys_stored, recorded, hashed_ids))
         erased.shredded = self._shred(keys, erased.erasures)
         if self.settings.datamap.derived:
             faults.failpoint("before_propagate")
@@ -252,10 +254,11 @@ class ErasureBatch:
         self._hashes = verify.stored_hashes(self.spark, self.ledger, request_ids, self._in_driver_max)
         self._hashed_ids = request_ids
 
-    def _erase_sources(self, keys: DataFrame, stored: Callable[[], None]) -> Erased:
+    def _erase_sources(self, keys: DataFrame, subjects: pa.Table | None, stored: Callable[[], None]) -> Erased:
         """Erase the mapped tables wave by wave (tables identifiers are resolved through go last, so a
         resumed run can still resolve from them; a wave's tables side by side), then the file
-        datasets, then late rows other writers appended meanwhile. `stored()` waits for the keyed
+        datasets, then late rows other writers appended meanwhile. `subjects`: the batch's rows, when
+        `keys` are theirs alone (matching.key_sets groups them in Arrow). `stored()` waits for the keyed
         hashes to be stored, once the first wave is planned. A shared export (`export`) runs once
         the first wave has committed, before that wave's collateral verdicts, and is timed as the
         export."""
@@ -265,7 +268,7 @@ class ErasureBatch:
         waves = waves[:len(waves) - len(datamap.derived_levels())]
         with ctx.timed("erase"):
             erased.key_sets = matching.key_sets(datamap, keys, ctx.key_types, [*datamap.keyed, *datamap.files],
-                                                ctx.batch_rows(self.request_ids))
+                                                subjects)
             plans = self._plan_tables(waves[0] if waves else [], erased.key_sets)
         stored()
         export, self.export = self.export, None
