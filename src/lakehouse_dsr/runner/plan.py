@@ -142,7 +142,7 @@ def plan(spark: SparkSession, settings: Settings, today: date | None = None) -> 
             keys = identity.resolve(lake, resolvable, batch(spark, rows, settings.erase.in_driver_max_requests))
             key_sets = matching.key_sets(datamap, keys, key_types, tables, rows)
             plans = erase.plan_many(lake, datamap, settings.erase, tables, key_sets, work.purge_now,
-                                    parallel_tables=settings.run.parallel_tables)
+                                    parallel_tables=settings.run.parallel_tables, per_request=False)
             forecasts = {t: _forecast(lake, key_sets[t], p, work.purge_now, rates) for t, p in plans.items()}
     finally:
         skipping.release()  # the plan's staged file lists

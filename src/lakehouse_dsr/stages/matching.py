@@ -203,17 +203,19 @@ def mark(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | Non
     return rows
 
 
-def requested_rows(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None) -> DataFrame:
-    """The rows of `rows` that some request names, `mark`ed. Where every key group can be tested by
-    membership (scalar keys whose values are held in the driver), the rows are tested that way
-    first, so the lookups that find which requests name them run on the requested rows only."""
+def requested_rows(rows: DataFrame, table_keys: TableKeys, key_columns: list[Column] | None = None, *,
+                   requests: bool = True) -> DataFrame:
+    """The rows of `rows` that some request names, `mark`ed (`requests`: as `mark` says). Where every
+    key group can be tested by membership (scalar keys whose values are held in the driver), the
+    rows are tested that way first, so the lookups that find which requests name them run on the
+    requested rows only."""
     key_columns = key_columns or _key_columns(table_keys)
     members = [None if g.is_array else _member(rows, keys, value)
                for g, keys, value in zip(table_keys.groups, table_keys.sets, key_columns, strict=True)]
     tests = [F.coalesce(m, F.lit(False)) for m in members if m is not None]
     if len(tests) == len(members):
         rows = rows.where(reduce(lambda a, b: a | b, tests))
-    return mark(rows, table_keys, key_columns).where(any_hit(table_keys))
+    return mark(rows, table_keys, key_columns, requests=requests).where(any_hit(table_keys))
 
 
 def _key_columns(table_keys: TableKeys) -> list[Column]:
