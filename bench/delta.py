@@ -14,7 +14,10 @@ erased (with `--absent`, as many ids the table does not hold: nothing matches). 
   APPLY (PURGE)`, then VACUUM;
 - `seed003_cow`: the same MERGE with deletion vectors off, then VACUUM;
 - `dsr`: `dsr submit --file` of the ids, then `dsr run`, which also proves the erasure (live,
-  history, storage, log) and removes the log files that still hold the ids.
+  history, storage, log) and removes the log files that still hold the ids. Between them, outside
+  the `dsr` total, `dsr plan --json` forecasts the run: its seconds (`dsr_plan`) and its estimate
+  (`dsr_plan_estimate`) against the run's (`dsr_run`), reported as `plan_vs_run` and
+  `estimate_vs_run` (medians).
 
 The recipes neither prove nor clean the log: their VACUUM leaves every JSON commit, whose statistics
 still hold erased ids. Writes bench/results/delta-<rows>-<erase>[-absent].json: each round's seconds and the
@@ -30,7 +33,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -116,12 +118,13 @@ def main() -> None:
                     "datamap": {"subject": "id", "tables": {"ads.events": {"key": "id", "format": "delta",
                                                                            "path": str(side / "table")}}}}))
                 dsr = ("-m", "lakehouse_dsr", "--config", str(config))
-                start = time.perf_counter()
-                *_, submit_peak = measured_process("dsr submit", *dsr, "submit", "--file", str(requests))
-                submitted = time.perf_counter()
-                *_, run_peak = measured_process("dsr run", *dsr, "run", "--report", str(side / "report.json"))
-                seconds["dsr"] = round(time.perf_counter() - start, 3)
-                seconds["dsr_submit"] = round(submitted - start, 3)
+                seconds["dsr_submit"], _, submit_peak = measured_process("dsr submit", *dsr, "submit", "--file",
+                                                                         str(requests))
+                seconds["dsr_plan"], planned, _ = measured_process("dsr plan", *dsr, "plan", "--json")
+                seconds["dsr_plan_estimate"] = round(json.loads(planned)["estimated_seconds"], 3)
+                seconds["dsr_run"], _, run_peak = measured_process("dsr run", *dsr, "run", "--report",
+                                                                   str(side / "report.json"))
+                seconds["dsr"] = round(seconds["dsr_submit"] + seconds["dsr_run"], 3)
                 peak_mb.update({"submit": round(submit_peak / 2**20), "run": round(run_peak / 2**20)})
                 report = json.loads((side / "report.json").read_text())
                 assert sum(1 for q in report["requests"] if q["status"] == "completed") == a.erase, "dsr run"
@@ -137,6 +140,8 @@ def main() -> None:
     fastest = min(medians[v] for v in RECIPES)
     out = {"rows": a.rows, "erase": a.erase, "rounds": rounds, "median_s": medians,
            "vs_fastest_recipe": {v: round(medians[v] / fastest, 3) for v in (*RECIPES, "dsr")},
+           "plan_vs_run": round(medians["dsr_plan"] / medians["dsr_run"], 3),
+           "estimate_vs_run": round(medians["dsr_plan_estimate"] / medians["dsr_run"], 3),
            "peak_memory_mb": peak_mb,
            "generated_at": datetime.now(UTC).isoformat(timespec="seconds")}
     name = f"delta-{a.rows}-{a.erase}{'-absent' if a.absent else ''}.json"
