@@ -9,7 +9,7 @@ from functools import cached_property, reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StringType
 
@@ -69,7 +69,7 @@ def key_set(keys: DataFrame, identifier: str, key_type: DataType, rows: pa.Table
     return KeySet(grouped, size, skipping.key_values(grouped, key_type) if size <= skipping.MAX_VALUES else None)
 
 
-def arrow_key_set(spark, rows: pa.Table) -> KeySet:
+def arrow_key_set(spark: SparkSession, rows: pa.Table) -> KeySet:
     """The KeySet of text keys the driver's Python holds as Arrow (`request_id`, `key_value`): grouped
     by value in Arrow and handed to Spark as Arrow batches (lake/frames.py), which no Spark job
     groups or keeps (at a million requests, Spark's grouping and local checkpoint took 3 to 6 s;
@@ -77,7 +77,7 @@ def arrow_key_set(spark, rows: pa.Table) -> KeySet:
     at most skipping.MAX_VALUES of them, as key_set fetches them."""
     present = rows.filter(pc.is_valid(rows.column("key_value")))
     grouped = present.group_by("key_value", use_threads=False).aggregate([("request_id", "distinct")])
-    grouped = grouped.rename_columns(["key_value", "request_ids"]).select(["key_value", "request_ids"])
+    grouped = grouped.select(["key_value", "request_id_distinct"]).rename_columns(["key_value", "request_ids"])
     requesters = frames.arrow_frame(spark, grouped)
     size = grouped.num_rows
     return KeySet(requesters, size, skipping.key_values(requesters, StringType()) if size <= skipping.MAX_VALUES
