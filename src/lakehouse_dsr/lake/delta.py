@@ -258,6 +258,12 @@ class DeltaTable:
             _remember(_newest, (key[0], key[1], newest.snapshot_id), newest)
         return newest
 
+    def current_snapshot_id(self) -> int | None:
+        """The newest version's number (None: no table), without its commit's record (`current_snapshot`
+        reads that through DESCRIBE HISTORY: 2 s the first time in a process). Metadata only: the log
+        brought up to date."""
+        return int(self._snapshot().version()) if self.exists() else None
+
     def refs(self) -> list[Ref]:
         """Delta has no branches or tags: none."""
         return []

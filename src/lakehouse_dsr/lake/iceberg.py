@@ -104,6 +104,11 @@ class IcebergTable:
     def current_snapshot(self) -> Snapshot | None:
         return snapshot_of(self.spark, self.java().currentSnapshot())
 
+    def current_snapshot_id(self) -> int | None:
+        """The current snapshot's id (None: no snapshot), without its summary. Metadata only."""
+        current = self.java().currentSnapshot()
+        return None if current is None else int(current.snapshotId())
+
     def properties(self) -> dict[str, str]:
         return call(self.spark, "toJson", self.java().properties())
 

@@ -118,8 +118,7 @@ class TableKeys:
 
     def current_candidates(self, table: TableHandle) -> skipping.Candidates:
         """`candidates` at the table's current snapshot (none for an empty table)."""
-        snapshot = table.current_snapshot()
-        return self.candidates(table, snapshot.snapshot_id if snapshot else None)
+        return self.candidates(table, table.current_snapshot_id())
 
     def key_columns(self) -> list[indriver.KeyColumn]:
         """The groups as the driver's reader takes them (lake/indriver.py)."""
