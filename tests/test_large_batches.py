@@ -121,3 +121,20 @@ def test_a_batch_in_spark_groups_its_subjects_key_set_in_arrow_as_spark_would(sp
         matching.key_set(keys, datamap.subject, StringType(), held)
         jobs.append(len(tracker.getJobIdsForGroup()) - before)
     assert jobs[0] == 0 < jobs[1]
+
+
+def test_a_batch_is_taken_from_the_ledgers_read_as_from_its_requests():
+    """The run's batch comes from the open requests as the ledger read them (Arrow, no dict per
+    request): the same rows in the same order as from the requests' dicts; a read that does not hold
+    every request, or holds one without its subject, gives way to the dicts."""
+    from lakehouse_dsr.runner.context import batch_rows
+
+    read = pa.table({"request_id": ["r3", "r1", "r2", "r9"], "request_type": ["erase"] * 4,
+                     "subject_id": ["c", "a", "b", "z"], "regulation": ["gdpr", "ccpa", "gdpr", "gdpr"]})
+    requests = {r["request_id"]: r for r in read.to_pylist() if r["request_id"] != "r9"}
+    expected = pa.table({"request_id": ["r1", "r2", "r3"], "subject_id": ["a", "b", "c"],
+                         "regulation": ["ccpa", "gdpr", "gdpr"]})
+    assert batch_rows(requests, read).equals(expected) and batch_rows(requests).equals(expected)
+    assert batch_rows({i: {} for i in requests}, read).equals(expected)  # from the read alone: no dict read
+    assert batch_rows({**requests, "r4": {"subject_id": "d", "regulation": "gdpr"}}, read).column(
+        "request_id").to_pylist() == ["r1", "r2", "r3", "r4"]  # not all in the read: from the dicts

@@ -133,9 +133,15 @@ class Context:
         return rows.filter(pc.is_in(rows.column("request_id"), pa.array(request_ids, pa.string())))
 
 
-def batch_rows(requests: dict[str, dict]) -> pa.Table:
-    """(request_id, subject_id, regulation) of a batch as Arrow, by request id. Cost: a pass over the
-    requests in Python (a million: about a second)."""
+def batch_rows(requests: dict[str, dict], read: pa.Table | None = None) -> pa.Table:
+    """(request_id, subject_id, regulation) of a batch as Arrow, by request id: taken from `read` (the
+    ledger's rows the requests were made from: Work.read) when given, else from the requests' dicts.
+    Cost: a filter and a sort in Arrow, or a pass over the dicts in Python (a million: 2 s)."""
+    if read is not None:
+        chosen = read.filter(pc.is_in(read.column("request_id"), pa.array(list(requests), pa.string())))
+        if chosen.num_rows == len(requests) and not chosen.column("subject_id").null_count:
+            return chosen.select(["request_id", "subject_id", "regulation"]).sort_by("request_id").cast(
+                pa.schema([("request_id", pa.string()), ("subject_id", pa.string()), ("regulation", pa.string())]))
     ids = sorted(requests)
     return pa.table({"request_id": pa.array(ids, pa.string()),
                      "subject_id": pa.array([str(requests[i]["subject_id"]) for i in ids], pa.string()),

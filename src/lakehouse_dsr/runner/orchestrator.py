@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import date, datetime
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from .. import faults
@@ -109,8 +110,8 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
             # zip packages are written in Python workers: started while the driver plans
             start_python_workers(session)
         try:
-            outcomes = _process(_context(session, settings, ledger, report, progress, {**work.access, **work.erase}),
-                                work, today)
+            outcomes = _process(_context(session, settings, ledger, report, progress, {**work.access, **work.erase},
+                                         work.read), work, today)
         finally:
             skipping.release()
         if release is not None:
@@ -141,14 +142,14 @@ def _noted(report: RunReport, work: Work) -> Work:
 
 
 def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: RunReport, progress: Progress,
-             requests: dict[str, dict]) -> Context:
+             requests: dict[str, dict], read: pa.Table | None) -> Context:
     """The run's Context: the catalog's key types are checked, and a wrong or missing vault master key
     fails, before anything changes. The requests' identifiers are resolved on a thread meanwhile: the
     run's first query pays for the JVM's first use of Spark's SQL engine (0.8 s at 1,100 requests on
     this machine), the check for reading each table's metadata (0.3 s at four tables), and either
     leaves a core idle."""
     faults.failpoint("after_start")
-    rows = batch_rows(requests)
+    rows = batch_rows(requests, read)
     with ThreadPoolExecutor(1, thread_name_prefix="dsr-resolve") as pool:
         keys = pool.submit(resolved, spark, settings, report, rows) if requests else None
         with timed(report, "ledger", spark):

@@ -138,7 +138,7 @@ def plan(spark: SparkSession, settings: Settings, today: date | None = None) -> 
         if tables:
             resolvable = datamap.model_copy(update={"identifiers": {
                 n: link for n, link in datamap.identifiers.items() if link.table not in broken}})
-            rows = batch_rows(work.erase)
+            rows = batch_rows(work.erase, work.read)
             keys = identity.resolve(lake, resolvable, batch(spark, rows, settings.erase.in_driver_max_requests))
             key_sets = matching.key_sets(datamap, keys, key_types, tables, rows)
             plans = erase.plan_many(lake, datamap, settings.erase, tables, key_sets, work.purge_now,
