@@ -250,13 +250,16 @@ def test_a_late_version_hint_does_not_send_a_commit_back_to_an_old_version(tmp_p
     assert sum(pq.read_table(p.removeprefix("file:")).num_rows for p in live) == 15  # read by pyarrow
 
 
-@pytest.mark.parametrize("lands", ["before its read of the history", "between its expiry and its deletes"])
-def test_two_purges_of_one_table_at_once_both_finish_and_keep_every_row(tmp_path, monkeypatch, lands):
+@pytest.mark.parametrize("lands, at, after", [("before its read of the history", 0, False),
+                                              ("before its expiry commits", 0, True),
+                                              ("between its expiry and its deletes", 1, False)])
+def test_two_purges_of_one_table_at_once_both_finish_and_keep_every_row(tmp_path, monkeypatch, lands, at, after):
     """Two writers compacting one ledger table at once purge its history at once (the service's
     handlers and its intake loop both append to the audit). A purge that runs to its end inside
-    another one, before that one reads the history or after it expired snapshots and before it
-    deletes their files, leaves it nothing to fail on: it reads the new state again, and a file the
-    other deleted first is not deleted twice. Every row stays (pyarrow reads the live files)."""
+    another one, before that one reads the history, before its expiry commits (pyiceberg then finds
+    the snapshots it expires gone: CI answered a 500 there), or after it expired snapshots and before
+    it deletes their files, leaves it nothing to fail on: it reads the new state again, and a file
+    the other deleted first is not deleted twice. Every row stays (pyarrow reads the live files)."""
     import pyarrow.parquet as pq
 
     from lakehouse_dsr.ledger import store as store_module
@@ -266,15 +269,21 @@ def test_two_purges_of_one_table_at_once_both_finish_and_keep_every_row(tmp_path
     for n in range(5):
         ledger.journal.record([Step(f"run-{n}", "demo.events", "checked", n)])
     reads, reachable = [], store_module._reachable
-    at = 0 if lands.startswith("before") else 1
+
+    def another_purge() -> None:
+        with monkeypatch.context() as m:
+            m.setattr(store_module, "_reachable", reachable)
+            other.store.purge_history("steps", 0)
 
     def reachable_amid_another_purge(loaded, snapshots):
         reads.append(1)
-        if len(reads) - 1 == at:
-            with monkeypatch.context() as m:
-                m.setattr(store_module, "_reachable", reachable)
-                other.store.purge_history("steps", 0)
-        return reachable(loaded, snapshots)
+        landing = len(reads) - 1 == at
+        if landing and not after:
+            another_purge()
+        found = reachable(loaded, snapshots)
+        if landing and after:
+            another_purge()
+        return found
 
     monkeypatch.setattr(store_module, "_reachable", reachable_amid_another_purge)
     ledger.store.purge_history("steps", 0)

@@ -19,8 +19,8 @@ from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
-from lakehouse_dsr.runner import run
 from lakehouse_dsr.runner import plan as plan_module
+from lakehouse_dsr.runner import run
 from lakehouse_dsr.runner.plan import measured_rates, plan
 
 USERS = 12

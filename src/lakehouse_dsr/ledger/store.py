@@ -399,7 +399,8 @@ class Store:
         A concurrent writer is safe: only files of expired snapshots are deleted at once, and files no
         snapshot references (a writer may be about to commit them) only once older than the window.
         So is a concurrent purge (two writers compacting at once): a file it deleted first is not
-        deleted twice, and history it expired while this one read it is read again from the new state.
+        deleted twice, and history it expired while this one read it, or before this one's expiry
+        committed, is read again from the new state.
         Cost: reads the manifests of every snapshot and lists the table location."""
         for _ in range(_RETRIES):
             try:
@@ -420,7 +421,12 @@ class Store:
             expired = [s.snapshot_id for s in loaded.snapshots() if s.snapshot_id not in protected]
             if expired:
                 before = _reachable(loaded, loaded.snapshots())
-                loaded.maintenance.expire_snapshots().by_ids(expired).commit()
+                try:
+                    loaded.maintenance.expire_snapshots().by_ids(expired).commit()
+                except ValueError:  # pyiceberg's word for a snapshot gone from the table it commits to
+                    if self.load(table).metadata_location == loaded.metadata_location:
+                        raise
+                    raise CommitFailedException("another purge expired these snapshots first") from None
                 loaded = self.load(table)
                 gone = before - _reachable(loaded, loaded.snapshots())
                 for path in gone:
