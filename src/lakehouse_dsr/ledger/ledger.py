@@ -92,7 +92,7 @@ def _new_requests(schema: pa.Schema, batch: RequestBatch, fresh: list[int], hash
 
 
 # What a run reads of its open requests (Ledger.work_requests).
-WORK_COLUMNS = ("request_id", "request_type", "regulation", "subject_id", "subject_hash", "status", "status_reason",
+WORK_COLUMNS = ("request_id", "request_type", "regulation", "subject_id", "status", "status_reason",
                 "received_at", "due_date", "purge_by")
 
 
