@@ -121,6 +121,8 @@ def test_a_batch_in_spark_groups_its_subjects_key_set_in_arrow_as_spark_would(sp
         matching.key_set(keys, datamap.subject, StringType(), held)
         jobs.append(len(tracker.getJobIdsForGroup()) - before)
     assert jobs[0] == 0 < jobs[1]
+    beyond = matching.key_set(keys, datamap.subject, StringType(), subjects)  # pruned by range: its bounds
+    assert [r.key_value for r in beyond.range_source.collect()] == [min(subject, "nobody", "x"), "x"]
 
 
 def test_a_batch_is_taken_from_the_ledgers_read_as_from_its_requests():

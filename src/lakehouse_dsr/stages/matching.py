@@ -42,6 +42,14 @@ class KeySet:
     requesters: DataFrame
     size: int  # distinct values: decides whether the statement may broadcast them
     values: skipping.KeyValues | None = None  # the same values in the driver's JVM, for data skipping
+    # The values' minimum and maximum as a two-row frame (`key_value`), where the driver's Python knew
+    # them (`arrow_key_set`): pruning by their range reads it instead of every value (2.5 s at a million).
+    bounds: DataFrame | None = None
+
+    @property
+    def range_source(self) -> DataFrame:
+        """What data skipping by the values' range reads: `bounds`, else the values themselves."""
+        return self.bounds if self.bounds is not None else self.hits
 
     @cached_property
     def hits(self) -> DataFrame:
@@ -80,8 +88,11 @@ def arrow_key_set(spark: SparkSession, rows: pa.Table) -> KeySet:
     grouped = grouped.select(["key_value", "request_id_distinct"]).rename_columns(["key_value", "request_ids"])
     requesters = frames.arrow_frame(spark, grouped)
     size = grouped.num_rows
-    return KeySet(requesters, size, skipping.key_values(requesters, StringType()) if size <= skipping.MAX_VALUES
-                  else None)
+    if size <= skipping.MAX_VALUES:
+        return KeySet(requesters, size, skipping.key_values(requesters, StringType()))
+    span = pc.min_max(grouped.column("key_value"))  # UTF-8 byte order: Spark's and the statistics'
+    bounds = pa.table({"key_value": pa.array([span["min"].as_py(), span["max"].as_py()], pa.string())})
+    return KeySet(requesters, size, None, frames.arrow_frame(spark, bounds))
 
 
 def disjoint(a: KeySet, b: KeySet) -> bool:
@@ -114,7 +125,7 @@ class TableKeys:
 
     def candidates(self, table: TableHandle, snapshot_id: int | None) -> skipping.Candidates:
         """The files of `table` at `snapshot_id` that may hold these keys (metadata only)."""
-        return skipping.plan(table, snapshot_id, self.groups, self.values, tuple(s.hits for s in self.sets))
+        return skipping.plan(table, snapshot_id, self.groups, self.values, tuple(s.range_source for s in self.sets))
 
     def current_candidates(self, table: TableHandle) -> skipping.Candidates:
         """`candidates` at the table's current snapshot (none for an empty table)."""
