@@ -123,6 +123,8 @@ def test_a_batch_in_spark_groups_its_subjects_key_set_in_arrow_as_spark_would(sp
     assert jobs[0] == 0 < jobs[1]
     beyond = matching.key_set(keys, datamap.subject, StringType(), subjects)  # pruned by range: its bounds
     assert [r.key_value for r in beyond.range_source.collect()] == [min(subject, "nobody", "x"), "x"]
+    routed = matching.key_sets(datamap, keys, key_types, tables, rows)  # the subject's sets take the Arrow rows
+    assert all((routed[t].sets[0].bounds is not None) == (t in own) for t in tables)
 
 
 def test_a_batch_is_taken_from_the_ledgers_read_as_from_its_requests():

@@ -230,8 +230,9 @@ class HadoopCatalog(MetastoreCatalog):
         found = [int(m.group(1)) for p in metadata.glob("v*.metadata.json") if (m := _VERSION.match(p.name))]
         if not found:
             return None
-        file = self._version_file(metadata, max(found))
-        return (max(found), file) if file else None
+        version = max(found)
+        file = self._version_file(metadata, version)
+        return (version, file) if file else None
 
     @staticmethod
     def _version_file(metadata: Path, version: int) -> Path | None:

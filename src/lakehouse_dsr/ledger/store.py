@@ -14,6 +14,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, cast
@@ -430,7 +431,8 @@ class Store:
                 loaded = self.load(table)
                 gone = before - _reachable(loaded, loaded.snapshots())
                 for path in gone:
-                    _delete(loaded.io.delete, path)
+                    with suppress(FileNotFoundError):  # deleted first by a concurrent purge
+                        loaded.io.delete(path)
                 result.snapshots_expired, result.files_deleted = len(expired), len(gone)
         result.orphans_removed = self._remove_orphans(loaded, orphan_min_age_minutes)
         return result
@@ -451,7 +453,8 @@ class Store:
         removed = 0
         for info in self.files(loaded):
             if info.uri not in referenced and info.path.endswith((".parquet", ".avro")) and info.mtime < cutoff:
-                _delete(info.fs.delete_file, info.path)
+                with suppress(FileNotFoundError):  # deleted first by a concurrent purge
+                    info.fs.delete_file(info.path)
                 removed += 1
         return removed
 
@@ -488,14 +491,6 @@ class StoredFile:
 
 def _uri(prefix: str, path: str, scheme: str) -> str:
     return f"file://{path}" if scheme == "file" else f"{prefix}{path.lstrip('/')}"
-
-
-def _delete(delete: Callable[[str], None], path: str) -> None:
-    """`delete(path)`; a file already gone was deleted by a concurrent purge of the same files."""
-    try:
-        delete(path)
-    except FileNotFoundError:
-        pass
 
 
 def _reachable(loaded: Table, snapshots) -> set[str]:

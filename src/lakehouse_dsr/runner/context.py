@@ -126,11 +126,15 @@ class Context:
         return batch(self.spark, batch_rows(requests), self.settings.erase.in_driver_max_requests)
 
     def batch_rows(self, request_ids: list[str] | None = None) -> pa.Table:
-        """`batch_rows` of the run's requests (`rows`, built once), or of those of `request_ids`."""
+        """`batch_rows` of the run's requests (`rows`, built once), or of those of `request_ids` (sorted,
+        as the rows are)."""
         rows = self.rows if self.rows is not None else batch_rows(self.requests)
-        if request_ids is None or len(request_ids) == rows.num_rows:  # the ids are the run's
+        if request_ids is None:
             return rows
-        return rows.filter(pc.is_in(rows.column("request_id"), pa.array(request_ids, pa.string())))
+        wanted = pa.array(request_ids, pa.string())
+        if rows.column("request_id").combine_chunks().equals(wanted):  # all of them (a million: 0.1 s, a filter 0.5)
+            return rows
+        return rows.filter(pc.is_in(rows.column("request_id"), wanted))
 
 
 def batch_rows(requests: dict[str, dict], read: pa.Table | None = None) -> pa.Table:

@@ -201,8 +201,8 @@ def measured_rates(runs: list[dict]) -> Rates:
     """The model's rates for this installation: the defaults, scaled by the median over the recorded
     runs (Ledger.runs) that worked on erase requests or rewrote bytes of how long each took (start to
     finish) against what the defaults give it. Without such a run, the defaults."""
-    ratios = [_wall(r) / modelled for r in runs
-              if (modelled := _modelled(_requests(r), _rewritten(r))) > DEFAULT_FIXED_SECONDS and _wall(r) > 0]
+    ratios = [_wall(r) / _modelled(_requests(r), _rewritten(r)) for r in runs
+              if (_requests(r) or _rewritten(r)) and _wall(r) > 0]
     scale = statistics.median(ratios) if ratios else 1.0
     source: Literal["measured", "default"] = "measured" if ratios else "default"
 
