@@ -122,23 +122,27 @@ def test_a_batch_in_spark_groups_its_subjects_key_set_in_arrow_as_spark_would(sp
         jobs.append(len(tracker.getJobIdsForGroup()) - before)
     assert jobs[0] == 0 < jobs[1]
     beyond = matching.key_set(keys, datamap.subject, StringType(), subjects)  # pruned by range: its bounds
-    assert [r.key_value for r in beyond.range_source.collect()] == [min(subject, "nobody", "x"), "x"]
+    assert [tuple(r) for r in beyond.span.collect()] == [(min(subject, "nobody", "x"), "x")]
+    assert indriver.is_local(beyond.span)  # read into the JVM without a Spark job
     routed = matching.key_sets(datamap, keys, key_types, tables, rows)  # the subject's sets take the Arrow rows
     assert all((routed[t].sets[0].bounds is not None) == (t in own) for t in tables)
 
 
-def test_a_batch_is_taken_from_the_ledgers_read_as_from_its_requests():
-    """The run's batch comes from the open requests as the ledger read them (Arrow, no dict per
-    request): the same rows in the same order as from the requests' dicts; a read that does not hold
-    every request, or holds one without its subject, gives way to the dicts."""
+def test_a_batch_is_taken_from_the_ledgers_read_without_a_dict_per_request():
+    """The open requests stay as the ledger read them (RequestRows over Arrow): the batch is their
+    columns sorted by request id, lengths, iteration and membership make no dict, and a request
+    looked up is the read's row."""
     from lakehouse_dsr.runner.context import batch_rows
+    from lakehouse_dsr.runner.work import RequestRows
 
     read = pa.table({"request_id": ["r3", "r1", "r2", "r9"], "request_type": ["erase"] * 4,
                      "subject_id": ["c", "a", "b", "z"], "regulation": ["gdpr", "ccpa", "gdpr", "gdpr"]})
-    requests = {r["request_id"]: r for r in read.to_pylist() if r["request_id"] != "r9"}
-    expected = pa.table({"request_id": ["r1", "r2", "r3"], "subject_id": ["a", "b", "c"],
-                         "regulation": ["ccpa", "gdpr", "gdpr"]})
-    assert batch_rows(requests, read).equals(expected) and batch_rows(requests).equals(expected)
-    assert batch_rows({i: {} for i in requests}, read).equals(expected)  # from the read alone: no dict read
-    assert batch_rows({**requests, "r4": {"subject_id": "d", "regulation": "gdpr"}}, read).column(
-        "request_id").to_pylist() == ["r1", "r2", "r3", "r4"]  # not all in the read: from the dicts
+    requests = RequestRows.of(RequestRows(read.slice(0, 2)), RequestRows(read.slice(2)))
+    assert batch_rows(requests).equals(pa.table({"request_id": ["r1", "r2", "r3", "r9"],
+                                                 "subject_id": ["a", "b", "c", "z"],
+                                                 "regulation": ["ccpa", "gdpr", "gdpr", "gdpr"]}))
+    assert (len(requests), list(requests), "r2" in requests, "r5" in requests) == (4, ["r3", "r1", "r2", "r9"],
+                                                                                  True, False)
+    assert "_rows" not in vars(requests)  # no dict made so far
+    assert requests["r1"] == {"request_id": "r1", "request_type": "erase", "subject_id": "a", "regulation": "ccpa"}
+    assert dict(requests) == {r["request_id"]: r for r in read.to_pylist()}

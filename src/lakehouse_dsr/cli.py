@@ -238,7 +238,7 @@ def plan_cmd(as_json: Annotated[bool, typer.Option("--json", help="machine-reada
     Changes nothing."""
     from .runner.plan import plan
 
-    result = plan(_spark(by_lake_size=True), _settings())
+    result = plan(lambda: _spark(by_lake_size=True), _settings())
     if as_json:
         print(result.model_dump_json(indent=2))
     else:

@@ -475,15 +475,15 @@ class DeltaTable:
 
     def files_for_keys(self, snapshot_id: int | None, keys: list[tuple[str, DataFrame, KeyValues | None]] | None
                        ) -> list[tuple[str, int, int | None, bool]]:
-        """`live_files`, each with whether it may hold one of `keys`' values (key column, the batch's
-        values of it as `key_value`, and the same values in the driver's JVM when held there; None:
-        every file may): its statistics say so in one of the columns (min <= value <= max; a file
-        without statistics for a column may hold any). Decided in the driver's JVM over the version's
-        `add` actions (DeltaStats.java): value by value where a column's values are held there, else
-        against their range (a file kept when its bounds overlap it: a superset of the files whose
-        bounds hold a value; a set of a million ids lands in every file's range anyway), which costs
-        one small job for its minimum and maximum, kept in the JVM. Only paths, sizes, counts and
-        the flag reach Python. It narrows a table clustered by the key (`dsr optimize`: Z-order or
+        """`live_files`, each with whether it may hold one of `keys`' values (key column, the range of
+        the batch's values of it as one row `min`, `max`, and the values in the driver's JVM when held
+        there; None: every file may): its statistics say so in one of the columns (min <= value <=
+        max; a file without statistics for a column may hold any). Decided in the driver's JVM over
+        the version's `add` actions (DeltaStats.java): value by value where a column's values are
+        held there, else against their range (a file kept when its bounds overlap it: a superset of
+        the files whose bounds hold a value; a set of a million ids lands in every file's range
+        anyway), read into the JVM (a small job, none for a range held there). Only paths, sizes,
+        counts and the flag reach Python. It narrows a table clustered by the key (`dsr optimize`: Z-order or
         liquid clustering)."""
         if not keys:
             return [(path, size, rows, True) for path, size, rows in self.live_files(snapshot_id)]
@@ -495,9 +495,8 @@ class DeltaTable:
         if (entry := _recalled(_listed_for_keys, key)) is not None:
             return entry[0]
         # Values held in the driver's JVM are compared one by one; a set too large to hold there (a
-        # million ids) by its range: its minimum and maximum, one small job that keeps them in the JVM.
-        wanted = [kv.java_list if kv is not None else values.agg(F.min("key_value"), F.max("key_value"))._jdf
-                  .collectAsList().get(0) for _, values, kv in keys]
+        # million ids) by its range, a Row of its minimum and maximum read into the JVM.
+        wanted = [kv.java_list if kv is not None else span._jdf.collectAsList().get(0) for _, span, kv in keys]
         listed = json.loads(compiled(self.spark, "DeltaStats").files(
             self._adds(snapshot)[0], _list(self.spark, [self._stats_path(c) for c, _, _ in keys]),
             _list(self.spark, wanted)))

@@ -199,16 +199,17 @@ class Candidates:
 
 
 def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ...],
-         values: tuple[KeyValues | None, ...], hits: tuple[DataFrame, ...] | None = None) -> Candidates:
+         values: tuple[KeyValues | None, ...], spans: tuple[DataFrame, ...] | None = None) -> Candidates:
     """The candidate files of `table` at `snapshot_id` (None: an empty table) for the key values
     (one KeyValues per key group, None where the group cannot be pruned on). Metadata only, on the
     driver: manifests and their file entries are read, no data file and no Spark job. A Delta
-    table's candidates come from its log's file statistics against `hits` (each group's values as
-    `key_value`, in Spark: DeltaTable.live_files), every file where a group cannot be pruned on."""
+    table's candidates come from its log's file statistics against each group's values where the
+    driver's JVM holds them, else their range (`spans`: one row, `min` and `max`; DeltaTable.files_for_keys),
+    every file where a group cannot be pruned on."""
     if not isinstance(table, IcebergTable):
-        prunable = hits is not None and not any(g.is_array for g in groups) and \
-            all(type(h.schema["key_value"].dataType) in _PRUNABLE for h in hits)
-        keys = [(g.column, h, kv) for g, h, kv in zip(groups, hits or (), values, strict=False)] if prunable else None
+        prunable = spans is not None and not any(g.is_array for g in groups) and \
+            all(type(s.schema["min"].dataType) in _PRUNABLE for s in spans)
+        keys = [(g.column, s, kv) for g, s, kv in zip(groups, spans or (), values, strict=False)] if prunable else None
         return _delta_files(cast(DeltaTable, table), snapshot_id, keys)
     spark = table.spark
     predicate = expression(spark, groups, values)

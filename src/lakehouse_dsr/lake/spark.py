@@ -12,7 +12,8 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -168,6 +169,20 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
     spark.sparkContext.setLogLevel(os.environ.get("DSR_SPARK_LOG_LEVEL", "ERROR"))
     attach(spark, settings)
     return spark
+
+
+def starting(spark: SparkSession | Callable[[], SparkSession]) -> Future[SparkSession]:
+    """The session `spark` makes, made on a thread, so that the JVM starts while the caller reads the
+    ledger (pyiceberg, no JVM); a session given is returned as it is."""
+    if not callable(spark):
+        done: Future[SparkSession] = Future()
+        done.set_result(spark)
+        return done
+    pool = ThreadPoolExecutor(1, thread_name_prefix="dsr-spark")
+    try:
+        return pool.submit(spark)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def keep_java_objects(spark: SparkSession) -> None:

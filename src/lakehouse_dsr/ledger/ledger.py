@@ -223,18 +223,10 @@ class Ledger:
         """Raw request rows (subject ids included: for the run, never for display). One read."""
         return self.store.rows("requests", In("status", statuses) if statuses else None)
 
-    def work_requests(self, statuses: tuple[str, ...]) -> tuple[list[dict], pa.Table]:
-        """The rows a run works on (`WORK_COLUMNS`), as dicts and as read (Arrow: a batch's columns are
-        taken from it without a dict per request): when each was received only where a run uses it
-        (opt-outs and opt-ins, applied in that order), since a million timestamps cost seconds in
-        Python. One read."""
-        read = self.store.arrow("requests", In("status", statuses), WORK_COLUMNS)
-        rows = read.drop_columns(["received_at"]).to_pylist()
-        received = read.column("received_at")
-        consent = pc.is_in(read.column("request_type"), pa.array(["opt_out", "opt_in"])).to_pylist()
-        for i in (i for i, applied in enumerate(consent) if applied):
-            rows[i]["received_at"] = received[i].as_py()
-        return rows, read
+    def work_requests(self, statuses: tuple[str, ...]) -> pa.Table:
+        """The rows a run works on (`WORK_COLUMNS`) as Arrow: a run's batch takes its columns without a
+        dict per request (runner/work.py's RequestRows). One read."""
+        return self.store.arrow("requests", In("status", statuses), WORK_COLUMNS)
 
     def work_version(self) -> tuple[int | None, ...]:
         """The snapshots of the tables a run's work is read from (requests, journal, holds): equal

@@ -12,6 +12,7 @@ from ..progress import Silent
 from ..stages import access, matching
 from . import rules
 from .context import Context
+from .work import RequestRows
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Exported:
     summary: dict | None = None  # the report's export section (None: nothing exported)
 
 
-def export_requests(ctx: Context, requests: dict[str, dict], read_at: dict[str, access.ReadAt] | None = None,
+def export_requests(ctx: Context, requests: RequestRows, read_at: dict[str, access.ReadAt] | None = None,
                     background: bool = False) -> Exported:
     """Resolve the access requests' identifiers, export one package per request
     (stages/access.py) and check every package against the manifest. An export that fails leaves
@@ -62,7 +63,7 @@ class SharedExport:
     run first writes: an erased table is read as before its erase commit unless the commit changed
     no row an access request names (`unchanged_by`)."""
 
-    def __init__(self, ctx: Context, requests: dict[str, dict]):
+    def __init__(self, ctx: Context, requests: RequestRows):
         self.ctx, self.requests = ctx, requests
         self._keys: dict[str, matching.TableKeys] = {}  # the access requests' keys per table, built once
         self._exported: Future[Exported] | None = None  # None until `run`

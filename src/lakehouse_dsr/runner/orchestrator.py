@@ -5,13 +5,12 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import date, datetime
 from pathlib import Path
 
-import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from .. import faults
@@ -21,6 +20,7 @@ from ..evidence.report import RunReport
 from ..inventory.check import check_against_catalog, check_formats
 from ..lake import skipping
 from ..lake.lakehouse import Lake
+from ..lake.spark import starting
 from ..lake.workers import start_python_workers
 from ..ledger.holds import active_holds
 from ..ledger.journal import Step
@@ -35,7 +35,7 @@ from . import rules
 from .context import Context, batch_rows, resolved, timed
 from .erasure import ErasureBatch
 from .exports import Exported, SharedExport, export_requests
-from .work import Work, read_work
+from .work import RequestRows, Work, read_work
 
 
 def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, progress: Progress | None = None,
@@ -74,7 +74,7 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     if not work.needs_lease:
         report.purge_schedule = rules.schedule(settings.purge.policy, False, work.waiting)
         return report
-    starting = _starting(spark) if work.needs_spark else None
+    session_start = starting(spark) if work.needs_spark else None
     lease = Lease(ledger.store, report.run_id, settings.run.lease_seconds)
     waited: list[str] = []
 
@@ -105,13 +105,13 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         for run_id in ledger.unrecorded_runs(work.interrupted):
             # packages a killed run wrote but never checked or recorded: personal data nobody owns
             shutil.rmtree(Path(settings.export.directory) / run_id, ignore_errors=True)
-        session = starting.result() if starting else spark() if callable(spark) else spark
+        session = (session_start or starting(spark)).result()
         if work.access and settings.export.format != "json":
             # zip packages are written in Python workers: started while the driver plans
             start_python_workers(session)
         try:
-            outcomes = _process(_context(session, settings, ledger, report, progress, {**work.access, **work.erase},
-                                         work.read), work, today)
+            requests = RequestRows.of(work.access, work.erase)
+            outcomes = _process(_context(session, settings, ledger, report, progress, requests), work, today)
         finally:
             skipping.release()
         if release is not None:
@@ -119,18 +119,6 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
         _finish(ledger, lease, report, work, outcomes, started)
     report.document()  # checked against its published schema before anyone reads it
     return report
-
-
-def _starting(spark: SparkSession | Callable[[], SparkSession]) -> Future[SparkSession] | None:
-    """The session `spark` makes, made on a thread: the JVM starts while the run takes the lease and
-    records what it works on (2.5 s and 1.6 s at a batch of a million). None for a session given."""
-    if not callable(spark):
-        return None
-    pool = ThreadPoolExecutor(1, thread_name_prefix="dsr-spark")
-    try:
-        return pool.submit(spark)
-    finally:
-        pool.shutdown(wait=False)
 
 
 def _noted(report: RunReport, work: Work) -> Work:
@@ -142,14 +130,14 @@ def _noted(report: RunReport, work: Work) -> Work:
 
 
 def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: RunReport, progress: Progress,
-             requests: dict[str, dict], read: pa.Table | None) -> Context:
+             requests: RequestRows) -> Context:
     """The run's Context: the catalog's key types are checked, and a wrong or missing vault master key
     fails, before anything changes. The requests' identifiers are resolved on a thread meanwhile: the
     run's first query pays for the JVM's first use of Spark's SQL engine (0.8 s at 1,100 requests on
     this machine), the check for reading each table's metadata (0.3 s at four tables), and either
     leaves a core idle."""
     faults.failpoint("after_start")
-    rows = batch_rows(requests, read)
+    rows = batch_rows(requests)
     with ThreadPoolExecutor(1, thread_name_prefix="dsr-resolve") as pool:
         keys = pool.submit(resolved, spark, settings, report, rows) if requests else None
         with timed(report, "ledger", spark):

@@ -42,14 +42,18 @@ class KeySet:
     requesters: DataFrame
     size: int  # distinct values: decides whether the statement may broadcast them
     values: skipping.KeyValues | None = None  # the same values in the driver's JVM, for data skipping
-    # The values' minimum and maximum as a two-row frame (`key_value`), where the driver's Python knew
-    # them (`arrow_key_set`): pruning by their range reads it instead of every value (2.5 s at a million).
+    # The values' minimum and maximum as one row (`min`, `max`) held in the driver's JVM, where the
+    # driver's Python knew them (`arrow_key_set`): pruning by their range reads it instead of every
+    # value (2.5 s at a million), and no Spark job.
     bounds: DataFrame | None = None
 
-    @property
-    def range_source(self) -> DataFrame:
-        """What data skipping by the values' range reads: `bounds`, else the values themselves."""
-        return self.bounds if self.bounds is not None else self.hits
+    @cached_property
+    def span(self) -> DataFrame:
+        """The values' minimum and maximum as one row (`min`, `max`), what data skipping by their range
+        reads: `bounds`, else an aggregation of the values (a small job when read). One DataFrame
+        per key set, so the listings memoised by it (DeltaTable.files_for_keys) serve every reader."""
+        return self.bounds if self.bounds is not None else self.hits.agg(F.min("key_value").alias("min"),
+                                                                         F.max("key_value").alias("max"))
 
     @cached_property
     def hits(self) -> DataFrame:
@@ -80,19 +84,25 @@ def key_set(keys: DataFrame, identifier: str, key_type: DataType, rows: pa.Table
 def arrow_key_set(spark: SparkSession, rows: pa.Table) -> KeySet:
     """The KeySet of text keys the driver's Python holds as Arrow (`request_id`, `key_value`): grouped
     by value in Arrow and handed to Spark as Arrow batches (lake/frames.py), which no Spark job
-    groups or keeps (at a million requests, Spark's grouping and local checkpoint took 3 to 6 s;
-    this takes under one). Cost: a hash aggregation in Arrow; the values reach the driver's JVM only
-    at most skipping.MAX_VALUES of them, as key_set fetches them."""
+    groups or keeps (at a million requests, Spark's grouping and local checkpoint took 3 to 6 s).
+    Cost: a hash of the values in Arrow, and a hash aggregation where some value has several
+    requests; the values reach the driver's JVM only at most skipping.MAX_VALUES of them, as key_set
+    fetches them."""
     present = rows.filter(pc.is_valid(rows.column("key_value")))
-    grouped = present.group_by("key_value", use_threads=False).aggregate([("request_id", "distinct")])
-    grouped = grouped.select(["key_value", "request_id_distinct"]).rename_columns(["key_value", "request_ids"])
+    if len(pc.unique(present.column("key_value"))) == present.num_rows:  # one request per value (0.1 s a million)
+        ids = present.column("request_id").combine_chunks()
+        grouped = pa.table({"key_value": present.column("key_value"), "request_ids": pa.ListArray.from_arrays(
+            pa.array(range(len(ids) + 1), pa.int32()), ids)})
+    else:  # a hash aggregation (1.5 s a million)
+        grouped = present.group_by("key_value", use_threads=False).aggregate([("request_id", "distinct")])
+        grouped = grouped.select(["key_value", "request_id_distinct"]).rename_columns(["key_value", "request_ids"])
     requesters = frames.arrow_frame(spark, grouped)
     size = grouped.num_rows
     if size <= skipping.MAX_VALUES:
         return KeySet(requesters, size, skipping.key_values(requesters, StringType()))
     span = pc.min_max(grouped.column("key_value"))  # UTF-8 byte order: Spark's and the statistics'
-    bounds = pa.table({"key_value": pa.array([span["min"].as_py(), span["max"].as_py()], pa.string())})
-    return KeySet(requesters, size, None, frames.arrow_frame(spark, bounds))
+    bounds = pa.table({end: pa.array([span[end].as_py()], pa.string()) for end in ("min", "max")})
+    return KeySet(requesters, size, None, frames.rows_frame(spark, bounds, 1))
 
 
 def disjoint(a: KeySet, b: KeySet) -> bool:
@@ -125,7 +135,7 @@ class TableKeys:
 
     def candidates(self, table: TableHandle, snapshot_id: int | None) -> skipping.Candidates:
         """The files of `table` at `snapshot_id` that may hold these keys (metadata only)."""
-        return skipping.plan(table, snapshot_id, self.groups, self.values, tuple(s.range_source for s in self.sets))
+        return skipping.plan(table, snapshot_id, self.groups, self.values, tuple(s.span for s in self.sets))
 
     def current_candidates(self, table: TableHandle) -> skipping.Candidates:
         """`candidates` at the table's current snapshot (none for an empty table)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,7 +108,7 @@ class _Subjects:
         return self.excluded.unionByName(self.returning)
 
 
-def process(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: Ledger, requests: dict[str, dict],
+def process(lake: Lake, datamap: DataMap, purge_settings: PurgeSettings, ledger: Ledger, requests: Mapping[str, dict],
             outcomes: list[Outcome], erase_ids: set[str], held: set[str], progress: Progress, run_id: str
             ) -> tuple[list[Outcome], dict[str, ShareRefresh]]:
     """Record the consent `requests` ask for (open opt_out/opt_in ledger rows by request id), bring every
@@ -382,7 +383,7 @@ def _with_shares(outcome: Outcome, results: dict[str, ShareRefresh]) -> Outcome:
                    reason="; ".join([*([outcome.reason] if outcome.reason else []), *reasons]))
 
 
-def _outcomes(requests: dict[str, dict], overridden: dict[str, str], outcomes: list[Outcome], erasing: set[str],
+def _outcomes(requests: Mapping[str, dict], overridden: dict[str, str], outcomes: list[Outcome], erasing: set[str],
               results: dict[str, ShareRefresh], run_id: str) -> list[Outcome]:
     """`outcomes` with each erase request's share evidence (failed when a share still holds its
     subject), then one outcome per consent request: an opt_out completes when every share is proven
