@@ -34,12 +34,12 @@ from test_skipping import clustered_lake, dsr_output, live_files
 EVENTS = "demo.events"
 
 
-def spread_lake(spark, tmp_path: Path, table_format: str = "iceberg"):
+def spread_lake(spark, tmp_path: Path, table_format: str = "iceberg", **erase):
     """The events table alone, appended in four batches (every user in every file, in no order),
     read and rewritten by Spark as a large table is (a Delta table without a change data feed, so
-    the engine rewrites its files itself)."""
+    the engine rewrites its files itself). `erase`: more erase settings."""
     mapping = {"key": "user_id", **({"format": "delta"} if table_format == "delta" else {})}
-    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0}, erase={"in_driver_max_bytes": 0},
+    settings = make_settings(tmp_path, purge={"orphan_min_age_minutes": 0}, erase={"in_driver_max_bytes": 0, **erase},
                              delta={"warehouse": str(tmp_path / "delta")},
                              datamap={"subject": "user_id", "identifiers": {}, "tables": {EVENTS: mapping}})
     attach(spark, settings)
@@ -75,9 +75,17 @@ def erase_run(spark, settings, subjects: list[str]):
     return report, dict(zip(subjects, created, strict=True))
 
 
+@pytest.mark.parametrize("beyond_the_driver", [False, True], ids=["values-in-driver", "values-beyond-driver"])
 @pytest.mark.parametrize("table_format", ["iceberg", "delta"])
-def test_a_batch_in_every_file_is_erased_in_one_read_with_the_plans_counts(spark, tmp_path, table_format):
-    settings = spread_lake(spark, tmp_path, table_format)
+def test_a_batch_in_every_file_is_erased_in_one_read_with_the_plans_counts(spark, tmp_path, monkeypatch, table_format,
+                                                                           beyond_the_driver):
+    """`beyond_the_driver`: a batch too large to hold in the driver's JVM (a million ids; here
+    MAX_VALUES and the batch's limit lowered): the rewrite counts requested rows by their values'
+    positions in the batch's Arrow rows, and the sample is read by a Spark job."""
+    if beyond_the_driver:
+        monkeypatch.setattr(skipping, "MAX_VALUES", 0)
+    settings = spread_lake(spark, tmp_path, table_format,
+                           **({"in_driver_max_requests": 0} if beyond_the_driver else {}))
     before = rows_per_user(settings)
     rows_of_files = file_rows(settings)
     subjects = sorted(before)[:6]
@@ -92,7 +100,7 @@ def test_a_batch_in_every_file_is_erased_in_one_read_with_the_plans_counts(spark
     extra = report.cost["erase"]["rows_read"] - (total + total - matched)
     # Delta: Spark also reads the log's JSON commits as text lines, far fewer than the keys a plan reads
     assert 0 < extra <= max(rows_of_files) if table_format == "iceberg" else 0 < extra < total // 2
-    assert report.cost["erase"]["driver_files"] == (1 if table_format == "iceberg" else 0)
+    assert report.cost["erase"]["driver_files"] == (1 if table_format == "iceberg" and not beyond_the_driver else 0)
     evidence = Ledger(settings).evidence([ids[s] for s in subjects])
     assert {s: evidence[ids[s]]["tables"][EVENTS]["rows"] for s in subjects} == {s: before[s] for s in subjects}
     after = rows_per_user(settings)

@@ -7,14 +7,15 @@ batch's values are held in the driver (array keys keep their join)."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, IntegerType, LongType, StringType
 
 from helpers import GENERATED, codegen
 from lakehouse_dsr.datamap import KeyGroup
-from lakehouse_dsr.lake import indriver
-from lakehouse_dsr.lake.membership import membership, requesters, row_counter, supported
+from lakehouse_dsr.lake import frames, indriver
+from lakehouse_dsr.lake.membership import membership, requesters, row_counter, row_counter_of, supported
 from lakehouse_dsr.stages import collateral, matching
 
 SECRET = "ann@example.com"
@@ -152,19 +153,27 @@ def test_a_key_column_of_a_narrower_type_is_looked_up_at_the_keys_type(spark):
     assert [r.ids for r in found] == [["r1"], None]
 
 
+@pytest.mark.parametrize("by", ["lookup", "position"])
 @pytest.mark.parametrize(("sql_type", "key_type", "rows", "requested"), [
     ("string", StringType(), [SECRET, "b", "c", None, "b", SECRET, SECRET],
-     [("r1", SECRET), ("r2", SECRET), ("r3", "b"), ("r4", "z")]),
+     [("r1", SECRET), ("r2", SECRET), ("r3", "b"), ("r4", "z"), ("r1", "c")]),
     ("bigint", LongType(), [3, 2**40, -7, None, 0, 3], [("r1", 3), ("r2", 2**40), ("r0", 2**40), ("r3", 9)])])
 def test_a_row_counter_counts_each_requests_rows_once_as_the_rows_are_written(spark, mode, sql_type, key_type, rows,
-                                                                              requested):
+                                                                              requested, by):
     """Over several tasks, each finished once: a row two requests name counts once in the total and for
-    each of them; a NULL key or a value nobody asked for counts for no one; no value in the plan."""
+    each of them, a request naming two values counts the rows of both; a NULL key or a value nobody
+    asked for counts for no one; no value in the plan. `by`: the values held in the driver's JVM with
+    their requests (a lookup), or the values only, counted by their position in the batch's Arrow rows
+    (a batch too large for a lookup)."""
     frame = spark.createDataFrame([(v,) for v in rows * 50], f"k {sql_type}").repartition(4)
     keys = indriver.local_rows(spark, [(r, "id", v) for r, v in requested],
                                f"request_id string, key_type string, key_value {sql_type}")
-    key_set = matching.key_set(keys, "id", key_type)
-    counter = row_counter(spark, key_set.values.lookup, key_type)
+    if by == "lookup":
+        counter = row_counter(spark, matching.key_set(keys, "id", key_type).values.lookup, key_type)
+    else:
+        held = pa.Table.from_pylist([{"key_value": v, "request_ids": sorted(r for r, w in requested if w == v)}
+                                     for v in dict.fromkeys(v for _, v in requested)])
+        counter = row_counter_of(spark, frames.arrow_frame(spark, held), held, key_type)
     counted = frame.where(counter.counting(F.col("k")))
     assert SECRET not in counted._jdf.queryExecution().executedPlan().toString()
     counted.write.format("noop").mode("overwrite").save()

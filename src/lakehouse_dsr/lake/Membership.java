@@ -21,6 +21,8 @@ import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.sql.Column;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
 import org.apache.spark.sql.catalyst.util.GenericArrayData;
@@ -74,7 +76,26 @@ public class Membership implements Predicate, java.io.Serializable {
   /** A Counter of the rows whose key (of `type`) is one of `lookup`'s values (a value -> sorted request
    *  ids map: InDriver.lookup's), per value, while an action reads them. */
   public Counter counter(SparkContext sc, Map lookup, String type) {
-    Keys byValue = byValue(lookup, type);
+    return counter(sc, byValue(lookup, type));
+  }
+
+  /** A Counter of the `size` values (of `type`) in the first column of `values`, read into the
+   *  driver a partition at a time, each counted by its ordinal in that order (`byOrdinal`): the
+   *  driver holds the values and no request id, for a set too large to hold as a value -> request
+   *  ids map (`lookup`). */
+  public Counter counterOf(SparkContext sc, Dataset values, int size, String type) {
+    Keys byValue = new Keys(size);
+    int ordinal = 0;
+    for (Iterator it = values.toLocalIterator(); it.hasNext(); ordinal++) {
+      Row row = (Row) it.next();
+      if (!row.isNullAt(0)) {
+        byValue.put(probe(row.get(0), type), Integer.valueOf(ordinal));
+      }
+    }
+    return counter(sc, byValue);
+  }
+
+  private static Counter counter(SparkContext sc, Keys byValue) {
     CollectionAccumulator counts = sc.collectionAccumulator("dsr: requested rows counted");
     Object[] arrays = byValue.arrays();
     // Tasks need the values only: the request ids stay in the driver.
@@ -160,6 +181,32 @@ public class Membership implements Predicate, java.io.Serializable {
       arguments.add(key.expr());
       return new Column(new Invoke(new Literal(new Counting(table, counts), new ObjectType(Predicate.class)), "test",
           DataTypes.BooleanType, seq(arguments), seq(new ArrayList()), true, true, false));
+    }
+
+    /** The rows counted per value of a `counterOf` counter, as little-endian longs: the values'
+     *  ordinals, then their rows (as many), for the values counted at least once. */
+    public byte[] byOrdinal() {
+      Map rows = new HashMap();  // Integer ordinal -> long[1]
+      for (Iterator it = counts.value().iterator(); it.hasNext();) {
+        long[] pairs = (long[]) it.next();
+        for (int i = 0; i < pairs.length; i += 2) {
+          Object ordinal = byValue.found[(int) pairs[i]];
+          long[] sum = (long[]) rows.get(ordinal);
+          if (sum == null) {
+            sum = new long[1];
+            rows.put(ordinal, sum);
+          }
+          sum[0] += pairs[i + 1];
+        }
+      }
+      java.nio.ByteBuffer out = java.nio.ByteBuffer.allocate(rows.size() * 16).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+      int i = 0;
+      for (Iterator it = rows.entrySet().iterator(); it.hasNext(); i++) {
+        Map.Entry entry = (Map.Entry) it.next();
+        out.putLong(i * 8, ((Integer) entry.getKey()).longValue());
+        out.putLong((rows.size() + i) * 8, ((long[]) entry.getValue())[0]);
+      }
+      return out.array();
     }
 
     /** The rows counted, per request id naming their value (a row named by two requests counts for

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from pyspark.sql import Column, SparkSession
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, StringType
 
@@ -62,6 +64,7 @@ class RowCounter:
 
     counter: Any  # the JVM's Membership.Counter
     key_type: DataType
+    held: pa.Table | None = None  # `row_counter_of`'s rows, by the positions the counter counts by
 
     def counting(self, key: Column) -> Column:
         """A boolean column, always true, that counts each row whose `key` a request names: a filter
@@ -71,8 +74,26 @@ class RowCounter:
     def counted(self) -> tuple[int, dict[str, int]]:
         """(rows counted, rows per request id) once the action has run: a row two requests name counts
         once in the first, for each in the second."""
-        counts = json.loads(self.counter.byRequest())
-        return int(counts["total"]), {str(k): int(v) for k, v in counts["requests"].items()}
+        if self.held is None:
+            counts = json.loads(self.counter.byRequest())
+            return int(counts["total"]), {str(k): int(v) for k, v in counts["requests"].items()}
+        return _by_position(self.held, bytes(self.counter.byOrdinal()))
+
+
+def _by_position(held: pa.Table, counted: bytes) -> tuple[int, dict[str, int]]:
+    """`RowCounter.counted` from a `counterOf` counter's answer (positions in `held`, then their
+    rows, as little-endian longs): each position's rows go to each request of its `request_ids`."""
+    n = len(counted) // 16
+    longs = pa.Array.from_buffers(pa.int64(), 2 * n, [None, pa.py_buffer(counted)])
+    positions, rows = longs.slice(0, n), longs.slice(n)
+    lists = held.column("request_ids").take(positions)
+    per = pa.table({"request_id": pc.list_flatten(lists), "rows": rows.take(pc.list_parent_indices(lists))})
+    if len(pc.unique(per.column("request_id"))) < per.num_rows:  # a request naming several values (1.5 s a million)
+        summed = per.group_by("request_id").aggregate([("rows", "sum")])
+        per = pa.table({"request_id": summed.column("request_id"), "rows": summed.column("rows_sum")})
+    total = pc.sum(rows).as_py() or 0
+    return int(total), dict(zip(cast(list[str], per.column("request_id").to_pylist()),
+                                cast(list[int], per.column("rows").to_pylist()), strict=True))
 
 
 def row_counter(spark: SparkSession, lookup: Any, key_type: DataType) -> RowCounter:
@@ -81,6 +102,19 @@ def row_counter(spark: SparkSession, lookup: Any, key_type: DataType) -> RowCoun
     values; a table lookup per row, and a count per requested row."""
     return RowCounter(compiled(spark, "Membership", tasks=True).counter(
         spark.sparkContext._jsc.sc(), lookup, _type_name(key_type)), key_type)
+
+
+def row_counter_of(spark: SparkSession, requesters: DataFrame, held: pa.Table, key_type: DataType) -> RowCounter:
+    """`row_counter` of a batch's values for a set too large to hold in the driver's JVM as a
+    value -> request ids map (skipping.MAX_VALUES): `requesters` (`key_value` of `key_type`) read
+    into the driver's JVM a partition at a time, each value counted by its position, and the
+    positions turned into requests in Arrow by `held`, the same rows as the driver's Python holds
+    them (`key_value`, `request_ids`). Neither a value nor a request id crosses Py4J. Cost: one read
+    of `requesters` (a million values: about 100 MB of the driver's heap while the counter lives),
+    then as `row_counter`."""
+    return RowCounter(compiled(spark, "Membership", tasks=True).counterOf(
+        spark.sparkContext._jsc.sc(), requesters.select("key_value")._jdf, held.num_rows, _type_name(key_type)),
+        key_type, held)
 
 
 def _type_name(key_type: DataType) -> str:

@@ -424,11 +424,12 @@ def folds(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
     """Whether the plan should read nothing and leave finding the requested rows to the rewrite:
     when its scan could only learn that every candidate file holds someone, and the rewrite reads
     every row of them anyway. So: a `rewrite_files` deletion or redaction on one scalar key column
-    whose values are held in the driver; at least `_FOLD_MIN_FILES` candidate files, none with
-    deletes, too large for the driver, and no metadata that narrowed them (the table has no sort
-    order, and its bounds, partitions and bloom filters left every file); and one sampled file (the
-    median by size) holds at least `_FOLD_MIN_ROWS` requested
-    rows of `_FOLD_MIN_REQUESTS` requests. A clustered or sorted table keeps its plan: there it
+    (the rewrite counts its requested rows: membership.py's RowCounter, from the values held in the
+    driver's JVM or, for a set too large for that, read there for the counter); at least
+    `_FOLD_MIN_FILES` candidate files, none with deletes, too large for the driver, and no metadata
+    that narrowed them (the table has no sort order, and its bounds, partitions and bloom filters
+    left every file); and one sampled file (the median by size) holds at least `_FOLD_MIN_ROWS`
+    requested rows of `_FOLD_MIN_REQUESTS` requests. A clustered or sorted table keeps its plan: there it
     reads few files and spares rewriting the others.
 
     Cost: metadata, and the sampled file's key column (read in the driver, or by one Spark job on a
@@ -440,9 +441,8 @@ def folds(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
             or _rewriting(handle).sorted_by_order()):
         return False
     key_type = keys.sets[0].requesters.schema["key_value"].dataType
-    held = keys.sets[0].values
-    if not membership.supported(key_type) or keys.size > erase.broadcast_max_keys or held is None \
-            or held.lookup is None or not _rewrites(handle, mapping, purging, write_modes(handle)):
+    if not membership.supported(key_type) or keys.size > erase.broadcast_max_keys or not keys.sets[0].countable \
+            or not _rewrites(handle, mapping, purging, write_modes(handle)):
         return False
     sample = candidates.subset(handle.spark, {candidates.median_file()})
     requested = _sampled(handle, sample, keys)
@@ -452,15 +452,14 @@ def folds(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
 
 def _sampled(handle: TableHandle, sample: skipping.Candidates, keys: TableKeys) -> list[tuple[list[str], int]] | None:
     """(request ids, rows) per combination of requests naming rows of the `sample` file: its key column
-    read in the driver where the format's files can be (the batch's values and their requests are held
-    there), else by one Spark job over that column (request ids and counts reach the driver). None
-    when the driver refuses a file it should read."""
-    if handle.capabilities.driver_files:
-        if indriver.refusal(handle.spark, sample, keys.key_columns(), sample.bytes) is not None:
-            return None
+    read in the driver where the format's files can be and the batch's values and their requests are
+    held there, else by one Spark job over that column (request ids and counts reach the driver).
+    None when the driver's read of the file fails."""
+    if handle.capabilities.driver_files and indriver.refusal(handle.spark, sample, keys.key_columns(),
+                                                             sample.bytes) is None:
         found = indriver.attempt(f"{handle.name}: the plan's sample",
-                                 lambda: indriver.plan(handle.spark, sample, keys.key_columns())) or []
-        return [(ids, count) for _, ids, count in found if ids]
+                                 lambda: indriver.plan(handle.spark, sample, keys.key_columns()))
+        return None if found is None else [(ids, count) for _, ids, count in found if ids]
     rows = skipping.read(sample)
     if rows is None:
         return []
@@ -567,10 +566,12 @@ def _rewrite_files(handle: TableHandle, action: str, erase: EraseSettings, table
     rows = cast(DataFrame, skipping.read(chosen,  # `chosen` is not empty
                                          file_per_task=_rewriting(handle).sorted_by_order()))
     counter = None
-    if table_plan.folded:  # one scalar key whose values are held in the driver (`folds`)
+    if table_plan.folded:  # one scalar key (`folds`)
         key_set = keys.sets[0]
-        counter = membership.row_counter(spark, cast(skipping.KeyValues, key_set.values).lookup,
-                                         key_set.requesters.schema["key_value"].dataType)
+        key_type = key_set.requesters.schema["key_value"].dataType
+        counter = membership.row_counter_of(spark, key_set.requesters, key_set.held, key_type) \
+            if key_set.held is not None else membership.row_counter(
+                spark, cast(skipping.KeyValues, key_set.values).lookup, key_type)
         rows = rows.where(counter.counting(F.col(column_ref(keys.groups[0].column))))
     sums = None
     if observe is not None:

@@ -4,7 +4,7 @@ that mark rows by them. Shared by the erase plan, its statement, the collateral 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, reduce
 
 import pyarrow as pa
@@ -46,6 +46,15 @@ class KeySet:
     # driver's Python knew them (`arrow_key_set`): pruning by their range reads it instead of every
     # value (2.5 s at a million), and no Spark job.
     bounds: DataFrame | None = None
+    # The rows of `requesters` as the driver's Python holds them (Arrow, in `requesters`' order), where
+    # it built them (`arrow_key_set`) and the values are not held in the driver's JVM: a rewrite
+    # counts requested rows by their position (membership.py's `row_counter_of`).
+    held: pa.Table | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def countable(self) -> bool:
+        """Whether a rewrite can count the requested rows per request (membership.py's RowCounter)."""
+        return (self.values is not None and self.values.lookup is not None) or self.held is not None
 
     @cached_property
     def span(self) -> DataFrame:
@@ -102,7 +111,7 @@ def arrow_key_set(spark: SparkSession, rows: pa.Table) -> KeySet:
         return KeySet(requesters, size, skipping.key_values(requesters, StringType()))
     span = pc.min_max(grouped.column("key_value"))  # UTF-8 byte order: Spark's and the statistics'
     bounds = pa.table({end: pa.array([span[end].as_py()], pa.string()) for end in ("min", "max")})
-    return KeySet(requesters, size, None, frames.rows_frame(spark, bounds, 1))
+    return KeySet(requesters, size, None, frames.rows_frame(spark, bounds, 1), grouped)
 
 
 def disjoint(a: KeySet, b: KeySet) -> bool:
