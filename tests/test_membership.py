@@ -15,7 +15,14 @@ from pyspark.sql.types import DateType, IntegerType, LongType, StringType
 from helpers import GENERATED, codegen
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.lake import frames, indriver
-from lakehouse_dsr.lake.membership import membership, requesters, row_counter, row_counter_of, supported
+from lakehouse_dsr.lake.membership import (
+    membership,
+    positions,
+    requesters,
+    row_counter,
+    row_counter_on,
+    supported,
+)
 from lakehouse_dsr.stages import collateral, matching
 
 SECRET = "ann@example.com"
@@ -98,13 +105,19 @@ def test_the_rewrite_and_the_check_test_membership_where_the_values_are_held(spa
     assert sorted(map(tuple, joined.where(matching.any_hit(keys)).select("note").collect())) == [("n1",), ("n4",)]
 
 
-def test_keys_not_held_in_the_driver_are_still_joined(spark):
-    rows = spark.createDataFrame([("u1",), ("u2",)], "user_id string")
+@pytest.mark.parametrize("in_python", [False, True], ids=["joined", "by-position"])
+def test_keys_not_held_in_the_driver_are_joined_or_tested_by_their_positions(spark, in_python):
+    """A batch beyond the driver's lookups is joined, or, where the driver's Python holds it as Arrow
+    (a million subjects), tested against its values' positions, one broadcast table for the run."""
+    rows = spark.createDataFrame([("u1",), ("u2",), (None,)], "user_id string")
     groups = [KeyGroup("user_id", "user_id")]
     keys = _table_keys(spark, groups, [("r1", "user_id", "u1")])
-    unheld = keys.replace(0, matching.KeySet(keys.sets[0].requesters, 1, None))
+    held = pa.table({"key_value": ["u1"], "request_ids": [["r1"]]}) if in_python else None
+    unheld = keys.replace(0, matching.KeySet(frames.arrow_frame(spark, held) if held else keys.sets[0].requesters,
+                                             1, None, held=held))
     marked = matching.mark(rows, unheld, requests=False)
-    assert "Join" in marked._jdf.queryExecution().executedPlan().toString()
+    plan = marked._jdf.queryExecution().executedPlan().toString()
+    assert ("Join" in plan, "membership" in plan) == (not in_python, in_python)
     assert [r.user_id for r in marked.where(matching.any_hit(unheld)).collect()] == ["u1"]
 
 
@@ -173,7 +186,8 @@ def test_a_row_counter_counts_each_requests_rows_once_as_the_rows_are_written(sp
     else:
         held = pa.Table.from_pylist([{"key_value": v, "request_ids": sorted(r for r, w in requested if w == v)}
                                      for v in dict.fromkeys(v for _, v in requested)])
-        counter = row_counter_of(spark, frames.arrow_frame(spark, held), held, key_type)
+        table = positions(spark, frames.arrow_frame(spark, held).select("key_value"), held.num_rows, key_type)
+        counter = row_counter_on(spark, table, held, key_type)
     counted = frame.where(counter.counting(F.col("k")))
     assert SECRET not in counted._jdf.queryExecution().executedPlan().toString()
     counted.write.format("noop").mode("overwrite").save()

@@ -22,7 +22,7 @@ import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
-import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
 import org.apache.spark.sql.catalyst.util.GenericArrayData;
@@ -79,20 +79,35 @@ public class Membership implements Predicate, java.io.Serializable {
     return counter(sc, byValue(lookup, type));
   }
 
-  /** A Counter of the `size` values (of `type`) in the first column of `values`, read into the
-   *  driver a partition at a time, each counted by its ordinal in that order (`byOrdinal`): the
-   *  driver holds the values and no request id, for a set too large to hold as a value -> request
-   *  ids map (`lookup`). */
-  public Counter counterOf(SparkContext sc, Dataset values, int size, String type) {
+  /** The `size` values (of `type`) in the first column of `values`, collected into the driver as
+   *  Spark's own rows (one job; no conversion to Java objects and back), as one broadcast table of
+   *  each value's ordinal in that order, which membership tests (`memberOf`) and counters
+   *  (`counterOn`) share: for a set too large to hold with its request ids (`lookup`). The driver
+   *  holds the values and no request id. */
+  public Broadcast positions(SparkContext sc, Dataset values, int size, String type) {
     Keys byValue = new Keys(size);
-    int ordinal = 0;
-    for (Iterator it = values.toLocalIterator(); it.hasNext(); ordinal++) {
-      Row row = (Row) it.next();
-      if (!row.isNullAt(0)) {
-        byValue.put(probe(row.get(0), type), Integer.valueOf(ordinal));
+    Object[] rows = (Object[]) values.queryExecution().executedPlan().executeCollect();
+    for (int i = 0; i < rows.length; i++) {
+      InternalRow row = (InternalRow) rows[i];
+      if (row.isNullAt(0)) {
+        continue;
       }
+      Object value = type.equals("string") ? (Object) row.getUTF8String(0)
+          : type.equals("bigint") ? (Object) Long.valueOf(row.getLong(0)) : (Object) Integer.valueOf(row.getInt(0));
+      byValue.put(value, Integer.valueOf(i));
     }
-    return counter(sc, byValue);
+    return new JavaSparkContext(sc).broadcast(byValue.arrays());
+  }
+
+  /** `of`'s column over a `positions` table. */
+  public Column memberOf(Broadcast positions, Column key) {
+    return invoke(new Membership(positions), Predicate.class, "test", key, DataTypes.BooleanType);
+  }
+
+  /** A Counter over a `positions` table: each value counted by its ordinal (`byOrdinal`). */
+  public Counter counterOn(SparkContext sc, Broadcast positions) {
+    return new Counter(new Keys((Object[]) positions.value()), positions,
+        sc.collectionAccumulator("dsr: requested rows counted"));
   }
 
   private static Counter counter(SparkContext sc, Keys byValue) {
@@ -183,14 +198,14 @@ public class Membership implements Predicate, java.io.Serializable {
           DataTypes.BooleanType, seq(arguments), seq(new ArrayList()), true, true, false));
     }
 
-    /** The rows counted per value of a `counterOf` counter, as little-endian longs: the values'
+    /** The rows counted per value of a `counterOn` counter, as little-endian longs: the values'
      *  ordinals, then their rows (as many), for the values counted at least once. */
     public byte[] byOrdinal() {
       Map rows = new HashMap();  // Integer ordinal -> long[1]
       for (Iterator it = counts.value().iterator(); it.hasNext();) {
         long[] pairs = (long[]) it.next();
         for (int i = 0; i < pairs.length; i += 2) {
-          Object ordinal = byValue.found[(int) pairs[i]];
+          Object ordinal = byValue.found((int) pairs[i]);
           long[] sum = (long[]) rows.get(ordinal);
           if (sum == null) {
             sum = new long[1];
@@ -218,7 +233,7 @@ public class Membership implements Predicate, java.io.Serializable {
         long[] pairs = (long[]) it.next();
         for (int i = 0; i < pairs.length; i += 2) {
           total += pairs[i + 1];
-          Object[] ids = ((GenericArrayData) byValue.found[(int) pairs[i]]).array();
+          Object[] ids = ((GenericArrayData) byValue.found((int) pairs[i])).array();
           for (int j = 0; j < ids.length; j++) {
             String id = ids[j].toString();
             Long before = (Long) rows.get(id);
@@ -295,8 +310,13 @@ public class Membership implements Predicate, java.io.Serializable {
    *  never a wrong answer. */
   static final class Keys {
     private final long[] prints;  // 0: an empty slot
-    private final Object[] values;
-    final Object[] found;
+    private final Object[] values;  // as put, in the driver; null in a table from `arrays`
+    private final byte[] text;  // from `arrays`: the string values' bytes, slot after slot
+    private final int[] ends;  // from `arrays`: where each slot's string ends in `text`
+    private final long[] numbers;  // from `arrays`: the number values, slot by slot
+    private final Object[] found;  // what each value maps to (from `arrays`: where neither below)
+    private final int[] ordinals;  // from `arrays`: what each value maps to, where all are Integers (-1: none)
+    private final Object same;  // from `arrays`: what every value maps to, where all map to one object
     private final int mask;
 
     Keys(int size) {
@@ -306,20 +326,96 @@ public class Membership implements Predicate, java.io.Serializable {
       prints = new long[slots];
       values = new Object[slots];
       found = new Object[slots];
+      text = null;
+      ends = null;
+      numbers = null;
+      ordinals = null;
+      same = null;
       mask = slots - 1;
     }
 
     /** The table as `arrays` made it: on an executor, from the broadcast. */
     Keys(Object[] arrays) {
       prints = (long[]) arrays[0];
-      values = (Object[]) arrays[1];
-      found = (Object[]) arrays[2];
+      values = null;
+      if (arrays[1] instanceof long[]) {
+        numbers = (long[]) arrays[1];
+        text = null;
+        ends = null;
+      } else {
+        numbers = null;
+        text = (byte[]) ((Object[]) arrays[1])[0];
+        ends = (int[]) ((Object[]) arrays[1])[1];
+      }
+      found = arrays[2] instanceof Object[] ? (Object[]) arrays[2] : null;
+      ordinals = arrays[2] instanceof int[] ? (int[]) arrays[2] : null;
+      same = found == null && ordinals == null ? arrays[2] : null;
       mask = prints.length - 1;
     }
 
     /** The table as arrays of JDK and Spark types, for a broadcast: a class of ours in it would be
-     *  the driver's copy, which a task's copy of the class cannot cast (another class loader). */
-    Object[] arrays() { return new Object[] {prints, values, found}; }
+     *  the driver's copy, which a task's copy of the class cannot cast (another class loader). The
+     *  values and what they map to go as primitive arrays where they can (strings as their bytes,
+     *  numbers as longs, ordinals as ints): Java's serialization writes a million objects in
+     *  seconds, a primitive array at the speed of a copy. */
+    Object[] arrays() { return new Object[] {prints, packedValues(), packedFound()}; }
+
+    private Object packedValues() {
+      boolean strings = false;
+      for (int i = 0; i < values.length; i++) {
+        if (values[i] != null) {
+          strings = values[i] instanceof UTF8String;
+          break;
+        }
+      }
+      if (!strings) {
+        long[] out = new long[values.length];
+        for (int i = 0; i < values.length; i++) {
+          out[i] = values[i] == null ? 0L : ((Number) values[i]).longValue();
+        }
+        return out;
+      }
+      int total = 0;
+      for (int i = 0; i < values.length; i++) {
+        total += values[i] == null ? 0 : ((UTF8String) values[i]).numBytes();
+      }
+      byte[] bytes = new byte[total];
+      int[] until = new int[values.length];
+      int at = 0;
+      for (int i = 0; i < values.length; i++) {
+        if (values[i] != null) {
+          UTF8String value = (UTF8String) values[i];
+          value.writeToMemory(bytes, Platform.BYTE_ARRAY_OFFSET + at);
+          at += value.numBytes();
+        }
+        until[i] = at;
+      }
+      return new Object[] {bytes, until};
+    }
+
+    private Object packedFound() {
+      Object first = null;
+      boolean one = true;
+      boolean integers = true;
+      for (int i = 0; i < found.length; i++) {
+        if (found[i] != null) {
+          first = first == null ? found[i] : first;
+          one = one && found[i] == first;
+          integers = integers && found[i] instanceof Integer;
+        }
+      }
+      if (first == null) {
+        return null;
+      }
+      if (integers) {
+        int[] out = new int[found.length];
+        for (int i = 0; i < found.length; i++) {
+          out[i] = found[i] == null ? -1 : ((Integer) found[i]).intValue();
+        }
+        return out;
+      }
+      return one ? first : (Object) found;
+    }
 
     void put(Object value, Object result) {
       long print = print(value);
@@ -335,7 +431,12 @@ public class Membership implements Predicate, java.io.Serializable {
     /** What `value` maps to; null for a value the table does not hold. */
     Object get(Object value) {
       int i = slot(value);
-      return i < 0 ? null : found[i];
+      return i < 0 ? null : found(i);
+    }
+
+    /** What the value at `slot` maps to. */
+    Object found(int slot) {
+      return found != null ? found[slot] : ordinals != null ? (Object) Integer.valueOf(ordinals[slot]) : same;
     }
 
     /** Where the table holds `value`; -1 where it does not. */
@@ -347,11 +448,23 @@ public class Membership implements Predicate, java.io.Serializable {
         if (at == 0L) {
           return -1;
         }
-        if (at == print && values[i].equals(value)) {
+        if (at == print && holds(i, value)) {
           return i;
         }
         i = (i + 1) & mask;
       }
+    }
+
+    /** Whether `slot` holds `value` (its fingerprint matched). */
+    private boolean holds(int slot, Object value) {
+      if (values != null) {
+        return values[slot].equals(value);
+      }
+      if (numbers != null) {
+        return numbers[slot] == ((Number) value).longValue();
+      }
+      int start = slot == 0 ? 0 : ends[slot - 1];
+      return value.equals(UTF8String.fromBytes(text, start, ends[slot] - start));
     }
 
     private static long print(Object value) {

@@ -64,7 +64,7 @@ class RowCounter:
 
     counter: Any  # the JVM's Membership.Counter
     key_type: DataType
-    held: pa.Table | None = None  # `row_counter_of`'s rows, by the positions the counter counts by
+    held: pa.Table | None = None  # `row_counter_on`'s rows, by the positions the counter counts by
 
     def counting(self, key: Column) -> Column:
         """A boolean column, always true, that counts each row whose `key` a request names: a filter
@@ -81,7 +81,7 @@ class RowCounter:
 
 
 def _by_position(held: pa.Table, counted: bytes) -> tuple[int, dict[str, int]]:
-    """`RowCounter.counted` from a `counterOf` counter's answer (positions in `held`, then their
+    """`RowCounter.counted` from a `counterOn` counter's answer (positions in `held`, then their
     rows, as little-endian longs): each position's rows go to each request of its `request_ids`."""
     n = len(counted) // 16
     longs = pa.Array.from_buffers(pa.int64(), 2 * n, [None, pa.py_buffer(counted)])
@@ -104,17 +104,27 @@ def row_counter(spark: SparkSession, lookup: Any, key_type: DataType) -> RowCoun
         spark.sparkContext._jsc.sc(), lookup, _type_name(key_type)), key_type)
 
 
-def row_counter_of(spark: SparkSession, requesters: DataFrame, held: pa.Table, key_type: DataType) -> RowCounter:
-    """`row_counter` of a batch's values for a set too large to hold in the driver's JVM as a
-    value -> request ids map (skipping.MAX_VALUES): `requesters` (`key_value` of `key_type`) read
-    into the driver's JVM a partition at a time, each value counted by its position, and the
-    positions turned into requests in Arrow by `held`, the same rows as the driver's Python holds
-    them (`key_value`, `request_ids`). Neither a value nor a request id crosses Py4J. Cost: one read
-    of `requesters` (a million values: about 100 MB of the driver's heap while the counter lives),
-    then as `row_counter`."""
-    return RowCounter(compiled(spark, "Membership", tasks=True).counterOf(
-        spark.sparkContext._jsc.sc(), requesters.select("key_value")._jdf, held.num_rows, _type_name(key_type)),
-        key_type, held)
+def positions(spark: SparkSession, values: DataFrame, size: int, key_type: DataType) -> Any:
+    """The `size` values of `values` (first column, of `key_type`) as a table of their positions in
+    that order, held in the driver's JVM and broadcast once, for `member_of` and `row_counter_on`:
+    for a set too large to hold there with its request ids (skipping.MAX_VALUES). No value crosses
+    Py4J. Cost: one job collecting `values` into the driver's JVM (a million: about 100 MB of its
+    heap while the table lives) and one broadcast."""
+    return compiled(spark, "Membership", tasks=True).positions(spark.sparkContext._jsc.sc(), values._jdf, size,
+                                                               _type_name(key_type))
+
+
+def member_of(spark: SparkSession, table: Any, key: Column) -> Column:
+    """`membership` over a `positions` table."""
+    return Column(compiled(spark, "Membership", tasks=True).memberOf(table, key._jc))
+
+
+def row_counter_on(spark: SparkSession, table: Any, held: pa.Table, key_type: DataType) -> RowCounter:
+    """`row_counter` over a `positions` table: each value counted by its position, and the positions
+    turned into requests in Arrow by `held`, the same rows as the driver's Python holds them
+    (`key_value`, `request_ids`). Neither a value nor a request id crosses Py4J."""
+    return RowCounter(compiled(spark, "Membership", tasks=True).counterOn(spark.sparkContext._jsc.sc(), table),
+                      key_type, held)
 
 
 def _type_name(key_type: DataType) -> str:

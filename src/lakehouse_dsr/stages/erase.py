@@ -453,8 +453,10 @@ def folds(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
 def _sampled(handle: TableHandle, sample: skipping.Candidates, keys: TableKeys) -> list[tuple[list[str], int]] | None:
     """(request ids, rows) per combination of requests naming rows of the `sample` file: its key column
     read in the driver where the format's files can be and the batch's values and their requests are
-    held there, else by one Spark job over that column (request ids and counts reach the driver).
-    None when the driver's read of the file fails."""
+    held there, else by one Spark job over that column (request ids and counts reach the driver; for
+    a batch beyond the driver's lookups, counted against the values' positions, no join with the
+    batch: one combination, every request found, with the rows). None when the driver's read of the
+    file fails."""
     if handle.capabilities.driver_files and indriver.refusal(handle.spark, sample, keys.key_columns(),
                                                              sample.bytes) is None:
         found = indriver.attempt(f"{handle.name}: the plan's sample",
@@ -463,6 +465,12 @@ def _sampled(handle: TableHandle, sample: skipping.Candidates, keys: TableKeys) 
     rows = skipping.read(sample)
     if rows is None:
         return []
+    if keys.sets[0].held is not None:
+        counter = keys.sets[0].row_counter()
+        key = F.col(column_ref(keys.groups[0].column))
+        rows.select(key).where(counter.counting(key)).write.format("noop").mode("overwrite").save()
+        total, per_request = counter.counted()
+        return [(sorted(per_request), total)] if total else []
     counted = matching.requested_rows(rows, keys).groupBy(matching.request_ids(keys).alias("ids")).count()
     return [(list(r.ids), int(r["count"])) for r in counted.collect()]
 
@@ -566,12 +574,8 @@ def _rewrite_files(handle: TableHandle, action: str, erase: EraseSettings, table
     rows = cast(DataFrame, skipping.read(chosen,  # `chosen` is not empty
                                          file_per_task=_rewriting(handle).sorted_by_order()))
     counter = None
-    if table_plan.folded:  # one scalar key (`folds`)
-        key_set = keys.sets[0]
-        key_type = key_set.requesters.schema["key_value"].dataType
-        counter = membership.row_counter_of(spark, key_set.requesters, key_set.held, key_type) \
-            if key_set.held is not None else membership.row_counter(
-                spark, cast(skipping.KeyValues, key_set.values).lookup, key_type)
+    if table_plan.folded:  # one scalar key whose requested rows can be counted (`folds`)
+        counter = keys.sets[0].row_counter()
         rows = rows.where(counter.counting(F.col(column_ref(keys.groups[0].column))))
     sums = None
     if observe is not None:

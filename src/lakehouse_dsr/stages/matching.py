@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, reduce
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,9 +48,24 @@ class KeySet:
     # value (2.5 s at a million), and no Spark job.
     bounds: DataFrame | None = None
     # The rows of `requesters` as the driver's Python holds them (Arrow, in `requesters`' order), where
-    # it built them (`arrow_key_set`) and the values are not held in the driver's JVM: a rewrite
-    # counts requested rows by their position (membership.py's `row_counter_of`).
+    # it built them (`arrow_key_set`) and the values are not held in the driver's JVM with their
+    # requests: rows are tested and counted against the values' `positions`.
     held: pa.Table | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def positions(self) -> Any:
+        """The values' positions in `held`, held in the driver's JVM and broadcast once for every
+        membership test and row counter of the run (membership.py's `positions`; only with `held`)."""
+        return membership.positions(self.requesters.sparkSession, self.requesters.select("key_value"),
+                                    cast(pa.Table, self.held).num_rows, self.requesters.schema["key_value"].dataType)
+
+    def row_counter(self) -> membership.RowCounter:
+        """A new RowCounter of these values (`countable` key sets only)."""
+        key_type = self.requesters.schema["key_value"].dataType
+        if self.held is not None:
+            return membership.row_counter_on(self.requesters.sparkSession, self.positions, self.held, key_type)
+        return membership.row_counter(self.requesters.sparkSession, cast(skipping.KeyValues, self.values).lookup,
+                                      key_type)
 
     @property
     def countable(self) -> bool:
@@ -257,8 +273,11 @@ def _member(rows: DataFrame, keys: KeySet, value: Column, requests: bool = False
     (lake/membership.py's `requesters`), answered from the values held in the driver; None when they
     are not held there or their type has no membership test."""
     key_type = keys.requesters.schema["key_value"].dataType
-    if keys.values is None or not membership.supported(key_type):
+    if not membership.supported(key_type):
         return None
+    if keys.values is None:  # beyond the driver's lookups: the values' positions test them
+        return None if requests or keys.held is None else membership.member_of(rows.sparkSession, keys.positions,
+                                                                                  value)
     if requests:
         return membership.requesters(rows.sparkSession, keys.values.lookup, value, key_type)
     return membership.membership(rows.sparkSession, keys.values.java_list, value, key_type)
