@@ -36,12 +36,12 @@ from .work import Work, read_work
 RUNS_MEASURED = 20  # the newest recorded runs the model is scaled by
 # The model's defaults: `dsr run` wall seconds (from start to finish) fitted on seed 003's case on a
 # 2-core machine, a 10M-row Delta table of 145 MB: 10,000 requests matching nothing in 10 s, 100,000
-# in 54 s and 1,000,000 in 77 s, both rewriting every file (bench/results/delta-*.json). Per byte the
+# in 54 s and 1,000,000 in 57 s, both rewriting every file (bench/results/delta-*.json). Per byte the
 # fit is slow (a row there is 15 bytes: reading and matching rows costs more than bytes say); recorded
 # runs scale it to this installation's tables and machine.
 DEFAULT_FIXED_SECONDS = 9.7
-DEFAULT_SECONDS_PER_REQUEST = 2.56e-5
-DEFAULT_REWRITE_BYTES_PER_SECOND = 3.5e6
+DEFAULT_SECONDS_PER_REQUEST = 3.3e-6
+DEFAULT_REWRITE_BYTES_PER_SECOND = 3.3e6
 
 
 class _Model(BaseModel):
