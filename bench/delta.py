@@ -2,6 +2,7 @@
 whole process on an identical copy of the same table.
 
 Usage: python bench/delta.py [--rows 1000000] [--erase 10000] [--rounds 3] [--workdir DIR] [--absent]
+       python bench/delta.py chart bench/results/delta-<rows>-<erase>.json   (redraws its chart)
 
 The table: `--rows` distinct string ids (seed 003's shape: an id and a few payload columns), written
 once as Delta with deletion vectors and copied for every variant and round. `--erase` of its ids are
@@ -22,7 +23,7 @@ erased (with `--absent`, as many ids the table does not hold: nothing matches). 
 The recipes neither prove nor clean the log: their VACUUM leaves every JSON commit, whose statistics
 still hold erased ids. Writes bench/results/delta-<rows>-<erase>[-absent].json: each round's seconds and the
 medians, with each variant's ratio to the fastest recipe, and each process's peak memory (Python and
-the driver's JVM) in the last round.
+the driver's JVM) in the last round; and beside it a chart of the medians (`.png`).
 """
 
 from __future__ import annotations
@@ -77,7 +78,49 @@ def recipe(kind: str, table: str, keys: str) -> None:
     spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
 
 
+def chart(out: dict, path: Path) -> None:
+    """The medians side by side: each recipe, `dsr` (submit, then the run's stages; `resolve` runs
+    beside them and is not stacked) and, where measured, `dsr plan` with its estimate's line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    medians, ratios = out["median_s"], out["vs_fastest_recipe"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = [*RECIPES, "dsr"]
+    for i, variant in enumerate(RECIPES):
+        ax.bar(i, medians[variant], color="#999999")
+    bottom = 0.0
+    run_stages = ("erase", "ledger", "purge", "verify")
+    parts = {"submit": medians["dsr_submit"], **{s: medians.get(f"dsr_{s}", 0.0) for s in run_stages}}
+    parts["run: other"] = max(0.0, medians["dsr"] - sum(parts.values()))
+    for label, value in parts.items():
+        ax.bar(len(RECIPES), value, bottom=bottom, label=label)
+        bottom += value
+    if "dsr_plan" in medians:
+        names.append("dsr plan")
+        ax.bar(len(RECIPES) + 1, medians["dsr_plan"], color="#555555")
+        ax.axhline(medians["dsr_plan_estimate"], color="#555555", linestyle=":",
+                   label=f"plan's estimate of the run ({out['estimate_vs_run']}x the run)")
+    for i, variant in enumerate([*RECIPES, "dsr"]):
+        ax.text(i, medians[variant], f"{ratios[variant]}x", ha="center", va="bottom")
+    if "dsr_plan" in medians:
+        ax.text(len(RECIPES) + 1, medians["dsr_plan"], f"{out['plan_vs_run']}x the run", ha="center", va="bottom")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("seconds (medians)")
+    ax.set_title(f"{out['erase']:,} of {out['rows']:,} Delta ids erased: whole processes, x the fastest recipe")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "chart":  # redraw from a result: chart RESULT.json
+        result = Path(sys.argv[2])
+        chart(json.loads(result.read_text()), result.with_suffix(".png"))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "recipe":
         recipe(*sys.argv[2:5])
         return
@@ -146,6 +189,7 @@ def main() -> None:
            "generated_at": datetime.now(UTC).isoformat(timespec="seconds")}
     name = f"delta-{a.rows}-{a.erase}{'-absent' if a.absent else ''}.json"
     (Path(__file__).parent / "results" / name).write_text(json.dumps(out, indent=1))
+    chart(out, (Path(__file__).parent / "results" / name).with_suffix(".png"))
     print(json.dumps({k: v for k, v in out.items() if k != "rounds"}))
 
 
