@@ -186,7 +186,7 @@ def test_a_row_counter_counts_each_requests_rows_once_as_the_rows_are_written(sp
     else:
         held = pa.Table.from_pylist([{"key_value": v, "request_ids": sorted(r for r, w in requested if w == v)}
                                      for v in dict.fromkeys(v for _, v in requested)])
-        table = positions(spark, frames.arrow_frame(spark, held).select("key_value"), held.num_rows, key_type)
+        table = positions(spark, frames.arrow_frame(spark, held).select("key_value"), key_type)
         counter = row_counter_on(spark, table, held, key_type)
     counted = frame.where(counter.counting(F.col("k")))
     assert SECRET not in counted._jdf.queryExecution().executedPlan().toString()

@@ -61,8 +61,7 @@ public class Membership implements Predicate, java.io.Serializable {
     for (int i = 0; i < values.size(); i++) {
       keys.put(probe(values.get(i), type), Boolean.TRUE);
     }
-    return invoke(new Membership(new JavaSparkContext(sc).broadcast(keys.arrays())), Predicate.class, "test", key,
-        DataTypes.BooleanType);
+    return memberOf(new JavaSparkContext(sc).broadcast(keys.arrays()), key);
   }
 
   /** An array<string> column: the ids of the requests naming `key` (of `type`) as `lookup` lists them
@@ -79,14 +78,14 @@ public class Membership implements Predicate, java.io.Serializable {
     return counter(sc, byValue(lookup, type));
   }
 
-  /** The `size` values (of `type`) in the first column of `values`, collected into the driver as
-   *  Spark's own rows (one job; no conversion to Java objects and back), as one broadcast table of
-   *  each value's ordinal in that order, which membership tests (`memberOf`) and counters
-   *  (`counterOn`) share: for a set too large to hold with its request ids (`lookup`). The driver
-   *  holds the values and no request id. */
-  public Broadcast positions(SparkContext sc, Dataset values, int size, String type) {
-    Keys byValue = new Keys(size);
+  /** The values (of `type`) in the first column of `values`, collected into the driver as Spark's
+   *  own rows (one job; no conversion to Java objects and back), as one broadcast table of each
+   *  value's ordinal in that order, which membership tests (`memberOf`) and counters (`counterOn`)
+   *  share: for a set too large to hold with its request ids (`lookup`). The driver holds the values
+   *  and no request id. */
+  public Broadcast positions(SparkContext sc, Dataset values, String type) {
     Object[] rows = (Object[]) values.queryExecution().executedPlan().executeCollect();
+    Keys byValue = new Keys(rows.length);
     for (int i = 0; i < rows.length; i++) {
       InternalRow row = (InternalRow) rows[i];
       if (row.isNullAt(0)) {
@@ -99,7 +98,7 @@ public class Membership implements Predicate, java.io.Serializable {
     return new JavaSparkContext(sc).broadcast(byValue.arrays());
   }
 
-  /** `of`'s column over a `positions` table. */
+  /** `of`'s column over a broadcast table (`of`'s, or `positions`'). */
   public Column memberOf(Broadcast positions, Column key) {
     return invoke(new Membership(positions), Predicate.class, "test", key, DataTypes.BooleanType);
   }

@@ -104,13 +104,13 @@ def row_counter(spark: SparkSession, lookup: Any, key_type: DataType) -> RowCoun
         spark.sparkContext._jsc.sc(), lookup, _type_name(key_type)), key_type)
 
 
-def positions(spark: SparkSession, values: DataFrame, size: int, key_type: DataType) -> Any:
-    """The `size` values of `values` (first column, of `key_type`) as a table of their positions in
+def positions(spark: SparkSession, values: DataFrame, key_type: DataType) -> Any:
+    """The values of `values` (first column, of `key_type`) as a table of their positions in
     that order, held in the driver's JVM and broadcast once, for `member_of` and `row_counter_on`:
     for a set too large to hold there with its request ids (skipping.MAX_VALUES). No value crosses
     Py4J. Cost: one job collecting `values` into the driver's JVM (a million: about 100 MB of its
     heap while the table lives) and one broadcast."""
-    return compiled(spark, "Membership", tasks=True).positions(spark.sparkContext._jsc.sc(), values._jdf, size,
+    return compiled(spark, "Membership", tasks=True).positions(spark.sparkContext._jsc.sc(), values._jdf,
                                                                _type_name(key_type))
 
 

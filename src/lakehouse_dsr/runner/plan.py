@@ -122,7 +122,7 @@ def plan(spark: SparkSession | Callable[[], SparkSession], settings: Settings, t
     planned either: file datasets, aggregates, shredded tables, and people erased earlier whose rows
     came back (the run finds those itself). A Delta table named in a metastore that has none raises
     DataMapError, as it stops a run. `spark`: a session, or a function making one, called on a
-    thread at once: the JVM starts while the ledger is read (at a million requests, 2 s of a 19 s
+    thread at once: the JVM starts while the ledger is read (at a million requests, 2 s of a 10 s
     plan). Cost: the checks of a run (schemas, metadata), the resolution and plan reads of a run's
     erase stage, one more metadata planning per table with matches (its matched files' sizes), and
     one read of the ledger's run history.

@@ -125,7 +125,7 @@ def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tupl
     kind = rest.column("request_type")
     by_type = {t: RequestRows(_where(rest, pc.equal(kind, pa.scalar(t))).drop_columns(
         [] if t in ("opt_out", "opt_in") else ["received_at"])) for t in ("access", "erase", "opt_out", "opt_in")}
-    others = rest.filter(pc.invert(pc.is_in(kind, pa.array(list(by_type))))).column("request_type")
+    others = _where(rest, pc.invert(pc.is_in(kind, pa.array(list(by_type))))).column("request_type")
     not_processed = dict(Counter(cast(list[str], others.to_pylist())))
     erase = by_type["erase"] if not held else RequestRows(by_type["erase"].table.slice(0, 0))
     deadline = cache(lambda due: purge.purge_deadline(today, due, settings.purge))  # per due day
@@ -154,7 +154,7 @@ def _legally_held(rows: pa.Table, legal: ActiveHolds) -> tuple[dict[str, str], p
     while a subject hold is active; nothing otherwise."""
     if not any(h.kind == "subject" for h in legal.holds):
         return {}, rows
-    erases = rows.filter(pc.equal(rows.column("request_type"), pa.scalar("erase")))
+    erases = _where(rows, pc.equal(rows.column("request_type"), pa.scalar("erase")))
     changed: dict[str, str] = {}
     kept_out: list[str] = []
     for r in erases.select(["request_id", "subject_id", "status", "status_reason"]).to_pylist():

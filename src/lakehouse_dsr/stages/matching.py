@@ -57,7 +57,7 @@ class KeySet:
         """The values' positions in `held`, held in the driver's JVM and broadcast once for every
         membership test and row counter of the run (membership.py's `positions`; only with `held`)."""
         return membership.positions(self.requesters.sparkSession, self.requesters.select("key_value"),
-                                    cast(pa.Table, self.held).num_rows, self.requesters.schema["key_value"].dataType)
+                                    self.requesters.schema["key_value"].dataType)
 
     def row_counter(self) -> membership.RowCounter:
         """A new RowCounter of these values (`countable` key sets only)."""
