@@ -111,6 +111,10 @@ def test_yaml_sets_spark_catalog_and_datamap(tmp_path):
         ("datamap: {tables: {demo.t: {key: k, redact: [k]}}}", "only meaningful with action: redact"),
         ("datamap: {tables: {demo.t: {key: email, identifier: email}}}", "neither the subject"),
         ("datamap: {tables: {demo.t: {key: k, action: erase}}}", "action"),
+        ("datamap: {tables: {demo.t: {key: k, exempt: ' '}}}", "demo.t.*exempt: give the exemption"),
+        ("datamap: {tables: {demo.t: {key: k, action: shred, exempt: tax}}}", "demo.t.*cannot be exempt on its own"),
+        ("datamap: {tables: {demo.t: {key: k, exempt: tax}}, derived: {demo.g: {from: [demo.t], sql: 'SELECT 1',"
+         " group_by: [x]}}}", "demo.g is recomputed from demo.t, which is exempt.*mark it exempt too"),
     ],
 )
 def test_bad_config_gets_a_clear_error(tmp_path, text, message):

@@ -376,10 +376,11 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
         spark, new_lakehouse, tmp_path):
     """A download built from the lake's own identifiers: an email of one person, one two people share,
     one of a held person, one withdrawn by the next download's Removed file before any run, one nobody
-    has; NDZ and NameVIN from a profiles table. `run` matches and acts; the export answers every item
-    (withdrawn ones need none) in DROP's Id,Status files, owner-only. Then the unknown email's owner
-    arrives through `ingest`: the next run erases them and the next export amends 5 to 3; a hold's end
-    amends 2 to 3. People are checked gone, or kept, with pyiceberg."""
+    has; NDZ and NameVIN from a profiles table the data map exempts from erasure (so a person found
+    only there is status 2, and people erased elsewhere 3 with their profile kept). `run` matches and
+    acts; the export answers every item (withdrawn ones need none) in DROP's Id,Status files,
+    owner-only. Then the unknown email's owner arrives through `ingest`: the next run erases them and
+    the next export amends 5 to 3; a hold's end amends 2 to 3. People are checked gone, or kept, with pyiceberg."""
     import os
     import stat
     from datetime import date
@@ -401,11 +402,12 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
     spark.sql(f"UPDATE {settings.table('demo.users')} SET email = 'shared@example.net' WHERE user_id IN ('bob', 'cat')")
     spark.createDataFrame(
         [("eve", "Eve", "O'Neil", date(1985, 7, 4), "00300-9999", None),
-         ("fay", "Fay", "Genesis", date(1990, 1, 1), "10001", "1HGCM82633A004352")],
+         ("fay", "Fay", "Genesis", date(1990, 1, 1), "10001", "1HGCM82633A004352"),
+         ("ida", "Ida", "Noor", date(1975, 3, 9), "10001", "2HGCM82633A004352")],  # in no other table
         "user_id string, first_name string, last_name string, birth_date date, zip string, vin string",
     ).writeTo(settings.table("demo.profiles")).create()
     raw = datamap_dict(settings.datamap)
-    raw["tables"]["demo.profiles"] = {"key": "user_id"}
+    raw["tables"]["demo.profiles"] = {"key": "user_id", "exempt": "CCPA 1798.105(d)(8): kept for a legal obligation"}
     profile = {"table": "demo.profiles", "subject_column": "user_id", "first_name": "first_name",
                "last_name": "last_name"}
     raw["drop"] = {"email": {"identifier": "email"}, "ndz": {**profile, "dob": "birth_date", "zip": "zip"},
@@ -418,10 +420,11 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
                   ("EMAILdan0001", _b64("q3@example.net")), ("EMAILhal0001", _b64("q4@example.net")),
                   ("EMAILlater01", _b64("later@example.net"))],
         "NDZ": [("NDZeve000001", composite("eve", "oneil", "19850704", "300"))],
-        "NameVIN": [("NVINfay00001", composite("fay", "genesis", "1hgcm82633a004352"))],
+        "NameVIN": [("NVINfay00001", composite("fay", "genesis", "1hgcm82633a004352")),
+                    ("NVINida00001", composite("ida", "noor", "2hgcm82633a004352"))],
         "Phone": []}))
     match_items(Lake.of(spark, settings), ledger, settings)  # `dsr drop match`: hal's request is filed ...
-    assert len(ledger.requests()) == 7
+    assert len(ledger.requests()) == 8
     withdrawal = f"ID,Hash,ListType\nEMAILhal0001,{_b64('q4@example.net')},Email\n"
     removed = _zip(tmp_path, {"20260313_4821_Email.csv": "ID,Hash\n", "20260313_4821_Removed.csv": withdrawal},
                    name="20260313_4821_DROP.zip")
@@ -430,10 +433,15 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
     add_hold(ledger, "litigation", "test", subject="dan")
 
     report = run(spark, settings)
-    assert len(report.completed) == 5 and len(report.legally_held) == 1  # ann eve fay erased, bob cat opted out
+    assert len(report.completed) == 6 and len(report.legally_held) == 1  # ann eve fay ida erased, bob cat opted out
     users = {str(u) for u in live_rows(settings, "demo.users").column("user_id").to_pylist()}
     assert users.isdisjoint({"ann", "eve", "fay"}) and {"bob", "cat", "dan", "hal"} <= users
-    assert not {str(u) for u in live_rows(settings, "demo.profiles").column("user_id").to_pylist()}
+    profiles = sorted(str(u) for u in live_rows(settings, "demo.profiles").column("user_id").to_pylist())
+    assert profiles == ["eve", "fay", "ida"]  # exempt: kept
+    (eve,) = json.loads(_items(ledger)["NDZeve000001"]["request_ids"])
+    kept = build_certificate(ledger, eve)["tables"]
+    assert (kept["demo.profiles"]["action"], kept["demo.profiles"]["kept"]) == ("keep", True)
+    assert kept["demo.profiles"]["exempt"].startswith("CCPA 1798.105(d)(8)") and kept["demo.users"]["rows"] == 1
     (ann,) = json.loads(_items(ledger)["EMAILann0001"]["request_ids"])
     certificate = build_certificate(ledger, ann)  # names the work item it answers, signed
     assert certificate["request"]["drop_work_items"] == ["EMAILann0001"]
@@ -441,11 +449,11 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
     first = export_answers(ledger, out)
     assert first.pending == 0 and first.amendments == {}
     assert first.uploads == {"20260312_4821_Email.csv": 4, "20260312_4821_NDZ.csv": 1,
-                             "20260312_4821_NameVIN.csv": 1}
+                             "20260312_4821_NameVIN.csv": 2}
     assert (out / "20260312_4821_Email.csv").read_text() == \
         "Id,Status\nEMAILann0001,3\nEMAILdan0001,2\nEMAILlater01,5\nEMAILshared1,4\n"
     assert (out / "20260312_4821_NDZ.csv").read_text() == "Id,Status\nNDZeve000001,3\n"
-    assert (out / "20260312_4821_NameVIN.csv").read_text() == "Id,Status\nNVINfay00001,3\n"
+    assert (out / "20260312_4821_NameVIN.csv").read_text() == "Id,Status\nNVINfay00001,3\nNVINida00001,2\n"
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
     assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in out.iterdir())
 

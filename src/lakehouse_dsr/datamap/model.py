@@ -320,6 +320,10 @@ class TableMapping(BaseModel):
     retention: str | None = None
     # Enforced retention (stages/retention.py): rules on the row's own clock; `retention:` above is the text.
     expire: list[ExpiryRule] = Field(default_factory=list)
+    # A statutory exemption from erasure (CCPA §1798.105(d), GDPR Art. 17(3)), in words: the table is
+    # erased and purged for no erase request; a request completes with its rows there kept, and its
+    # evidence says so (runner/rules.py). Unlike a legal hold (`dsr hold`) it does not end.
+    exempt: str | None = None
 
     def disclosure(self) -> dict:
         """What a person is told about the table (an access package's manifest): purpose, recipients,
@@ -348,6 +352,12 @@ class TableMapping(BaseModel):
                 _check_column(column, array_allowed=False)
         elif self.encrypted or self.quasi_identifiers or self.min_k is not None:
             raise ValueError("'encrypted', 'quasi_identifiers' and 'min_k' belong to action: shred tables")
+        if self.exempt is not None and not self.exempt.strip():
+            raise ValueError("exempt: give the exemption the table is kept under (e.g. 'CCPA 1798.105(d)(8): "
+                             "tax records')")
+        if self.exempt is not None and self.action == "shred":
+            raise ValueError("exempt: a shredded table (action: shred) is erased through the vault, which every "
+                             "table shares; it cannot be exempt on its own")
         for column in [*(self.keys or [self.key]), *self.redact,
                        *(c for spec in (self.keys or {}).values() for c in spec.redact)]:
             _check_column(column)
@@ -561,6 +571,11 @@ class DataMap(BaseModel):
                 raise ValueError(f"derived: {name} reads {', '.join(outside)}, which the data map does not list "
                                  "(under tables: or derived:)")
         self.derived_levels()  # a cycle fails here
+        for name in self.aggregates:
+            kept = [s for s in self.derived[name].sources if s in self.exempt and name not in self.exempt]
+            if kept:
+                raise ValueError(f"derived: {name} is recomputed from {', '.join(kept)}, which is exempt from erasure "
+                                 "(exempt:) and keeps erased people's rows: mark it exempt too")
         for name, mapping in [*self.files.items(), *self.aggregates.items()]:
             if mapping.expire:
                 raise ValueError(f"{name}: 'expire' rules apply to catalog tables holding rows of people (tables: "
@@ -638,6 +653,12 @@ class DataMap(BaseModel):
     def shredded(self) -> dict[str, TableMapping]:
         """Tables erased by shredding the subject's vault entry (`action: shred`)."""
         return {n: m for n, m in self.tables.items() if m.action == "shred"}
+
+    @property
+    def exempt(self) -> dict[str, str]:
+        """{table: the exemption it is kept under}: tables, datasets and derived tables erased for nobody."""
+        return {n: m.exempt for n, m in [*self.tables.items(), *self.files.items(), *self.derived.items()]
+                if m.exempt is not None}
 
     @property
     def expiring(self) -> dict[str, list[ExpiryRule]]:

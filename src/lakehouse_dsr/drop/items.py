@@ -276,11 +276,13 @@ def _request_id(key: bytes, download: str, subject: str, kind: str, received: da
 # -- settling and answering ---------------------------------------------------------------------------
 def settle(ledger: Ledger, now: datetime | None = None) -> int:
     """Give each matched work item the status its requests have earned: an erase request completed ->
-    3 (deleted; also when exempt data was kept), held by a legal hold -> 2 (exempted, until the hold
-    ends and the erasure completes: then 3); every opt-out of an item matched to several people
-    completed -> 4. Items whose requests are still open stay pending.
+    3 (deleted; also when exempt data was kept), or 2 (exempted) when it erased nothing and only
+    tables exempt from erasure (the data map's `exempt:`) hold the person; held by a legal hold -> 2
+    (exempted, until the hold ends and the erasure completes: then 3); every opt-out of an item
+    matched to several people completed -> 4. Items whose requests are still open stay pending.
     Returns how many items changed status. Cost: reads the items waiting and their requests (status
-    column), then one commit when something changed."""
+    column; the evidence too where the data map exempts a table), then one commit when something
+    changed."""
     now = now or utc_now()
     items = ledger.store.arrow("drop_items", columns=("work_item_id", "request_ids", "status", "withdrawn_at"))
     # pending, or exempted by a hold that may since have been released
@@ -294,9 +296,12 @@ def settle(ledger: Ledger, now: datetime | None = None) -> int:
                                                        waiting.column("request_ids").to_pylist(), strict=True)}
     before = dict(zip(linked, waiting.column("status").to_pylist(), strict=True))
     wanted = sorted({r for ids in linked.values() for r in ids})
-    rows = ledger.store.arrow("requests", Among("request_id", wanted), ("request_id", "request_type", "status"))
-    state = {str(i): (str(t), str(s)) for i, t, s in zip(*(rows.column(c).to_pylist() for c in rows.column_names),
+    exemptions = bool(ledger.settings.datamap.exempt)
+    rows = ledger.store.arrow("requests", Among("request_id", wanted),
+                              ("request_id", "request_type", "status", *(("evidence",) if exemptions else ())))
+    state = {str(i): (str(t), str(s)) for i, t, s in zip(*(rows.column(c).to_pylist() for c in rows.column_names[:3]),
                                                           strict=True)}
+    exempted = _all_kept(rows) if exemptions else set()
     earned: dict[str, int] = {}
     for item, ids in linked.items():
         if any(r not in state for r in ids):
@@ -304,7 +309,7 @@ def settle(ledger: Ledger, now: datetime | None = None) -> int:
         kinds = {state[r][0] for r in ids}
         statuses = {state[r][1] for r in ids}
         if kinds == {"erase"}:  # one person
-            code = {"completed": 3, "held": 2}.get(statuses.pop())
+            code = {"completed": 2 if exempted.issuperset(ids) else 3, "held": 2}.get(statuses.pop())
         else:
             code = 4 if statuses == {"completed"} else None
         if code is not None and code != before[item]:
@@ -321,6 +326,21 @@ def settle(ledger: Ledger, now: datetime | None = None) -> int:
 
     ledger.store.replace_arrow("drop_items", "work_item_id", list(earned), change)
     return len(earned)
+
+
+def _all_kept(requests: pa.Table) -> set[str]:
+    """The completed erase requests of `requests` (request_id, request_type, status, evidence) that
+    erased nothing because only exempt tables hold their subject: DROP's status 2 applies only when
+    everything matched is exempt."""
+    done = requests.filter(pc.and_(pc.equal(requests.column("request_type"), pa.scalar("erase")),
+                                   pc.equal(requests.column("status"), pa.scalar("completed"))))
+    kept = set()
+    for request_id, evidence in zip(done.column("request_id").to_pylist(), done.column("evidence").to_pylist(),
+                                    strict=True):
+        tables = json.loads(evidence or "{}").get("tables", {}).values()
+        if any(t.get("kept") for t in tables) and not any(t.get("rows") for t in tables):
+            kept.add(str(request_id))
+    return kept
 
 
 @dataclass(frozen=True)

@@ -98,8 +98,9 @@ class CertificateRuns(_Part):
 class TableErasure(_Part):
     """What was done in one table for an erase, opt-out or opt-in request, and how it was proven."""
 
-    action: str = Field(description="delete, redact, shred or recompute; exclude or include for shares; 'erased in "
-                                    "an earlier run' when the evidence names none")
+    action: str = Field(description="delete, redact, shred or recompute; exclude or include for shares; keep for a "
+                                    "table exempt from erasure; 'erased in an earlier run' when the evidence names "
+                                    "none")
     rows: _Count = Field(description="the subject's rows deleted, redacted or taken out of the share")
     snapshots_expired: _Count = Field(description="snapshots expired by the purge")
     files_rewritten: _Count = Field(description="data files rewritten by the batch's erase commit in this table")
@@ -115,6 +116,12 @@ class TableErasure(_Part):
                                           "scanned (live data only)', 'not applicable (opt-in)')")
     method: str = Field(description="how the table was proven, in words")
     verified: bool = Field(description="no check found the subject")
+    exempt: str | SkipJsonSchema[None] = Field(
+        None, json_schema_extra=_no_default,
+        description="the exemption from erasure the table is kept under (absent for other tables)")
+    kept: bool | SkipJsonSchema[None] = Field(
+        None, json_schema_extra=_no_default,
+        description="an exempt table holds the subject's data, kept under the exemption (then `verified` is false)")
 
 
 class TableExport(_Part):
@@ -231,12 +238,15 @@ def _table(entry: dict) -> dict:
         "storage_scan": _storage_scan(action, "storage" in checks, passed),
         "method": proof.get("method") or "not recorded (completed by an earlier version)",
         "verified": passed,
+        **({"exempt": entry["exempt"], "kept": bool(entry.get("kept"))} if entry.get("exempt") else {}),
     }
 
 
 def _storage_scan(action: str, scanned: bool, passed: bool) -> str:
     if action == "include":  # an opt-in: the subject's rows are meant to be there
         return "not applicable (opt-in)"
+    if action == "keep":
+        return "not applicable (exempt from erasure)"
     if not scanned:
         return "not scanned (live data only)"
     if not passed:

@@ -46,7 +46,8 @@ class Proof(_Document):
 class TableProof(_Document):
     """One table's (or share's) part of a request's evidence."""
 
-    action: str | None = Field(None, description="delete, redact, recompute, shred; exclude/include for shares")
+    action: str | None = Field(None, description="delete, redact, recompute, shred; exclude/include for shares; "
+                                               "keep for a table exempt from erasure")
     rows: int | None = Field(None, description="the subject's rows erased, redacted or taken out there")
     snapshot_id: int | None = Field(None, description="the commit that erased them")
     rounds: int | None = Field(None, description="erase rounds (more than one when rows arrived meanwhile)")
@@ -61,6 +62,8 @@ class TableProof(_Document):
     orphans_removed: int
     checks: Checks | None = None
     verification: Proof | None = None
+    exempt: str | None = Field(None, description="the exemption from erasure the table is kept under (data map)")
+    kept: bool | None = Field(None, description="the exempt table holds the subject's data, kept under the exemption")
 
 
 class ErasureEvidence(_Document):

@@ -120,7 +120,8 @@ class ErasureBatch:
         tables = {table: self._evidence(table, erasures, purges, v) for table, v in verifications.items()}
         outcomes = rules.erasure_outcomes(
             proven, erasures, purges, verifications, self.ctx.run_id, datetime.now(UTC).isoformat(), prior, resumed,
-            {} if purge_now or stop_reason else work.deadlines, stop_reason, work.legal_tables)
+            {} if purge_now or stop_reason else work.deadlines, stop_reason, work.legal_tables,
+            work.exempt_tables)
         waiting = {**({} if purge_now else work.waiting),
                    **{o.request_id: o.purge_by for o in outcomes if o.status == "erased" and o.purge_by}}
         if not damaged and not purge_now:  # a purge records them (a table on hold keeps its own: checked again)
@@ -135,7 +136,7 @@ class ErasureBatch:
         read in the driver where they are small, else by Spark jobs (one per UNION_WIDTH tables),
         only when some erase request was completed and some table has new files."""
         datamap = self.settings.datamap
-        tables = [t for t in [*datamap.keyed, *datamap.files] if t not in self.work.legal_tables]
+        tables = [t for t in [*datamap.keyed, *datamap.files] if t not in self.work.kept_tables]
         checked = resurrection.checkpoints(self.work.steps)
         listed = resurrection.dataset_checkpoints(self.work.steps)
         completed = self.ledger.erased_ids()  # expired records' kept hashes included
@@ -285,7 +286,7 @@ class ErasureBatch:
             for wave in waves[1:]:
                 erased.erasures.update(self._erase_tables("erase", wave, erased.key_sets))
             if datamap.files:
-                datasets = [d for d in datamap.files if d not in self.work.legal_tables]
+                datasets = [d for d in datamap.files if d not in self.work.kept_tables]
                 erased.erasures.update(ctx.each_table("erase files", datasets, lambda d: files.erase_dataset(
                     self.spark, datamap, d, erased.key_sets[d])))
             self._late_rounds(erased, list(datamap.keyed))
@@ -357,7 +358,7 @@ class ErasureBatch:
                         return None  # nothing it reads changed
                     return propagate.refresh(self.lake, datamap, table, changes, table in stale)
                 done = self.ctx.each_table("propagate", [t for t in level if t not in datamap.keyed
-                                                         and t not in self.work.legal_tables], derive)
+                                                         and t not in self.work.kept_tables], derive)
                 erased.erasures.update({t: e for t, e in done.items() if e is not None})
                 self._late_rounds(erased, keyed)
                 faults.failpoint("during_propagate")
@@ -388,7 +389,7 @@ class ErasureBatch:
 
     def _plan_tables(self, tables: list[str], key_sets: dict[str, matching.TableKeys]) -> dict[str, erase.TablePlan]:
         """The plans of `tables` not under a legal hold, in one Spark job (erase.plan_many)."""
-        tables = [t for t in tables if t not in self.work.legal_tables]
+        tables = [t for t in tables if t not in self.work.kept_tables]
         if not tables:
             return {}
         return erase.plan_many(self.lake, self.settings.datamap, self.settings.erase, tables, key_sets,
@@ -503,9 +504,9 @@ class ErasureBatch:
     def _purge_table(self, table: str) -> purge.TablePurge:
         """Purge one table; a purge step that another writer's commit invalidated is run again (every
         step is safe to repeat). When the retries run out, verification reports what is left. A table
-        under a legal hold is not purged (its old snapshots may be what the hold preserves)."""
-        if table in self.work.legal_tables:
-            return purge.TablePurge(table, error=f"not purged: {self.work.legal_tables[table]}")
+        under a legal hold is not purged (its old snapshots may be what the hold preserves), nor is an exempt one."""
+        if table in self.work.kept_tables:
+            return purge.TablePurge(table, error=f"not purged: {self.work.kept_tables[table]}")
         start = time.perf_counter()
         try:
             result = self.lake.with_conflict_retries(f"table {table}: the purge", lambda: purge.purge_table(

@@ -169,6 +169,8 @@ def _not_planned(datamap: DataMap, work: Work, broken: set[str]) -> dict[str, st
                    if g.identifier in datamap.identifiers and datamap.identifiers[g.identifier].table in broken]
         if table in work.legal_tables:
             out[table] = f"under a legal hold: {work.legal_tables[table]}"
+        elif table in work.exempt_tables:
+            out[table] = f"exempt from erasure: {work.exempt_tables[table]}"
         elif table in broken:
             out[table] = "a data-map problem (see problems)"
         elif through:

@@ -113,11 +113,13 @@ def request_reasons(request_id: str, table: str, e: erase.TableErasure | None, v
 def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableErasure],
                      purges: dict[str, purge.TablePurge], verifications: dict[str, verify.TableVerification],
                      run_id: str, verified_at: str, prior: dict[str, dict], resumed: dict[str, Step],
-                     deadlines: dict[str, date], stop_reason: str | None, legal_tables: dict[str, str]
-                     ) -> list[Outcome]:
+                     deadlines: dict[str, date], stop_reason: str | None, legal_tables: dict[str, str],
+                     exempt_tables: dict[str, str] | None = None) -> list[Outcome]:
     """Per request: failed (with every reason), held (only tables under a legal hold, which the run
     left alone, still hold the subject: `legal_tables` -> the hold), erased (live data proven, purge
-    due by its deadline: requests in `deadlines`), or completed (proven). Requests erased in an
+    due by its deadline: requests in `deadlines`), or completed (proven). What an exempt table
+    (`exempt_tables` -> the exemption) holds of the subject is kept: its entry says `exempt` and
+    `kept`, and it keeps no request open. Requests erased in an
     earlier run keep that run's erase evidence (`prior`), and so do requests an interrupted run
     erased (`resumed`, from the step journal). `stop_reason`: why the run stopped before the purge
     (fails every request).
@@ -125,7 +127,7 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
     Cost: the outcome of a request nothing singles out (no earlier or interrupted run erased it, no
     check found it) depends only on its rows per table and its purge deadline, so it is decided once
     per distinct such signature: a batch of a million requests makes a handful of decisions."""
-    validated = _Validated()
+    validated, exempt = _Validated(), exempt_tables or {}
     singled_out = {*prior, *(rid for v in verifications.values() for rid in v.failing),
                    *(rid for step in resumed.values() for rid in step.detail.get("rows", {}))}
     matches = [(erasures[t].plan.matches_by_request if t in erasures else {}) for t in verifications]
@@ -139,10 +141,13 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
         for table, v in verifications.items():
             e = erasures.get(table)
             found = request_reasons(request_id, table, e, v)
-            reasons += [] if table in legal_tables else found
+            reasons += [] if table in legal_tables or table in exempt else found
             held += [legal_tables[table]] if table in legal_tables and found else []
-            tables[table] = validated.table(table_entry(request_id, e, purges.get(table), v, resumed.get(table),
-                                                        earlier.get("tables", {}).get(table, {})))
+            entry = table_entry(request_id, e, purges.get(table), v, resumed.get(table),
+                                earlier.get("tables", {}).get(table, {}))
+            if table in exempt:
+                entry.update(action="keep", exempt=exempt[table], kept=bool(found))
+            tables[table] = validated.table(entry)
         if stop_reason:
             reasons.append(stop_reason)
         evidence: dict[str, Any] = {"version": VERSION, "run_id": run_id, "verified_at": verified_at,

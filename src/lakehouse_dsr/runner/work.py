@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import date
 from functools import cache, cached_property
 from typing import cast
@@ -82,6 +82,14 @@ class Work:
     # makes the run start Spark: a run is due for them (stages/resurrection.py).
     unchecked: tuple[str, ...] = ()
     retention: bool = False  # the data map has `expire:` rules: every run enforces them (stages/retention.py)
+    # Tables the data map exempts from erasure (`exempt:`) -> the exemption: neither erased nor purged,
+    # and a request whose subject they hold completes with those rows kept (runner/rules.py).
+    exempt_tables: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kept_tables(self) -> dict[str, str]:
+        """Tables this run neither erases nor purges -> why: those under a legal hold, and exempt ones."""
+        return {**{t: f"exempt: {why}" for t, why in self.exempt_tables.items()}, **self.legal_tables}
 
     @property
     def ids(self) -> list[str]:
@@ -135,10 +143,10 @@ def read_work(ledger: Ledger, settings: Settings, today: date, interrupted: tupl
                 settings.purge.policy == "immediate" and ledger.purge_owed(steps),
                 RequestRows.of(by_type["opt_out"], by_type["opt_in"]), bool(settings.datamap.shares), held,
                 {t: h.why for t, h in legal.tables.items()}, legal_subjects, not_processed,
-                retention=bool(settings.datamap.expiring))
+                retention=bool(settings.datamap.expiring), exempt_tables=settings.datamap.exempt)
     if work.needs_lease or held:
         return work
-    return replace(work, unchecked=tuple(_moved_since_checked(ledger, settings, steps, work.legal_tables)))
+    return replace(work, unchecked=tuple(_moved_since_checked(ledger, settings, steps, work.kept_tables)))
 
 
 def _where(rows: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
@@ -166,7 +174,7 @@ def _legally_held(rows: pa.Table, legal: ActiveHolds) -> tuple[dict[str, str], p
     return changed, rows.filter(pc.invert(pc.is_in(rows.column("request_id"), kept)))
 
 
-def _moved_since_checked(ledger: Ledger, settings: Settings, steps: list[Step], legal_tables: dict[str, str]
+def _moved_since_checked(ledger: Ledger, settings: Settings, steps: list[Step], kept_tables: dict[str, str]
                          ) -> list[str]:
     """Keyed tables whose current snapshot is not the one their last resurrection check saw, and
     `files:` datasets holding files their last check did not see, once some erase request was
@@ -175,8 +183,8 @@ def _moved_since_checked(ledger: Ledger, settings: Settings, steps: list[Step], 
     pyarrow does not know, such as s3a://, is checked only by runs that start Spark): no JVM."""
     if not ledger.erased_ids():
         return []
-    tables = [t for t in settings.datamap.keyed if t not in legal_tables]
-    files = {d: plainfiles.listing(m.path) for d, m in settings.datamap.files.items() if d not in legal_tables}
+    tables = [t for t in settings.datamap.keyed if t not in kept_tables]
+    files = {d: plainfiles.listing(m.path) for d, m in settings.datamap.files.items() if d not in kept_tables}
     return resurrection.unchecked(resurrection.checkpoints(steps),
                                   current_versions(settings, tables),
                                   resurrection.dataset_checkpoints(steps),
