@@ -68,13 +68,33 @@ def ledger_with_history(tmp_path):
     return settings, ledger, dict(a=a, b=b, c=c, d=d, e=e)
 
 
+def _drop_item(item: str, hash_: str, request_ids: list[str] | None, status: int | None,
+               withdrawn_at: datetime | None = None) -> dict:
+    return {"work_item_id": item, "list_type": "email", "hash": hash_, "download": "20240101_4821_DROP.zip",
+            "download_day": OLD.date(), "due_date": OLD.date(), "filed_at": OLD, "matched_at": OLD,
+            "subjects": len(request_ids or []), "request_ids": json.dumps(request_ids) if request_ids else None,
+            "status": status, "status_at": OLD, "withdrawn_at": withdrawn_at, "reported_status": status,
+            "reported_at": OLD}
+
+
 def test_completed_records_leave_the_ledger_and_its_files_hashes_stay(ledger_with_history):
+    """... and DROP work items stay on the suppression list (ID, hash, status) without the expired
+    requests' ids, while items DROP withdrew long ago go, hash and all."""
+    from lakehouse_dsr.drop.items import unmatched_items
+
     settings, ledger, ids = ledger_with_history
     gone, kept = [ids["a"], ids["b"], ids["d"]], [ids["c"], ids["e"]]
+    ledger.store.append("drop_items", [
+        _drop_item("ITEMalice001", "hash-drop-alice", [ids["a"]], 3), _drop_item("ITEMcarol001", "hash-drop-carol",
+                                                                                 [ids["c"]], 3),
+        _drop_item("ITEMnobody01", "hash-drop-nobody", None, 5),
+        _drop_item("ITEMwithdrw1", "hash-drop-withdrawn-long-ago", None, None, OLD),
+        _drop_item("ITEMwithdrw2", "hash-drop-withdrawn-lately", None, None, NOW - timedelta(days=1))])
     before = metrics(settings, OLD.year)
 
     dry = expire_records(settings, dry_run=True)
     assert dry.requests_expired == {"erase": 1, "access": 1, "opt_out": 1} and dry.history == {}
+    assert dry.drop_withdrawn_removed == 1 and len(ledger.store.rows("drop_items")) == 5
     assert {r["request_id"] for r in ledger.requests()} == set(ids.values())  # a dry run removes nothing
 
     result = expire_records(settings)
@@ -90,6 +110,13 @@ def test_completed_records_leave_the_ledger_and_its_files_hashes_stay(ledger_wit
             else:
                 assert not naming, (table, rid)
     assert "hash-alice" in stored["erased_keys"] and "hash-bob" not in str(stored)
+    assert result.drop_withdrawn_removed == 1 and "hash-drop-withdrawn-long-ago" not in str(stored)
+    items = {r["work_item_id"]: r for r in ledger.store.rows("drop_items")}
+    assert sorted(items) == ["ITEMalice001", "ITEMcarol001", "ITEMnobody01", "ITEMwithdrw2"]
+    assert (items["ITEMalice001"]["hash"], items["ITEMalice001"]["request_ids"], items["ITEMalice001"]["status"]) \
+        == ("hash-drop-alice", "[]", 3)  # on the suppression list, its expired request unlinked
+    assert json.loads(items["ITEMcarol001"]["request_ids"]) == [ids["c"]]
+    assert unmatched_items(ledger).column("work_item_id").to_pylist() == ["ITEMnobody01"]  # not matched again
     assert all(any(rid in v for v in stored["requests"]) for rid in kept)  # inside the period: untouched
     assert {r["request_id"] for r in ledger.requests()} == set(kept)
     assert [r["request_id"] for r in consent.opted_out(ledger)] == [None]  # the opt-out itself stays

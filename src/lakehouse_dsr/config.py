@@ -256,6 +256,10 @@ class DropSettings(_Strict):
     # How a ZIP+4 is recognised before its +4 is dropped (drop/hashing.py's Rules): nine digits once
     # punctuation is gone, or written ddddd-dddd.
     zip_plus4: Literal["nine_digits", "hyphenated"] = "nine_digits"
+    # A work item DROP withdrew (its Removed file) leaves the ledger, ID and hash, once withdrawn for
+    # `records.keep_completed_months` (ledger/records.py); true: it stays on the suppression list. The
+    # spec does not say whether a withdrawal ends suppression.
+    keep_withdrawn: bool = False
 
 
 class DeltaSettings(_Strict):

@@ -15,7 +15,15 @@ leave the ledger once completed that long ago. "Removed" means, per ledger table
   row counts;
 - `consent`: a subject's standing opt-out stays (it must keep being honoured); its link to the
   request (`request_id`) is cleared;
+- `drop_items`: a DROP work item stays, ID, hash and status: its hash is on the suppression list
+  the law requires. The expired ids leave its `request_ids` (an empty list then still says requests
+  were filed, so the item is not matched again);
 - `holds`, `runs`, `lease`: hold no request id of a completed request.
+
+**DROP work items withdrawn** by DROP's `Removed` file leave `drop_items` (ID and hash) once
+withdrawn `keep_completed_months` ago, unless `drop.keep_withdrawn`. The downloads and uploads
+recorded (`drop_downloads`, `drop_uploads`: names, checksums, counts) are the record of each access
+of DROP and hold no hash: they stay.
 
 Each changed table's history is then purged (Store.purge_history: old snapshots, the files only they
 held, orphans past the window) and proven: no stored Parquet file of those tables still names an
@@ -49,6 +57,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import Settings
@@ -58,7 +67,9 @@ from .requests import REQUEST_TYPES, add_months, utc_now
 from .store import Among, EqualTo, LessThan, Store
 
 log = logging.getLogger("lakehouse_dsr.records")
-_TABLES = ("requests", "request_keys", "audit", "steps", "consent")  # where an expiring request's id is
+# where an expiring request's id is -> the column that names it
+_TABLES = {"requests": "request_id", "request_keys": "request_id", "audit": "request_id", "steps": "detail",
+           "consent": "request_id", "drop_items": "request_ids"}
 _REQUEST_ID = re.compile(r"req-[0-9a-f]{21}")
 # The intake queue's states of a request that never reached the ledger and never will by itself
 # (service/queue.py's schema; its rows are read here because the run, below the service, drops them).
@@ -89,13 +100,16 @@ class RecordExpiry(_Model):
     packages_deleted: list[PackageDeletion]
     intake_before: str = Field(description="unverified or locked intake requests received before this (ISO-8601)")
     intake_dropped: int = Field(description="intake requests dropped with their identifiers")
+    drop_withdrawn_removed: int = Field(0, description="DROP work items withdrawn before `completed_before`, "
+                                                       "removed with their hash")
     history: dict[str, dict[str, int]] = Field(description="per ledger table: snapshots expired, files deleted, "
                                                            "orphans removed")
     ids_found: int = Field(description="stored files of those tables still naming an expired request (0: proven)")
 
     @property
     def removed_anything(self) -> bool:
-        return bool(self.requests_expired or self.packages_deleted or self.intake_dropped)
+        return bool(self.requests_expired or self.packages_deleted or self.intake_dropped
+                    or self.drop_withdrawn_removed)
 
     def summary(self) -> str:
         """One line for the console: counts only."""
@@ -105,7 +119,8 @@ class RecordExpiry(_Model):
             f", [red]{self.ids_found} stored row(s) still name one[/]")
         return (f"records: {verb} {sum(self.requests_expired.values())} completed request record(s) "
                 f"({self.hashes_kept} erase hash(es) kept for suppression){proof}, "
-                f"{len(self.packages_deleted)} access package(s), {self.intake_dropped} unverified intake request(s)")
+                f"{len(self.packages_deleted)} access package(s), {self.intake_dropped} unverified intake request(s)"
+                + (f", {n} withdrawn DROP work item(s)" if (n := self.drop_withdrawn_removed) else ""))
 
 
 @dataclass(frozen=True)
@@ -141,12 +156,13 @@ def expire_records(settings: Settings, dry_run: bool = False, run_id: str | None
                                                    "completed_at"))
     packages = _old_packages(Path(settings.export.directory), cut.packages)
     stale = _stale_intake(settings, cut.intake)
+    withdrawn = [] if settings.drop.keep_withdrawn else _withdrawn_items(ledger.store, cut.completed)
     result = RecordExpiry(
         run_id=run_id, dry_run=dry_run, completed_before=cut.completed.isoformat(),
         requests_expired=dict(Counter(r["request_type"] for r in expiring)), hashes_kept=0,
         packages_before=cut.packages.isoformat(), packages_deleted=[p.deletion for p in packages],
         intake_before=cut.intake.isoformat(),
-        intake_dropped=len(stale), history={}, ids_found=0)
+        intake_dropped=len(stale), drop_withdrawn_removed=len(withdrawn), history={}, ids_found=0)
     if dry_run:
         return result
     _delete_packages(ledger, packages, run_id)
@@ -154,10 +170,21 @@ def expire_records(settings: Settings, dry_run: bool = False, run_id: str | None
         _fold(ledger.store, expiring, stale, cut)
     if stale:
         _drop_intake(settings, cut.intake)
+    if withdrawn:
+        ledger.store.delete("drop_items", Among("work_item_id", withdrawn))
     if not expiring:
-        return result
+        history = {"drop_items": ledger.store.purge_history("drop_items", settings.purge.orphan_min_age_minutes
+                                                            ).__dict__} if withdrawn else {}
+        return result.model_copy(update={"history": history})
     kept, history, found = _remove(ledger, expiring)
     return result.model_copy(update={"hashes_kept": kept, "history": history, "ids_found": found})
+
+
+def _withdrawn_items(store: Store, before: datetime) -> list[str]:
+    """The DROP work items withdrawn before `before`. Cost: a read of the items' withdrawal column,
+    pruned to files that may hold one."""
+    rows = store.arrow("drop_items", LessThan("withdrawn_at", before.isoformat()), ("work_item_id",))
+    return sorted(str(i) for i in rows.column("work_item_id").to_pylist())
 
 
 # -- access packages ----------------------------------------------------------------------------------
@@ -319,13 +346,30 @@ def _remove(ledger: Ledger, expiring: list[dict]) -> tuple[int, dict[str, dict[s
     store.delete("audit", Among("request_id", ids))
     _unlink_steps(store, set(ids))
     store.replace("consent", "request_id", ids, lambda rows: [{**r, "request_id": None} for r in rows])
+    _unlink_drop_items(store, set(ids))
     store.delete("requests", Among("request_id", ids))
     window = ledger.settings.purge.orphan_min_age_minutes
     history = {t: store.purge_history(t, window).__dict__ for t in _TABLES}
     gone = set(ids)
-    found = sum(1 for t in _TABLES for value in store.column_values(t, "detail" if t == "steps" else "request_id")
+    found = sum(1 for t, column in _TABLES.items() for value in store.column_values(t, column)
                 if gone.intersection(_REQUEST_ID.findall(value)))
     return kept, history, found
+
+
+def _unlink_drop_items(store: Store, ids: set[str]) -> None:
+    """Take the expiring ids out of the DROP work items' `request_ids` (JSON lists). Cost: one read of
+    the items' request ids, one commit if any names one."""
+    items = store.arrow("drop_items", columns=("work_item_id", "request_ids"))
+    naming = [str(item) for item, text in zip(items.column("work_item_id").to_pylist(),
+                                              items.column("request_ids").to_pylist(), strict=True)
+              if text and ids.intersection(_REQUEST_ID.findall(text))]
+
+    def unlinked(loaded: object, rows: pa.Table) -> pa.Table:  # from the rows as committed at each attempt
+        kept = pa.array([json.dumps([r for r in json.loads(text) if r not in ids]) if text else text
+                         for text in rows.column("request_ids").to_pylist()], pa.string())
+        return rows.set_column(rows.schema.get_field_index("request_ids"), "request_ids", kept)
+
+    store.replace_arrow("drop_items", "work_item_id", naming, unlinked)
 
 
 def _keep_hashes(store: Store, erase_ids: list[str]) -> int:
