@@ -461,9 +461,13 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
     landing.mkdir()
     (landing / "a.json").write_text('{"user_id": "gus", "created_at": "2026-04-01T00:00:00", "name": "G", '
                                     '"email": " Later@Example.net"}\n')
-    ingest(spark, settings, str(landing), "json", "demo.users", str(tmp_path / "ckpt"), once=True)
+    screened = ingest(spark, settings, str(landing), "json", "demo.users", str(tmp_path / "ckpt"), once=True)
+    # caught at the door: the batch carried the waiting item's hash, and the match after it filed gus's request
+    assert (screened.drop_listed, screened.drop_matched["one_person"], screened.drop_matched["erase_requests"]) \
+        == (1, 1, 1)
+    assert [r["status"] for r in ledger.requests() if r["subject_id"] == "gus"] == ["received"]
     report = run(spark, settings)
-    assert report.drop["one_person"] == 1 and len(report.completed) == 1
+    assert report.drop == {} and len(report.completed) == 1  # nothing waited any more: the run only erased
     assert "gus" not in {str(u) for u in live_rows(settings, "demo.users").column("user_id").to_pylist()}
     second = export_answers(ledger, out)
     assert (second.uploads, second.amendments) == ({}, {"20260312_4821_Email_amend01.csv": 1})

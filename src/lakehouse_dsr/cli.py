@@ -651,17 +651,25 @@ def ingest(
                           ] = None,
 ) -> None:
     """Stream files into an Iceberg table, exactly once, dropping rows of people who asked to be erased."""
+    from .drop.screening import listed_rows
     from .ingest.stream import ingest as run_ingest
     from .ingest.stream import suppressed_counts
 
     def batch(progress: dict) -> None:
         rows_in, kept = suppressed_counts(progress)
+        listed = listed_rows(progress)
         console.print(f"batch {progress['batchId']}: {rows_in:,} rows read, "
-                      f"{rows_in - kept:,} of erased subjects dropped")
+                      f"{rows_in - kept:,} of erased subjects dropped"
+                      + (f", {listed:,} carrying a DROP work item's hash" if listed else ""))
 
     result = run_ingest(_spark(), _settings(), source, fmt, table, checkpoint, once, key, identifier, on_batch=batch)
     console.print(f"{result.batches} batch(es): {result.rows_in:,} rows read, {result.rows_suppressed:,} dropped "
                   f"(erased subjects), {result.rows_written:,} appended to {table}")
+    if result.drop_listed:
+        m = result.drop_matched
+        console.print(f"DROP: {m.get('one_person', 0) + m.get('several_people', 0)} waiting work item(s) matched; "
+                      f"requests filed: {m.get('erase_requests', 0)} erase, {m.get('opt_out_requests', 0)} opt-out "
+                      "(dsr run carries them out; dsr drop export reports the new statuses)")
 
 
 @app.command()

@@ -10,11 +10,12 @@ anyway.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from ..config import Settings
 from ..datamap import DataMap
@@ -22,38 +23,58 @@ from ..datamap.model import column_path
 from ..lake.frames import arrow_frame, to_arrow
 from ..lake.lakehouse import Lake
 from ..ledger.ledger import Ledger
-from .hashing import Rules, hashed, list_hash
+from .hashing import Rules, list_hash
 from .items import MatchResult, file_matches, unmatched_items
 from .lists import LISTS
 
 MATCHES = pa.schema([("work_item_id", pa.string()), ("subject_id", pa.string())])
 
 
-def lake_hashes(lake: Lake, datamap: DataMap, lists: set[str] | None = None, rules: Rules | None = None) -> DataFrame:
-    """(list_type, hash, subject_id) for every value of the lake a mapped DROP list can match (of
-    `lists`, default all mapped). A single-identifier list reads the two columns of its identifier's
-    table (the subject itself: the key column of every table mapped by the subject); a composite list
-    reads its table's subject column and field columns. Values that standardize to nothing give no row.
-    Cost: a scan of those columns when the frame is read; nothing here runs a job."""
-    spark, parts = lake.spark, []
+@dataclass(frozen=True)
+class Placement:
+    """Where one mapped DROP list's values are: a table, its column holding the subject, and the
+    column of each field of the list (one for a single-identifier list)."""
+
+    list_name: str
+    table: str
+    subject_column: str
+    columns: dict[str, str]  # field -> column
+
+    def hash(self, schema: StructType, rules: Rules | None = None) -> Column:
+        """The list's DROP hash of a row of a frame with the table's `schema`; null when invalid."""
+        types = {f: schema[c].dataType for f, c in self.columns.items()}
+        return list_hash(self.list_name, {f: F.col(c) for f, c in self.columns.items()}, types, rules)
+
+
+def placements(datamap: DataMap, lists: set[str] | None = None) -> list[Placement]:
+    """Every place the data map's `drop:` section puts a list's values (of `lists`, default all). A
+    single-identifier list is where its identifier is: a linked identifier's table, or for the subject
+    itself every mapped table whose key column (a plain column) holds it; a composite list is in its
+    table, every field from the same row."""
+    out = []
     for list_name, where in datamap.drop.items():
         if lists is not None and list_name not in lists:
             continue
-        if where.identifier is None:  # composite: one row of one table holds every field
+        if where.identifier is None:
             assert where.table is not None and where.subject_column is not None  # DropList.checked
-            source = spark.table(lake.quoted(where.table))
-            columns = where.columns(list_name)
-            types = {f: source.schema[c].dataType for f, c in columns.items()}
-            digest = list_hash(list_name, {f: F.col(c) for f, c in columns.items()}, types, rules)
-            parts.append(source.select(F.lit(list_name).alias("list_type"), digest.alias("hash"),
-                                       F.col(where.subject_column).cast("string").alias("subject_id")))
+            out.append(Placement(list_name, where.table, where.subject_column, where.columns(list_name)))
             continue
         (field,) = LISTS[list_name]
-        for table, subject_column, column in _holders(datamap, where.identifier):
-            source = spark.table(lake.quoted(table))
-            digest = hashed(field, F.col(column), source.schema[column].dataType, rules)
-            parts.append(source.select(F.lit(list_name).alias("list_type"), digest.alias("hash"),
-                                       F.col(subject_column).cast("string").alias("subject_id")))
+        out += [Placement(list_name, table, subject_column, {field: column})
+                for table, subject_column, column in _holders(datamap, where.identifier)]
+    return out
+
+
+def lake_hashes(lake: Lake, datamap: DataMap, lists: set[str] | None = None, rules: Rules | None = None) -> DataFrame:
+    """(list_type, hash, subject_id) for every value of the lake a mapped DROP list can match (of
+    `lists`, default all mapped), read where `placements` puts them (the columns of each place only).
+    Values that standardize to nothing give no row. Cost: a scan of those columns when the frame is
+    read; nothing here runs a job."""
+    spark, parts = lake.spark, []
+    for place in placements(datamap, lists):
+        source = spark.table(lake.quoted(place.table))
+        parts.append(source.select(F.lit(place.list_name).alias("list_type"), place.hash(source.schema, rules)
+                                   .alias("hash"), F.col(place.subject_column).cast("string").alias("subject_id")))
     if not parts:
         return spark.createDataFrame([], "list_type string, hash string, subject_id string")
     found = parts[0]

@@ -18,7 +18,8 @@ passed (the difference: rows of erased people dropped).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -26,10 +27,13 @@ from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..datamap import column_ref, is_array
+from ..drop.matching import match_items
+from ..drop.screening import listed_rows, screen_stream
 from ..exceptions import DataMapError, DsrError
 from ..inventory.check import field_at
 from ..lake.hmac import keyed_hash, pads
 from ..lake.indriver import local_rows
+from ..lake.lakehouse import Lake
 from ..lake.spark import uncached_catalog
 from ..ledger.ledger import Ledger
 from .suppress import known_identifier
@@ -110,6 +114,10 @@ class IngestResult:
     rows_in: int = 0
     rows_suppressed: int = 0
     rows_written: int = 0
+    # DROP (drop/screening.py): rows that carried a waiting work item's hash, and what the matches
+    # run after those batches filed (MatchResult's counts, summed)
+    drop_listed: int = 0
+    drop_matched: dict[str, int] = field(default_factory=dict)
 
 
 def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table: str, checkpoint: str,
@@ -120,7 +128,12 @@ def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table
     `checkpoint` (Spark's file-source log plus Iceberg's idempotent streaming commits). `once`:
     what is there now, then stop (availableNow); otherwise until interrupted. `key`/`identifier`
     default to the table's data-map entry (its one key column). `on_batch(progress)` is called
-    after each micro-batch with Spark's progress dictionary."""
+    after each micro-batch with Spark's progress dictionary.
+
+    Where the data map places DROP lists in `table`, each micro-batch is also screened against the
+    work items waiting (drop/screening.py); after a batch that carried one, the waiting items are
+    matched against the lake (`match_items`: a scan of the lists' columns), so the person's request
+    is filed before the next `dsr run`."""
     if fmt not in ("json", "csv", "parquet"):
         raise DsrError(f"unknown format {fmt!r} (expected json, csv or parquet)")
     if "://" not in source and not Path(source).is_dir():
@@ -136,7 +149,7 @@ def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table
         raise DsrError(f"table {table} cannot be read: the stream appends to an existing table") from None
     reader = spark.readStream.format(fmt).schema(schema).options(
         **({"header": "true"} if fmt == "csv" else {}), **(options or {}))
-    clean = suppress_stream(reader.load(source), settings, key, identifier)
+    clean = screen_stream(suppress_stream(reader.load(source), settings, key, identifier), settings, table)
     writer = clean.writeStream.format("iceberg").outputMode("append").option("checkpointLocation", checkpoint)
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime="5 seconds")
     query = writer.toTable(settings.table(table))
@@ -152,6 +165,10 @@ def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table
                 result.batches += 1
                 result.rows_in += rows_in
                 result.rows_suppressed += rows_in - kept
+                if listed := listed_rows(progress):
+                    result.drop_listed += listed
+                    matched = match_items(Lake.of(spark, settings), Ledger(settings), settings)
+                    result.drop_matched = dict(Counter(result.drop_matched) + Counter(asdict(matched)))
                 if on_batch:
                     on_batch(progress)
             if not query.isActive:
