@@ -84,6 +84,23 @@ def test_a_list_s_hash_is_its_fields_hashes_joined_in_order_and_hashed_again(spa
     assert _rows(frame.select(list_hash(list_name, {f: F.col(f) for f in fields}))) == [(final,)]
 
 
+def test_names_hash_alike_whether_spark_s_functions_or_the_python_rule_standardize_them(spark):
+    """The matching hashes rows whose names are ASCII with Spark's own functions and sends only the
+    others to the Python rule (Placement.hashed): every row's hash is the one the Python rule gives."""
+    from lakehouse_dsr.drop.matching import Placement
+
+    names = [("Juan Pablo", "O'Neil-Smith"), ("José", "Müller"), ("Θεοδώρου", "Ann"), ("ANN", "  "), (None, "Lee"),
+             ("Zoë", "Йорк"), ("x1 2", "Y_z"), ("", "Poe"), ("ﬁona", "Ｌee")]
+    frame = spark.createDataFrame([(str(i), f, n, "19850704", "91790") for i, (f, n) in enumerate(names)],
+                                  "id string, f string, l string, dob string, zip string")
+    place = Placement("ndz", "t.people", "id", {"first_name": "f", "last_name": "l", "dob": "dob", "zip": "zip"})
+    split = dict(_rows(place.hashed(frame, None, F.col("id"))))
+    everywhere = dict(_rows(frame.select("id", place.hash(frame.schema))))
+    assert split == everywhere and len(split) == len(names)
+    assert [split[str(i)] is None for i in range(len(names))] == [False] * 3 + [True, True, False, False, True,
+                                                                                False]
+
+
 def test_a_date_of_birth_held_as_a_date_hashes_as_the_same_day_written_out(spark):
     frame = spark.createDataFrame([("1985-07-04",)], "d string").select(F.to_date("d").alias("d"))
     assert _rows(frame.select(hashed("dob", F.col("d"), DateType()))) == \

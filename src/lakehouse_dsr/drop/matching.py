@@ -23,7 +23,7 @@ from ..datamap.model import column_path
 from ..lake.frames import arrow_frame, to_arrow
 from ..lake.lakehouse import Lake
 from ..ledger.ledger import Ledger
-from .hashing import Rules, list_hash
+from .hashing import Rules, list_hash, names_ascii
 from .items import MatchResult, file_matches, unmatched_items
 from .lists import LISTS
 
@@ -40,10 +40,24 @@ class Placement:
     subject_column: str
     columns: dict[str, str]  # field -> column
 
-    def hash(self, schema: StructType, rules: Rules | None = None) -> Column:
+    def hash(self, schema: StructType, rules: Rules | None = None, ascii_names: bool = False) -> Column:
         """The list's DROP hash of a row of a frame with the table's `schema`; null when invalid."""
         types = {f: schema[c].dataType for f, c in self.columns.items()}
-        return list_hash(self.list_name, {f: F.col(c) for f, c in self.columns.items()}, types, rules)
+        return list_hash(self.list_name, self._values, types, rules, ascii_names)
+
+    @property
+    def _values(self) -> dict[str, Column]:
+        return {f: F.col(c) for f, c in self.columns.items()}
+
+    def hashed(self, frame: DataFrame, rules: Rules | None, *keep: Column) -> DataFrame:
+        """`keep` and the list's `hash` of every row of `frame` (the table's columns). A list with names
+        hashes the rows whose names are ASCII with Spark's own functions, and sends only the others
+        to the Python workers (two branches of one plan: the table's columns are read twice)."""
+        ascii_ = names_ascii(self._values)
+        if ascii_ is None:
+            return frame.select(*keep, self.hash(frame.schema, rules).alias("hash"))
+        return frame.where(ascii_).select(*keep, self.hash(frame.schema, rules, True).alias("hash")).unionByName(
+            frame.where(~ascii_).select(*keep, self.hash(frame.schema, rules).alias("hash")))
 
 
 def placements(datamap: DataMap, lists: set[str] | None = None) -> list[Placement]:
@@ -72,9 +86,8 @@ def lake_hashes(lake: Lake, datamap: DataMap, lists: set[str] | None = None, rul
     read; nothing here runs a job."""
     spark, parts = lake.spark, []
     for place in placements(datamap, lists):
-        source = spark.table(lake.quoted(place.table))
-        parts.append(source.select(F.lit(place.list_name).alias("list_type"), place.hash(source.schema, rules)
-                                   .alias("hash"), F.col(place.subject_column).cast("string").alias("subject_id")))
+        parts.append(place.hashed(spark.table(lake.quoted(place.table)), rules, F.lit(place.list_name).alias(
+            "list_type"), F.col(place.subject_column).cast("string").alias("subject_id")))
     if not parts:
         return spark.createDataFrame([], "list_type string, hash string, subject_id string")
     found = parts[0]
