@@ -14,7 +14,7 @@ ledger of its own:
   items; the outcomes filed: an erase request per person matched, status 5 for the rest);
 - the physical limit, in a fresh process too: the same columns read, hashed with Spark's own
   functions (sha2, base64, lower, regexp_replace, date_format: the rule of ASCII names) and joined
-  with the lists' CSVs by plain Spark, the pairs counted, nothing filed.
+  with the lists' CSVs, broadcast, by plain Spark, the pairs counted, nothing filed.
 Reports medians, the ratio match / limit, and writes bench/results/drop-<rows>-<hashes>.json.
 """
 
@@ -59,7 +59,7 @@ ndz = users.select(h(F.concat(name(F.col("first_name")), name(F.col("last_name")
 pairs = None
 for csv, hashes in ((sys.argv[2], emails), (sys.argv[3], ndz)):
     items = spark.read.option("header", True).csv(csv)
-    found = items.join(hashes, items["Hash"] == hashes["hash"]).select("ID", "user_id")
+    found = hashes.join(F.broadcast(items), items["Hash"] == hashes["hash"]).select("ID", "user_id")
     pairs = found if pairs is None else pairs.unionByName(found)
 print(pairs.distinct().count())
 """
