@@ -15,6 +15,7 @@ import random
 import shutil
 import sys
 import tempfile
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, cast
 
@@ -921,6 +922,31 @@ def drop_match() -> None:
     console.print(f"{result.items} work item(s) matched: {result.one_person} to one person, {result.several_people} "
                   f"to several, {result.not_found} to nobody (status 5); requests: {result.erase_requests} erase, "
                   f"{result.opt_out_requests} opt-out")
+
+
+@drop_app.command("sample")
+def drop_sample(
+    out: Annotated[Path, typer.Argument(help="the ZIP to write (owner-only)")],
+    people: Annotated[int, typer.Option(min=0, help="work items per list naming people of the lake")] = 20,
+    unknown: Annotated[int, typer.Option(min=0, help="work items per list naming nobody")] = 5,
+    day: Annotated[str | None, typer.Option(help="the download's day, YYYY-MM-DD (default: today, UTC)")] = None,
+    broker: Annotated[str, typer.Option(help="the broker id in the file names (four digits)")] = "0000",
+    seed: Annotated[int, typer.Option(help="which people: the same lake and seed pick the same")] = 42,
+) -> None:
+    """Write a DROP download built from the lake's own identifiers (hashed in Spark, as a match does),
+    to try a whole cycle (import, run, export) before DROP sends one."""
+    from .drop.sample import sample_download
+    from .lake.lakehouse import Lake
+
+    try:
+        when = date.fromisoformat(day) if day is not None else None
+    except ValueError:
+        raise DsrError(f"--day: {day!r} is not a date (YYYY-MM-DD)") from None
+    settings = _settings()
+    result = sample_download(Lake.of(_spark(), settings), settings, out, people, unknown, when, broker, seed)
+    for list_name, found in result.people.items():
+        console.print(f"{list_name}: {found} of the lake's people, {result.unknown[list_name]} of nobody")
+    console.print(f"written: {result.path}")
 
 
 @drop_app.command("export")
