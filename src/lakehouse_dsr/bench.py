@@ -59,7 +59,7 @@ def events_only_settings(work: Path, name: str, **sections) -> Settings:
         **sections,
     })
     raw = settings.datamap.model_dump()
-    raw.update(tables={"demo.events": raw["tables"]["demo.events"]}, derived={}, shares={}, identifiers={})
+    raw.update(tables={"demo.events": raw["tables"]["demo.events"]}, derived={}, shares={}, identifiers={}, drop={})
     return settings.replace(datamap=DataMap.model_validate(raw))
 
 
@@ -122,8 +122,8 @@ def _side(settings: Settings, side: str, tables: list[str] | None) -> Settings:
     ns = f"bench_{side}"
     raw = settings.datamap.model_dump()
     rename = lambda name: f"{ns}.{name.split('.', 1)[1]}"  # noqa: E731
-    # The notebook's workload: the bronze tables (the demo's derived layers and vault copy are not in it).
-    raw["derived"], raw["shares"] = {}, {}
+    # The notebook's workload: the bronze tables (the demo's derived layers, vault copy and DROP lists are not in it).
+    raw["derived"], raw["shares"], raw["drop"] = {}, {}, {}
     raw["tables"] = {rename(t): m for t, m in raw["tables"].items()
                      if (tables is None or t in tables) and m["action"] != "shred"}
     raw["identifiers"] = {k: {**v, "table": rename(v["table"])} for k, v in raw["identifiers"].items()
