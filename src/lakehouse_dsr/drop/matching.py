@@ -140,12 +140,14 @@ def match_items(lake: Lake, ledger: Ledger, settings: Settings, looked_for: pa.T
     return file_matches(ledger, looked_for, found)
 
 
-def match_waiting(spark: SparkSession | Callable[[], SparkSession], settings: Settings, ledger: Ledger) -> dict:
+def match_waiting(spark: SparkSession | Callable[[], SparkSession], settings: Settings, ledger: Ledger,
+                  looked_for: pa.Table | None = None) -> dict:
     """What every run of a data map with a `drop:` section does first: `match_items`, when work items
     wait (never matched, or found nobody before: the lake may have gained them), so the requests it
     files are carried out by the same run. `spark`: a session, or a function making one, called only
-    when items wait. The counts of `MatchResult`, or {} when nothing waited (no Spark then)."""
-    looked_for = unmatched_items(ledger)
+    when items wait; `looked_for`: those items, when the caller has read them (`unmatched_items`).
+    The counts of `MatchResult`, or {} when nothing waited (no Spark then)."""
+    looked_for = unmatched_items(ledger) if looked_for is None else looked_for
     if not looked_for.num_rows:
         return {}
     session = spark() if callable(spark) else spark

@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from .. import faults
 from ..config import Settings
+from ..drop.items import unmatched_items
 from ..drop.matching import match_waiting
 from ..evidence.report import RunReport
 from ..inventory.check import check_against_catalog, check_formats
@@ -65,9 +66,10 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     ledger = Ledger(settings)
     with timed(report, "ledger"):  # the ledger's own upkeep: its evidence is the report's `records`
         report.records = expire_records(settings, run_id=report.run_id, now=started)
-    if settings.datamap.drop:  # work items matched first: the requests they file are this run's work
+    waiting = unmatched_items(ledger) if settings.datamap.drop else None
+    if waiting is not None and waiting.num_rows:  # matched first: the requests they file are this run's work
         with timed(report, "drop"):
-            report.drop = match_waiting(spark, settings, ledger)
+            report.drop = match_waiting(spark, settings, ledger, waiting)
     with timed(report, "ledger"):
         version = ledger.work_version()
         work = _noted(report, read_work(ledger, settings, today))
