@@ -66,10 +66,10 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     ledger = Ledger(settings)
     with timed(report, "ledger"):  # the ledger's own upkeep: its evidence is the report's `records`
         report.records = expire_records(settings, run_id=report.run_id, now=started)
-    waiting = unmatched_items(ledger) if settings.datamap.drop else None
-    if waiting is not None and waiting.num_rows:  # matched first: the requests they file are this run's work
+    drop_items = unmatched_items(ledger) if settings.datamap.drop else None
+    if drop_items is not None and drop_items.num_rows:  # matched first: the requests they file are this run's work
         with timed(report, "drop"):
-            report.drop = match_waiting(spark, settings, ledger, waiting)
+            report.drop = match_waiting(spark, settings, ledger, drop_items)
     with timed(report, "ledger"):
         version = ledger.work_version()
         work = _noted(report, read_work(ledger, settings, today))
