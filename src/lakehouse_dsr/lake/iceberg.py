@@ -174,12 +174,10 @@ class IcebergTable:
     # Rows
 
     def read_at(self, snapshot_id: int | None) -> DataFrame:
-        """The table as of a snapshot (the current one when None), through SQL's `VERSION AS OF`: Iceberg
-        1.11 refuses its older `snapshot-id` read option, and Spark 3.5's `read.table` ignores
-        `versionAsOf`."""
+        """The table as of a snapshot (the current one when None)."""
         if snapshot_id is None:
             return self.spark.table(self.quoted)
-        return self.spark.sql(f"SELECT * FROM {self.quoted} VERSION AS OF {int(snapshot_id)}")
+        return self.spark.read.option("snapshot-id", str(snapshot_id)).table(self.identifier)
 
     def read_appends(self, after_id: int, until_id: int) -> DataFrame:
         """The rows the append commits after `after_id` up to `until_id` added (Iceberg's incremental read:
