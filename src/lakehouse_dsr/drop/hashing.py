@@ -133,8 +133,9 @@ def standardized(field: str, value: Column, data_type: DataType = _TEXT, rules: 
             return F.date_format(value, "yyyyMMdd")
         trimmed = F.trim(text)
         parsed = F.lit(None).cast("date")
-        for shape, pattern in reversed(_DOB_SHAPES):
-            parsed = F.when(trimmed.rlike(shape), F.to_date(trimmed, pattern)).otherwise(parsed)
+        for shape, pattern in reversed(_DOB_SHAPES):  # try_: a day that does not exist is null, never an error
+            parsed = F.when(trimmed.rlike(shape), F.to_date(F.try_to_timestamp(trimmed, F.lit(pattern)))
+                            ).otherwise(parsed)
         return F.date_format(parsed, "yyyyMMdd")
     if field in NAME_FIELDS:
         return _nonempty(F.lower(F.regexp_replace(text, "[^0-9A-Za-z]", ""))) if ascii_names else _NAME(text)
