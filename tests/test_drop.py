@@ -460,6 +460,8 @@ def test_a_drop_cycle_answers_every_work_item_with_what_the_run_did_and_amends_w
     kept = build_certificate(ledger, eve)["tables"]
     assert (kept["demo.profiles"]["action"], kept["demo.profiles"]["kept"]) == ("keep", True)
     assert kept["demo.profiles"]["exempt"].startswith("CCPA 1798.105(d)(8)") and kept["demo.users"]["rows"] == 1
+    # nothing is purged in an exempt table, so only its live data is checked (whether it keeps the person)
+    assert kept["demo.profiles"]["checks"] == ["live"] and "storage" in kept["demo.users"]["checks"]
     (ann,) = json.loads(_items(ledger)["EMAILann0001"]["request_ids"])
     certificate = build_certificate(ledger, ann)  # names the work item it answers, signed
     assert certificate["request"]["drop_work_items"] == ["EMAILann0001"]

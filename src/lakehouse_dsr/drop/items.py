@@ -299,8 +299,8 @@ def settle(ledger: Ledger, now: datetime | None = None) -> int:
     exemptions = bool(ledger.settings.datamap.exempt)
     rows = ledger.store.arrow("requests", Among("request_id", wanted),
                               ("request_id", "request_type", "status", *(("evidence",) if exemptions else ())))
-    state = {str(i): (str(t), str(s)) for i, t, s in zip(*(rows.column(c).to_pylist() for c in rows.column_names[:3]),
-                                                          strict=True)}
+    state = {str(i): (str(t), str(s)) for i, t, s in zip(*(rows.column(c).to_pylist() for c in
+                                                            ("request_id", "request_type", "status")), strict=True)}
     exempted = _all_kept(rows) if exemptions else set()
     earned: dict[str, int] = {}
     for item, ids in linked.items():

@@ -60,13 +60,15 @@ class Placement:
         hashing, which would then run twice (a 10M-row NDZ match took 159 s instead of 40). A list with
         names hashes the rows whose names are ASCII with Spark's own functions, and sends only the
         others to the Python workers (two branches of one plan: the table's columns are read twice)."""
-        subject = F.concat(F.lit(NO_HASH), F.coalesce(F.col(self.subject_column).cast("string"), F.lit("")))
+        none = F.concat(F.lit(NO_HASH), F.coalesce(F.col(self.subject_column).cast("string"), F.lit("")))
+
+        def branch(rows: DataFrame, ascii_names: bool = False) -> DataFrame:
+            return rows.select(*keep, F.coalesce(self.hash(frame.schema, rules, ascii_names), none).alias("hash"))
+
         ascii_ = names_ascii(self._values)
         if ascii_ is None:
-            return frame.select(*keep, F.coalesce(self.hash(frame.schema, rules), subject).alias("hash"))
-        return frame.where(ascii_).select(*keep, F.coalesce(self.hash(frame.schema, rules, True), subject).alias(
-            "hash")).unionByName(frame.where(~ascii_).select(*keep, F.coalesce(self.hash(frame.schema, rules),
-                                                                                 subject).alias("hash")))
+            return branch(frame)
+        return branch(frame.where(ascii_), True).unionByName(branch(frame.where(~ascii_)))
 
 
 def placements(datamap: DataMap, lists: set[str] | None = None) -> list[Placement]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
+import io
 import zipfile
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from ..config import Settings
 from ..exceptions import DsrError
+from ..keys import write_private
 from ..lake.frames import to_arrow
 from ..lake.lakehouse import Lake
 from .hashing import Rules
@@ -67,13 +68,12 @@ def sample_download(lake: Lake, settings: Settings, out: Path, people: int = 20,
         code = DROP_NAMES[list_name].upper()[:4]
         files[DROP_NAMES[list_name]] = [f"{code}{i:0{12 - len(code)}d},{h}" for i, h in enumerate([*found, *nobody])]
         result.people[list_name], result.unknown[list_name] = len(found), len(nobody)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staged = out.with_name(f".{out.name}.part")
-    with open(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh, \
-            zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED) as archive:
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for kind, rows in files.items():
-            archive.writestr(f"{day:%Y%m%d}_{broker_id}_{kind}.csv", "ID,Hash\n" + "".join(f"{r}\n" for r in rows))
-    os.replace(staged, out)
+            zf.writestr(f"{day:%Y%m%d}_{broker_id}_{kind}.csv", "ID,Hash\n" + "".join(f"{r}\n" for r in rows))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_private(out, archive.getvalue())
     return result
 
 

@@ -63,17 +63,19 @@ class Prover:
         """One table's proof. A derived table recomputed by groups that still shows the subject is
         caught up and checked again; a table whose live data is clean but whose history or storage
         still holds them, or whose storage holds a file no reader can take (both left over from an
-        interrupted run), is purged now and checked again."""
+        interrupted run), is purged now and checked again. An exempt table is never purged: only its
+        live data is checked (whether it keeps the subject), and nothing is purged again."""
         if table in self.settings.datamap.shredded:
             assert self.shredded is not None, "shredded tables are proven after a shred"
             return shred.verify(self.lake, self.settings.datamap, self.ctx.vault_table, table, self.shredded,
                                 self.request_ids)
         e = self.erasures.get(table)
-        checked = self.check(table, self.physical, self.live.get(table))
+        physical = self.physical and table not in self.settings.datamap.exempt
+        checked = self.check(table, physical, self.live.get(table))
         if checked.live and e is not None and e.plan.strategy == "subtract_groups":
             propagate.catch_up(self.lake, self.settings.datamap, table, e)
-            checked = self.check(table, self.physical)
-        if self.physical and not checked.live and (checked.history or checked.storage
+            checked = self.check(table, physical)
+        if physical and not checked.live and (checked.history or checked.storage
                                                    or checked.details.get("unreadable_files")):
             self.repurged[table] = self.purge_table(table)
             checked = self.check(table, True)

@@ -86,7 +86,7 @@ class Work:
     # and a request whose subject they hold completes with those rows kept (runner/rules.py).
     exempt_tables: dict[str, str] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def kept_tables(self) -> dict[str, str]:
         """Tables this run neither erases nor purges -> why: those under a legal hold, and exempt ones."""
         return {**{t: f"exempt: {why}" for t, why in self.exempt_tables.items()}, **self.legal_tables}
