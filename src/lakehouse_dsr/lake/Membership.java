@@ -1,7 +1,7 @@
 // Whether a row's key is one of a batch's values, and which requests name it, answered inside
 // Spark's generated code for lakehouse-dsr (membership.py): a table lookup where a broadcast join
 // would build a key row, hash it and probe a hashed relation for every row. Spark's stock Invoke
-// calls `test` through java.util.function.Predicate (`apply` through Function; a bigint or int key
+// (catalyst.py) calls `test` through java.util.function.Predicate (`apply` through Function; a bigint or int key
 // boxed), so generated code names no class of ours; the values travel as a broadcast variable
 // (fetched once per executor, cached per deserialized copy), never as plan literals, and the
 // literals' text is "membership" or "requesters", so no value reaches a plan string. Compiled by
@@ -9,7 +9,6 @@
 package lakehouse_dsr;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
-import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
@@ -20,14 +19,9 @@ import org.apache.spark.SparkContext;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.broadcast.Broadcast;
-import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.Literal;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
 import org.apache.spark.sql.catalyst.util.GenericArrayData;
-import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.unsafe.Platform;
 import org.apache.spark.unsafe.types.UTF8String;
 import org.apache.spark.util.CollectionAccumulator;
@@ -53,23 +47,22 @@ public class Membership implements Predicate, java.io.Serializable {
 
   public String toString() { return "membership"; }
 
-  /** A boolean column: whether `key` (of `type`: "string", "bigint" or "int") is one of `values`
-   *  (Java strings, longs or integers), NULL where `key` is NULL. Deterministic: Spark may move it
-   *  like any predicate. */
-  public Column of(SparkContext sc, List values, Column key, String type) {
+  /** A broadcast table of `values` (Java strings, longs or integers, keys of `type`: "string", "bigint"
+   *  or "int"), for `memberOf`. */
+  public Broadcast table(SparkContext sc, List values, String type) {
     Keys keys = new Keys(values.size());
     for (int i = 0; i < values.size(); i++) {
       keys.put(probe(values.get(i), type), Boolean.TRUE);
     }
-    return memberOf(new JavaSparkContext(sc).broadcast(keys.arrays()), key);
+    return new JavaSparkContext(sc).broadcast(keys.arrays());
   }
 
-  /** An array<string> column: the ids of the requests naming `key` (of `type`) as `lookup` lists them
-   *  (a value -> sorted request ids map: InDriver.lookup's), NULL where none does or `key` is NULL.
-   *  What a broadcast join with the lookup's rows would add, without building and probing a key row. */
-  public Column requesters(SparkContext sc, Map lookup, Column key, String type) {
-    return invoke(new Requesters(new JavaSparkContext(sc).broadcast(byValue(lookup, type).arrays())), Function.class,
-        "apply", key, DataTypes.createArrayType(DataTypes.StringType, false));
+  /** The object whose `apply` gives the ids of the requests naming a key (of `type`) as `lookup` lists
+   *  them (a value -> sorted request ids map: InDriver.lookup's), as Spark's array<string>, or null
+   *  where none does: what a broadcast join with the lookup's rows would add, without building and
+   *  probing a key row. */
+  public Function requesters(SparkContext sc, Map lookup, String type) {
+    return new Requesters(new JavaSparkContext(sc).broadcast(byValue(lookup, type).arrays()));
   }
 
   /** A Counter of the rows whose key (of `type`) is one of `lookup`'s values (a value -> sorted request
@@ -98,10 +91,8 @@ public class Membership implements Predicate, java.io.Serializable {
     return new JavaSparkContext(sc).broadcast(byValue.arrays());
   }
 
-  /** `of`'s column over a broadcast table (`of`'s, or `positions`'). */
-  public Column memberOf(Broadcast positions, Column key) {
-    return invoke(new Membership(positions), Predicate.class, "test", key, DataTypes.BooleanType);
-  }
+  /** The object whose `test` tells whether a key is in a broadcast table (`table`'s, or `positions'`). */
+  public Predicate memberOf(Broadcast positions) { return new Membership(positions); }
 
   /** A Counter over a `positions` table: each value counted by its ordinal (`byOrdinal`). */
   public Counter counterOn(SparkContext sc, Broadcast positions) {
@@ -144,20 +135,6 @@ public class Membership implements Predicate, java.io.Serializable {
     throw new IllegalArgumentException("no membership test for keys of type " + type);
   }
 
-  /** `target.method(key)` inside generated code; NULL where `key` is NULL. Deterministic: Spark may
-   *  move it like any predicate. */
-  private static Column invoke(Object target, Class as, String method, Column key,
-      org.apache.spark.sql.types.DataType type) {
-    List arguments = new ArrayList();
-    arguments.add(key.expr());
-    return new Column(new Invoke(new Literal(target, new ObjectType(as)), method, type, seq(arguments),
-        seq(new ArrayList()), true, true, true));
-  }
-
-  private static scala.collection.Seq seq(List items) {
-    return scala.collection.JavaConverters.asScalaBuffer(items).toSeq();
-  }
-
   /** The request ids by value, looked up inside generated code (see `requesters`). */
   static class Requesters implements Function, java.io.Serializable {
     private final Broadcast byValue;
@@ -188,14 +165,8 @@ public class Membership implements Predicate, java.io.Serializable {
       this.counts = counts;
     }
 
-    /** A boolean column, always TRUE where `key` is not NULL (NULL where it is), that counts each row
-     *  whose key is one of the values: non-deterministic, so the optimizer neither moves nor drops it. */
-    public Column counting(Column key) {
-      List arguments = new ArrayList();
-      arguments.add(key.expr());
-      return new Column(new Invoke(new Literal(new Counting(table, counts), new ObjectType(Predicate.class)), "test",
-          DataTypes.BooleanType, seq(arguments), seq(new ArrayList()), true, true, false));
-    }
+    /** The object whose `test` counts each row whose key is one of the values (always true). */
+    public Predicate counting() { return new Counting(table, counts); }
 
     /** The rows counted per value of a `counterOn` counter, as little-endian longs: the values'
      *  ordinals, then their rows (as many), for the values counted at least once. */

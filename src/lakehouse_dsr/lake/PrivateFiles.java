@@ -19,16 +19,9 @@ import java.nio.file.attribute.FileAttribute;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
-import java.util.ArrayList;
 import java.util.EnumSet;
-import java.util.List;
 import java.util.Set;
 import java.util.function.BiFunction;
-import org.apache.spark.sql.Column;
-import org.apache.spark.sql.catalyst.expressions.Literal;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
-import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.unsafe.types.UTF8String;
 
 public class PrivateFiles implements BiFunction, java.io.Serializable {
@@ -96,18 +89,7 @@ public class PrivateFiles implements BiFunction, java.io.Serializable {
 
   public String toString() { return "private files"; }
 
-  /** A string column: the SHA-256 of `text` once written to file `name` of `directory` (see apply),
-   *  NULL where either is NULL. Non-deterministic: the optimizer never evaluates it twice, never
-   *  drops it. `killPid` > 0 kills that process after each write (the export's failpoint). */
-  public Column of(String directory, long killPid, Column name, Column text) {
-    List arguments = new ArrayList();
-    arguments.add(name.expr());
-    arguments.add(text.expr());
-    return new Column(new Invoke(new Literal(new PrivateFiles(directory, killPid), new ObjectType(BiFunction.class)),
-        "apply", DataTypes.StringType, seq(arguments), seq(new ArrayList()), true, true, false));
-  }
-
-  private static scala.collection.Seq seq(List items) {
-    return scala.collection.JavaConverters.asScalaBuffer(items).toSeq();
-  }
+  /** The object whose `apply` writes a file to `directory` (see apply): `killPid` > 0 kills that
+   *  process after each write (the export's failpoint). */
+  public BiFunction writer(String directory, long killPid) { return new PrivateFiles(directory, killPid); }
 }

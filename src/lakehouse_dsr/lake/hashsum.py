@@ -4,7 +4,7 @@ Spark's own way to collect an aggregate on the side of an action, `DataFrame.obs
 aggregates row by row outside whole-stage code generation: over a 10M-row rewrite it cost about 2 s
 on two cores, more than hashing the rows. A `HashSum` is instead a filter that is always true and
 adds each row's hash to a stock `LongAccumulator` (its count, and its sum wrapping around at 64 bits)
-from the generated code (HashSum.java, reached through Spark's `Invoke` expression).
+from the generated code (HashSum.java, reached through Spark's `Invoke` expression: catalyst.py).
 
 Like every accumulator, it counts a task once when the action is a job's final stage (a write, a
 collect); a map stage that Spark runs again (a lost shuffle file) counts its tasks again, and an action
@@ -20,19 +20,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, SparkSession
+from pyspark.sql.types import BooleanType
 
+from . import catalyst
 from .bridge import compiled
 
 
 @dataclass(frozen=True)
 class HashSum:
+    spark: SparkSession
     accumulator: Any  # the JVM's LongAccumulator (registered with the SparkContext)
-    factory: Any  # a HashSum.java instance: builds the columns
+    factory: Any  # a HashSum.java instance: makes the objects the columns call
 
     def adding(self, hash_column: Column) -> Column:
         """A boolean column, always true, that adds `hash_column` (a bigint, never NULL) of every row it is
         evaluated on. Non-deterministic: the optimizer neither drops nor moves it."""
-        return Column(self.factory.adding(self.accumulator, hash_column._jc))
+        return catalyst.invoke(self.spark, self.factory.on(self.accumulator), "java.util.function.LongPredicate",
+                               "test", [hash_column], BooleanType(), propagate_null=False, nullable=False,
+                               deterministic=False)
 
     @property
     def rows(self) -> int:
@@ -50,7 +55,7 @@ NAME = "dsr: rows fingerprinted"  # Spark's UI shows the counts and sums (row ha
 def hash_sum(spark: SparkSession) -> HashSum:
     """A new, empty HashSum. Named: Spark reports a stage's named accumulators, which `StageDone` watches."""
     factory = compiled(spark, "HashSum", tasks=True)
-    return HashSum(spark.sparkContext._jsc.sc().longAccumulator(NAME), factory)
+    return HashSum(spark, spark.sparkContext._jsc.sc().longAccumulator(NAME), factory)
 
 
 class StageDone:

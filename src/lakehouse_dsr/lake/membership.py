@@ -5,11 +5,11 @@ The check that an erasure changed nothing else, and the rewrite that leaves the 
 need one bit per row: does a request name its key? A broadcast join (stages/matching.py's `mark`)
 answers which requests do, at the price of building a key row, hashing it and probing a hashed
 relation for every row; over a 10M-row scan that cost about 0.9 s on two cores. A `membership`
-column is a table lookup instead (Membership.java, reached through Spark's `Invoke` like
-hashsum.py's sums): open addressing over 64-bit fingerprints of the values, so a key no request
-names costs its fingerprint and one compared long (a java.util.HashSet ran UTF8String's Murmur3
-and followed an entry: 0.32 s against 0.19 s, and 0.43 s against 0.35 s in a noisier hour, over
-a 10M-row scan with three lookups a row, warm). The table travels as a broadcast variable, and
+column is a table lookup instead (Membership.java, reached through Spark's `Invoke`: catalyst.py):
+open addressing over 64-bit fingerprints of the values, so a key no request names costs its
+fingerprint and one compared long (a java.util.HashSet ran UTF8String's Murmur3 and followed an
+entry: 0.32 s against 0.19 s, and 0.43 s against 0.35 s in a noisier hour, over a 10M-row scan
+with three lookups a row, warm). The table travels as a broadcast variable, and
 plan strings show "membership", never a value. A `requesters` column looks up which requests name
 the key the same way, where the join would also have cost a small broadcast job and its planning in
 every query (plan, export). A `RowCounter` counts the rows whose key a request names, per request,
@@ -26,8 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, IntegerType, LongType, StringType
+from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegerType, LongType, StringType
 
+from . import catalyst
 from .bridge import compiled
 
 _TYPES: dict[type[DataType], str] = {StringType: "string", LongType: "bigint", IntegerType: "int"}
@@ -42,8 +43,8 @@ def membership(spark: SparkSession, values: Any, key: Column, key_type: DataType
     """A boolean column: whether `key` (of `key_type`, see `supported`) is one of `values` (a
     java.util.List held in the driver's JVM: skipping.KeyValues.java_list), NULL where `key` is NULL.
     Cost: one broadcast of the values; a table lookup per row."""
-    return Column(compiled(spark, "Membership", tasks=True).of(
-        spark.sparkContext._jsc.sc(), values, key._jc, _type_name(key_type)))
+    table = compiled(spark, "Membership", tasks=True).table(spark.sparkContext._jsc.sc(), values, _type_name(key_type))
+    return member_of(spark, table, key)
 
 
 def requesters(spark: SparkSession, lookup: Any, key: Column, key_type: DataType) -> Column:
@@ -51,8 +52,11 @@ def requesters(spark: SparkSession, lookup: Any, key: Column, key_type: DataType
     `supported`) as `lookup` lists them (a java.util.Map held in the driver's JVM:
     skipping.KeyValues.lookup), NULL where none does or `key` is NULL. Cost: one broadcast of the
     lookup; a table lookup per row."""
-    return Column(compiled(spark, "Membership", tasks=True).requesters(
-        spark.sparkContext._jsc.sc(), lookup, key.cast(key_type)._jc, _type_name(key_type)))
+    target = compiled(spark, "Membership", tasks=True).requesters(spark.sparkContext._jsc.sc(), lookup,
+                                                                  _type_name(key_type))
+    return catalyst.invoke(spark, target, "java.util.function.Function", "apply", [key.cast(key_type)],
+                           ArrayType(StringType(), containsNull=False), propagate_null=True, nullable=True,
+                           deterministic=True)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class RowCounter:
     merges a finished task's once; a map stage run again would count again, so a caller counts in a
     job's final stage, a write's or a collect's)."""
 
+    spark: SparkSession
     counter: Any  # the JVM's Membership.Counter
     key_type: DataType
     held: pa.Table | None = None  # `row_counter_on`'s rows, by the positions the counter counts by
@@ -69,7 +74,10 @@ class RowCounter:
     def counting(self, key: Column) -> Column:
         """A boolean column, always true, that counts each row whose `key` a request names: a filter
         that keeps every row (non-deterministic: the optimizer neither moves nor drops it)."""
-        return F.coalesce(Column(self.counter.counting(key.cast(self.key_type)._jc)), F.lit(True))
+        counting = catalyst.invoke(self.spark, self.counter.counting(), "java.util.function.Predicate", "test",
+                                   [key.cast(self.key_type)], BooleanType(), propagate_null=True, nullable=True,
+                                   deterministic=False)
+        return F.coalesce(counting, F.lit(True))
 
     def counted(self) -> tuple[int, dict[str, int]]:
         """(rows counted, rows per request id) once the action has run: a row two requests name counts
@@ -100,7 +108,7 @@ def row_counter(spark: SparkSession, lookup: Any, key_type: DataType) -> RowCoun
     """A new RowCounter of the values in `lookup` (a java.util.Map held in the driver's JVM:
     skipping.KeyValues.lookup) for keys of `key_type` (see `supported`). Cost: one broadcast of the
     values; a table lookup per row, and a count per requested row."""
-    return RowCounter(compiled(spark, "Membership", tasks=True).counter(
+    return RowCounter(spark, compiled(spark, "Membership", tasks=True).counter(
         spark.sparkContext._jsc.sc(), lookup, _type_name(key_type)), key_type)
 
 
@@ -116,14 +124,16 @@ def positions(spark: SparkSession, values: DataFrame, key_type: DataType) -> Any
 
 def member_of(spark: SparkSession, table: Any, key: Column) -> Column:
     """`membership` over a `positions` table."""
-    return Column(compiled(spark, "Membership", tasks=True).memberOf(table, key._jc))
+    return catalyst.invoke(spark, compiled(spark, "Membership", tasks=True).memberOf(table),
+                           "java.util.function.Predicate", "test", [key], BooleanType(), propagate_null=True,
+                           nullable=True, deterministic=True)
 
 
 def row_counter_on(spark: SparkSession, table: Any, held: pa.Table, key_type: DataType) -> RowCounter:
     """`row_counter` over a `positions` table: each value counted by its position, and the positions
     turned into requests in Arrow by `held`, the same rows as the driver's Python holds them
     (`key_value`, `request_ids`). Neither a value nor a request id crosses Py4J."""
-    return RowCounter(compiled(spark, "Membership", tasks=True).counterOn(spark.sparkContext._jsc.sc(), table),
+    return RowCounter(spark, compiled(spark, "Membership", tasks=True).counterOn(spark.sparkContext._jsc.sc(), table),
                       key_type, held)
 
 

@@ -4,7 +4,7 @@ The access export writes one JSON package per request where Spark holds it. A Py
 the price of a Python worker (an interpreter and PySpark's imports, ~1.3 CPU-seconds on a 2-core
 machine) and of pickling every package's text to it: 1.4-1.9 s of a run exporting 1,000 packages, of
 which writing the files took 0.04 s. A `written` column writes them in the JVM instead
-(PrivateFiles.java, reached through Spark's `Invoke` like membership.py's test).
+(PrivateFiles.java, reached through Spark's `Invoke`: catalyst.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyspark.sql import Column, SparkSession
+from pyspark.sql.types import StringType
 
+from . import catalyst
 from .bridge import compiled
 
 
@@ -23,4 +25,6 @@ def written(spark: SparkSession, directory: Path, name: Column, text: Column, ki
     Spark writes each row once per evaluation of the plan. `kill_pid`: a process killed after each
     write (the export's failpoint). Cost: one file write and one hash per row; the tasks must see
     `directory` (a local master, or a shared file system)."""
-    return Column(compiled(spark, "PrivateFiles", tasks=True).of(str(directory), kill_pid or 0, name._jc, text._jc))
+    target = compiled(spark, "PrivateFiles", tasks=True).writer(str(directory), kill_pid or 0)
+    return catalyst.invoke(spark, target, "java.util.function.BiFunction", "apply", [name, text], StringType(),
+                           propagate_null=True, nullable=True, deterministic=False)
