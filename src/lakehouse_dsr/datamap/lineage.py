@@ -116,7 +116,10 @@ def _resolved(spark: SparkSession, plan) -> DataFrame:
     """A DataFrame of an analyzed plan: writers re-analyze a DataFrame's plan, which must then no
     longer name the (dropped) views."""
     jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
-    return DataFrame(jvm.org.apache.spark.sql.Dataset.ofRows(spark._jsparkSession, plan), spark)
+    # Spark 4 keeps the Dataset that runs in the JVM in package `classic`
+    datasets = jvm.org.apache.spark.sql.classic.Dataset if int(spark.version.split(".")[0]) >= 4 \
+        else jvm.org.apache.spark.sql.Dataset
+    return DataFrame(datasets.ofRows(spark._jsparkSession, plan), spark)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,17 @@ import py4j.reflection.ReflectionUtil;
 public class Bridge {
   private final ObjectMapper json = new ObjectMapper();
 
+  /** `table` registered with Iceberg's Spark source under `key` (its SparkTableCache), or `key`
+   *  removed when `table` is null: a staged read or rewrite loads the table by its task set's id.
+   *  Here because Py4J does not find the cache's static `get()` beside its instance `get(key)`. */
+  public void cacheTable(String key, Table table) {
+    if (table == null) {
+      org.apache.iceberg.spark.SparkTableCache.get().remove(key);
+    } else {
+      org.apache.iceberg.spark.SparkTableCache.get().add(key, table);
+    }
+  }
+
   public String toJson(Object value) throws Exception {
     return json.writeValueAsString(value);
   }

@@ -67,6 +67,33 @@ public class DeltaLogText {
         return JSON.writeValueAsString(out);
     }
 
+    /** The file indexes of the checkpoint `provider` reads (sidecars included): Delta 3 names them
+     *  `allActionsFileIndexes()`, Delta 4 pairs each with its schema (and names the method on the
+     *  provider's implementations only), so the method is found on the object at hand. */
+    private static List checkpointIndexes(Object provider, Object log) throws Exception {
+        java.lang.reflect.Method plain = null;
+        try {
+            plain = provider.getClass().getMethod("allActionsFileIndexes", new Class[0]);
+        } catch (NoSuchMethodException e) {
+            // Delta 4: below
+        }
+        if (plain != null) {
+            return scala.collection.JavaConverters.seqAsJavaList((scala.collection.Seq) plain.invoke(provider, new Object[0]));
+        }
+        if (((org.apache.spark.sql.delta.UninitializedCheckpointProvider) provider).version() < 0) {
+            return new ArrayList();  // no checkpoint yet (Delta 4's empty provider names neither method)
+        }
+        java.lang.reflect.Method paired = provider.getClass().getMethod("allActionsFileIndexesAndSchemas",
+            new Class[] {org.apache.spark.sql.SparkSession.class, org.apache.spark.sql.delta.DeltaLog.class});
+        List pairs = scala.collection.JavaConverters.seqAsJavaList(
+            (scala.collection.Seq) paired.invoke(provider, new Object[] {org.apache.spark.sql.SparkSession.active(), log}));
+        List out = new ArrayList();
+        for (int i = 0; i < pairs.size(); i++) {
+            out.add(((scala.Tuple2) pairs.get(i))._1());
+        }
+        return out;
+    }
+
     /**
      * The `add` actions (AddFile, paths canonical as Delta's own replay spells them) of the files live
      * in `snapshot` (a Delta Snapshot of the table `log`), replayed here from the files Delta's replay
@@ -81,7 +108,7 @@ public class DeltaLogText {
             return null;
         }
         List checkpoint = new ArrayList();
-        List indexes = scala.collection.JavaConverters.seqAsJavaList(at.checkpointProvider().allActionsFileIndexes());
+        List indexes = checkpointIndexes(at.checkpointProvider(), log);
         for (int i = 0; i < indexes.size(); i++) {
             FileStatus[] parts = ((org.apache.spark.sql.delta.DeltaLogFileIndex) indexes.get(i)).files();
             for (int j = 0; j < parts.length; j++) {

@@ -19,6 +19,7 @@ from pyspark.sql.types import ArrayType, MapType, StructType
 
 from ..datamap import column_ref
 from .bridge import bridge, call, jclass
+from .catalyst import spark4
 from .table import (
     Capabilities,
     Commit,
@@ -177,7 +178,10 @@ class IcebergTable:
         """The table as of a snapshot (the current one when None)."""
         if snapshot_id is None:
             return self.spark.table(self.quoted)
-        return self.spark.read.option("snapshot-id", str(snapshot_id)).table(self.identifier)
+        # Both read the snapshot with its own schema (a key column renamed since still resolves); Iceberg
+        # 1.11 refuses the first, and Spark 3.5 ignores the second on a DataFrameReader's table().
+        option = "versionAsOf" if spark4(self.spark) else "snapshot-id"
+        return self.spark.read.option(option, str(snapshot_id)).table(self.identifier)
 
     def read_appends(self, after_id: int, until_id: int) -> DataFrame:
         """The rows the append commits after `after_id` up to `until_id` added (Iceberg's incremental read:
@@ -249,7 +253,7 @@ class IcebergTable:
         try:
             (rows.write.format("iceberg").option("rewritten-file-scan-task-set-id", set_id)
              .option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
-             .mode("append").save(self.identifier))
+             .mode("append").save(staged_table(spark, jtable, set_id, self.identifier)))
             jvm: Any = spark._jvm  # py4j's view of the driver JVM: untyped, and set on every started session
             new_files = coordinator.fetchNewFiles(jtable, set_id) or jvm.java.util.ArrayList()
             if commit_if is not None and not commit_if():
@@ -262,6 +266,7 @@ class IcebergTable:
             return True
         finally:
             coordinator.clearRewrite(jtable, set_id)
+            unstage_table(spark, set_id)
 
     def commit_files(self, snapshot_id: int) -> CommitFiles:
         """What commit `snapshot_id` changed. Reads only the manifests that commit wrote; a position
@@ -589,6 +594,23 @@ def snapshot_of(spark: SparkSession, jsnapshot) -> Snapshot | None:
 def snapshot_at(spark: SparkSession, jtable, snapshot_id: int) -> Snapshot:
     """Snapshot `snapshot_id` of a Java table that has it (an id read from the table's metadata)."""
     return cast(Snapshot, snapshot_of(spark, jtable.snapshot(snapshot_id)))
+
+
+def staged_table(spark: SparkSession, jtable: Any, set_id: str, identifier: str) -> str:
+    """What a read or write of task set `set_id` of `jtable` loads: on Spark 3.5 (Iceberg's 3.5 runtime)
+    the table itself, the set named by the `scan-task-set-id` or `rewritten-file-scan-task-set-id`
+    option; on Spark 4.1 (Iceberg 1.11, which dropped those options) the set's id, under which the
+    table is registered with Iceberg's table cache until `unstage_table`."""
+    if not spark4(spark):
+        return identifier
+    bridge(spark).cacheTable(set_id, jtable)
+    return set_id
+
+
+def unstage_table(spark: SparkSession, set_id: str) -> None:
+    """The end of `staged_table`'s registration (none on Spark 3.5)."""
+    if spark4(spark):
+        bridge(spark).cacheTable(set_id, None)
 
 
 def replace_files(spark: SparkSession, jtable, old_files: list, new_files, read_snapshot_id: int,

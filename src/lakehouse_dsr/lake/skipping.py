@@ -32,7 +32,7 @@ from ..datamap import KeyGroup, column_path
 from . import iceberg
 from .bridge import bridge, call, compiled, jclass
 from .delta import DeltaTable
-from .iceberg import IcebergTable
+from .iceberg import IcebergTable, staged_table, unstage_table
 from .table import TableHandle
 
 # Iceberg's metrics, manifest and row-group evaluators treat an IN of more than 200 values as
@@ -111,15 +111,16 @@ def expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[
     return result
 
 
-_staged: list = []  # (task set manager, java table, task set id) staged by this process, until release()
+_staged: list = []  # (session, task set manager, java table, task set id) staged by this process, until release()
 
 
 def release() -> None:
     """Drop every task set staged so far (their DataFrames can no longer be read): a run calls it
     when it ends, so a long-lived session does not accumulate file lists."""
     while _staged:
-        manager, jtable, set_id = _staged.pop()
+        spark, manager, jtable, set_id = _staged.pop()
         manager.removeTasks(jtable, set_id)
+        unstage_table(spark, set_id)
 
 
 @dataclass
@@ -294,15 +295,14 @@ def _staged_read(candidates: Candidates, jtable: Any, tasks: Any, options: dict[
     """The scan tasks `tasks` of the candidates' table (`jtable`, its Java Table), read through a
     staged task set."""
     spark = candidates.source.spark
-    source = cast(IcebergTable, candidates.source)
     set_id = f"dsr-{uuid.uuid4().hex}"
     manager = jclass(spark, "org.apache.iceberg.spark.ScanTaskSetManager").get()
     manager.stageTasks(jtable, set_id, tasks)
-    _staged.append((manager, jtable, set_id))
+    _staged.append((spark, manager, jtable, set_id))
     reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
     for key, value in options.items():
         reader = reader.option(key, value)
-    return reader.load(source.identifier)
+    return reader.load(staged_table(spark, jtable, set_id, cast(IcebergTable, candidates.source).identifier))
 
 
 def balanced_groups(sizes: list[int], parallelism: int, split: int = _SPLIT) -> list[list[int]] | None:
