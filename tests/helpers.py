@@ -54,6 +54,17 @@ def codegen(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
         yield
 
 
+def event_log_conf(folder: Path) -> dict[str, str]:
+    """Spark settings that write event logs to `folder` as plain text (Spark 4 compresses them)."""
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(folder), "spark.eventLog.compress": "false"}
+
+
+def event_logs(folder: Path) -> list[str]:
+    """The text of every Spark event log under `folder`: a file per application on Spark 3.5, a folder
+    of rolled files on Spark 4."""
+    return [p.read_text(errors="replace") for p in sorted(folder.rglob("*")) if p.is_file()]
+
+
 def make_settings(root: Path, **overrides) -> Settings:
     raw = {
         "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}},

@@ -582,13 +582,13 @@ def test_no_identifier_or_drop_hash_in_the_plans_event_log_or_output_of_a_match(
 
     import yaml
 
-    from helpers import make_disk_lakehouse
+    from helpers import event_log_conf, event_logs, make_disk_lakehouse
     from lakehouse_dsr.drop.items import import_download
     from lakehouse_dsr.ledger.ledger import Ledger
 
     settings, config = make_disk_lakehouse(spark, tmp_path)
     raw = yaml.safe_load(config.read_text())
-    raw["spark"]["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(tmp_path / "events")})
+    raw["spark"]["conf"].update(event_log_conf(tmp_path / "events"))
     raw["datamap"]["drop"] = {"email": {"identifier": "email"}}
     (tmp_path / "events").mkdir()
     config.write_text(yaml.safe_dump(raw))
@@ -600,7 +600,7 @@ def test_no_identifier_or_drop_hash_in_the_plans_event_log_or_output_of_a_match(
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "4 work item(s) matched: 3 to one person" in done.stdout
-    logs = [p.read_text(errors="replace") for p in (tmp_path / "events").iterdir()]
+    logs = event_logs(tmp_path / "events")
     assert logs and any("SparkListenerSQLExecutionStart" in log and "demo.users" in log for log in logs)
     for value in [*emails, *hashes]:
         assert value not in done.stdout + done.stderr

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from helpers import SEED, delta_rows, make_settings, write_config
+from helpers import SEED, delta_rows, event_log_conf, event_logs, make_settings, write_config
 from lakehouse_dsr import synth
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.lake import skipping
@@ -148,14 +148,14 @@ def test_no_identifier_in_the_event_log_of_a_run_whose_rewrite_counts(spark, tmp
     subjects = sorted(rows_per_user(settings))[:6]
     config = write_config(settings, tmp_path / "dsr.yaml")
     raw = yaml.safe_load(config.read_text())
-    raw["spark"]["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(tmp_path / "events")})
+    raw["spark"]["conf"].update(event_log_conf(tmp_path / "events"))
     config.write_text(yaml.safe_dump(raw))
     (tmp_path / "events").mkdir()
     Ledger(settings).submit([RequestInput(s, "erase") for s in subjects])
     out = dsr_output(config, "run", "--report", str(tmp_path / "report.json"))
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["tables"][EVENTS]["erase"]["folded"]
-    logs = [p.read_text(errors="replace") for p in (tmp_path / "events").iterdir()]
+    logs = event_logs(tmp_path / "events")
     assert any("counting" in log for log in logs)  # the counting rewrite is in the plans
     for subject in subjects:
         assert subject not in out and not any(subject in log for log in logs)

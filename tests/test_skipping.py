@@ -22,7 +22,7 @@ import yaml
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType
 
-from helpers import SEED, make_disk_lakehouse, make_settings
+from helpers import SEED, event_log_conf, event_logs, make_disk_lakehouse, make_settings
 from lakehouse_dsr import synth
 from lakehouse_dsr.inventory.check import check_against_catalog
 from lakehouse_dsr.lake import indriver, layout, skipping
@@ -443,7 +443,7 @@ def test_no_identifier_in_plans_or_the_event_log_of_a_real_run(spark, tmp_path):
     so the export's scan carries the content check's sums too."""
     settings, config = make_disk_lakehouse(spark, tmp_path)
     raw = yaml.safe_load(config.read_text())
-    raw["spark"]["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(tmp_path / "events")})
+    raw["spark"]["conf"].update(event_log_conf(tmp_path / "events"))
     raw["erase"] = {"in_driver_max_bytes": 0}
     (tmp_path / "events").mkdir()
     config.write_text(yaml.safe_dump(raw))
@@ -453,7 +453,7 @@ def test_no_identifier_in_plans_or_the_event_log_of_a_real_run(spark, tmp_path):
     assert len(emails) == 2
     Ledger(settings).submit([*(RequestInput(s, "erase") for s in erased), RequestInput(asked, "access")])
     out = dsr_output(config, "run")
-    logs = [p.read_text(errors="replace") for p in (tmp_path / "events").iterdir()]
+    logs = event_logs(tmp_path / "events")
     assert logs and all("SparkListenerSQLExecutionStart" in log for log in logs)
     assert any("BatchScan" in log and "demo.events" in log for log in logs)  # the skipping reads are in the plans
     assert any("lakehouse_dsr.HashSum" in log for log in logs)  # and the summed scans

@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Settings
+from ..lake.metrics import observed
 from ..lake.spark import uncached_catalog
 from ..ledger.ledger import Ledger
 from .hashing import Rules
@@ -64,4 +65,4 @@ def screen_stream(stream_df: DataFrame, settings: Settings, table: str) -> DataF
 
 def listed_rows(progress: dict) -> int:
     """Rows of a micro-batch that carried a waiting work item's hash, from its progress dictionary."""
-    return int(((progress.get("observedMetrics") or {}).get(LISTED) or {}).get("rows") or 0)
+    return observed(progress, LISTED)

@@ -34,6 +34,7 @@ from ..inventory.check import field_at
 from ..lake.hmac import keyed_hash, pads
 from ..lake.indriver import local_rows
 from ..lake.lakehouse import Lake
+from ..lake.metrics import observed
 from ..lake.spark import uncached_catalog
 from ..ledger.ledger import Ledger
 from .suppress import known_identifier
@@ -103,9 +104,7 @@ def _pad_row(spark: SparkSession, ring: dict[str, bytes]) -> DataFrame:
 
 def suppressed_counts(progress: dict) -> tuple[int, int]:
     """(rows in, rows kept) of a micro-batch, from its progress dictionary."""
-    observed = progress.get("observedMetrics") or {}
-    return (int((observed.get(ROWS_IN) or {}).get("rows") or 0),
-            int((observed.get(ROWS_KEPT) or {}).get("rows") or 0))
+    return observed(progress, ROWS_IN), observed(progress, ROWS_KEPT)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from ..config import Settings, load_settings
 from ..datamap import column_ref
 from ..exceptions import DataMapError
 from ..keys import keys_in_use
+from ..lake.catalyst import try_cast
 from ..lake.hmac import join_on_key, with_keyring_hashes
 from ..lake.indriver import local_rows
 from ..ledger.ledger import Ledger
@@ -114,6 +115,6 @@ def suppress_for(df: DataFrame, table: str, settings: Settings | None = None) ->
         data_type = df.select(column).schema[0].dataType
         value_type = data_type.elementType if isinstance(data_type, ArrayType) else data_type
         erased = _erased_values(df, column, ledger, group.identifier)
-        sets.append(KeySet(erased.select(F.col("dsr_value").cast(value_type).alias("key_value"),
+        sets.append(KeySet(erased.select(try_cast(df.sparkSession, F.col("dsr_value"), value_type).alias("key_value"),
                                          F.array(F.lit("suppressed")).alias("request_ids")), 0))
     return erased_rows(df, TableKeys(tuple(mapping.groups), tuple(sets)), mapping.action)

@@ -11,6 +11,8 @@ values), one partition per batch decoded on the executors, and every later step 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
@@ -65,6 +67,7 @@ def to_arrow(df: DataFrame) -> pa.Table:
     """`df`'s rows in Python as one Arrow table, shipped as Arrow batches (a `collect` builds a Row
     object per row: seconds per 100,000). For derived data only (hashes, counts): table data is
     never collected."""
+    frame: Any = df  # `toArrow` is a method in Spark 4, a column name in 3.5: checked against either line's hints
     if pyspark.__version__ >= "4":
-        return df.toArrow()  # type: ignore[operator]  # a method in Spark 4, a column name in 3.5
-    return pa.Table.from_batches(df._collect_as_arrow(), to_arrow_schema(df.schema))
+        return frame.toArrow()
+    return pa.Table.from_batches(frame._collect_as_arrow(), to_arrow_schema(df.schema))

@@ -11,11 +11,11 @@ bytes (bytes read: the sizes of the files opened), and in `driver_files`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
 
 from .bridge import compiled
 
@@ -115,3 +115,11 @@ class StageMeter:
         described = stage.description()
         description = described.get() if described.isDefined() else ""
         return description == self._only if self._only is not None else not description.startswith(BESIDE)
+
+
+def observed(progress: Mapping, name: str, field: str = "rows") -> int:
+    """Field `field` of the metrics a streaming micro-batch observed as `name` (`DataFrame.observe`),
+    from its progress (0 where absent): Spark 3.5 gives them as dictionaries, Spark 4 as Rows."""
+    found = (progress.get("observedMetrics") or {}).get(name)
+    values = found.asDict() if isinstance(found, Row) else found or {}
+    return int(values.get(field) or 0)

@@ -17,6 +17,7 @@ from pyspark.sql.types import DataType, StringType
 from ..datamap import DataMap, KeyGroup, column_path, column_ref, is_array
 from ..inventory.check import KeyTypes
 from ..lake import frames, indriver, membership, skipping
+from ..lake.catalyst import try_cast
 from ..lake.table import TableHandle
 
 
@@ -28,7 +29,7 @@ def keys_for_identifier(keys: DataFrame, identifier: str, key_type: DataType) ->
     """
     return (
         keys.where(F.col("key_type") == identifier)
-        .select("request_id", F.col("key_value").cast(key_type).alias("key_value"))
+        .select("request_id", try_cast(keys.sparkSession, F.col("key_value"), key_type).alias("key_value"))
         .where(F.col("key_value").isNotNull())
     )
 
