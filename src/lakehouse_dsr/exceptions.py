@@ -44,6 +44,10 @@ class EnvironmentSetupError(DsrError):
     """Java or the Iceberg runtime jar cannot be found."""
 
 
+class SparkConnectError(EnvironmentSetupError):
+    """A Spark Connect session was given where the engine works in the driver's JVM (the data plane)."""
+
+
 class RequestInputError(DsrError):
     """A submitted request (command line or CSV) is malformed."""
 

@@ -18,6 +18,7 @@ from ..exceptions import DataMapError, first_line
 from .bridge import jclass
 from .delta import DeltaTable, mark_commits
 from .iceberg import IcebergTable
+from .spark import require_classic
 from .table import CommitRetries, TableHandle, with_conflict_retries
 
 T = TypeVar("T")
@@ -82,7 +83,9 @@ class Lake:
     def of(cls, spark: SparkSession, settings: LakeSettings) -> Lake:
         """The lake of `settings` (its catalog, Delta tables and erase retries) on `spark`. A Delta
         table the data map names in a metastore (`delta.catalog`) is found at the location the
-        metastore records (DESCRIBE DETAIL: metadata only); DataMapError when it has no such table."""
+        metastore records (DESCRIBE DETAIL: metadata only); DataMapError when it has no such table,
+        SparkConnectError when `spark` is a Spark Connect session."""
+        require_classic(spark)
         named = {name: _metastore_location(spark, settings.table(name), name) for name in settings.delta_named()}
         return cls(spark, settings.catalog, CommitRetries.of(settings.erase), {**settings.delta_tables(), **named})
 

@@ -21,7 +21,7 @@ from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from ..config import Settings
-from ..exceptions import EnvironmentSetupError
+from ..exceptions import EnvironmentSetupError, SparkConnectError
 from . import jars, jvm
 from .bridge import tune_driver
 from .catalog import create_catalog_tables, spark_catalog_properties
@@ -39,6 +39,29 @@ _FORMAT_CLASSES = {"the Iceberg Spark runtime": "org.apache.iceberg.spark.SparkC
 # Read when the driver JVM starts: under spark-submit only the launcher can set them.
 _LAUNCH_ONLY = ("spark.master", "spark.jars", "spark.jars.packages", "spark.driver.extraJavaOptions",
                 "spark.driver.extraClassPath", "spark.driver.memory")
+
+
+_CONNECT_REFUSED = (
+    "this is a Spark Connect session: lakehouse-dsr's data plane (erase, purge, verify, export, "
+    "ingest) runs in the Spark driver's JVM, through Iceberg's and Delta's Java APIs and helpers "
+    "compiled there, which a Connect client cannot reach. Use a classic session: local[*], a "
+    "standalone, YARN or Kubernetes master, or spark-submit (unset SPARK_REMOTE and spark.remote; "
+    "spark.api.mode=classic). Commands that only read or write the ledger (submit, status, "
+    "certificate, serve) need no Spark session. Nothing was changed.")
+
+
+def is_connect(spark: object) -> bool:
+    """Whether `spark` is a Spark Connect session (PySpark's `pyspark.sql.connect`): a client of a
+    remote driver, with no JVM of its own to reach."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic(spark: SparkSession) -> SparkSession:
+    """`spark` itself, or SparkConnectError (exit code 2) when it is a Spark Connect session. Every
+    data-plane entry point asks before it changes anything."""
+    if is_connect(spark):
+        raise SparkConnectError(_CONNECT_REFUSED)
+    return spark
 
 
 def _check_java() -> None:
@@ -147,6 +170,8 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
     """
     _check_java()
     conf = session_conf(settings, jvm.driver_options(quick_jit, record_classes_to), interpreted)
+    if os.environ.get("SPARK_REMOTE") or "spark.remote" in conf or conf.get("spark.api.mode") == "connect":
+        raise SparkConnectError(_CONNECT_REFUSED)  # PySpark's builder would make a Connect session
     master: str | None = settings.spark.master
     if launched_by_spark_submit():
         conf = launcher_wins(conf, dict(SparkConf().getAll()))  # the JVM's, as spark-submit set them
@@ -163,7 +188,7 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
         builder = builder.master(master)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = require_classic(builder.getOrCreate())
     _require_formats(spark)
     tune_driver(spark)
     spark.sparkContext.setLogLevel(os.environ.get("DSR_SPARK_LOG_LEVEL", "ERROR"))
@@ -173,14 +198,16 @@ def build_session(settings: Settings, quick_jit: bool = False, record_classes_to
 
 def starting(spark: SparkSession | Callable[[], SparkSession]) -> Future[SparkSession]:
     """The session `spark` makes, made on a thread, so that the JVM starts while the caller reads the
-    ledger (pyiceberg, no JVM); a session given is returned as it is."""
+    ledger (pyiceberg, no JVM); a session given is returned as it is. SparkConnectError (raised at
+    once for a session given) for a Spark Connect session."""
     if not callable(spark):
         done: Future[SparkSession] = Future()
-        done.set_result(spark)
+        done.set_result(require_classic(spark))
         return done
+    make = spark
     pool = ThreadPoolExecutor(1, thread_name_prefix="dsr-spark")
     try:
-        return pool.submit(spark)
+        return pool.submit(lambda: require_classic(make()))
     finally:
         pool.shutdown(wait=False)
 
@@ -238,6 +265,7 @@ def attach(spark: SparkSession, settings: Settings) -> None:
     and SQL extensions must already be on the session. On a cluster, executors also get this package's
     code (a zip of ~75 KB, built once per process), so they run the driver's version of it.
     """
+    require_classic(spark)
     create_catalog_tables(settings)  # before Spark's catalog first opens (lazily, on first use)
     prefix = f"spark.sql.catalog.{settings.catalog.name}"
     spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")

@@ -21,7 +21,7 @@ from ..evidence.report import RunReport
 from ..inventory.check import check_against_catalog, check_formats
 from ..lake import skipping
 from ..lake.lakehouse import Lake
-from ..lake.spark import starting
+from ..lake.spark import require_classic, starting
 from ..lake.workers import start_python_workers
 from ..ledger.holds import active_holds
 from ..ledger.journal import Step
@@ -58,6 +58,8 @@ def run(spark: SparkSession | Callable[[], SparkSession], settings: Settings, pr
     another live holder makes this one wait or raise LedgerBusyError, per `run.concurrent`.
     """
     progress = progress or Silent()
+    if not callable(spark):
+        require_classic(spark)  # a Spark Connect session is refused before anything changes
     faults.armed()  # a misspelt failpoint fails before anything changes
     settings.datamap  # noqa: B018  (so does a config without a `datamap:` section: a ConfigError naming it)
     started = utc_now()
