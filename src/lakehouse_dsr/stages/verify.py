@@ -333,7 +333,9 @@ def verify_table(
 # Text in a metadata file that may be a value: a JSON string (whole), a string inside a JSON string
 # (a Delta commit's `stats`), and the words and numbers between JSON's and SQL's punctuation (a
 # predicate's literal, a numeric statistic).
-_QUOTED = r'"((?:[^"\\\\]|\\\\.)*)"'
+# Unrolled, possessive: Java's regex engine recurses once per character of `(?:a|b)*`, and a long quoted
+# string (a Delta 4 checkpoint's statistics) overflowed an executor thread's stack, which ends the JVM.
+_QUOTED = r'"([^"\\\\]*+(?:\\\\.[^"\\\\]*+)*+)"'
 _NESTED = r'\\\\"([^"\\\\]*)\\\\"'
 _WORDS = r'[\s"{}\[\](),:=<>\\]+'
 
