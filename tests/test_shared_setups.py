@@ -124,6 +124,16 @@ def test_session_jars_and_the_jars_command(tmp_path, monkeypatch):
     provided = write(tmp_path, "spark:\n  format_jars: provided\n")
     result = CliRunner().invoke(app, ["-c", str(provided), "jars"], catch_exceptions=False)
     assert result.exit_code == 0 and result.stdout.strip() == ""
+    # a local glob names the files it matches (either Spark line's S3A jars from one config); a glob
+    # matching nothing, and a remote path, stay as written for Spark to report
+    s3a = tmp_path / "s3a"
+    s3a.mkdir()
+    for name in ("hadoop-aws-3.4.2.jar", "bundle-2.29.52.jar", "delta-storage-4.4.0.jar"):
+        (s3a / name).write_bytes(b"jar")
+    globs = write(tmp_path, f"spark:\n  format_jars: provided\n  conf: {{spark.jars: '{s3a}/hadoop-aws-*.jar,"
+                            f"file:{s3a}/*bundle-*.jar,{s3a}/nothing-*.jar,s3a://b/x-*.jar'}}\n")
+    assert spark_module.session_jars(load_settings(globs)) == [
+        f"{s3a}/hadoop-aws-3.4.2.jar", f"{s3a}/bundle-2.29.52.jar", f"{s3a}/nothing-*.jar", "s3a://b/x-*.jar"]
 
 
 @pytest.mark.parametrize("missing", [{"org.apache.iceberg.spark.SparkCatalog"}, {"io.delta.tables.DeltaTable"},

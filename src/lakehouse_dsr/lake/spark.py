@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import glob
 import importlib.resources
 import os
 import shutil
@@ -78,13 +79,23 @@ def session_jars(settings: Settings) -> list[str]:
     """The jars the session needs: the table formats' (Iceberg, Delta: lake/jars.py, fetched from Maven
     Central on first use, from the cache after) then the config's own `spark.jars`. Only the config's
     where it brings the formats itself: `spark.format_jars: provided`, a `spark.jars.packages`, or an
-    Iceberg jar among its `spark.jars`."""
+    Iceberg jar among its `spark.jars`. A local path there may be a glob (`hadoop-aws-*.jar`: one
+    config for either Spark line's jars), expanded here: Spark's own expansion reaches the driver's
+    classpath but not the jars it ships to executors."""
     user = settings.spark.conf
-    own = [jar for jar in user.get("spark.jars", "").split(",") if jar.strip()]
+    own = [found for jar in user.get("spark.jars", "").split(",") if jar.strip() for found in _expanded(jar.strip())]
     if (settings.spark.format_jars == "provided" or "spark.jars.packages" in user
             or any("iceberg" in Path(jar).name for jar in own)):
         return own
     return [*map(str, jars.resolve()), *own]
+
+
+def _expanded(jar: str) -> list[str]:
+    """A local `spark.jars` entry with glob characters as the sorted files it matches (itself where
+    it matches none, for Spark to report); any other entry as it is."""
+    if "://" in jar and not jar.startswith("file:") or not any(c in jar for c in "*?["):
+        return [jar]
+    return sorted(glob.glob(jar.removeprefix("file:"))) or [jar]
 
 
 def launched_by_spark_submit() -> bool:
