@@ -62,7 +62,8 @@ def event_log_conf(folder: Path) -> dict[str, str]:
 def event_logs(folder: Path) -> list[str]:
     """The text of every Spark event log under `folder`: a file per application on Spark 3.5, a folder
     of rolled files on Spark 4."""
-    return [p.read_text(errors="replace") for p in sorted(folder.rglob("*")) if p.is_file()]
+    return [p.read_text(errors="replace") for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith((".", "appstatus"))]  # not a rolled log's checksums and marker
 
 
 def make_settings(root: Path, **overrides) -> Settings:

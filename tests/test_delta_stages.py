@@ -548,6 +548,15 @@ def _utf8(value):
     return value.encode() if isinstance(value, str) else value
 
 
+def _add_text(action) -> str:
+    """An AddFile as JSON, an empty `tags` map left out: Delta 4.4 reads `{}` from a checkpoint where
+    a commit's JSON has none (the same file either way)."""
+    found = json.loads(str(action.json()))
+    if found["add"].get("tags") == {}:
+        del found["add"]["tags"]
+    return json.dumps(found, sort_keys=True)
+
+
 @pytest.mark.slow  # every Delta test reads files through the replay; this compares it with Delta's at each version
 @pytest.mark.parametrize("properties", [
     pytest.param({"delta.enableDeletionVectors": "true", "delta.checkpointPolicy": "v2",
@@ -580,8 +589,7 @@ def test_a_versions_files_replayed_in_the_driver_are_deltas_own(spark, tmp_path,
         conf = spark._jsc.hadoopConfiguration()
         replayed = compiled(spark, "DeltaLogText").liveFiles(handle._log(), snapshot, 1 << 30, conf)
         assert replayed is not None  # replayed here, not Delta's list handed back by the fallback
-        assert sorted(str(a.json()) for a in adds) == sorted(str(a.json()) for a in replayed) \
-            == sorted(str(a.json()) for a in theirs) != []
+        assert sorted(map(_add_text, adds)) == sorted(map(_add_text, replayed)) == sorted(map(_add_text, theirs)) != []
         assert compiled(spark, "DeltaLogText").liveFiles(handle._log(), snapshot, 0, conf) is None  # past the limit
         assert sorted(re.sub("^file:/+", "/", p) for p, _, _, _ in listed) == sorted(
             re.sub("^file:/+", "/", unquote(p)) for p in DeltaTable(location).file_uris())  # delta-rs: URIs
