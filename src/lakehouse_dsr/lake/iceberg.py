@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, MapType, StructType
 
 from ..datamap import column_ref
@@ -175,13 +176,25 @@ class IcebergTable:
     # Rows
 
     def read_at(self, snapshot_id: int | None) -> DataFrame:
-        """The table as of a snapshot (the current one when None)."""
+        """The table as of a snapshot (the current one when None), under the current schema: the names
+        the data map uses. Spark 3.5 reads a `snapshot-id` with the table's current schema (Spark 3.5
+        ignores `versionAsOf` on a DataFrameReader's table()). Iceberg 1.11 refuses that option and
+        reads `versionAsOf` with the snapshot's own schema; where that differs from the current one,
+        the snapshot's files are planned here and read as a staged task set of the current table
+        (Iceberg 1.11.0's Spark scan also fails to bind a pushed filter on a column renamed since:
+        apache/iceberg#16523, fixed after 1.11.0). Planning reads manifests only."""
         if snapshot_id is None:
             return self.spark.table(self.quoted)
-        # Both read the snapshot with its own schema (a key column renamed since still resolves); Iceberg
-        # 1.11 refuses the first, and Spark 3.5 ignores the second on a DataFrameReader's table().
-        option = "versionAsOf" if spark4(self.spark) else "snapshot-id"
-        return self.spark.read.option(option, str(snapshot_id)).table(self.identifier)
+        if not spark4(self.spark):
+            return self.spark.read.option("snapshot-id", str(snapshot_id)).table(self.identifier)
+        jtable = self.java()
+        if jtable.snapshot(snapshot_id).schemaId() == jtable.schema().schemaId():
+            return self.spark.read.option("versionAsOf", str(snapshot_id)).table(self.identifier)
+        tasks = jclass(self.spark, "org.apache.iceberg.relocated.com.google.common.collect.Lists").newArrayList(
+            jtable.newScan().useSnapshot(snapshot_id).planFiles())
+        # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
+        return read_staged(self.spark, jtable, self.identifier, tasks).select(
+            *[F.col(f"`{c}`") for c in call(self.spark, "columns", jtable)])
 
     def read_appends(self, after_id: int, until_id: int) -> DataFrame:
         """The rows the append commits after `after_id` up to `until_id` added (Iceberg's incremental read:
@@ -594,6 +607,34 @@ def snapshot_of(spark: SparkSession, jsnapshot) -> Snapshot | None:
 def snapshot_at(spark: SparkSession, jtable, snapshot_id: int) -> Snapshot:
     """Snapshot `snapshot_id` of a Java table that has it (an id read from the table's metadata)."""
     return cast(Snapshot, snapshot_of(spark, jtable.snapshot(snapshot_id)))
+
+
+_staged: list = []  # (session, task set manager, java table, task set id) staged by this process, until released
+
+
+def read_staged(spark: SparkSession, jtable: Any, identifier: str, tasks: Any,
+                options: dict[str, str] | None = None) -> DataFrame:
+    """The scan tasks `tasks` (a java.util.List planned from `jtable`, the Java table of `identifier`)
+    read through a task set staged with Iceberg's ScanTaskSetManager, the mechanism Iceberg's own
+    compaction uses: Spark plans nothing (the plan shows only the set's id), and each task's residual
+    and delete files apply. The set stays staged until `release_staged`."""
+    set_id = f"dsr-{uuid.uuid4().hex}"
+    manager = jclass(spark, "org.apache.iceberg.spark.ScanTaskSetManager").get()
+    manager.stageTasks(jtable, set_id, tasks)
+    _staged.append((spark, manager, jtable, set_id))
+    reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
+    return reader.load(staged_table(spark, jtable, set_id, identifier))
+
+
+def release_staged() -> None:
+    """Drop every task set staged so far (their DataFrames can no longer be read): a run calls it
+    when it ends, so a long-lived session does not accumulate file lists."""
+    while _staged:
+        spark, manager, jtable, set_id = _staged.pop()
+        manager.removeTasks(jtable, set_id)
+        unstage_table(spark, set_id)
 
 
 def staged_table(spark: SparkSession, jtable: Any, set_id: str, identifier: str) -> str:

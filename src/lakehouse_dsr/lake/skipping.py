@@ -20,8 +20,7 @@ replaced by hashes), and at INFO only.
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
@@ -31,8 +30,9 @@ from pyspark.sql.types import DataType, IntegerType, LongType, StringType
 from ..datamap import KeyGroup, column_path
 from . import iceberg
 from .bridge import bridge, call, compiled, jclass
+from .catalyst import spark4
 from .delta import DeltaTable
-from .iceberg import IcebergTable, staged_table, unstage_table
+from .iceberg import IcebergTable, read_staged, release_staged
 from .table import TableHandle
 
 # Iceberg's metrics, manifest and row-group evaluators treat an IN of more than 200 values as
@@ -111,16 +111,9 @@ def expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[
     return result
 
 
-_staged: list = []  # (session, task set manager, java table, task set id) staged by this process, until release()
-
-
 def release() -> None:
-    """Drop every task set staged so far (their DataFrames can no longer be read): a run calls it
-    when it ends, so a long-lived session does not accumulate file lists."""
-    while _staged:
-        spark, manager, jtable, set_id = _staged.pop()
-        manager.removeTasks(jtable, set_id)
-        unstage_table(spark, set_id)
+    """Drop every task set staged so far (iceberg.release_staged): a run calls it when it ends."""
+    release_staged()
 
 
 @dataclass
@@ -213,15 +206,18 @@ def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ..
         keys = [(g.column, s, kv) for g, s, kv in zip(groups, spans or (), values, strict=False)] if prunable else None
         return _delta_files(cast(DeltaTable, table), snapshot_id, keys)
     spark = table.spark
-    predicate = expression(spark, groups, values)
     if snapshot_id is None:
-        return Candidates(table, None, predicate=predicate)
+        return Candidates(table, None, predicate=expression(spark, groups, values))
     jtable = table.java()
+    predicate = expression(spark, groups, values)  # by the current names: what a conflicting commit is checked by
+    named, named_values = _as_named_at(spark, jtable, snapshot_id, groups, values)
     summary = iceberg.snapshot_at(spark, jtable, snapshot_id).summary
     scan = jtable.newScan().useSnapshot(snapshot_id).caseSensitive(False)  # as Spark resolves data-map names
     pruned = not predicate.equals(jclass(spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue())
     if pruned:
-        scan = scan.filter(predicate)
+        scan = scan.filter(predicate if named == groups else expression(spark, named, named_values))
+    if named != groups:  # the tasks' residuals would name columns the current table, which reads them, lacks
+        scan = scan.ignoreResiduals()
     # Whole-file tasks: the staged scan splits them by the table's read.split.target-size itself.
     tasks = jclass(spark, "org.apache.iceberg.relocated.com.google.common.collect.Lists").newArrayList(
         scan.planFiles())
@@ -230,6 +226,29 @@ def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ..
     rows = [None if deletes else records for _, _, records, deletes in files]
     return Candidates(table, snapshot_id, len(paths), sum(sizes), int(summary.get("total-data-files", 0)),
                       int(summary.get("total-files-size", 0)), pruned, predicate, tasks, paths, sizes, jtable, rows)
+
+
+def _as_named_at(spark: SparkSession, jtable: Any, snapshot_id: int, groups: tuple[KeyGroup, ...],
+                 values: tuple[KeyValues | None, ...]) -> tuple[tuple[KeyGroup, ...], tuple[KeyValues | None, ...]]:
+    """The key groups with their columns named as Iceberg binds a scan of snapshot `snapshot_id`, without
+    a column that snapshot does not have (none of its rows holds a key there). The data map names the
+    current columns; a column renamed since keeps its field id. Iceberg 1.10 binds every scan's filter
+    against the current schema; 1.11 (Spark 4.1's runtime) binds a scan of any snapshot but the
+    current one against that snapshot's schema."""
+    current = jtable.schema()
+    now = jtable.currentSnapshot()
+    then = jtable.schemas().get(jtable.snapshot(snapshot_id).schemaId())
+    time_travel = now is None or now.snapshotId() != snapshot_id
+    if not spark4(spark) or not time_travel or then is None or then.schemaId() == current.schemaId():
+        return groups, values
+    named, kept = [], []
+    for group, kv in zip(groups, values, strict=True):
+        found = None if group.is_array else current.caseInsensitiveFindField(column_path(group.column))
+        old_name = then.findColumnName(found.fieldId()) if found is not None else group.column
+        if old_name is not None:
+            named.append(replace(group, column=old_name))
+            kept.append(kv)
+    return tuple(named), tuple(kept)
 
 
 def _delta_files(table: DeltaTable, snapshot_id: int | None,
@@ -292,17 +311,9 @@ def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, 
 
 
 def _staged_read(candidates: Candidates, jtable: Any, tasks: Any, options: dict[str, str]) -> DataFrame:
-    """The scan tasks `tasks` of the candidates' table (`jtable`, its Java Table), read through a
-    staged task set."""
-    spark = candidates.source.spark
-    set_id = f"dsr-{uuid.uuid4().hex}"
-    manager = jclass(spark, "org.apache.iceberg.spark.ScanTaskSetManager").get()
-    manager.stageTasks(jtable, set_id, tasks)
-    _staged.append((spark, manager, jtable, set_id))
-    reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return reader.load(staged_table(spark, jtable, set_id, cast(IcebergTable, candidates.source).identifier))
+    """The scan tasks `tasks` of the candidates' table (`jtable`, its Java table), read as a staged task set."""
+    return read_staged(candidates.source.spark, jtable, cast(IcebergTable, candidates.source).identifier, tasks,
+                       options)
 
 
 def balanced_groups(sizes: list[int], parallelism: int, split: int = _SPLIT) -> list[list[int]] | None:
