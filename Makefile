@@ -1,9 +1,9 @@
-# The Spark line installed and tested: 3.5 (Iceberg 1.10, Delta 3.3, Scala 2.12) or 4.1 (Iceberg 1.11,
-# Delta 4.4, Scala 2.13), each in its own virtual environment: `make test SPARK=4.1`. 3.5 stays the
-# default until `make test-slow` passes on 4.1 too (mkdocs/docs/deployment/versions.md).
-SPARK ?= 3.5
+# The Spark line installed and tested: 4.1 (Iceberg 1.11, Delta 4.4, Scala 2.13), the default, or 3.5
+# (Iceberg 1.10, Delta 3.3, Scala 2.12), each in its own virtual environment: `make test SPARK=3.5`
+# (mkdocs/docs/deployment/versions.md).
+SPARK ?= 4.1
 SPARK_EXTRA := spark$(subst .,,$(SPARK))
-VENV ?= $(if $(filter 3.5,$(SPARK)),.venv,.venv-spark$(SPARK))
+VENV ?= $(if $(filter 4.1,$(SPARK)),.venv,.venv-spark$(SPARK))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
@@ -103,4 +103,4 @@ docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f mkdocs/mkdocs.yml
 
 clean:
-	rm -rf .venv .venv-spark4.1 lakehouse spark-warehouse exports .pytest_cache site
+	rm -rf .venv .venv-spark3.5 lakehouse spark-warehouse exports .pytest_cache site
