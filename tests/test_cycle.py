@@ -13,7 +13,7 @@ from pyiceberg.table import StaticTable
 from helpers import HOSTILE, NEAR_MISS, SEED, add_subjects, ledger_table, make_settings, snapshot_ids
 from lakehouse_dsr import synth
 from lakehouse_dsr.evidence.html import run_report_page
-from lakehouse_dsr.lake import batching, skipping
+from lakehouse_dsr.lake import batching, iceberg
 from lakehouse_dsr.lake.lakehouse import Lake
 from lakehouse_dsr.lake.spark import attach
 from lakehouse_dsr.ledger.ledger import Ledger
@@ -48,7 +48,7 @@ def cycle(spark, tmp_path_factory):
     released: list = []
 
     def release(session) -> None:  # what the run has done when it hands its session back
-        released.append((session, {r.request_id: r.status for r in ledger.statuses()}, len(skipping._staged),
+        released.append((session, {r.request_id: r.status for r in ledger.statuses()}, len(iceberg._staged),
                          snapshot_ids(spark, settings, TABLES)))
 
     report = run(spark, settings, release=release)
