@@ -72,7 +72,7 @@ def test_no_value_reaches_a_plan_string_and_the_test_is_generated_code(spark):
 
 
 def test_an_unsupported_key_type_is_refused_before_anything_runs(spark):
-    assert supported(StringType()) and supported(LongType()) and not supported(DateType())
+    assert supported(spark, StringType()) and supported(spark, LongType()) and not supported(spark, DateType())
     with pytest.raises(ValueError, match="no membership test for keys of type date"):
         membership(spark, _values(spark, []), F.col("k"), DateType())
 

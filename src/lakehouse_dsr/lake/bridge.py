@@ -90,6 +90,32 @@ def compiled(spark: SparkSession, name: str, *, tasks: bool = False):
     return _in_jvm(spark, f"lakehouse_dsr.{name}{context}", load)
 
 
+# A Spark conf: "off" makes every optional helper (membership lookups, row-hash sums, the package
+# writer, the in-driver rewrite) take its plain-Spark path, as if it had failed to compile.
+HELPERS_CONF = "spark.lakehouse_dsr.helpers"
+_unavailable: dict[tuple[int, str], Any] = {}  # (id(Py4J gateway), helper) -> that gateway: failed there once
+
+
+def helper(spark: SparkSession, name: str, *, tasks: bool = False) -> Any | None:
+    """`compiled(spark, name, tasks=tasks)` for a helper the engine can do without, or None: where the
+    session's `spark.lakehouse_dsr.helpers` is "off", or where the class fails to compile or load
+    (another Spark or Iceberg changed an API it calls; tried once per JVM, with one warning). The
+    caller then takes its plain-Spark path, with the same results at a known cost
+    (deployment/versions.md)."""
+    if str(spark.conf.get(HELPERS_CONF, "on")).strip().lower() == "off":
+        return None
+    gateway = spark.sparkContext._gateway
+    if _unavailable.get((id(gateway), name)) is gateway:
+        return None
+    try:
+        return compiled(spark, name, tasks=tasks)
+    except Py4JJavaError as exc:
+        _unavailable[(id(gateway), name)] = gateway
+        log.warning("the %s helper could not be compiled or loaded (%s): its plain-Spark path is used", name,
+                    first_line(exc.java_exception))
+        return None
+
+
 def _source(name: str) -> str:
     return resources.files(__package__).joinpath(f"{name}.java").read_text()
 

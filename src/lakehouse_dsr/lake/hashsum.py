@@ -10,7 +10,9 @@ Like every accumulator, it counts a task once when the action is a job's final s
 collect); a map stage that Spark runs again (a lost shuffle file) counts its tasks again, and an action
 that failed leaves the counts of the tasks that finished. A caller compares `rows` with what it
 expects where either can happen. Where another thread's action reads the rows, `StageDone` tells when
-the stage that read them has completed, before the action's later stages have.
+the stage that read them has completed, before the action's later stages have. Where either helper
+is off or cannot be compiled (`available`), nothing is summed on the side: the check reads the rows
+itself, one more scan of them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql.types import BooleanType
 
 from . import catalyst
-from .bridge import compiled
+from .bridge import compiled, helper
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,12 @@ class HashSum:
 
 
 NAME = "dsr: rows fingerprinted"  # Spark's UI shows the counts and sums (row hashes, never a value)
+
+
+def available(spark: SparkSession) -> bool:
+    """Whether rows can be fingerprinted on the side of another action in this session: the HashSum
+    and StageDone helpers are on and compile (bridge.helper)."""
+    return helper(spark, "HashSum", tasks=True) is not None and helper(spark, "StageDone") is not None
 
 
 def hash_sum(spark: SparkSession) -> HashSum:

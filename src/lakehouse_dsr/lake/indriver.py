@@ -37,7 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import DataType, IntegerType, LongType, StringType, StructType
 
 from ..exceptions import first_line
-from .bridge import compiled
+from .bridge import compiled, helper
 from .skipping import Candidates, KeyValues
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def kept(df: DataFrame) -> DataFrame:
     relation already) and kept in the driver's JVM as a local relation: later queries that only
     filter and project them run no job, and no row crosses Py4J. For small results (a batch's
     identifiers), as a local checkpoint would keep them on the executors."""
-    return DataFrame(compiled(df.sparkSession, "InDriver").kept(df._jdf), df.sparkSession)
+    return DataFrame(compiled(df.sparkSession, "LocalRows").kept(df._jdf), df.sparkSession)
 
 
 def kept_where(df: DataFrame, column: str, values: Iterable[str]) -> DataFrame:
@@ -89,7 +89,7 @@ def kept_where(df: DataFrame, column: str, values: Iterable[str]) -> DataFrame:
     as a new local relation, filtered in the driver's JVM. `df.where(col.isin(values))` would do the
     same, but Spark folds a filter on a local relation by generating and compiling its condition:
     an IN of 1,000 request ids became a 400 KB class, compiled in every process that ran it."""
-    return DataFrame(compiled(df.sparkSession, "InDriver").keptWhere(df._jdf, column, list(values)), df.sparkSession)
+    return DataFrame(compiled(df.sparkSession, "LocalRows").keptWhere(df._jdf, column, list(values)), df.sparkSession)
 
 
 def distinct_values(df: DataFrame, column: str) -> list[str | None]:
@@ -97,14 +97,14 @@ def distinct_values(df: DataFrame, column: str) -> list[str | None]:
     relation (no job, and only they cross Py4J: a collect of 100,000 hash rows took seconds), else
     by one Spark job."""
     if is_local(df):
-        return list(compiled(df.sparkSession, "InDriver").distinctValues(df._jdf, column))
+        return list(compiled(df.sparkSession, "LocalRows").distinctValues(df._jdf, column))
     return [r[0] for r in df.select(column).distinct().collect()]
 
 
 def keyed_hashes(df: DataFrame, column: str, pads: DataFrame, out: str) -> DataFrame:
     """`df` (a local relation) crossed with the key `pads` (lake/hmac.py's, a local relation), with
     each key's HMAC of `column` as `out`: lake/hmac.py's hashes computed in the driver's JVM, no job."""
-    return DataFrame(compiled(df.sparkSession, "InDriver").keyedHashes(df._jdf, column, pads._jdf, out),
+    return DataFrame(compiled(df.sparkSession, "LocalRows").keyedHashes(df._jdf, column, pads._jdf, out),
                      df.sparkSession)
 
 
@@ -124,12 +124,19 @@ def local_rows(spark: SparkSession, rows: Sequence[tuple], schema: str | StructT
     with tempfile.NamedTemporaryFile(dir=sc._temp_dir, prefix="dsr-rows-") as f:  # created 0600
         pickle.dump([tuple(r) for r in rows], f, protocol=pickle.HIGHEST_PROTOCOL)
         f.flush()
-        return DataFrame(compiled(spark, "InDriver").localPickled(spark._jsparkSession, f.name, text), spark)
+        return DataFrame(compiled(spark, "LocalRows").localPickled(spark._jsparkSession, f.name, text), spark)
 
 
 def is_local(df: DataFrame) -> bool:
     """Whether reading `df` takes no Spark job (a local relation once optimized)."""
-    return bool(compiled(df.sparkSession, "InDriver").isLocal(df._jdf))
+    return bool(compiled(df.sparkSession, "LocalRows").isLocal(df._jdf))
+
+
+def available(spark: SparkSession) -> bool:
+    """Whether files may be read and written in the driver in this session: the InDriver helper is on
+    and compiles (bridge.helper). Where not, Spark plans, rewrites and checks every table, and Spark's
+    statement writes a merge-on-read table's delete files."""
+    return helper(spark, "InDriver") is not None
 
 
 def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], max_bytes: int,
@@ -137,6 +144,8 @@ def refusal(spark: SparkSession, candidates: Candidates, keys: list[KeyColumn], 
     """Why `candidates` cannot be read and rewritten in the driver (None: they can). Metadata only.
     `hashed`: the key columns' types, for a check by keyed hash (`live_found`) that reads the key
     columns only, with no key set: each value's text must be the one Spark's cast gives."""
+    if not available(spark):
+        return "the driver's helper is off or cannot be compiled"
     if candidates.bytes > max_bytes:
         return f"{candidates.bytes} bytes of files, more than {max_bytes}"
     if candidates.jtable is None and not candidates.empty:

@@ -29,14 +29,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegerType, LongType, StringType
 
 from . import catalyst
-from .bridge import compiled
+from .bridge import compiled, helper
 
 _TYPES: dict[type[DataType], str] = {StringType: "string", LongType: "bigint", IntegerType: "int"}
 
 
-def supported(key_type: DataType) -> bool:
-    """Whether keys of `key_type` can be tested by `membership`."""
-    return type(key_type) in _TYPES
+def supported(spark: SparkSession, key_type: DataType) -> bool:
+    """Whether keys of `key_type` can be tested by `membership` in this session: a type it has a test
+    for, and the Membership helper on and compiled (bridge.helper). Where not, callers match rows by
+    a broadcast join with the batch's values (stages/matching.py's `mark`) and count nothing on the
+    side of a rewrite."""
+    return type(key_type) in _TYPES and helper(spark, "Membership", tasks=True) is not None
 
 
 def membership(spark: SparkSession, values: Any, key: Column, key_type: DataType) -> Column:
@@ -139,6 +142,6 @@ def row_counter_on(spark: SparkSession, table: Any, held: pa.Table, key_type: Da
 
 def _type_name(key_type: DataType) -> str:
     """Membership.java's name for `key_type`; a ValueError for a type it has no test for."""
-    if not supported(key_type):
+    if type(key_type) not in _TYPES:
         raise ValueError(f"no membership test for keys of type {key_type.simpleString()}")
     return _TYPES[type(key_type)]

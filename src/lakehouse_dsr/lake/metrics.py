@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from pyspark.sql import Row, SparkSession
 
-from .bridge import compiled
+from .bridge import helper
 
 # How the jobs of work run on a thread beside the run's other stages are described (Spark's UI shows it).
 BESIDE = "dsr, beside the run: "
@@ -81,7 +81,8 @@ class StageMeter:
         return store.stageList(None, *defaults).iterator()  # newest stage first
 
     def _driver(self) -> tuple[int, ...]:
-        return tuple(json.loads(compiled(self._spark, "InDriver").io()))
+        in_driver = helper(self._spark, "InDriver")  # none: the driver reads and writes no file
+        return tuple(json.loads(in_driver.io())) if in_driver is not None else (0, 0, 0, 0, 0)
 
     def mark(self) -> Mark:
         """This point: the newest stage so far, and the driver's own counters."""

@@ -71,11 +71,11 @@ def key_values(grouped: DataFrame, key_type: DataType) -> KeyValues | None:
         return None
     ordered = (grouped.select("key_value", "request_ids").where("key_value IS NOT NULL").orderBy("key_value")
                .limit(MAX_VALUES + 1))
-    lookup = compiled(grouped.sparkSession, "InDriver").lookup(ordered._jdf.collectAsList())
+    lookup = compiled(grouped.sparkSession, "LocalRows").lookup(ordered._jdf.collectAsList())
     size = lookup.size()
     if size > MAX_VALUES:
         return None
-    return KeyValues(compiled(grouped.sparkSession, "InDriver").values(lookup), size, lookup)
+    return KeyValues(compiled(grouped.sparkSession, "LocalRows").values(lookup), size, lookup)
 
 
 def held_key_values(keys: DataFrame, key_type: DataType) -> tuple[DataFrame, int, KeyValues | None] | None:
@@ -86,13 +86,13 @@ def held_key_values(keys: DataFrame, key_type: DataType) -> tuple[DataFrame, int
     `key_values` then groups them in Spark. Cost: no Spark job."""
     if type(key_type) not in _PRUNABLE:
         return None
-    in_driver = compiled(keys.sparkSession, "InDriver")
-    lookup = in_driver.groupedLocal(keys._jdf)
+    local_rows = compiled(keys.sparkSession, "LocalRows")
+    lookup = local_rows.groupedLocal(keys._jdf)
     if lookup is None:
         return None
-    grouped = DataFrame(in_driver.requesters(keys._jdf, lookup), keys.sparkSession)
+    grouped = DataFrame(local_rows.requesters(keys._jdf, lookup), keys.sparkSession)
     size = lookup.size()
-    return grouped, size, KeyValues(in_driver.values(lookup), size, lookup) if size <= MAX_VALUES else None
+    return grouped, size, KeyValues(local_rows.values(lookup), size, lookup) if size <= MAX_VALUES else None
 
 
 def expression(spark: SparkSession, groups: tuple[KeyGroup, ...], values: tuple[KeyValues | None, ...]):

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from ..config import EraseSettings
 from ..datamap import DataMap, TableMapping, column_ref, is_array
-from ..lake import indriver, membership, skipping
+from ..lake import hashsum, indriver, membership, skipping
 from ..lake.batching import map_in_threads, map_unions
 from ..lake.frames import to_arrow
 from ..lake.lakehouse import Lake
@@ -264,7 +264,7 @@ def positional(table: TableHandle, mapping: TableMapping, erase: EraseSettings, 
     run (else the files are rewritten at once). Format v3 takes deletion vectors: Spark writes those."""
     return (mapping.action == "delete" and erase.max_delete_positions > 0 and not purging
             and table.capabilities.driver_files and _in_driver_rewriting(table).format_version() == 2
-            and table.write_mode("delete") == "merge-on-read")
+            and table.write_mode("delete") == "merge-on-read" and indriver.available(table.spark))
 
 
 def plan(lake: Lake, datamap: DataMap, erase: EraseSettings, table: str, keys: TableKeys, purging: bool = False
@@ -441,8 +441,8 @@ def folds(handle: TableHandle, mapping: TableMapping, erase: EraseSettings, keys
             or _rewriting(handle).sorted_by_order()):
         return False
     key_type = keys.sets[0].requesters.schema["key_value"].dataType
-    if not membership.supported(key_type) or keys.size > erase.broadcast_max_keys or not keys.sets[0].countable \
-            or not _rewrites(handle, mapping, purging, write_modes(handle)):
+    if not membership.supported(handle.spark, key_type) or keys.size > erase.broadcast_max_keys \
+            or not keys.sets[0].countable or not _rewrites(handle, mapping, purging, write_modes(handle)):
         return False
     sample = candidates.subset(handle.spark, {candidates.median_file()})
     requested = _sampled(handle, sample, keys)
@@ -578,7 +578,7 @@ def _rewrite_files(handle: TableHandle, action: str, erase: EraseSettings, table
         counter = keys.sets[0].row_counter()
         rows = rows.where(counter.counting(F.col(column_ref(keys.groups[0].column))))
     sums = None
-    if observe is not None:
+    if observe is not None and hashsum.available(spark):  # else the check reads the old files itself
         rows, sums = collateral.observe(rows, observe)
 
     def found_any() -> bool:

@@ -274,7 +274,7 @@ def _member(rows: DataFrame, keys: KeySet, value: Column, requests: bool = False
     (lake/membership.py's `requesters`), answered from the values held in the driver; None when they
     are not held there or their type has no membership test."""
     key_type = keys.requesters.schema["key_value"].dataType
-    if not membership.supported(key_type):
+    if not membership.supported(rows.sparkSession, key_type):
         return None
     if keys.values is None:  # beyond the driver's lookups: the values' positions test them
         return None if requests or keys.held is None else membership.member_of(rows.sparkSession, keys.positions,
