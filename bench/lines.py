@@ -3,6 +3,7 @@ with every optional helper off, each a whole process, in one session of measurem
 
 Usage: python bench/lines.py [--events 10000000] [--erase 100] [--access 1000] [--rounds 2]
                              [--line 4.1=.venv/bin/python --line 3.5=.venv-spark3.5/bin/python]
+                             [--variants dsr,dsr_plain_paths,physical_limit]
 
 For each round and each line in turn (lines alternated, so drift in the machine's speed reaches
 both), that line's Python builds the demo's Iceberg events table afresh for each variant, from one
@@ -16,7 +17,8 @@ what a user waits for):
   `side_plain`: a scan of the key column, a read of the exported people's rows, a rewrite of
   every file), the yardstick of issue 26.
 
-Writes bench/results/lines-<events>.json (and a chart, .png): every round's seconds and Spark counters, the medians,
+Writes bench/results/lines-<events>.json (lines-<events>-<variants>.json for some variants only; and a
+chart, .png): every round's seconds and Spark counters, the medians,
 and the ratios: each line's `dsr` to its physical limit (target: at most 1.3), `dsr` on 4.1 to
 `dsr` on 3.5 (target: at most 1.05), and each line's plain paths to its `dsr`.
 """
@@ -38,8 +40,9 @@ VARIANTS = ("dsr", "dsr_plain_paths", "physical_limit")
 TARGET, LINE_TARGET = 1.3, 1.05
 
 
-def one_line(events: int, users: int, erase: int, access: int, work: Path) -> dict:
-    """Every variant once on the Spark line of this Python: {variant: the side's result}."""
+def one_line(events: int, users: int, erase: int, access: int, work: Path, variants: tuple[str, ...] = VARIANTS
+             ) -> dict:
+    """Each of `variants` once on the Spark line of this Python: {variant: the side's result}."""
     import pyspark
 
     from lakehouse_dsr import synth
@@ -52,7 +55,7 @@ def one_line(events: int, users: int, erase: int, access: int, work: Path) -> di
     deletes, exports = [synth.user_id(SEED, i) for i in picks[:erase]], [synth.user_id(SEED, i) for i in picks[erase:]]
     spark = None
     out = {"pyspark": pyspark.__version__}
-    for variant in VARIANTS:
+    for variant in variants:
         folder = work / variant
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -71,7 +74,7 @@ def one_line(events: int, users: int, erase: int, access: int, work: Path) -> di
     return out
 
 
-def chart(medians: dict[str, dict[str, float]], path: Path, events: int) -> None:
+def chart(medians: dict[str, dict[str, float]], variants: tuple[str, ...], path: Path, events: int) -> None:
     """Each line's median seconds per variant, side by side."""
     import matplotlib
 
@@ -81,8 +84,8 @@ def chart(medians: dict[str, dict[str, float]], path: Path, events: int) -> None
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(medians)
     for i, (line, m) in enumerate(medians.items()):
-        ax.bar([x + i * width for x in range(len(VARIANTS))], [m[v] for v in VARIANTS], width, label=f"Spark {line}")
-    ax.set_xticks([x + width * (len(medians) - 1) / 2 for x in range(len(VARIANTS))], list(VARIANTS))
+        ax.bar([x + i * width for x in range(len(variants))], [m[v] for v in variants], width, label=f"Spark {line}")
+    ax.set_xticks([x + width * (len(medians) - 1) / 2 for x in range(len(variants))], list(variants))
     ax.set_ylabel("seconds, a whole process (median)")
     ax.set_title(f"{events:,} events: dsr run per Spark line")
     ax.legend()
@@ -99,13 +102,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--line", action="append", metavar="LINE=PYTHON",
                         help="a Spark line and the Python that has it (default: 4.1 and 3.5 of this repository)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="some of: " + ", ".join(VARIANTS))
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--one-line", action="store_true", help=argparse.SUPPRESS)  # a line's own process
     args = parser.parse_args()
     users = max(args.erase + args.access, args.events // 100)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dsr-lines-"))
+    variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
     if args.one_line:
-        print(json.dumps(one_line(args.events, users, args.erase, args.access, work)))
+        print(json.dumps(one_line(args.events, users, args.erase, args.access, work, variants)))
         return
     lines = dict(s.split("=", 1) for s in args.line or ["4.1=.venv/bin/python", "3.5=.venv-spark3.5/bin/python"])
     rounds: dict[str, list[dict]] = {line: [] for line in lines}
@@ -113,27 +118,30 @@ def main() -> None:
         for line, python in (lines.items() if round_ % 2 == 0 else reversed(lines.items())):
             print(f"round {round_ + 1}/{args.rounds}: Spark {line}", file=sys.stderr, flush=True)
             done = subprocess.run([python, __file__, "--one-line", "--events", str(args.events), "--erase",
-                                   str(args.erase), "--access", str(args.access), "--workdir", str(work / line)],
+                                   str(args.erase), "--access", str(args.access), "--variants", ",".join(variants),
+                                   "--workdir", str(work / line)],
                                   capture_output=True, text=True)
             if done.returncode:
                 raise SystemExit(f"Spark {line} exited {done.returncode}:\n{done.stderr[-3000:]}")
             rounds[line].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    medians = {line: {v: statistics.median(r[v]["full_cycle_s"] for r in runs) for v in VARIANTS}
+    medians = {line: {v: statistics.median(r[v]["full_cycle_s"] for r in runs) for v in variants}
                for line, runs in rounds.items()}
-    ratios = {f"{line}_dsr_vs_physical_limit": round(m["dsr"] / m["physical_limit"], 3) for line, m in medians.items()}
+    ratios = {f"{line}_dsr_vs_physical_limit": round(m["dsr"] / m["physical_limit"], 3)
+              for line, m in medians.items() if {"dsr", "physical_limit"} <= set(m)}
     ratios.update({f"{line}_plain_paths_vs_dsr": round(m["dsr_plain_paths"] / m["dsr"], 3)
-                   for line, m in medians.items()})
-    if {"4.1", "3.5"} <= set(medians):
+                   for line, m in medians.items() if {"dsr", "dsr_plain_paths"} <= set(m)})
+    if {"4.1", "3.5"} <= set(medians) and "dsr" in variants:
         ratios["dsr_4.1_vs_3.5"] = round(medians["4.1"]["dsr"] / medians["3.5"]["dsr"], 3)
     met = {k: v <= (LINE_TARGET if k == "dsr_4.1_vs_3.5" else TARGET) for k, v in ratios.items()
            if k.endswith("physical_limit") or k == "dsr_4.1_vs_3.5"}
     result = {"events": args.events, "users": users, "erase": args.erase, "access": args.access,
               "rounds": args.rounds, "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
               "medians_s": medians, "ratios": ratios, "targets_met": met, "runs": rounds}
-    out = Path("bench/results") / f"lines-{args.events}.json"
+    suffix = "" if variants == VARIANTS else "-" + "-".join(variants)
+    out = Path("bench/results") / f"lines-{args.events}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    chart(medians, out.with_suffix(".png"), args.events)
+    chart(medians, variants, out.with_suffix(".png"), args.events)
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"medians_s": medians, "ratios": ratios, "targets_met": met}, indent=2))
 
