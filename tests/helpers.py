@@ -18,11 +18,14 @@ import pyarrow.parquet as pq
 import yaml
 from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
+from pyspark.sql.types import StringType
 
 from lakehouse_dsr import synth
 from lakehouse_dsr.config import Settings, settings_from_dict
 from lakehouse_dsr.datamap import KeyGroup, demo_datamap
+from lakehouse_dsr.lake import indriver
 from lakehouse_dsr.lake.spark import INTERPRETED, attach
+from lakehouse_dsr.stages import matching
 
 SEED = 7
 HOSTILE = ["x' OR '1'='1", "%", "' ; DROP TABLE demo.events; --", "Jos\u00e9 \u4e2d\u6587 \U0001f600", "k" * 10_000,
@@ -268,3 +271,12 @@ def delta_traces(path: str, erased: set[str], needles: list[bytes]) -> list[str]
     found += [f"log file {f.name}" for f in files if "_delta_log" in f.parts
               and any(n in f.read_bytes() for n in needles)]
     return found + [f"change data {f.name}" for f in files if "_change_data" in f.parts]
+
+
+def table_keys(spark: SparkSession, groups: list[KeyGroup], requested: list[tuple[str, str, str]]
+               ) -> matching.TableKeys:
+    """A batch's matching.TableKeys for string key `groups`, from (request id, identifier, value) rows
+    held in the driver (as a run holds a small batch's)."""
+    keys = indriver.local_rows(spark, requested, "request_id string, key_type string, key_value string")
+    sets = {g.identifier: matching.key_set(keys, g.identifier, StringType()) for g in groups}
+    return matching.TableKeys(tuple(groups), tuple(sets[g.identifier] for g in groups))

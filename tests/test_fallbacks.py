@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import conf_kept, live_rows, make_settings
+from helpers import conf_kept, live_rows, make_settings, table_keys
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.keys import private_dir
 from lakehouse_dsr.lake import bridge, catalyst, hashsum, indriver, membership
@@ -29,7 +29,6 @@ from lakehouse_dsr.ledger.ledger import Ledger
 from lakehouse_dsr.ledger.requests import RequestInput
 from lakehouse_dsr.runner import run
 from lakehouse_dsr.stages import collateral, matching
-from test_membership import _table_keys
 
 SECRET = "ann@example.com"
 # What only a helper does: a Catalyst Invoke of a helper's object, or a read or write in the driver.
@@ -65,7 +64,7 @@ def test_membership_s_plain_path_marks_the_same_rows_by_a_join(spark):
     rows = spark.createDataFrame([("u1", "a@x", "n1"), ("u2", "b@x", "n2"), ("u3", None, "n3"), (None, "a@x", "n4")],
                                  "user_id string, email string, note string")
     groups = [KeyGroup("user_id", "user_id", redact=("note",)), KeyGroup("email", "email", redact=("email",))]
-    keys = _table_keys(spark, groups, [("r1", "user_id", "u1"), ("r2", "email", "a@x"), ("r3", "user_id", "u1")])
+    keys = table_keys(spark, groups, [("r1", "user_id", "u1"), ("r2", "email", "a@x"), ("r3", "user_id", "u1")])
 
     def rows_of(df) -> Counter:  # rows holding arrays (the requests naming them), as a multiset
         return Counter(json.dumps(r.asDict(recursive=True), sort_keys=True) for r in df.collect())

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, IntegerType, LongType, StringType
 
-from helpers import GENERATED, codegen
+from helpers import GENERATED, codegen, table_keys
 from lakehouse_dsr.datamap import KeyGroup
 from lakehouse_dsr.lake import frames, indriver
 from lakehouse_dsr.lake.membership import (
@@ -77,17 +77,11 @@ def test_an_unsupported_key_type_is_refused_before_anything_runs(spark):
         membership(spark, _values(spark, []), F.col("k"), DateType())
 
 
-def _table_keys(spark, groups: list[KeyGroup], requested: list[tuple[str, str, str]]) -> matching.TableKeys:
-    keys = indriver.local_rows(spark, requested, "request_id string, key_type string, key_value string")
-    sets = {g.identifier: matching.key_set(keys, g.identifier, StringType()) for g in groups}
-    return matching.TableKeys(tuple(groups), tuple(sets[g.identifier] for g in groups))
-
-
 def test_the_rewrite_and_the_check_test_membership_where_the_values_are_held(spark, mode):
     rows = spark.createDataFrame([("u1", "a@x", "n1"), ("u2", "b@x", "n2"), ("u3", None, "n3"), (None, "a@x", "n4")],
                                  "user_id string, email string, note string")
     groups = [KeyGroup("user_id", "user_id", redact=("note",)), KeyGroup("email", "email", redact=("email",))]
-    keys = _table_keys(spark, groups, [("r1", "user_id", "u1"), ("r2", "email", "a@x")])
+    keys = table_keys(spark, groups, [("r1", "user_id", "u1"), ("r2", "email", "a@x")])
     assert all(s.values is not None for s in keys.sets)  # held in the driver: membership applies
 
     marked = matching.mark(rows, keys, requests=False)
@@ -111,7 +105,7 @@ def test_keys_not_held_in_the_driver_are_joined_or_tested_by_their_positions(spa
     (a million subjects), tested against its values' positions, one broadcast table for the run."""
     rows = spark.createDataFrame([("u1",), ("u2",), (None,)], "user_id string")
     groups = [KeyGroup("user_id", "user_id")]
-    keys = _table_keys(spark, groups, [("r1", "user_id", "u1")])
+    keys = table_keys(spark, groups, [("r1", "user_id", "u1")])
     held = pa.table({"key_value": ["u1"], "request_ids": [["r1"]]}) if in_python else None
     unheld = keys.replace(0, matching.KeySet(frames.arrow_frame(spark, held) if held else keys.sets[0].requesters,
                                              1, None, held=held))
@@ -124,14 +118,14 @@ def test_keys_not_held_in_the_driver_are_joined_or_tested_by_their_positions(spa
 def test_requested_rows_are_tested_before_their_requests_are_looked_up(spark):
     rows = spark.createDataFrame([("u1", ["a@x"]), ("u2", ["b@x"]), ("u3", ["a@x", "c@x"]), (None, None)],
                                  "user_id string, emails array<string>")
-    scalar = _table_keys(spark, [KeyGroup("user_id", "user_id")], [("r1", "user_id", "u1"), ("r2", "user_id", "u3")])
+    scalar = table_keys(spark, [KeyGroup("user_id", "user_id")], [("r1", "user_id", "u1"), ("r2", "user_id", "u3")])
     found = matching.requested_rows(rows, scalar)
     plan = found._jdf.queryExecution().executedPlan().toString()
     # the membership filter sits below the lookup of the requests: only the requested rows are looked up
     assert "Join" not in plan and plan.index("requesters") < plan.index("membership")
     assert sorted((r.user_id, r.dsr_ids_0) for r in found.collect()) == [("u1", ["r1"]), ("u3", ["r2"])]
     # an array key has no membership test: the join alone, with the same rows as mark and any_hit
-    arrays = _table_keys(spark, [KeyGroup("emails[]", "email")], [("r3", "email", "a@x")])
+    arrays = table_keys(spark, [KeyGroup("emails[]", "email")], [("r3", "email", "a@x")])
     joined = matching.requested_rows(rows, arrays)
     assert "membership" not in joined._jdf.queryExecution().executedPlan().toString()
     assert sorted(r.user_id for r in joined.collect()) == ["u1", "u3"]

@@ -190,11 +190,8 @@ class IcebergTable:
         jtable = self.java()
         if jtable.snapshot(snapshot_id).schemaId() == jtable.schema().schemaId():
             return self.spark.read.option("versionAsOf", str(snapshot_id)).table(self.identifier)
-        tasks = jclass(self.spark, "org.apache.iceberg.relocated.com.google.common.collect.Lists").newArrayList(
-            jtable.newScan().useSnapshot(snapshot_id).planFiles())
-        # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
-        return read_staged(self.spark, jtable, self.identifier, tasks).select(
-            *[F.col(f"`{c}`") for c in call(self.spark, "columns", jtable)])
+        return read_staged(self.spark, jtable, self.identifier,
+                           planned(self.spark, jtable.newScan().useSnapshot(snapshot_id)))
 
     def read_appends(self, after_id: int, until_id: int) -> DataFrame:
         """The rows the append commits after `after_id` up to `until_id` added (Iceberg's incremental read:
@@ -612,12 +609,20 @@ def snapshot_at(spark: SparkSession, jtable, snapshot_id: int) -> Snapshot:
 _staged: list = []  # (session, task set manager, java table, task set id) staged by this process, until released
 
 
+def planned(spark: SparkSession, scan: Any) -> Any:
+    """The file scan tasks of a Java TableScan, planned on the driver (manifests only) into a java.util.List."""
+    return jclass(spark, "org.apache.iceberg.relocated.com.google.common.collect.Lists").newArrayList(
+        scan.planFiles())
+
+
 def read_staged(spark: SparkSession, jtable: Any, identifier: str, tasks: Any,
-                options: dict[str, str] | None = None) -> DataFrame:
+                options: dict[str, str] | None = None, position: str | None = None) -> DataFrame:
     """The scan tasks `tasks` (a java.util.List planned from `jtable`, the Java table of `identifier`)
     read through a task set staged with Iceberg's ScanTaskSetManager, the mechanism Iceberg's own
     compaction uses: Spark plans nothing (the plan shows only the set's id), and each task's residual
-    and delete files apply. The set stays staged until `release_staged`."""
+    and delete files apply. The table's own columns in the current schema (a format-v3 table's staged
+    read also yields its row-lineage columns: left out), and with `position` each row's position in
+    its file (Iceberg's `_pos`) under that name. The set stays staged until `release_staged`."""
     set_id = f"dsr-{uuid.uuid4().hex}"
     manager = jclass(spark, "org.apache.iceberg.spark.ScanTaskSetManager").get()
     manager.stageTasks(jtable, set_id, tasks)
@@ -625,7 +630,9 @@ def read_staged(spark: SparkSession, jtable: Any, identifier: str, tasks: Any,
     reader = spark.read.format("iceberg").option("scan-task-set-id", set_id)
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
-    return reader.load(staged_table(spark, jtable, set_id, identifier))
+    columns = [F.col(f"`{c}`") for c in call(spark, "columns", jtable)]
+    return reader.load(staged_table(spark, jtable, set_id, identifier)).select(
+        *columns, *([F.col("_pos").alias(position)] if position else []))
 
 
 def release_staged() -> None:

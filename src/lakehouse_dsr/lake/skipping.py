@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, StringType
 
 from ..datamap import KeyGroup, column_path
@@ -210,17 +209,16 @@ def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ..
         return Candidates(table, None, predicate=expression(spark, groups, values))
     jtable = table.java()
     predicate = expression(spark, groups, values)  # by the current names: what a conflicting commit is checked by
-    named, named_values = _as_named_at(spark, jtable, snapshot_id, groups, values)
+    renamed = _as_named_at(spark, jtable, snapshot_id, groups, values)
     summary = iceberg.snapshot_at(spark, jtable, snapshot_id).summary
     scan = jtable.newScan().useSnapshot(snapshot_id).caseSensitive(False)  # as Spark resolves data-map names
     pruned = not predicate.equals(jclass(spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue())
     if pruned:
-        scan = scan.filter(predicate if named == groups else expression(spark, named, named_values))
-    if named != groups:  # the tasks' residuals would name columns the current table, which reads them, lacks
+        scan = scan.filter(predicate if renamed is None else expression(spark, *renamed))
+    if renamed is not None:  # the tasks' residuals would name columns the current table, which reads them, lacks
         scan = scan.ignoreResiduals()
     # Whole-file tasks: the staged scan splits them by the table's read.split.target-size itself.
-    tasks = jclass(spark, "org.apache.iceberg.relocated.com.google.common.collect.Lists").newArrayList(
-        scan.planFiles())
+    tasks = iceberg.planned(spark, scan)
     files = call(spark, "taskFiles", tasks)
     paths, sizes = [path for path, *_ in files], [size for _, size, *_ in files]
     rows = [None if deletes else records for _, _, records, deletes in files]
@@ -229,18 +227,19 @@ def plan(table: TableHandle, snapshot_id: int | None, groups: tuple[KeyGroup, ..
 
 
 def _as_named_at(spark: SparkSession, jtable: Any, snapshot_id: int, groups: tuple[KeyGroup, ...],
-                 values: tuple[KeyValues | None, ...]) -> tuple[tuple[KeyGroup, ...], tuple[KeyValues | None, ...]]:
+                 values: tuple[KeyValues | None, ...]
+                 ) -> tuple[tuple[KeyGroup, ...], tuple[KeyValues | None, ...]] | None:
     """The key groups with their columns named as Iceberg binds a scan of snapshot `snapshot_id`, without
-    a column that snapshot does not have (none of its rows holds a key there). The data map names the
-    current columns; a column renamed since keeps its field id. Iceberg 1.10 binds every scan's filter
-    against the current schema; 1.11 (Spark 4.1's runtime) binds a scan of any snapshot but the
-    current one against that snapshot's schema."""
+    a column that snapshot does not have (none of its rows holds a key there), and their values; None
+    where the scan binds the data map's names (the current ones; a column renamed since keeps its
+    field id). Iceberg 1.10 binds every scan's filter against the current schema; 1.11 (Spark 4.1's
+    runtime) binds a scan of any snapshot but the current one against that snapshot's schema."""
     current = jtable.schema()
     now = jtable.currentSnapshot()
     then = jtable.schemas().get(jtable.snapshot(snapshot_id).schemaId())
     time_travel = now is None or now.snapshotId() != snapshot_id
     if not spark4(spark) or not time_travel or then is None or then.schemaId() == current.schemaId():
-        return groups, values
+        return None
     named, kept = [], []
     for group, kv in zip(groups, values, strict=True):
         found = None if group.is_array else current.caseInsensitiveFindField(column_path(group.column))
@@ -248,7 +247,7 @@ def _as_named_at(spark: SparkSession, jtable: Any, snapshot_id: int, groups: tup
         if old_name is not None:
             named.append(replace(group, column=old_name))
             kept.append(kv)
-    return tuple(named), tuple(kept)
+    return None if tuple(named) == groups else (tuple(named), tuple(kept))
 
 
 def _delta_files(table: DeltaTable, snapshot_id: int | None,
@@ -283,14 +282,12 @@ def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, 
         return cast(DeltaTable, candidates.source).read_files(candidates.snapshot_id,
                                                               None if every else set(candidates.paths()))
     jtable = candidates.source.java()
-    # The table's own columns: a format-v3 table's staged read also yields its row-lineage columns.
-    columns = [F.col(f"`{c}`") for c in call(spark, "columns", jtable)] + (
-        [F.col("_pos").alias(POSITION)] if position else [])
+    positions = POSITION if position else None
     split = int(jtable.properties().get("read.split.target-size") or _SPLIT)  # what Iceberg would pack by
     groups = None if file_per_task else balanced_groups(candidates._sizes, spark.sparkContext.defaultParallelism, split)
     if groups is None:
         options = {"split-size": str(_SPLIT), "file-open-cost": str(_SPLIT)} if file_per_task else {}
-        return _staged_read(candidates, jtable, candidates._tasks, options).select(*columns)
+        return _staged_read(candidates, jtable, candidates._tasks, options, positions)
     # Each group's largest file first, then Iceberg packs the staged files into exactly these groups
     # where the heaviest group's weight as split makes it: one scan, its table broadcast once.
     groups = [sorted(g, key=lambda i: -candidates._sizes[i]) for g in groups]
@@ -298,22 +295,23 @@ def read(candidates: Candidates, only: set[str] | frozenset[str] | None = None, 
     if packing:
         tasks = bridge(spark).pick(candidates._tasks, json.dumps([i for g in groups for i in g]))
         options = {"split-size": str(packing), "lookback": "1", "file-open-cost": "0"}
-        return _staged_read(candidates, jtable, tasks, options).select(*columns)
+        return _staged_read(candidates, jtable, tasks, options, positions)
     # Else one task per group: a staged set each, its files in one split (a union carries no `_pos`:
     # each part selects its columns first).
     whole = {"split-size": str(2**62), "file-open-cost": "0"}
-    parts = [_staged_read(candidates, jtable, bridge(spark).pick(candidates._tasks, json.dumps(g)), whole)
-             .select(*columns) for g in groups]
+    parts = [_staged_read(candidates, jtable, bridge(spark).pick(candidates._tasks, json.dumps(g)), whole, positions)
+             for g in groups]
     rows = parts[0]
     for part in parts[1:]:
         rows = rows.union(part)
     return rows
 
 
-def _staged_read(candidates: Candidates, jtable: Any, tasks: Any, options: dict[str, str]) -> DataFrame:
+def _staged_read(candidates: Candidates, jtable: Any, tasks: Any, options: dict[str, str],
+                 position: str | None) -> DataFrame:
     """The scan tasks `tasks` of the candidates' table (`jtable`, its Java table), read as a staged task set."""
     return read_staged(candidates.source.spark, jtable, cast(IcebergTable, candidates.source).identifier, tasks,
-                       options)
+                       options, position)
 
 
 def balanced_groups(sizes: list[int], parallelism: int, split: int = _SPLIT) -> list[list[int]] | None:
