@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
 	$(PY) -m pip install -qq -e '.[dev,$(SPARK_EXTRA)]'
-	@# Iceberg's and Delta's jars for this Spark line, from Maven Central through mvn into ~/.cache, once.
+	@# The jars of this Spark line's sessions (Iceberg, Delta, Spark's Kafka connector), from Maven Central
+	@# through mvn into ~/.cache, once.
 	$(VENV)/bin/dsr fetch-jars
 	@# Records the classes a run loads (~45 s, once): every later Spark start is 2-4 s shorter.
 	$(VENV)/bin/dsr warm-up || echo "no class archive recorded: Spark commands start without one"
@@ -50,10 +51,13 @@ test-slow: $(STAMP) bytecode
 
 # Debian packages for the shared-catalog set-ups: PostgreSQL (also the intake queue several `dsr serve`
 # share) and the two JDBC drivers; Chromium and its driver for the browser tests of the intake pages. Installs only what is missing (apt-get needs root,
-# or sudo when there is one).
+# or sudo when there is one). Also a local Kafka broker's jars (Apache Kafka 4.1 with its dependencies,
+# ~43 MB from Maven Central through mvn into ~/.cache/lakehouse-dsr/jars/kafka-broker, once): the tests
+# and benchmarks on Kafka topics start one (lake/broker.py), with no Docker or Kafka installation.
 DEBIAN_PACKAGES := postgresql libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 integration-deps: $(STAMP) jars
+	$(VENV)/bin/dsr fetch-jars --kafka-broker
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing $$missing"; \
@@ -77,8 +81,9 @@ test-integration: integration-deps bytecode
 # tables of 10k rows: whole `dsr run` processes against per-table SQL), the silver/gold propagation and
 # streaming suppression, the vault (shred against erase, pseudonymize against a copy, export through
 # it, at 1M and BENCH_EVENTS), the intake service under 10,000 filings from 20 clients (one instance on
-# SQLite, two on a throwaway PostgreSQL: hence integration-deps) against a
-# commit per request, a DROP list of 1M hashes matched against 10M people; JSON + charts in bench/results/.
+# SQLite, two on a throwaway PostgreSQL: hence integration-deps, which also fetches the local Kafka
+# broker's jars) against a commit per request, a DROP list of 1M hashes matched against 10M people;
+# JSON + charts in bench/results/.
 bench: $(STAMP) integration-deps bytecode
 	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
 	$(PY) bench/tables.py

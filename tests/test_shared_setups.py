@@ -172,6 +172,8 @@ with open({calls!r}, "a") as log:
 out = pathlib.Path(next(a for a in args if a.startswith("-DoutputDirectory=")).split("=", 1)[1])
 out.mkdir(parents=True, exist_ok=True)
 names = {names!r} + ({s3a!r} if "s3a" in args else [])
+if "-DexcludeTransitive=true" not in args:  # the broker's list: its runtime closure
+    names = {broker!r}
 for name in names[:{written}]:
     (out / name).write_bytes(b"jar " + name.encode())
 if {fail!r}:
@@ -181,6 +183,7 @@ if {fail!r}:
 """
 FORMATS = ["iceberg-spark-runtime-3.5_2.12-1.10.2.jar", "delta-spark_2.12-3.3.2.jar", "delta-storage-3.3.2.jar"]
 S3A = ["hadoop-aws-3.3.4.jar", "aws-java-sdk-bundle-1.12.262.jar"]
+BROKER = ["kafka_2.13-4.1.1.jar", "kafka-clients-4.1.1.jar", "log4j-slf4j-impl-2.24.3.jar", "slf4j-api-1.7.36.jar"]
 
 
 def fake_mvn(tmp_path: Path, monkeypatch, fail: bool = False, written: int = 99) -> Path:
@@ -190,7 +193,7 @@ def fake_mvn(tmp_path: Path, monkeypatch, fail: bool = False, written: int = 99)
     calls.touch()
     script = tmp_path / "bin" / "mvn"
     script.parent.mkdir(exist_ok=True)
-    script.write_text(FAKE_MVN.format(python=sys.executable, calls=str(calls), names=FORMATS, s3a=S3A,
+    script.write_text(FAKE_MVN.format(python=sys.executable, calls=str(calls), names=FORMATS, s3a=S3A, broker=BROKER,
                                       written=written, fail=fail))
     script.chmod(0o755)
     monkeypatch.setattr(jars, "MVN", str(script))
@@ -279,6 +282,30 @@ def test_the_default_lines_jars_resolve_from_maven(monkeypatch):
     names = [jar.name for jar in found]
     assert any(name.startswith("iceberg-spark-runtime-") for name in names)
     assert any(name.startswith("delta-spark_") for name in names)
+
+
+def test_the_kafka_brokers_jars_are_fetched_with_their_runtime_closure_into_a_folder_of_their_own(
+        tmp_path, monkeypatch):
+    calls = fake_mvn(tmp_path, monkeypatch)
+    found = jars.broker()
+    folder = tmp_path / "cache" / "lakehouse-dsr" / "jars" / "kafka-broker"
+    assert [jar.name for jar in found] == sorted(BROKER) and all(jar.parent == folder for jar in found)
+    (args,) = calls.read_text().splitlines()
+    assert "-DexcludeTransitive" not in args and "-P" not in args.split()
+    assert "dependency:copy-dependencies -DincludeScope=runtime" in args
+    assert jars.broker(fetch=False) == found and jars.resolve("3.5") != found  # the Spark line's: its own
+    found[0].unlink()
+    with pytest.raises(EnvironmentSetupError, match=r"run `dsr fetch-jars --kafka-broker` \(make integration-deps"):
+        jars.broker(fetch=False)
+
+
+def test_the_fetch_jars_command_fetches_the_brokers_jars_alone(tmp_path, monkeypatch):
+    fake_mvn(tmp_path, monkeypatch)
+    result = CliRunner().invoke(app, ["fetch-jars", "--kafka-broker"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert result.stdout.strip() == str(tmp_path / "cache" / "lakehouse-dsr" / "jars" / "kafka-broker")
+    refused = CliRunner().invoke(app, ["fetch-jars", "--kafka-broker", "--s3a"])
+    assert refused.exit_code == 2 and "--kafka-broker fetches the broker's jars alone" in refused.output
 
 
 def test_the_fetch_jars_command_prints_the_folder(tmp_path, monkeypatch):

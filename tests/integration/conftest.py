@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
+from lakehouse_dsr.lake.broker import LocalBroker
+
 TIMES: dict[str, dict[str, float]] = {}  # wall clock of each dsr command, per set-up
 STAGES: dict[str, dict[str, float]] = {}  # the run report's seconds per stage, per set-up
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory) -> Iterator[LocalBroker]:
+    """A Kafka broker on 127.0.0.1 (lake/broker.py: KRaft, one node, ~5 s to start; its jars fetched
+    through mvn once per machine, `make integration-deps` does) shared by a test process's tests, which
+    name their own topics; stopped, its data removed, when the process's tests end."""
+    with LocalBroker(parent=tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
 
 
 def pytest_collection_modifyitems(items):
