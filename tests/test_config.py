@@ -115,6 +115,19 @@ def test_yaml_sets_spark_catalog_and_datamap(tmp_path):
         ("datamap: {tables: {demo.t: {key: k, action: shred, exempt: tax}}}", "demo.t.*cannot be exempt on its own"),
         ("datamap: {tables: {demo.t: {key: k, exempt: tax}}, derived: {demo.g: {from: [demo.t], sql: 'SELECT 1',"
          " group_by: [x]}}}", "demo.g is recomputed from demo.t, which is exempt.*mark it exempt too"),
+        ("datamap: {tables: {demo.t: {key: k}}, topics: {clicks: {key: user_id}}}",
+         "lists topics: give the cluster that holds them, kafka: {bootstrap_servers"),
+        ("kafka: {bootstrap_servers: 'h:9'}\ndatamap: {tables: {demo.t: {key: k}}, topics: {'a b': {}}}",
+         "'a b' is not a Kafka topic name"),
+        ("kafka: {bootstrap_servers: 'h:9'}\ndatamap: {tables: {demo.t: {key: k}}, topics: {c: {identifier: email}}}",
+         "topic c, key email: identifier 'email' is neither the subject"),
+        ("kafka: {bootstrap_servers: 'h:9'}\ndatamap: {tables: {demo.t: {key: k}}, topics: {c: {key: 'a b'}}}",
+         "column name or a struct path"),
+        ("kafka: {bootstrap_servers: 'h:9'}\ndatamap: {tables: {demo.t: {key: k}}, topics: {c: {accept_retention: ''"
+         "}}}",
+         "accept_retention"),
+        ("kafka: {servers: 'h:9'}", "kafka.bootstrap_servers"),
+        ("kafka: {bootstrap_servers: 'h:9', 'Bad Name': x}", "'Bad Name' is not a Kafka client property name"),
     ],
 )
 def test_bad_config_gets_a_clear_error(tmp_path, text, message):
@@ -196,3 +209,20 @@ def test_settings_are_frozen_and_changed_by_copy(tmp_path):
         "csv", (tmp_path / "out").resolve(), "other")
     assert (settings.export.format, settings.ledger_namespace) == ("json", "dsr")
     assert changed.catalog is settings.catalog  # untouched sections are shared, not copied
+
+
+def test_kafka_client_properties_sit_beside_the_servers(tmp_path, monkeypatch):
+    cfg = tmp_path / "dsr.yaml"
+    cfg.write_text("kafka: {bootstrap_servers: 'b1:9092,b2:9092', security.protocol: SASL_SSL, "
+                   "sasl.password: '${KAFKA_SECRET}', enable.idempotence: true}\n"
+                   "datamap: {tables: {demo.t: {key: k}}, topics: {clicks: {}, profiles: {key: contact.email, "
+                   "identifier: email}}, identifiers: {email: {table: demo.u, subject_column: user_id, "
+                   "column: email}}}")
+    monkeypatch.setenv("KAFKA_SECRET", "s3cret")
+    settings = load_settings(cfg)
+    assert settings.kafka.client_properties() == {"bootstrap.servers": "b1:9092,b2:9092",
+                                                  "security.protocol": "SASL_SSL", "sasl.password": "s3cret",
+                                                  "enable.idempotence": "true"}
+    topics = settings.datamap.topics
+    assert (topics["clicks"].field, topics["clicks"].identifier) == ("user_id", "user_id")  # the subject by default
+    assert (topics["profiles"].field, topics["profiles"].identifier) == ("contact.email", "email")

@@ -9,6 +9,7 @@ from datetime import date
 import pytest
 
 from lakehouse_dsr.datamap import DataMap
+from lakehouse_dsr.evidence.models import ErasureEvidence
 from lakehouse_dsr.evidence.report import RunReport
 from lakehouse_dsr.ledger.journal import Step
 from lakehouse_dsr.ledger.ledger import Outcome
@@ -171,3 +172,37 @@ def test_requests_alike_share_one_decision_and_each_keeps_its_own_counts_and_dea
     assert (done["r6"].status, done["r6"].reason) == ("failed", "demo.events: 1 row left")
     assert done["r6"].evidence["tables"]["demo.events"]["verification"]["passed"] is False
     assert done["r1"].evidence["tables"]["demo.events"]["verification"]["passed"] is True
+
+
+def test_a_topic_still_holding_the_subject_keeps_the_request_open_with_its_reason():
+    from datetime import UTC, datetime
+
+    from lakehouse_dsr.lake.kafka import FOREVER, UNBOUNDED, TopicConfig
+    from lakehouse_dsr.stages.topics import Found, TopicSettlement
+
+    written = datetime(2026, 11, 20, tzinfo=UTC)
+    week = TopicConfig("clicks", 1, frozenset({"delete"}), 7 * 86_400_000, UNBOUNDED, 86_400_000)
+    forever = TopicConfig("audit", 1, frozenset({"delete"}), FOREVER, UNBOUNDED, 86_400_000)
+    compacted = TopicConfig("profiles", 1, frozenset({"compact"}), FOREVER, 3_600_000, 86_400_000)
+    clicks = TopicSettlement("clicks", week, None, records_read=10,
+                             found={"r1": Found(2, written), "r2": Found(1, written)})
+    audit = TopicSettlement("audit", forever, "fraud audit", records_read=5, found={"r1": Found(1, written)})
+    profiles = TopicSettlement("profiles", compacted, None, records_read=4, tombstones=1, tombstoned_at=written,
+                               tombstones_by_request={"r3": 1}, found={"r3": Found(2, written)})
+    settled = {"clicks": clicks, "audit": audit, "profiles": profiles}
+    done = {o.request_id: o for o in rules.with_topics(
+        [Outcome("r1", "completed"), Outcome("r2", "erased", "logically erased; purge due", purge_by=date(2026, 12, 1)),
+         Outcome("r3", "completed"), Outcome("r4", "failed", "demo.events: 1 row left")], settled,
+        {"r1": date(2026, 12, 20), "r2": date(2026, 11, 25), "r3": date(2026, 12, 20), "r4": date(2026, 12, 20)})}
+    assert done["r1"].status == "failed" and done["r1"].reason == (
+        "topic clicks (cleanup.policy=delete, retention.ms=604800000 (7 d)) still holds 2 record(s) of the subject, "
+        "guaranteed gone by 2026-11-27T00:00:00+00:00; a run after that proves them gone")  # audit's are accepted
+    assert done["r2"].reason.endswith("after the request's due date 2026-11-25") and done["r2"].purge_by is None
+    assert "guaranteed gone by 2026-11-20T01:00:00+00:00" in done["r3"].reason  # tombstone + max.compaction.lag.ms
+    assert done["r4"].reason == "demo.events: 1 row left"  # nothing of r4 in any topic: its own reason only
+    kept = done["r1"].evidence["topics"]["audit"]
+    assert (kept["records_left"], kept["passed"], kept["gone_by"], kept["accepted"]) == (1, False, None, "fraud audit")
+    assert done["r4"].evidence["topics"]["clicks"]["passed"]
+    assert done["r3"].evidence["topics"]["profiles"]["tombstones"] == 1
+    for o in done.values():
+        ErasureEvidence.model_validate({"version": 1, "run_id": RUN, "verified_at": AT, "tables": {}, **o.evidence})

@@ -99,6 +99,14 @@ WITHOUT_DATAMAP = {"submit", "status", "extend", "certificate", "release", "expi
                    "rotate-key", "jars", "serve", "operator", "webhooks"}
 
 
+def _name_value(text: str, flag: str) -> tuple[str, str]:
+    """NAME=VALUE of a repeatable flag; a usage error (exit 2) otherwise."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise typer.BadParameter(f"{text!r}: write NAME=VALUE", param_hint=flag)
+    return name.strip(), value
+
+
 def _settings() -> Settings:
     if "settings" not in _state:
         settings = load_settings(_state.get("config"))
@@ -394,13 +402,20 @@ def rotate_key_cmd() -> None:
 def fetch_jars(
     s3a: Annotated[bool, typer.Option("--s3a", help="also Hadoop's S3A connector (hadoop-aws, its AWS SDK)")] = False,
     line: Annotated[str | None, typer.Option(help="Spark line, 3.5 or 4.1 (default: the installed PySpark's)")] = None,
+    kafka_broker: Annotated[bool, typer.Option(
+        "--kafka-broker", help="instead, a local Apache Kafka broker's jars with their dependencies (tests, "
+                               "benchmarks: lakehouse_dsr.lake.broker)")] = False,
 ) -> None:
-    """Fetch the Spark-side jars (Iceberg, Delta; S3A with --s3a) from Maven Central through mvn, once;
-    print their cache folder (~/.cache/lakehouse-dsr/jars/spark-LINE/...) for spark.jars."""
+    """Fetch the Spark-side jars (Iceberg, Delta, Kafka's connector; S3A with --s3a) from Maven Central
+    through mvn, once; print their cache folder (~/.cache/lakehouse-dsr/jars/spark-LINE/...) for
+    spark.jars. With --kafka-broker, a local Kafka broker's jars instead (~/.cache/lakehouse-dsr/jars/kafka-broker)."""
     from .lake import jars as format_jars
 
+    if kafka_broker and (s3a or line):
+        raise typer.BadParameter("--kafka-broker fetches the broker's jars alone: fetch Spark's (--s3a, --line) "
+                                 "in a command of their own")
     with err.status("fetching the jars from Maven Central through mvn (once; then from the cache)"):
-        found = format_jars.resolve(line, s3a=s3a)
+        found = format_jars.broker() if kafka_broker else format_jars.resolve(line, s3a=s3a)
     print(found[0].parent)  # plain stdout: scripts do DSR_JARS=$(dsr fetch-jars --s3a)
 
 
@@ -641,17 +656,25 @@ def adopt(
 
 @app.command()
 def ingest(
-    source: Annotated[str, typer.Option(help="folder the files arrive in (local, s3a:, hdfs: ...)")],
-    table: Annotated[str, typer.Option(help="Iceberg table to append to, namespace.table (must exist)")],
+    source: Annotated[str, typer.Option(help="folder the files arrive in (local, s3a:, hdfs: ...), or a Kafka "
+                                             "topic: kafka://HOST:PORT/TOPIC")],
+    table: Annotated[str, typer.Option(help="table to append to, namespace.table (Iceberg or Delta, as the data map "
+                                            "places it; must exist)")],
     checkpoint: Annotated[str, typer.Option(help="the query's checkpoint folder: a restart resumes from it")],
-    fmt: Annotated[str, typer.Option("--format", help="json | csv | parquet")] = "json",
+    fmt: Annotated[str, typer.Option("--format", help="json | csv | parquet (files); json (a Kafka record's value)")
+                   ] = "json",
     once: Annotated[bool, typer.Option("--once", help="ingest what is there now, then stop (availableNow)")] = False,
     key: Annotated[str | None, typer.Option(help="column holding the identifier (default: the table's data-map key)")
                    ] = None,
     identifier: Annotated[str | None, typer.Option(help="identifier the key holds (default: the data map's)")
                           ] = None,
+    starting_offsets: Annotated[str, typer.Option(help="Kafka: where a new query starts, earliest | latest | Spark's "
+                                                       "per-partition JSON (a restart resumes from its checkpoint)")
+                                ] = "earliest",
+    option: Annotated[list[str] | None, typer.Option(help="a Spark source option, NAME=VALUE (maxOffsetsPerTrigger=..."
+                                                          "); repeat for more")] = None,
 ) -> None:
-    """Stream files into an Iceberg table, exactly once, dropping rows of people who asked to be erased."""
+    """Stream files or a Kafka topic into a table, exactly once, dropping rows of people who asked to be erased."""
     from .drop.screening import listed_rows
     from .ingest.stream import ingest as run_ingest
     from .ingest.stream import suppressed_counts
@@ -663,7 +686,9 @@ def ingest(
                       f"{rows_in - kept:,} of erased subjects dropped"
                       + (f", {listed:,} carrying a DROP work item's hash" if listed else ""))
 
-    result = run_ingest(_spark(), _settings(), source, fmt, table, checkpoint, once, key, identifier, on_batch=batch)
+    options = dict(_name_value(o, "--option") for o in option or [])
+    result = run_ingest(_spark(), _settings(), source, fmt, table, checkpoint, once, key, identifier, options, batch,
+                        starting_offsets)
     console.print(f"{result.batches} batch(es): {result.rows_in:,} rows read, {result.rows_suppressed:,} dropped "
                   f"(erased subjects), {result.rows_written:,} appended to {table}")
     if result.drop_listed:

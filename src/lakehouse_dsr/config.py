@@ -279,10 +279,35 @@ class DeltaSettings(_Strict):
         return v
 
 
+class KafkaSettings(BaseModel):
+    """The Kafka cluster holding the data map's topics (`kafka:`): `bootstrap_servers`, and beside it any
+    other client property (`security.protocol`, `sasl.mechanism`, `sasl.username`, ...; secrets as
+    ${ENV}), given as written to the engine's admin client and, prefixed `kafka.`, to Spark's connector."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    bootstrap_servers: str = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_strings(cls, data: Any) -> Any:
+        """Client properties are text (`true`, not `True`), as the Kafka clients read them."""
+        if not isinstance(data, dict):
+            return data
+        strings = _as_str_map(data)
+        for name in strings:
+            if not re.match(r"^[a-z][a-z0-9._-]*\Z", name):
+                raise ValueError(f"{name!r} is not a Kafka client property name")
+        return {k.replace(".", "_") if k == "bootstrap.servers" else k: v for k, v in strings.items()}
+
+    def client_properties(self) -> dict[str, str]:
+        """Every property as Kafka clients name it (`bootstrap.servers`, ...)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **cast(dict[str, str], self.model_extra or {})}
+
+
 class Settings(_Strict):
     """Everything `dsr.yaml` says, validated and frozen (load_settings, settings_from_dict; a variant
     is a copy: `replace`). Sections: spark, catalog, datamap, purge, erase, export, run, intake, records,
-    drop, webhooks."""
+    drop, webhooks, kafka."""
 
     model_config = ConfigDict(serialize_by_alias=True)  # `datamap`, as written, in every dump
 
@@ -300,6 +325,7 @@ class Settings(_Strict):
     records: RecordSettings = Field(default_factory=RecordSettings)
     drop: DropSettings = Field(default_factory=DropSettings)
     webhooks: list[WebhookSettings] = Field(default_factory=list)  # told of status changes
+    kafka: KafkaSettings | None = None  # the cluster of the data map's `topics:`
     ledger_namespace: str = "dsr"
     demo_namespace: str = "demo"
     secret_key_file: Path | None = None
@@ -313,6 +339,13 @@ class Settings(_Strict):
                               "there (examples/dsr.yaml shows how); the demo's tables are mapped only when no "
                               "dsr.yaml is found")
         return self.datamap_
+
+    @model_validator(mode="after")
+    def _topics_have_a_cluster(self) -> Settings:
+        if self.datamap_ is not None and self.datamap_.topics and self.kafka is None:
+            raise ValueError("the data map lists topics: give the cluster that holds them, "
+                             "kafka: {bootstrap_servers: HOST:PORT}")
+        return self
 
     @field_validator("webhooks")
     @classmethod

@@ -7,6 +7,7 @@ from .model import (
     LinkedIdentifier,
     SubjectClock,
     TableMapping,
+    TopicMapping,
     column_path,
     column_ref,
     demo_datamap,
@@ -14,5 +15,5 @@ from .model import (
     sql_literal,
 )
 
-__all__ = ["DataMap", "FileMapping", "KeyGroup", "LinkedIdentifier", "SubjectClock", "TableMapping", "column_path",
-           "column_ref", "demo_datamap", "is_array", "sql_literal"]
+__all__ = ["DataMap", "FileMapping", "KeyGroup", "LinkedIdentifier", "SubjectClock", "TableMapping", "TopicMapping",
+           "column_path", "column_ref", "demo_datamap", "is_array", "sql_literal"]

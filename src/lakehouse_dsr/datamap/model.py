@@ -21,6 +21,9 @@ datamap:
     demo_gold.daily_by_type: {from: [demo.events], sql: "SELECT ...", group_by: [event_type, day]}
   shares:                          # tables that leave the company, kept free of opted-out subjects (stages/share.py)
     partner.events: {from: demo.events, key: user_id, sql: "SELECT user_id, event_type FROM demo.events"}
+  topics:                          # Kafka topics holding the subject (cluster: `kafka:` in dsr.yaml; stages/topics.py)
+    clicks:   {key: user_id}                                  # the field of each record's JSON value
+    profiles: {key: contact.email, identifier: email}
 ```
 """
 
@@ -79,6 +82,14 @@ def _with_identifiers(mapping: Any, subject: str) -> Any:
                          if isinstance(spec, KeySpec) else spec)
                 for column, spec in keys.items()}
     return {**raw, "identifier": identifier, **({"keys": keys} if keys is not None else {})}
+
+
+def _topic_defaults(mapping: Any, subject: str) -> Any:
+    """A topic's identifier defaults to the subject, its key field to the identifier's name."""
+    if not isinstance(mapping, dict):
+        return mapping
+    identifier = mapping.get("identifier") or subject
+    return {**mapping, "identifier": identifier, "key": mapping.get("key") or identifier}
 
 
 def is_array(column: str) -> bool:
@@ -528,6 +539,33 @@ class ShareMapping(BaseModel):
         return [KeyGroup(self.key, self._subject)]
 
 
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}\Z")  # Kafka's own rule for topic names
+
+
+class TopicMapping(BaseModel):
+    """A Kafka topic holding the subject (`topics:`): each record's value is JSON, and `key` names the
+    field (a dotted path into nested objects) holding an identifier of the kind `identifier` (default
+    the data map's subject). A run settles every mapped topic for each erase request by the topic's own
+    `cleanup.policy` (stages/topics.py): compacted topics get tombstones, deleting ones are checked
+    against the request's deadline, and either is proven by reading the topic from its earliest offset.
+    `accept_retention`: a documented reason under which a retention (or compaction) that outlives a
+    request's deadline is accepted; the request's evidence then says when the records go."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    key: str | None = None  # default: the identifier's own name
+    identifier: str | None = None
+    accept_retention: str | None = Field(default=None, min_length=1)
+
+    @property
+    def field(self) -> str:
+        return cast(str, self.key)
+
+    @property
+    def group(self) -> KeyGroup:
+        """The topic's one key, as the verification's hashing takes it."""
+        return KeyGroup(self.field, cast(str, self.identifier))
+
+
 class DataMap(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     subject: str = "user_id"
@@ -537,6 +575,7 @@ class DataMap(BaseModel):
     derived: dict[str, DerivedMapping] = Field(default_factory=dict)
     shares: dict[str, ShareMapping] = Field(default_factory=dict)
     drop: dict[str, DropList] = Field(default_factory=dict)  # California DROP: where each list's identifiers are
+    topics: dict[str, TopicMapping] = Field(default_factory=dict)  # Kafka topics, by their names on the cluster
 
     @model_validator(mode="before")
     @classmethod
@@ -550,6 +589,8 @@ class DataMap(BaseModel):
         for section in ("tables", "files", "derived"):
             if isinstance(data.get(section), dict):
                 out[section] = {name: _with_identifiers(m, subject) for name, m in data[section].items()}
+        if isinstance(data.get("topics"), dict):
+            out["topics"] = {name: _topic_defaults(m, subject) for name, m in data["topics"].items()}
         return out
 
     @model_validator(mode="after")
@@ -608,6 +649,14 @@ class DataMap(BaseModel):
                     and where.identifier not in self.identifiers:
                 raise ValueError(f"drop: {list_name}: identifier {where.identifier!r} is neither the subject "
                                  f"({self.subject!r}) nor one of the linked identifiers {sorted(self.identifiers)}")
+        for name, topic in self.topics.items():
+            if not _TOPIC.match(name) or name in (".", ".."):
+                raise ValueError(f"topics: {name!r} is not a Kafka topic name (letters, digits, . _ -; at most 249)")
+            _check_column(topic.field, array_allowed=False)
+            if topic.identifier != self.subject and topic.identifier not in self.identifiers:
+                raise ValueError(f"topic {name}, key {topic.field}: identifier {topic.identifier!r} is neither the "
+                                 f"subject ({self.subject!r}) nor one of the linked identifiers "
+                                 f"{sorted(self.identifiers)}")
         for name, mapping in [*self.tables.items(), *self.files.items(), *self.keyed_derived.items()]:
             if name not in self.files:
                 check_table_name(name)

@@ -66,6 +66,23 @@ class TableProof(_Document):
     kept: bool | None = Field(None, description="the exempt table holds the subject's data, kept under the exemption")
 
 
+class TopicProof(_Document):
+    """A Kafka topic's part of a request's evidence (stages/topics.py)."""
+
+    action: Literal["tombstone", "retention"] = Field(description="tombstone: record keys tombstoned for "
+                                                      "compaction; retention: left to the topic's time retention")
+    cleanup_policy: str
+    retention_ms: int = Field(description="the topic's retention.ms (-1: kept forever)")
+    tombstones: int = Field(description="record keys of the subject's latest records tombstoned by this run")
+    records_left: int = Field(description="the subject's records read back from the earliest offset")
+    records_read: int = Field(description="records the proof read")
+    passed: bool = Field(description="no record of the subject is left in the topic")
+    gone_by: str | None = Field(description="when the topic's settings guarantee the records left are gone (none: "
+                                            "nothing removes them)")
+    method: str = Field(description="how the topic was read and the subject looked for")
+    accepted: str | None = Field(None, description="the data map's accepted reason for records left (accept_retention)")
+
+
 class ErasureEvidence(_Document):
     """An erase request's evidence: per table what was done and how it was proven."""
 
@@ -74,6 +91,8 @@ class ErasureEvidence(_Document):
     verified_at: str
     tables: dict[str, TableProof]
     erased_in_run: str | None = Field(None, description="the earlier run that erased the subject (batched purge)")
+    topics: dict[str, TopicProof] | None = Field(None, description="the data map's Kafka topics, as settled and read "
+                                                 "back by this run")
 
 
 class AccessEvidence(_Document):
@@ -274,6 +293,21 @@ class DropMatch(_Document):
     opt_out_requests: int = Field(description="opt-out requests filed")
 
 
+class TopicRecord(_Document):
+    """A Kafka topic as a run settled it for its erase batch (stages/topics.py): settings and counts."""
+
+    cleanup_policy: str
+    retention_ms: int
+    max_compaction_lag_ms: int
+    partitions: int
+    records_read: int = Field(description="records read back from the earliest offset, for the proof")
+    tombstones: int = Field(description="record keys tombstoned")
+    requests_found: int = Field(description="requests whose subject still has records there")
+    records_left: int = Field(description="their records")
+    accepted: str | None = Field(description="the data map's accepted reason for records left (accept_retention)")
+    seconds: float
+
+
 class RunReportDocument(_Document):
     """The run report: what one `dsr run` did, table by table and request by request."""
 
@@ -302,6 +336,8 @@ class RunReportDocument(_Document):
     retention: RetentionPass | None = Field(None, description="the data map's retention rules (`expire:`) enforced "
                                             "by this run: per table and rule the rows past it, the commit, the "
                                             "purge and the proof; tables a legal hold kept out")
+    topics: dict[str, TopicRecord] = Field(default_factory=dict, description="the data map's Kafka topics, settled "
+                                           "for the erase batch and read back")
     summary: Summary
     per_table: dict[str, TableFigures]
 

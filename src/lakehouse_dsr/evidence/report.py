@@ -84,6 +84,8 @@ class RunReport:
     drop: dict = field(default_factory=dict)
     # the data map's retention rules enforced by this run (stages/retention.py)
     retention: RetentionPass | None = None
+    # the data map's Kafka topics settled for the erase batch (stages/topics.py TopicSettlement.as_dict)
+    topics: dict[str, dict] = field(default_factory=dict)
 
     @property
     def needs_attention(self) -> bool:
@@ -207,6 +209,14 @@ class RunReport:
                           + f", {s['rows_added']:,} rows added, {s['rows_removed']:,} removed, {s['seconds']:.1f}s"
                           + ("" if verified is None else ", verified" if verified else ", [red]not verified[/]")
                           + (f", [red]{s['error']}[/]" if s["error"] else ""))
+
+        for name, t in self.topics.items():
+            left = t["records_left"]
+            console.print(f"topic {name} ({t['cleanup_policy']}): {t['tombstones']:,} key(s) tombstoned, "
+                          f"{t['records_read']:,} records read back: " + (
+                              "no record of the batch left" if not left else
+                              f"[yellow]{left:,} record(s) of {t['requests_found']:,} request(s) left[/]"
+                              + (f" (accepted: {t['accepted']})" if t["accepted"] else "")))
 
     def _render_tables(self, console: Console) -> None:
         table = Table(title=f"run {self.run_id}: erasure per table", title_justify="left")

@@ -1,4 +1,4 @@
-"""Streaming ingest that never re-admits an erased person, and `dsr ingest`.
+"""Streaming ingest that never re-admits an erased person, and `dsr ingest` (files or a Kafka topic).
 
 `suppress_stream` wraps any streaming DataFrame (a file source, Kafka, ...):
 
@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -33,6 +34,7 @@ from ..exceptions import DataMapError, DsrError
 from ..inventory.check import field_at
 from ..lake.hmac import keyed_hash, pads
 from ..lake.indriver import local_rows
+from ..lake.kafka import Cluster
 from ..lake.lakehouse import Lake
 from ..lake.metrics import observed
 from ..lake.spark import uncached_catalog
@@ -102,6 +104,15 @@ def _pad_row(spark: SparkSession, ring: dict[str, bytes]) -> DataFrame:
     return local_rows(spark, [tuple(row)], ", ".join(schema))
 
 
+def _failure(message: str) -> str:
+    """A failed query's error in words that hold no record: Spark's malformed-record error quotes the
+    fields it parsed, which may name a person."""
+    if "MALFORMED_RECORD" in message:
+        return "a record's value is not a JSON object with the table's columns (nothing of that micro-batch " \
+               "was written; fix or skip the record, e.g. --starting-offsets, and restart)"
+    return message.splitlines()[0]
+
+
 def suppressed_counts(progress: dict) -> tuple[int, int]:
     """(rows in, rows kept) of a micro-batch, from its progress dictionary."""
     return observed(progress, ROWS_IN), observed(progress, ROWS_KEPT)
@@ -121,21 +132,30 @@ class IngestResult:
 
 def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table: str, checkpoint: str,
            once: bool = False, key: str | None = None, identifier: str | None = None,
-           options: dict[str, str] | None = None, on_batch=None) -> IngestResult:
-    """Stream the files arriving under `source` (json | csv | parquet, read with `table`'s schema)
-    into the Iceberg `table` through `suppress_stream`, exactly once across restarts from
-    `checkpoint` (Spark's file-source log plus Iceberg's idempotent streaming commits). `once`:
-    what is there now, then stop (availableNow); otherwise until interrupted. `key`/`identifier`
-    default to the table's data-map entry (its one key column). `on_batch(progress)` is called
-    after each micro-batch with Spark's progress dictionary.
+           options: dict[str, str] | None = None, on_batch=None, starting_offsets: str = "earliest") -> IngestResult:
+    """Stream `source` into `table` (Iceberg or Delta, as the data map places it) through
+    `suppress_stream`, exactly once across restarts from `checkpoint`: the source's offsets in the
+    checkpoint plus the table's idempotent streaming commits (each micro-batch committed once, by its id).
+
+    `source`: a folder whose arriving files (`fmt`: json | csv | parquet) are read with the table's
+    schema, or a Kafka topic, `kafka://HOST:PORT/TOPIC`, whose records' values are JSON objects read
+    with the table's schema (`fmt` json; a value that is not such an object stops the query with an
+    error rather than being dropped or admitted; tombstones, null values, are skipped), from
+    `starting_offsets` (earliest | latest | Spark's per-partition JSON) on the first start; client
+    properties (security, SASL) come from `settings.kafka`. `options`: the Spark source's own options
+    (maxOffsetsPerTrigger, maxFilesPerTrigger ...). `once`: what is there now, then stop
+    (availableNow); otherwise until interrupted. `key`/`identifier` default to the table's data-map
+    entry (its one key column). `on_batch(progress)` is called after each micro-batch with Spark's
+    progress dictionary.
 
     Where the data map places DROP lists in `table`, each micro-batch is also screened against the
     work items waiting (drop/screening.py); after a batch that carried one, the waiting items are
     matched against the lake (`match_items`: a scan of the lists' columns), so the person's request
     is filed before the next `dsr run`."""
-    if fmt not in ("json", "csv", "parquet"):
-        raise DsrError(f"unknown format {fmt!r} (expected json, csv or parquet)")
-    if "://" not in source and not Path(source).is_dir():
+    topic = Cluster.at(source, settings.kafka) if source.startswith("kafka:") else None
+    if fmt not in ("json", "csv", "parquet") or (topic and fmt != "json"):
+        raise DsrError(f"unknown format {fmt!r} (expected {'json' if topic else 'json, csv or parquet'})")
+    if topic is None and "://" not in source and not Path(source).is_dir():
         raise DsrError(f"source folder {source} does not exist")
     if key is None:
         mapping = settings.datamap.keyed.get(table)
@@ -146,16 +166,25 @@ def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table
         schema = spark.table(settings.table(table)).schema
     except Exception:
         raise DsrError(f"table {table} cannot be read: the stream appends to an existing table") from None
-    reader = spark.readStream.format(fmt).schema(schema).options(
-        **({"header": "true"} if fmt == "csv" else {}), **(options or {}))
-    clean = screen_stream(suppress_stream(reader.load(source), settings, key, identifier), settings, table)
-    writer = clean.writeStream.format("iceberg").outputMode("append").option("checkpointLocation", checkpoint)
+    if topic is not None:
+        cluster, name = topic
+        records = cluster.stream(spark, name, starting_offsets, options).where(F.col("value").isNotNull())
+        arriving = records.select(F.from_json(F.col("value").cast("string"), schema, {"mode": "FAILFAST"})
+                                  .alias("dsr_value")).select("dsr_value.*")
+    else:
+        arriving = spark.readStream.format(fmt).schema(schema).options(
+            **({"header": "true"} if fmt == "csv" else {}), **(options or {})).load(source)
+    clean = screen_stream(suppress_stream(arriving, settings, key, identifier), settings, table)
+    writer = clean.writeStream.option("checkpointLocation", checkpoint)
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime="5 seconds")
-    query = writer.toTable(settings.table(table))
+    query = Lake.of(spark, settings).table(table).append_stream(writer)
     result, seen = IngestResult(), set()
     try:
         while query.isActive or query.recentProgress:
-            query.awaitTermination(1)
+            try:
+                query.awaitTermination(1)
+            except StreamingQueryException:
+                break  # told below, from query.exception()
             for progress in query.recentProgress:
                 if progress["batchId"] in seen or not progress.get("numInputRows"):
                     continue
@@ -175,8 +204,8 @@ def ingest(spark: SparkSession, settings: Settings, source: str, fmt: str, table
     finally:
         if query.isActive:
             query.stop()
-    if query.exception():
-        raise DsrError(f"the streaming query failed: {str(query.exception()).splitlines()[0]}")
+    if failure := query.exception():
+        raise DsrError(f"the streaming query failed: {_failure(str(failure))}")
     result.rows_written = result.rows_in - result.rows_suppressed
     return result
 

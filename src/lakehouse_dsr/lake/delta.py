@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from py4j.java_gateway import JavaClass
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from ..datamap import column_path, column_ref
@@ -148,6 +149,12 @@ class DeltaTable:
 
     def location(self) -> str:
         return self.path
+
+    def append_stream(self, stream: DataStreamWriter) -> StreamingQuery:
+        """Start `stream` (its trigger and checkpoint set) appending to the table at its location:
+        Delta's sink records each micro-batch's id in the commit (txn action), so a restart from the
+        checkpoint never appends a batch twice."""
+        return stream.format("delta").outputMode("append").start(self.path)
 
     def _log(self) -> Any:
         """Delta's DeltaLog of the table (cached by Delta per location). The session is made the

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from pyspark.sql.types import ArrayType, MapType, StructType
 
 from ..datamap import column_ref
@@ -77,6 +78,12 @@ class IcebergTable:
     def exists(self) -> bool:
         """Whether the catalog has the table. Metadata only."""
         return bool(self.spark.catalog.tableExists(self.identifier))
+
+    def append_stream(self, stream: DataStreamWriter) -> StreamingQuery:
+        """Start `stream` (its trigger and checkpoint set) appending to the table: Iceberg's streaming
+        sink commits each micro-batch once, by its batch id, so a restart from the checkpoint never
+        appends a batch twice."""
+        return stream.format("iceberg").outputMode("append").toTable(self.identifier)
 
     @property
     def quoted(self) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from ..config import EraseSettings
@@ -185,6 +186,8 @@ class TableHandle(Protocol):
     def location(self) -> str: ...
 
     def exists(self) -> bool: ...
+
+    def append_stream(self, stream: DataStreamWriter) -> StreamingQuery: ...
 
     def refusal(self) -> str | None: ...
 

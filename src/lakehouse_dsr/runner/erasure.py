@@ -21,15 +21,30 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from .. import faults
+from ..config import KafkaSettings
 from ..datamap import DataMap
 from ..exceptions import CommitConflictError, first_line
 from ..keys import key_id
 from ..lake import frames
 from ..lake.hashsum import StageDone
 from ..lake.hmac import with_keyed_hash
+from ..lake.kafka import Cluster
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
-from ..stages import access, collateral, erase, files, matching, propagate, purge, refs, resurrection, shred, verify
+from ..stages import (
+    access,
+    collateral,
+    erase,
+    files,
+    matching,
+    propagate,
+    purge,
+    refs,
+    resurrection,
+    shred,
+    topics,
+    verify,
+)
 from ..vault import vault
 from . import rules
 from .context import Context
@@ -56,6 +71,7 @@ class ErasureResult:
     purged: bool = False
     waiting: dict[str, date] = field(default_factory=dict)  # requests left waiting for a purge -> due by
     resurrections: dict[str, dict] = field(default_factory=dict)  # tables where erased people came back -> evidence
+    topics: dict[str, dict] = field(default_factory=dict)  # the report's entry per topic settled
 
 
 @dataclass(frozen=True)
@@ -122,11 +138,39 @@ class ErasureBatch:
             proven, erasures, purges, verifications, self.ctx.run_id, datetime.now(UTC).isoformat(), prior, resumed,
             {} if purge_now or stop_reason else work.deadlines, stop_reason, work.legal_tables,
             work.exempt_tables)
+        settled = {}
+        if self.settings.datamap.topics and not damaged:
+            settled = self._settle_topics(hashes, hash_keys)
+            outcomes = rules.with_topics(outcomes, settled, self._dues(proven))
         waiting = {**({} if purge_now else work.waiting),
                    **{o.request_id: o.purge_by for o in outcomes if o.status == "erased" and o.purge_by}}
         if not damaged and not purge_now:  # a purge records them (a table on hold keeps its own: checked again)
             self._record(self._checkpoints(scopes, purges))
-        return ErasureResult(outcomes, tables, damaged, purge_now, waiting, self._came_back)
+        return ErasureResult(outcomes, tables, damaged, purge_now, waiting, self._came_back,
+                             {name: t.as_dict() for name, t in settled.items()})
+
+    # -- topics --------------------------------------------------------------------------------------
+
+    def _settle_topics(self, hashes: DataFrame, hash_keys: verify.HashKeys) -> dict[str, topics.TopicSettlement]:
+        """Every topic of the data map settled for the requests of `hashes` (the proven ones, and those
+        whose people came back: tombstoned too) and read back (stages/topics.py)."""
+        mapped = self.settings.datamap.topics
+        cluster = Cluster(cast(KafkaSettings, self.settings.kafka))  # a data map with topics requires it
+        settled = {}
+        with self.ctx.timed("topics"):
+            self.ctx.progress.stage("topics", len(mapped))
+            for name, topic in mapped.items():
+                self.ctx.progress.step(name)
+                settled[name] = topics.settle(self.spark, cluster, name, topic, hashes, hash_keys.keys)
+            self.ctx.progress.done()
+        return settled
+
+    def _dues(self, proven: list[str]) -> dict[str, date]:
+        """Each proven request's due date (a request waiting for a batched purge: its purge deadline)."""
+        rows = self.work.erase.table
+        dues = dict(zip(rows.column("request_id").to_pylist(), rows.column("due_date").to_pylist(), strict=True))
+        waiting = self.work.waiting
+        return {rid: dues.get(rid) or waiting[rid] for rid in proven if rid in dues or rid in waiting}
 
     # -- resurrection --------------------------------------------------------------------------------
 

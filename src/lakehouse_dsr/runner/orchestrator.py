@@ -10,16 +10,18 @@ from contextlib import ExitStack
 from dataclasses import replace
 from datetime import date, datetime
 from pathlib import Path
+from typing import cast
 
 from pyspark.sql import SparkSession
 
 from .. import faults
-from ..config import Settings
+from ..config import KafkaSettings, Settings
 from ..drop.items import unmatched_items
 from ..drop.matching import match_waiting
 from ..evidence.report import RunReport
 from ..inventory.check import check_against_catalog, check_formats
 from ..lake import skipping
+from ..lake.kafka import Cluster
 from ..lake.lakehouse import Lake
 from ..lake.spark import require_classic, starting
 from ..lake.workers import start_python_workers
@@ -147,6 +149,8 @@ def _context(spark: SparkSession, settings: Settings, ledger: Ledger, report: Ru
         with timed(report, "ledger", spark):
             check_formats(Lake.of(spark, settings))
             key_types = check_against_catalog(spark, settings.datamap, settings.table)
+            if settings.datamap.topics and requests:  # a topic missing from the cluster fails before any erase
+                Cluster(cast(KafkaSettings, settings.kafka)).check(list(settings.datamap.topics))
             vault_keys = vault.open_keys(spark, settings) if settings.datamap.shredded else None
         # A resolution that failed is left to the stage that needs it, which fails as it would have.
         return Context(spark, settings, ledger, key_types, report, progress, vault_keys, requests, rows,
@@ -174,6 +178,7 @@ def _process(ctx: Context, work: Work, today: date) -> list[Outcome]:
         report.tables.update(erased.tables)
         report.collateral_failures = dict(erased.collateral_failures)
         report.resurrections = dict(erased.resurrections)
+        report.topics = dict(erased.topics)
         report.purge_schedule = rules.schedule(ctx.settings.purge.policy, erased.purged, erased.waiting)
         if in_erasure is not None:  # nothing erased before the export had its turn: it runs now
             exported = in_erasure.exported or export_requests(ctx, work.access)

@@ -15,7 +15,7 @@ from ..datamap import DataMap
 from ..evidence.models import VERSION, AccessEvidence, ErasureEvidence, TableProof
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
-from ..stages import access, erase, purge, verify
+from ..stages import access, erase, purge, topics, verify
 
 
 def schedule(policy: str, purged: bool, waiting: dict[str, date]) -> dict:
@@ -174,6 +174,30 @@ def erasure_outcomes(request_ids: list[str], erasures: dict[str, erase.TableEras
             outcome = decided.get(signature) or decided.setdefault(signature, decide(request_id))
         outcomes.append(Outcome(request_id, *outcome))
     return outcomes
+
+
+def with_topics(outcomes: list[Outcome], settled: dict[str, topics.TopicSettlement], dues: dict[str, date]
+                ) -> list[Outcome]:
+    """`outcomes` with each settled topic's part in their evidence, and open (failed) with the topics'
+    reasons where a topic still holds the subject (`TopicSettlement.reason`, against the request's due
+    date in `dues`). A request already failed keeps its reasons, the topics' added; a held one stays
+    held with them added. Evidence of requests no topic singles out is shared: built once."""
+    if not settled:
+        return outcomes
+    plain = {name: s.evidence("") for name, s in settled.items()}  # what a request with nothing left gets
+    out = []
+    for o in outcomes:
+        singled = [name for name, s in settled.items() if s.singles_out(o.request_id)]
+        parts = {**plain, **{name: settled[name].evidence(o.request_id) for name in singled}}
+        reasons = [r for name in singled if (r := settled[name].reason(o.request_id, dues.get(o.request_id)))]
+        evidence = {**o.evidence, "topics": parts}
+        if not reasons:
+            out.append(replace(o, evidence=evidence))
+        else:
+            kept = [o.reason] if o.reason and o.status != "erased" else []  # "erased"'s reason: the purge to come
+            out.append(replace(o, status="held" if o.status == "held" else "failed", evidence=evidence,
+                               purge_by=None, reason="; ".join([*kept, *reasons])))
+    return out
 
 
 def access_outcomes(request_ids: list[str], result: access.ExportResult, checked: dict[str, bool], run_id: str
