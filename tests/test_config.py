@@ -127,6 +127,12 @@ def test_yaml_sets_spark_catalog_and_datamap(tmp_path):
          "}}}",
          "accept_retention"),
         ("kafka: {servers: 'h:9'}", "kafka.bootstrap_servers"),
+        ("datamap: {tables: {demo.t: {key: k}}, derived: {demo.h: {from: [demo.t], key: k, kind: scd2, "
+         "propagation: pipeline}}}", "an SCD type 2 pipeline only marks a deleted source row expired"),
+        ("datamap: {tables: {demo.t: {key: k}}, derived: {demo.g: {from: [demo.t], sql: 'SELECT 1', refresh: full, "
+         "propagation: pipeline}}}", "propagation: pipeline is for a table carrying the subject's key"),
+        ("datamap: {tables: {demo.t: {key: k}}, derived: {demo.s: {from: [demo.t], key: k, propagation: pipeline, "
+         "wait_seconds: 0}}}", "wait_seconds"),
         ("kafka: {bootstrap_servers: 'h:9', 'Bad Name': x}", "'Bad Name' is not a Kafka client property name"),
     ],
 )

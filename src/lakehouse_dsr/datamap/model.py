@@ -445,7 +445,14 @@ class DerivedMapping(TableMapping):
     """A table built from others (`derived:`). With `key`/`keys` it carries the subject's key and is
     erased like a mapped table (`kind: scd2`: every version of the subject goes, so only
     `action: delete`); with `sql` it is an aggregate holding no key, rebuilt from its sources after
-    they are erased: only the groups the erased rows fed (`group_by`), or whole (`refresh: full`)."""
+    they are erased: only the groups the erased rows fed (`group_by`), or whole (`refresh: full`).
+
+    `propagation: pipeline` (keyed tables of `kind: table`): the company's own pipeline carries its
+    sources' deletes here (a change feed applied as deletes: SCD type 1); a run erases the sources,
+    waits up to `wait_seconds` for the pipeline to take the batch's people out, then proves the table
+    like any other, and erases it itself where the pipeline has not (runner/erasure.py). SCD type 2
+    (versions only marked expired) and append-only tables with duplicate keys do not propagate
+    deletes: map them as `kind: scd2` or leave `propagation: engine`, and the engine erases them."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
     sources: list[str] = Field(alias="from")
@@ -453,6 +460,8 @@ class DerivedMapping(TableMapping):
     sql: str | None = None
     group_by: list[str] = Field(default_factory=list)
     refresh: Literal["groups", "full"] | None = None
+    propagation: Literal["engine", "pipeline"] = "engine"
+    wait_seconds: float = Field(default=300.0, gt=0)  # propagation: pipeline: how long a run waits for it
 
     @model_validator(mode="before")
     @classmethod
@@ -476,7 +485,13 @@ class DerivedMapping(TableMapping):
             if self.kind == "scd2" and self.action != "delete":
                 raise ValueError("kind: scd2 keeps every version of a subject: erasure deletes them all "
                                  "(action: delete)")
+            if self.propagation == "pipeline" and self.kind == "scd2":
+                raise ValueError("an SCD type 2 pipeline only marks a deleted source row expired: the engine erases "
+                                 "a kind: scd2 table itself (drop propagation: pipeline)")
             return self
+        if self.propagation == "pipeline":
+            raise ValueError("propagation: pipeline is for a table carrying the subject's key; an aggregate ('sql') "
+                             "is recomputed by the engine")
         if self.key is not None or self.keys is not None or self.redact or self.action != "delete":
             raise ValueError("an aggregate ('sql') holds no subject key: it is recomputed, not erased; "
                              "drop key/keys/action/redact")
@@ -682,6 +697,11 @@ class DataMap(BaseModel):
         if isinstance(mapping, ShareMapping):
             raise KeyError(name)
         return mapping
+
+    @property
+    def pipelined(self) -> dict[str, DerivedMapping]:
+        """Keyed derived tables the company's pipeline propagates deletes to (`propagation: pipeline`)."""
+        return {n: d for n, d in self.keyed_derived.items() if d.propagation == "pipeline"}
 
     @property
     def keyed_derived(self) -> dict[str, DerivedMapping]:

@@ -338,6 +338,10 @@ class RunReportDocument(_Document):
                                             "purge and the proof; tables a legal hold kept out")
     topics: dict[str, TopicRecord] = Field(default_factory=dict, description="the data map's Kafka topics, settled "
                                            "for the erase batch and read back")
+    clean_after_seconds: dict[str, float] = Field(
+        default_factory=dict, description="derived tables: seconds from the run's start until each was clean of the "
+        "batch's people (a pipeline's table: when the run found its pipeline had carried the deletes; others: the "
+        "engine's commit)")
     summary: Summary
     per_table: dict[str, TableFigures]
 

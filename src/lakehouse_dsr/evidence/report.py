@@ -86,6 +86,8 @@ class RunReport:
     retention: RetentionPass | None = None
     # the data map's Kafka topics settled for the erase batch (stages/topics.py TopicSettlement.as_dict)
     topics: dict[str, dict] = field(default_factory=dict)
+    # derived tables: seconds from the run's start until each was clean of the batch (runner/erasure.py)
+    clean_after_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def needs_attention(self) -> bool:

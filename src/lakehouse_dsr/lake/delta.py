@@ -46,6 +46,7 @@ from .table import (
     Ref,
     RewriteResult,
     Snapshot,
+    changes_by_difference,
     listing,
     only_current,
     read_columns_from_files,
@@ -303,6 +304,19 @@ class DeltaTable:
         a read of those files only."""
         added = self._files_added_between(after_id, until_id)
         return self.read_files(until_id, added)
+
+    def read_changes(self, after_id: int | None, until_id: int) -> DataFrame:
+        """The table's changes after version `after_id` (None: from its start) up to `until_id`: its
+        columns and `_change_type` (insert, delete, update_preimage, update_postimage). From Delta's
+        change data feed where the table records one (`delta.enableChangeDataFeed`: the versions'
+        `_change_data` files and added files only); otherwise the two versions' rows are compared
+        (both read whole, one shuffle)."""
+        if self.properties().get("delta.enableChangeDataFeed", "false").lower() != "true":
+            return changes_by_difference(None if after_id is None else self.read_at(after_id), self.read_at(until_id))
+        feed = (self.spark.read.format("delta").option("readChangeFeed", "true")
+                .option("startingVersion", str(0 if after_id is None else after_id + 1))
+                .option("endingVersion", str(until_id)).load(self.path))
+        return feed.drop("_commit_version", "_commit_timestamp")
 
     def read_files(self, snapshot_id: int | None, paths: set[str] | None) -> DataFrame:
         """The rows of the files at `paths` (None: all) as of a version, deletion vectors applied. Only

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
@@ -205,6 +206,8 @@ class TableHandle(Protocol):
 
     def read_appends(self, after_id: int, until_id: int) -> DataFrame: ...
 
+    def read_changes(self, after_id: int | None, until_id: int) -> DataFrame: ...
+
     def live_rows(self, snapshot_id: int | None) -> int: ...
 
     def rows_after_commit(self, snapshot_id: int | None, rows_before: int) -> int: ...
@@ -288,6 +291,18 @@ class RefKeeping(DriverRewriting, Protocol):
     def create_branch(self, name: str, snapshot_id: int) -> None: ...
 
     def move_tag(self, tag: str, snapshot_id: int, drop_branch: str) -> None: ...
+
+
+CHANGE_TYPE = "_change_type"  # read_changes' column: insert, delete (Delta's feed adds update_preimage/_postimage)
+
+
+def changes_by_difference(before: DataFrame | None, after: DataFrame) -> DataFrame:
+    """The rows of `after` not in `before` (insert) and of `before` not in `after` (delete), duplicates
+    counted: a change feed computed from two versions' rows. Cost: both read whole, one shuffle."""
+    if before is None:
+        return after.withColumn(CHANGE_TYPE, F.lit("insert"))
+    return (after.exceptAll(before).withColumn(CHANGE_TYPE, F.lit("insert"))
+            .unionByName(before.exceptAll(after).withColumn(CHANGE_TYPE, F.lit("delete"))))
 
 
 def listing(spark: SparkSession, location: str) -> list[tuple[str, int]]:

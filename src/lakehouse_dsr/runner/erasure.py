@@ -52,6 +52,8 @@ from .exports import SharedExport
 from .proof import Prover
 from .work import Work
 
+PIPELINE_POLL_SECONDS = 1.0  # how often a run looks whether the pipelines have carried its deletes
+
 
 @dataclass
 class Erased:
@@ -99,6 +101,7 @@ class ErasureBatch:
         self._came_back: dict[str, dict] = {}  # table -> evidence of people erased earlier found again
         self._proven: refs.ErasedHashes | None = None  # who the run proves erased: no branch or tag may keep them
         self._in_driver_max = self.settings.erase.in_driver_max_requests
+        self._carried: dict[str, float] = {}  # pipelined tables found clean -> seconds after the run's start
 
     def run(self) -> ErasureResult:
         """Erase, purge when due, prove, and decide each request's outcome. A collateral failure stops
@@ -393,8 +396,10 @@ class ErasureBatch:
         with self.ctx.timed("propagate"):
             for level in datamap.derived_levels():
                 keyed = [t for t in level if t in datamap.keyed]
+                self._carried.update(self._await_pipelines(keyed, erased.key_sets))
                 if keyed:
                     erased.erasures.update(self._erase_tables("propagate", keyed, erased.key_sets))
+                    self._note_pipelines(self._carried, erased.erasures)
 
                 def derive(table: str) -> erase.TableErasure | None:
                     changes = self._changes(table, erased)
@@ -404,17 +409,66 @@ class ErasureBatch:
                 done = self.ctx.each_table("propagate", [t for t in level if t not in datamap.keyed
                                                          and t not in self.work.kept_tables], derive)
                 erased.erasures.update({t: e for t, e in done.items() if e is not None})
+                self.ctx.report.clean_after_seconds.update(dict.fromkeys(
+                    (t for t, e in done.items() if e is not None), self._since_start()))
                 self._late_rounds(erased, keyed)
                 faults.failpoint("during_propagate")
                 self._journal({t: erased.erasures[t] for t in level if t in erased.erasures},
                               propagated=[t for t in level if t in datamap.aggregates])
 
+    def _await_pipelines(self, tables: list[str], key_sets: dict[str, matching.TableKeys]) -> dict[str, float]:
+        """Wait for the company's pipelines to carry the sources' deletes to `tables` of `propagation:
+        pipeline`: their live data is checked for the batch's people (one job for all, as the late
+        rounds do) every PIPELINE_POLL_SECONDS, each table until it holds none of them or its
+        `wait_seconds` have passed. Returns {table: seconds since the run's start} of those found
+        clean; the others are left to the erasure that follows."""
+        datamap = self.settings.datamap
+        waiting = [t for t in tables if t in datamap.pipelined and t not in self.work.kept_tables]
+        carried: dict[str, float] = {}
+        if not waiting:
+            return carried
+        hashes, hash_keys = self._stored_hashes()
+        started = time.monotonic()
+        self.ctx.progress.stage("wait for the pipelines", len(waiting))
+        while waiting:
+            found = verify.live_found(self.lake, datamap, self.settings.erase, waiting, hashes, hash_keys,
+                                      key_sets, parallel_tables=self.settings.run.parallel_tables)
+            for table in [t for t in waiting if not found[t]]:
+                carried[table] = self._since_start()
+                self.ctx.progress.step(table)
+            waited = time.monotonic() - started
+            waiting = [t for t in waiting if found[t] and waited < datamap.derived[t].wait_seconds]
+            if waiting:
+                time.sleep(PIPELINE_POLL_SECONDS)
+        self.ctx.progress.done()
+        return carried
+
+    def _note_pipelines(self, carried: dict[str, float], erasures: dict[str, erase.TableErasure]) -> None:
+        """Say in each pipelined table's plan who took the batch's people out of it, and when it was clean."""
+        datamap = self.settings.datamap
+        for table in [t for t in datamap.pipelined if t in erasures]:
+            plan = erasures[table].plan
+            if table in carried:
+                plan.reason = f"carried by the pipeline: clean {carried[table]:.1f} s after the run started"
+                self.ctx.report.clean_after_seconds[table] = carried[table]
+            else:
+                waited = datamap.derived[table].wait_seconds
+                plan.reason = f"the pipeline had not carried the erasure after {waited:g} s: erased by the engine"
+                self.ctx.report.clean_after_seconds[table] = self._since_start()
+
+    def _since_start(self) -> float:
+        """Seconds since the run started."""
+        return round((datetime.now(UTC) - datetime.fromisoformat(self.ctx.report.started_at)).total_seconds(), 3)
+
     def _changes(self, table: str, erased: Erased) -> dict[str, propagate.Upstream | None]:
         """The sources of an aggregate this run changed: erased by key (traceable rows) or, for an
-        aggregate source, recomputed (None)."""
+        aggregate source or one a pipeline carried the erasure to, changed as a whole (None)."""
         datamap = self.settings.datamap
         changes: dict[str, propagate.Upstream | None] = {}
         for source in datamap.aggregates[table].sources:
+            if source in self._carried:  # the pipeline's commits changed it: not traceable to our keys
+                changes[source] = None
+                continue
             e = erased.erasures.get(source)
             if e is None or e.snapshot_id is None:
                 continue
