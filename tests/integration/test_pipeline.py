@@ -153,3 +153,23 @@ def test_seed_004_pipeline_is_erased_end_to_end(spark, kafka_broker, tmp_path, f
         for table in (BRONZE, SILVER, HISTORY, GOLD):
             assert delta_traces(settings.delta_tables()[table], {gone}, [gone.encode()]) == [], table
     assert gone not in json.dumps(report.as_dict())
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_pipeline_that_does_not_carry_the_erasure_is_erased_by_the_run(spark, tmp_path, fmt):
+    datamap = pipeline_datamap(fmt)
+    datamap["derived"][SILVER]["wait_seconds"] = 2
+    settings = make_settings(tmp_path, datamap=datamap, delta={"warehouse": str(tmp_path / "delta")},
+                             purge={"orphan_min_age_minutes": 0})
+    attach(spark, settings)
+    create_tables(spark, settings, fmt)
+    spark.createDataFrame([("seed4-a", 3), ("seed4-b", 4)], COLUMNS[BRONZE]).writeTo(settings.table(BRONZE)).append()
+    Pipeline(spark, settings).step()  # then the pipeline stops: it never sees the erasure
+    Ledger(settings).submit([RequestInput("seed4-a", "erase")])
+    report = run(spark, settings)
+    [outcome] = report.requests
+    assert outcome.status == "completed", outcome.reason
+    silver = report.tables[SILVER]["erase"]
+    assert silver["reason"] == "the pipeline had not carried the erasure after 2 s: erased by the engine"
+    assert silver["rows_matched"] == 1 and report.clean_after_seconds[SILVER] >= 2
+    assert values_of(live_rows(settings, SILVER)) & {"seed4-a", "seed4-b"} == {"seed4-b"}
