@@ -198,6 +198,85 @@ def test_pages(lake):
     assert "<script>" not in certificate_html(hostile) and "&lt;script&gt;" in certificate_html(hostile)
 
 
+def test_an_erasure_certificate_says_per_topic_what_was_done_and_proven(tmp_path):
+    """Evidence with the data map's Kafka topics (as runner/rules.py `with_topics` writes it, through
+    the ledger): the certificate lists each topic, signs it, and its page shows it. Spark-free."""
+    from jsonschema import Draft202012Validator
+
+    from lakehouse_dsr.evidence.certificate import Certificate
+    from lakehouse_dsr.lake.kafka import FOREVER, UNBOUNDED, TopicConfig
+    from lakehouse_dsr.ledger.ledger import Outcome
+    from lakehouse_dsr.runner import rules
+    from lakehouse_dsr.stages.topics import Found, TopicSettlement
+
+    settings = make_settings(tmp_path)
+    ledger = Ledger(settings)
+    subjects = ["topic-person-1", "topic-person-2"]
+    with_topics, without = ledger.submit([RequestInput(s, "erase") for s in subjects]).created
+    written = datetime(2026, 11, 20, 8, 30, tzinfo=UTC)
+    days = 86_400_000
+    settled = {  # a compacted topic compaction has cleaned, a deleting one, and one whose retention is accepted
+        "profiles": TopicSettlement("profiles", TopicConfig("profiles", 3, frozenset({"compact"}), FOREVER,
+                                                            3_600_000, days), None, records_read=40),
+        "clicks": TopicSettlement("clicks", TopicConfig("clicks", 2, frozenset({"delete"}), 7 * days, UNBOUNDED,
+                                                        days), None, records_read=900),
+        "audit": TopicSettlement("audit", TopicConfig("audit", 1, frozenset({"delete"}), 400 * days, UNBOUNDED,
+                                                      days), "fraud audit trail, Art. 17(3)(e)", records_read=12,
+                                 found={with_topics: Found(2, written)}),
+    }
+    table = {"action": "delete", "rows": 3, "snapshot_id": 7, "rounds": 1, "purged": True,
+             "data_files_rewritten": 1, "bytes_rewritten": 2048, "snapshots_expired": 1, "files_deleted": 2,
+             "orphans_removed": 0, "checks": {"live": True, "history": True, "storage": True},
+             "verification": {"method": "keyed hash", "passed": True, "one_scan": False, "refs_checked": []}}
+    evidence = {"version": 1, "run_id": "run-topics", "verified_at": "2026-11-24T00:00:00+00:00",
+                "tables": {"demo.events": table}}
+    [topical] = rules.with_topics([Outcome(with_topics, "completed", evidence=evidence)], settled, {})
+    assert topical.status == "completed"  # the audit topic's records are accepted
+    ledger.finish([topical, Outcome(without, "completed", evidence=evidence)], "run-topics")
+
+    cert = build_certificate(ledger, with_topics)
+    method = ("keyed hash (HMAC-SHA256) of each record's key field, compared with the request's stored hashes, in "
+              "every record from the earliest offset of each partition")
+    assert cert["topics"] == {
+        "audit": {"action": "retention", "cleanup_policy": "delete", "retention_ms": 400 * days, "tombstones": 0,
+                  "records_left": 2, "passed": False, "gone_by": "2027-12-25T08:30:00Z",  # written + 400 days
+                  "accepted": "fraud audit trail, Art. 17(3)(e)", "method": method},
+        "clicks": {"action": "retention", "cleanup_policy": "delete", "retention_ms": 7 * days, "tombstones": 0,
+                   "records_left": 0, "passed": True, "gone_by": None, "method": method},
+        "profiles": {"action": "tombstone", "cleanup_policy": "compact", "retention_ms": FOREVER, "tombstones": 0,
+                     "records_left": 0, "passed": True, "gone_by": None, "method": method},
+    }
+    assert list(cert["topics"]) == ["audit", "clicks", "profiles"]
+    assert cert["totals"] == {"tables": 1, "rows": 3}  # topics hold records, not the tables' rows
+    plain = build_certificate(ledger, without)
+    assert "topics" not in plain  # evidence without topics: no section (and the same bytes signed as before)
+    published = Draft202012Validator(Certificate.model_json_schema())
+    for doc in (cert, plain):
+        published.validate(doc)
+        assert Certificate.model_validate(doc).model_dump(mode="json", exclude_unset=True) == doc
+
+    assert check_certificate(json.loads(json.dumps(cert)), ledger).intact  # the topics are signed
+    for change in (lambda d: d["topics"]["audit"].update(passed=True),
+                   lambda d: d["topics"]["audit"].pop("accepted"),
+                   lambda d: d["topics"]["clicks"].update(records_left=1),
+                   lambda d: d["topics"].pop("profiles"),
+                   lambda d: d.pop("topics"),
+                   lambda d: d.update(topics={})):
+        doc = copy.deepcopy(cert)
+        change(doc)
+        assert check_certificate(doc, ledger).reason.startswith("ALTERED")
+    assert not check_certificate({**copy.deepcopy(plain), "topics": cert["topics"]}, ledger).intact
+
+    page = certificate_html(cert)
+    assert "What was done, topic by topic" in page and "What was done, topic by topic" not in certificate_html(plain)
+    assert "<td>audit</td><td>left to the topic&#x27;s time retention</td><td>delete</td><td>400 day(s)</td>" in page
+    assert "<td>profiles</td><td>record keys tombstoned for compaction</td><td>compact</td><td>none (compacted)</td>" \
+        in page
+    assert "kept (accepted)" in page and "fraud audit trail, Art. 17(3)(e); gone by 2027-12-25T08:30:00Z" in page
+    assert page.count("yes: none left") == 2 and "topic audit, topic clicks, topic profiles" in page
+    assert not [s for s in subjects if s in page or s in json.dumps(cert)]
+
+
 def test_run_html_page(lake):
     path, report = lake["root"] / "run.html", lake["report"]
     page = path.read_text()

@@ -1,5 +1,6 @@
-"""Certificates people can read: per completed request, what was done in each table and how it was
-proven, signed so that any change to the document is detected.
+"""Certificates people can read: per completed request, what was done in each table (and, for an
+erasure, in each Kafka topic of the data map) and how it was proven, signed so that any change to
+the document is detected.
 
 Built on the control plane: one read of the requests table, pruned to the files that may hold the
 request (no Spark, about a second). The figures come from the evidence the run recorded when it
@@ -20,7 +21,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -46,6 +47,8 @@ _ACTIONS = {"delete": "rows deleted", "redact": "personal columns set to NULL, r
             "shred": "vault entry shredded: rows kept, no longer linkable or decryptable",
             "recompute": "recomputed without the erased rows", "export": "rows exported",
             "exclude": "rows taken out of the share", "include": "rows shared again"}
+_TOPIC_ACTIONS = {"tombstone": "record keys tombstoned for compaction",
+                  "retention": "left to the topic's time retention"}
 
 
 # -- the document's shape ---------------------------------------------------------------------------
@@ -131,6 +134,31 @@ class TableExport(_Part):
     rows: _Count = Field(description="the subject's rows exported")
 
 
+class TopicErasure(_Part):
+    """What an erasure did in one Kafka topic of the data map, and how the topic was proven: read back
+    from the earliest offset of each partition (stages/topics.py)."""
+
+    action: Literal["tombstone", "retention"] = Field(
+        description="tombstone: the record keys of the subject's latest records were tombstoned for compaction "
+                    "(compacted topics); retention: left to the topic's time retention (deleting topics)")
+    cleanup_policy: str = Field(description="the topic's cleanup.policy when the run read it (delete, compact, or "
+                                            "compact,delete)")
+    retention_ms: int = Field(ge=-1, description="the topic's retention.ms when the run read it (-1: kept forever)")
+    tombstones: _Count = Field(description="record keys of the subject's latest records tombstoned by the run that "
+                                         "completed the request (0 where an earlier run's tombstones left nothing "
+                                         "to tombstone: that run kept the request open until compaction)")
+    records_left: _Count = Field(description="the subject's records the read-back found still in the topic")
+    passed: bool = Field(description="no record of the subject was left in the topic")
+    gone_by: _Timestamp | None = Field(
+        description="when the topic's own settings guarantee the records left are gone (UTC); null when none "
+                    "was left, or when nothing in the topic's configuration removes them")
+    accepted: str | SkipJsonSchema[None] = Field(
+        None, json_schema_extra=_no_default,
+        description="the data map's accepted reason for the records left (accept_retention): the request was "
+                    "completed with them in the topic (absent when none was left, or none accepted)")
+    method: str = Field(description="how the topic was read and the subject looked for, in words")
+
+
 class CertificateTotals(_Part):
     tables: _Count = Field(description="tables listed under `tables`")
     rows: _Count = Field(description="the sum of their rows")
@@ -155,8 +183,9 @@ class CertificateSignature(_Part):
 
 
 class Certificate(_Part):
-    """A signed certificate of a completed request: what was done in each table and how it was proven
-    (erasure, opt-out, opt-in), or what was exported (access). It holds no subject identifier.
+    """A signed certificate of a completed request: what was done in each table (and each Kafka topic of
+    an erasure) and how it was proven (erasure, opt-out, opt-in), or what was exported (access). It
+    holds no subject identifier.
 
     Any change to a field (added, removed or altered) breaks the signature: `dsr certificate --check FILE`
     says whether a file is intact."""
@@ -168,6 +197,11 @@ class Certificate(_Part):
     tables: dict[str, TableErasure | TableExport] = Field(
         description="per table (by name): erase, opt-out and opt-in requests list what was done and proven "
                     "(TableErasure), access requests what was exported (TableExport)")
+    topics: dict[str, TopicErasure] | SkipJsonSchema[None] = Field(
+        None, json_schema_extra=_no_default,
+        description="per Kafka topic of the data map (by name), for an erase request: what was done and how the "
+                    "topic was proven (absent when the request's evidence has no topic: no topic in the data map, "
+                    "or completed before topics were settled)")
     totals: CertificateTotals
     package: AccessPackage | SkipJsonSchema[None] = Field(
         None, json_schema_extra=_no_default,
@@ -212,6 +246,8 @@ def build_certificate(ledger: Ledger, request_id: str, now: datetime | None = No
         "tables": tables,
         "totals": {"tables": len(tables), "rows": sum(t["rows"] for t in tables.values())},
     }
+    if r["request_type"] != "access" and evidence.get("topics"):
+        doc["topics"] = {name: _topic(entry) for name, entry in sorted(evidence["topics"].items())}
     if r["request_type"] == "access" and evidence.get("sha256"):
         doc["package"] = {"sha256": evidence["sha256"], "bytes": evidence.get("bytes", 0),
                           "verification": "the package's SHA-256 matched the run's manifest"}
@@ -240,6 +276,26 @@ def _table(entry: dict) -> dict:
         "verified": passed,
         **({"exempt": entry["exempt"], "kept": bool(entry.get("kept"))} if entry.get("exempt") else {}),
     }
+
+
+def _topic(entry: dict) -> dict:
+    """One topic of an erasure, from the request's evidence (models.TopicProof; only named fields pass)."""
+    gone_by = entry.get("gone_by")
+    return {
+        "action": entry["action"],
+        "cleanup_policy": entry["cleanup_policy"],
+        "retention_ms": entry["retention_ms"],
+        "tombstones": entry.get("tombstones", 0),
+        "records_left": entry.get("records_left", 0),
+        "passed": entry["passed"],
+        "gone_by": utc_text(_utc(datetime.fromisoformat(gone_by))) if gone_by else None,
+        **({"accepted": entry["accepted"]} if entry.get("accepted") else {}),
+        "method": entry["method"],
+    }
+
+
+def _utc(at: datetime) -> datetime:
+    return at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _storage_scan(action: str, scanned: bool, passed: bool) -> str:
@@ -337,6 +393,26 @@ def read_certificate(path: Path) -> object:
 
 
 # -- the page ---------------------------------------------------------------------------------------
+def _retention(topic: dict) -> str:
+    """A topic's time retention in words (a compacted-only topic has none: retention.ms does not apply)."""
+    if "delete" not in topic["cleanup_policy"].split(","):
+        return "none (compacted)"
+    ms = topic["retention_ms"]
+    if ms == -1:
+        return "forever (retention.ms -1)"
+    days, rest = divmod(ms, 86_400_000)
+    return f"{days:,} day(s)" if days and not rest else f"{ms / 1000:,g} s"
+
+
+def _topic_verdict(topic: dict) -> Markup:
+    if topic["passed"]:
+        return badge("yes: none left", "ok")
+    until = f"gone by {topic['gone_by']}" if topic["gone_by"] else "nothing removes them"
+    if topic.get("accepted"):
+        return Markup(f"{badge('kept (accepted)', 'warn')} {esc(topic['accepted'])}; {esc(until)}")
+    return Markup(f"{badge('no', 'bad')} {esc(until)}")
+
+
 def certificate_html(doc: dict) -> str:
     """A certificate as a self-contained page for a compliance officer (no script, no external
     resource, everything escaped). The signed JSON is what `dsr certificate --check` checks; the page
@@ -372,10 +448,29 @@ def certificate_html(doc: dict) -> str:
             numeric=(2, 3, 4, 5)))
         body.append('<p class="sub">Files and bytes rewritten are those of the one commit per table that erased '
                     "the whole batch of requests this one was part of.</p>")
+        topics = doc.get("topics") or {}
+        if topics:
+            body.append("<h2>What was done, topic by topic</h2>")
+            body.append(table(
+                ["topic", "action", "cleanup policy", "retention", "keys tombstoned", "records left", "proven"],
+                ([t, _TOPIC_ACTIONS.get(f["action"], f["action"]), f["cleanup_policy"], _retention(f),
+                  f"{f['tombstones']:,}", f"{f['records_left']:,}", _topic_verdict(f)] for t, f in topics.items()),
+                numeric=(4, 5)))
+            notes = ["Each topic was read back from the earliest offset of every partition after the run settled "
+                     "it, and every record's value searched for the subject."]
+            if any(not f["passed"] for f in topics.values()):
+                notes.append("Records left are kept under the retention the data map accepts, for the reason "
+                             "shown.")
+            if any(f["action"] == "tombstone" for f in topics.values()):
+                notes.append("A tombstone carries the record key (not a value) and stays in a compacted topic for "
+                             "its delete.retention.ms after compaction.")
+            body.append(f'<p class="sub">{esc(" ".join(notes))}</p>')
         body.append("<h2>How it was verified</h2>")
         methods: dict[str, list[str]] = {}
         for name, f in tables.items():
             methods.setdefault(f["method"], []).append(name)
+        for name, f in topics.items():
+            methods.setdefault(f["method"], []).append(f"topic {name}")
         body.append("<ul>" + "".join(f"<li><strong>{esc(', '.join(names))}</strong>: {esc(method)}</li>"
                                      for method, names in methods.items()) + "</ul>")
     s = doc.get("signature", {})
