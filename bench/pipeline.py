@@ -84,6 +84,8 @@ def pipeline_main(config: str) -> None:
     """The company's pipeline, in this process until killed: every half second, bronze's changes since
     the version last applied (its change data feed) are applied to silver by MERGE on user_id (a user
     with a deleted event leaves; new events replace a user's row when later)."""
+    from pyspark.sql import functions as F
+
     from lakehouse_dsr.config import load_settings
     from lakehouse_dsr.lake.lakehouse import Lake
     from lakehouse_dsr.lake.spark import build_session
@@ -99,9 +101,8 @@ def pipeline_main(config: str) -> None:
         if not warm and (until is None or until == applied):
             time.sleep(0.5)
             continue
-        changes = bronze.read_changes(applied, until).where(f"{CHANGE_TYPE} IN ('insert', 'delete')")
-        if warm:
-            changes = changes.limit(0)
+        changes = (bronze.read_at(until).limit(0).withColumn(CHANGE_TYPE, F.lit("insert")) if warm
+                   else bronze.read_changes(applied, until).where(f"{CHANGE_TYPE} IN ('insert', 'delete')"))
         applied = until
         changes.createOrReplaceTempView("bronze_changes")
         spark.sql(f"""MERGE INTO {settings.table(SILVER)} t USING (

@@ -217,11 +217,11 @@ def test_an_erasure_certificate_says_per_topic_what_was_done_and_proven(tmp_path
     days = 86_400_000
     settled = {  # a compacted topic compaction has cleaned, a deleting one, and one whose retention is accepted
         "profiles": TopicSettlement("profiles", TopicConfig("profiles", 3, frozenset({"compact"}), FOREVER,
-                                                            3_600_000, days), None, records_read=40),
+                                                            3_600_000, days, days), None, records_read=40),
         "clicks": TopicSettlement("clicks", TopicConfig("clicks", 2, frozenset({"delete"}), 7 * days, UNBOUNDED,
-                                                        days), None, records_read=900),
+                                                        days, days), None, records_read=900),
         "audit": TopicSettlement("audit", TopicConfig("audit", 1, frozenset({"delete"}), 400 * days, UNBOUNDED,
-                                                      days), "fraud audit trail, Art. 17(3)(e)", records_read=12,
+                                                      days, days), "fraud audit trail, Art. 17(3)(e)", records_read=12,
                                  found={with_topics: Found(2, written)}),
     }
     table = {"action": "delete", "rows": 3, "snapshot_id": 7, "rounds": 1, "purged": True,
@@ -239,7 +239,7 @@ def test_an_erasure_certificate_says_per_topic_what_was_done_and_proven(tmp_path
               "every record from the earliest offset of each partition")
     assert cert["topics"] == {
         "audit": {"action": "retention", "cleanup_policy": "delete", "retention_ms": 400 * days, "tombstones": 0,
-                  "records_left": 2, "passed": False, "gone_by": "2027-12-25T08:30:00Z",  # written + 400 days
+                  "records_left": 2, "passed": False, "gone_by": "2027-12-26T08:30:00Z",  # + 1 + 400 days
                   "accepted": "fraud audit trail, Art. 17(3)(e)", "method": method},
         "clicks": {"action": "retention", "cleanup_policy": "delete", "retention_ms": 7 * days, "tombstones": 0,
                    "records_left": 0, "passed": True, "gone_by": None, "method": method},
@@ -272,7 +272,7 @@ def test_an_erasure_certificate_says_per_topic_what_was_done_and_proven(tmp_path
     assert "<td>audit</td><td>left to the topic&#x27;s time retention</td><td>delete</td><td>400 day(s)</td>" in page
     assert "<td>profiles</td><td>record keys tombstoned for compaction</td><td>compact</td><td>none (compacted)</td>" \
         in page
-    assert "kept (accepted)" in page and "fraud audit trail, Art. 17(3)(e); gone by 2027-12-25T08:30:00Z" in page
+    assert "kept (accepted)" in page and "fraud audit trail, Art. 17(3)(e); gone by 2027-12-26T08:30:00Z" in page
     assert page.count("yes: none left") == 2 and "topic audit, topic clicks, topic profiles" in page
     assert not [s for s in subjects if s in page or s in json.dumps(cert)]
 

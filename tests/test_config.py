@@ -229,6 +229,10 @@ def test_kafka_client_properties_sit_beside_the_servers(tmp_path, monkeypatch):
     assert settings.kafka.client_properties() == {"bootstrap.servers": "b1:9092,b2:9092",
                                                   "security.protocol": "SASL_SSL", "sasl.password": "s3cret",
                                                   "enable.idempotence": "true"}
+    assert settings.kafka.admin_properties() == settings.kafka.client_properties()  # nothing of one client's own
+    both = settings.kafka.model_copy(update={"admin": {"sasl.username": "dsr"}, "spark": {"sasl.jaas.config": "x"}})
+    assert both.admin_properties()["sasl.username"] == "dsr" and "sasl.jaas.config" not in both.admin_properties()
+    assert both.spark_properties()["sasl.jaas.config"] == "x" and "sasl.username" not in both.spark_properties()
     topics = settings.datamap.topics
     assert (topics["clicks"].field, topics["clicks"].identifier) == ("user_id", "user_id")  # the subject by default
     assert (topics["profiles"].field, topics["profiles"].identifier) == ("contact.email", "email")

@@ -181,9 +181,10 @@ def test_a_topic_still_holding_the_subject_keeps_the_request_open_with_its_reaso
     from lakehouse_dsr.stages.topics import Found, TopicSettlement
 
     written = datetime(2026, 11, 20, tzinfo=UTC)
-    week = TopicConfig("clicks", 1, frozenset({"delete"}), 7 * 86_400_000, UNBOUNDED, 86_400_000)
-    forever = TopicConfig("audit", 1, frozenset({"delete"}), FOREVER, UNBOUNDED, 86_400_000)
-    compacted = TopicConfig("profiles", 1, frozenset({"compact"}), FOREVER, 3_600_000, 86_400_000)
+    day = 86_400_000
+    week = TopicConfig("clicks", 1, frozenset({"delete"}), 7 * day, UNBOUNDED, day, day)  # segments closed daily
+    forever = TopicConfig("audit", 1, frozenset({"delete"}), FOREVER, UNBOUNDED, day, day)
+    compacted = TopicConfig("profiles", 1, frozenset({"compact"}), FOREVER, 3_600_000, day, 7 * day)
     clicks = TopicSettlement("clicks", week, None, records_read=10,
                              found={"r1": Found(2, written), "r2": Found(1, written)})
     audit = TopicSettlement("audit", forever, "fraud audit", records_read=5, found={"r1": Found(1, written)})
@@ -196,7 +197,7 @@ def test_a_topic_still_holding_the_subject_keeps_the_request_open_with_its_reaso
         {"r1": date(2026, 12, 20), "r2": date(2026, 11, 25), "r3": date(2026, 12, 20), "r4": date(2026, 12, 20)})}
     assert done["r1"].status == "failed" and done["r1"].reason == (
         "topic clicks (cleanup.policy=delete, retention.ms=604800000 (7 d)) still holds 2 record(s) of the subject, "
-        "guaranteed gone by 2026-11-27T00:00:00+00:00; a run after that proves them gone")  # audit's are accepted
+        "guaranteed gone by 2026-11-28T00:00:00+00:00; a run after that proves them gone")  # a day's segment + 7 days
     assert done["r2"].reason.endswith("after the request's due date 2026-11-25") and done["r2"].purge_by is None
     assert "guaranteed gone by 2026-11-20T01:00:00+00:00" in done["r3"].reason  # tombstone + max.compaction.lag.ms
     assert done["r4"].reason == "demo.events: 1 row left"  # nothing of r4 in any topic: its own reason only

@@ -279,13 +279,24 @@ class DeltaSettings(_Strict):
         return v
 
 
+def _property_names(names: Mapping[str, Any]) -> None:
+    for name in names:
+        if not re.match(r"^[a-z][a-z0-9._-]*\Z", name):
+            raise ValueError(f"{name!r} is not a Kafka client property name")
+
+
 class KafkaSettings(BaseModel):
     """The Kafka cluster holding the data map's topics (`kafka:`): `bootstrap_servers`, and beside it any
-    other client property (`security.protocol`, `sasl.mechanism`, `sasl.username`, ...; secrets as
-    ${ENV}), given as written to the engine's admin client and, prefixed `kafka.`, to Spark's connector."""
+    other client property both clients share (`security.protocol`, `sasl.mechanism`, ...; secrets as
+    ${ENV}), given as written to the engine's admin client (librdkafka) and, prefixed `kafka.`, to
+    Spark's connector (the Java client). The two clients name some settings differently (librdkafka's
+    `sasl.username`, `ssl.ca.location`; Java's `sasl.jaas.config`, `ssl.truststore.location`): those go
+    under `admin:` (the admin client's only) or `spark:` (Spark's only)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     bootstrap_servers: str = Field(min_length=1)
+    admin: StrMap = Field(default_factory=dict)
+    spark: StrMap = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -293,15 +304,24 @@ class KafkaSettings(BaseModel):
         """Client properties are text (`true`, not `True`), as the Kafka clients read them."""
         if not isinstance(data, dict):
             return data
-        strings = _as_str_map(data)
-        for name in strings:
-            if not re.match(r"^[a-z][a-z0-9._-]*\Z", name):
-                raise ValueError(f"{name!r} is not a Kafka client property name")
-        return {k.replace(".", "_") if k == "bootstrap.servers" else k: v for k, v in strings.items()}
+        own = {k: data[k] for k in ("admin", "spark") if k in data}
+        strings = _as_str_map({k: v for k, v in data.items() if k not in own})
+        _property_names(strings)
+        for section in own.values():
+            _property_names(section if isinstance(section, dict) else {})
+        return {**{k.replace(".", "_") if k == "bootstrap.servers" else k: v for k, v in strings.items()}, **own}
 
     def client_properties(self) -> dict[str, str]:
-        """Every property as Kafka clients name it (`bootstrap.servers`, ...)."""
+        """The properties both clients take, as Kafka names them (`bootstrap.servers`, ...)."""
         return {"bootstrap.servers": self.bootstrap_servers, **cast(dict[str, str], self.model_extra or {})}
+
+    def admin_properties(self) -> dict[str, str]:
+        """What the engine's admin client and producer (librdkafka) are given."""
+        return {**self.client_properties(), **self.admin}
+
+    def spark_properties(self) -> dict[str, str]:
+        """What Spark's Kafka connector (the Java client) is given, without the `kafka.` prefix."""
+        return {**self.client_properties(), **self.spark}
 
 
 class Settings(_Strict):

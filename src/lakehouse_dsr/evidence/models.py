@@ -341,7 +341,7 @@ class RunReportDocument(_Document):
     clean_after_seconds: dict[str, float] = Field(
         default_factory=dict, description="derived tables: seconds from the run's start until each was clean of the "
         "batch's people (a pipeline's table: when the run found its pipeline had carried the deletes; others: the "
-        "engine's commit)")
+        "engine's erase or recomputation commit)")
     summary: Summary
     per_table: dict[str, TableFigures]
 

@@ -47,6 +47,7 @@ class TopicConfig:
     retention_ms: int  # FOREVER: never deleted by time
     max_compaction_lag_ms: int  # UNBOUNDED: compaction may wait indefinitely
     delete_retention_ms: int  # how long a tombstone itself stays after compaction
+    segment_ms: int  # a log segment is closed (so deletable) at most this long after its first record
 
     @property
     def policy(self) -> str:
@@ -60,17 +61,19 @@ class TopicConfig:
     def deleting(self) -> bool:
         return "delete" in self.cleanup_policy
 
-    def gone_by(self, last_written: datetime, tombstoned: datetime | None = None) -> datetime | None:
+    def gone_by(self, last_written: datetime, superseded: datetime | None = None) -> datetime | None:
         """The latest moment the topic's own settings guarantee a record written at `last_written` is
-        gone: by time retention (deleting topics: `retention.ms` after it), or by compaction after its
-        tombstone (`max.compaction.lag.ms` after the tombstone), whichever comes first; None when
-        neither bounds it (retention.ms -1, compaction unbounded). The broker's retention check runs
-        every `log.retention.check.interval.ms` (5 minutes by default) on top of this."""
+        gone: by time retention (deleting topics: Kafka deletes whole segments, so `segment.ms`, which
+        closes the record's segment, plus `retention.ms` after it), or by compaction once a later record
+        of its key (a tombstone) was written at `superseded` (`max.compaction.lag.ms` after that: Kafka
+        rolls the segment for it), whichever comes first; None when neither bounds it (retention.ms -1,
+        compaction unbounded). The broker's retention check runs every
+        `log.retention.check.interval.ms` (5 minutes by default) on top of this."""
         bounds = []
         if self.deleting and self.retention_ms != FOREVER:
-            bounds.append(last_written + timedelta(milliseconds=self.retention_ms))
-        if self.compacted and tombstoned is not None and self.max_compaction_lag_ms < UNBOUNDED:
-            bounds.append(tombstoned + timedelta(milliseconds=self.max_compaction_lag_ms))
+            bounds.append(last_written + timedelta(milliseconds=self.segment_ms + self.retention_ms))
+        if self.compacted and superseded is not None and self.max_compaction_lag_ms < UNBOUNDED:
+            bounds.append(superseded + timedelta(milliseconds=self.max_compaction_lag_ms))
         return min(bounds) if bounds else None
 
     def describe(self) -> str:
@@ -95,7 +98,8 @@ class Cluster:
     """The Kafka cluster of `kafka:` (bootstrap servers and client properties, as Kafka names them)."""
 
     def __init__(self, settings: KafkaSettings):
-        self.properties = settings.client_properties()
+        self.settings = settings
+        self.servers = settings.bootstrap_servers
 
     @classmethod
     def at(cls, url: str, settings: KafkaSettings | None = None) -> tuple[Cluster, str]:
@@ -105,29 +109,32 @@ class Cluster:
         if match is None:
             raise DsrError(f"{url!r} is not a Kafka source: write kafka://HOST:PORT/TOPIC "
                            "(several servers: kafka://HOST:PORT,HOST:PORT/TOPIC)")
-        extra = dict(settings.model_extra or {}) if settings is not None else {}
-        return cls(KafkaSettings(bootstrap_servers=match["servers"], **extra)), match["topic"]
+        servers = match["servers"]
+        found = settings.model_copy(update={"bootstrap_servers": servers}) if settings is not None else \
+            KafkaSettings(bootstrap_servers=servers)
+        return cls(found), match["topic"]
 
     def _admin(self) -> AdminClient:
-        return AdminClient(dict[str, str | int | float | bool](self.properties))
+        return AdminClient(dict[str, str | int | float | bool](self.settings.admin_properties()))
 
     def config(self, topic: str) -> TopicConfig:
         """The topic's partitions and retention settings, from the broker. Cost: two admin requests.
         DataMapError when the cluster has no such topic; DsrError when the cluster cannot be reached."""
-        admin = self._admin()
         try:
+            admin = self._admin()
             listed = admin.list_topics(topic, timeout=_ADMIN_TIMEOUT_S).topics.get(topic)
             if listed is None or listed.error is not None:
                 raise DataMapError(f"topic {topic} of the data map is not on the Kafka cluster "
-                                   f"{self.properties['bootstrap.servers']}")
+                                   f"{self.servers}")
             resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
             entries = admin.describe_configs([resource])[resource].result(timeout=_ADMIN_TIMEOUT_S)
         except KafkaException as exc:
-            raise DsrError(f"Kafka cluster {self.properties['bootstrap.servers']}: {exc.args[0]}") from None
+            raise DsrError(f"Kafka cluster {self.servers}: {exc.args[0]}") from None
         value = lambda name: entries[name].value  # noqa: E731
         policy = frozenset(value("cleanup.policy").replace(" ", "").split(","))
         return TopicConfig(topic, len(listed.partitions), policy, int(value("retention.ms")),
-                           int(value("max.compaction.lag.ms")), int(value("delete.retention.ms")))
+                           int(value("max.compaction.lag.ms")), int(value("delete.retention.ms")),
+                           int(value("segment.ms")))
 
     def check(self, topics: list[str]) -> None:
         """DataMapError naming the first of `topics` the cluster lacks (DsrError: unreachable). Cost:
@@ -135,15 +142,15 @@ class Cluster:
         try:
             listed = self._admin().list_topics(timeout=_ADMIN_TIMEOUT_S).topics
         except KafkaException as exc:
-            raise DsrError(f"Kafka cluster {self.properties['bootstrap.servers']}: {exc.args[0]}") from None
+            raise DsrError(f"Kafka cluster {self.servers}: {exc.args[0]}") from None
         for topic in topics:
             if topic not in listed:
                 raise DataMapError(f"topic {topic} of the data map is not on the Kafka cluster "
-                                   f"{self.properties['bootstrap.servers']}")
+                                   f"{self.servers}")
 
     def spark_options(self) -> dict[str, str]:
         """The client properties as Spark's Kafka connector takes them (`kafka.` before each)."""
-        return {f"kafka.{name}": value for name, value in self.properties.items()}
+        return {f"kafka.{name}": value for name, value in self.settings.spark_properties().items()}
 
     def stream(self, spark: SparkSession, topic: str, starting_offsets: str = "earliest",
                options: dict[str, str] | None = None) -> DataFrame:

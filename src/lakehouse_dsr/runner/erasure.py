@@ -399,7 +399,7 @@ class ErasureBatch:
                 self._carried.update(self._await_pipelines(keyed, erased.key_sets))
                 if keyed:
                     erased.erasures.update(self._erase_tables("propagate", keyed, erased.key_sets))
-                    self._note_pipelines(self._carried, erased.erasures)
+                    self._note_clean(keyed, erased.erasures)
 
                 def derive(table: str) -> erase.TableErasure | None:
                     changes = self._changes(table, erased)
@@ -443,18 +443,18 @@ class ErasureBatch:
         self.ctx.progress.done()
         return carried
 
-    def _note_pipelines(self, carried: dict[str, float], erasures: dict[str, erase.TableErasure]) -> None:
-        """Say in each pipelined table's plan who took the batch's people out of it, and when it was clean."""
-        datamap = self.settings.datamap
-        for table in [t for t in datamap.pipelined if t in erasures]:
+    def _note_clean(self, tables: list[str], erasures: dict[str, erase.TableErasure]) -> None:
+        """When each of the keyed derived `tables` was clean (now, for those the engine erased), and in a
+        pipelined table's plan who took the batch's people out of it."""
+        datamap, now = self.settings.datamap, self._since_start()
+        for table in [t for t in tables if t in erasures]:
             plan = erasures[table].plan
-            if table in carried:
-                plan.reason = f"carried by the pipeline: clean {carried[table]:.1f} s after the run started"
-                self.ctx.report.clean_after_seconds[table] = carried[table]
-            else:
+            self.ctx.report.clean_after_seconds[table] = self._carried.get(table, now)
+            if table in self._carried:
+                plan.reason = f"carried by the pipeline: clean {self._carried[table]:.1f} s after the run started"
+            elif table in datamap.pipelined:
                 waited = datamap.derived[table].wait_seconds
                 plan.reason = f"the pipeline had not carried the erasure after {waited:g} s: erased by the engine"
-                self.ctx.report.clean_after_seconds[table] = self._since_start()
 
     def _since_start(self) -> float:
         """Seconds since the run started."""

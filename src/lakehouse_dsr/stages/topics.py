@@ -48,6 +48,7 @@ class TopicSettlement:
     records_read: int = 0  # records the proof read (earliest to latest offset)
     tombstones: int = 0  # record keys tombstoned by this run
     tombstoned_at: datetime | None = None
+    settled_at: datetime | None = None  # when the run read the topic's latest records (compacted topics)
     tombstones_by_request: dict[str, int] = field(default_factory=dict)
     found: dict[str, Found] = field(default_factory=dict)  # request id -> its subject's records left
     seconds: float = 0.0
@@ -57,9 +58,11 @@ class TopicSettlement:
         return request_id in self.found or request_id in self.tombstones_by_request
 
     def gone_by(self, request_id: str) -> datetime | None:
+        # On a compacted topic every record of the subject is superseded by then: by our tombstone, or
+        # (a key now another's) by that key's later record, written before the run read it.
         found = self.found[request_id]
         return self.config.gone_by(found.last_written, self.tombstoned_at if request_id in self.tombstones_by_request
-                                   else None)
+                                   else self.settled_at)
 
     def reason(self, request_id: str, due: date | None) -> str | None:
         """Why the topic keeps `request_id` open, or None: nothing of its subject left, or what is left
@@ -131,6 +134,7 @@ def settle(spark: SparkSession, cluster: Cluster, name: str, topic: TopicMapping
     config = cluster.config(name)
     result = TopicSettlement(name, config, topic.accept_retention)
     if config.compacted:
+        result.settled_at = datetime.now(UTC)
         latest = _fields(_latest(cluster.read(spark, name)), topic, ["partition", "key"])
         doomed = _named(latest, topic, hashes, keys, ["partition", "key"]).localCheckpoint()
         per_request = {r.request_id: int(r.n) for r in doomed.groupBy("request_id").agg(
