@@ -82,8 +82,9 @@ test-integration: integration-deps bytecode
 # streaming suppression, the vault (shred against erase, pseudonymize against a copy, export through
 # it, at 1M and BENCH_EVENTS), the intake service under 10,000 filings from 20 clients (one instance on
 # SQLite, two on a throwaway PostgreSQL: hence integration-deps, which also fetches the local Kafka
-# broker's jars) against a commit per request, a DROP list of 1M hashes matched against 10M people;
-# JSON + charts in bench/results/.
+# broker's jars) against a commit per request, a DROP list of 1M hashes matched against 10M people,
+# `dsr ingest` from a local Kafka broker against a plain Kafka stream (1M records, 100k of erased people),
+# and seed 004's pipeline beside `dsr run` against bronze alone; JSON + charts in bench/results/.
 bench: $(STAMP) integration-deps bytecode
 	$(VENV)/bin/dsr bench --events $(BENCH_EVENTS)
 	$(PY) bench/tables.py
@@ -91,6 +92,8 @@ bench: $(STAMP) integration-deps bytecode
 	$(PY) bench/vault.py --events $(sort 1000000 $(BENCH_EVENTS))
 	$(PY) bench/intake.py --instances 2 --queue postgresql
 	$(PY) bench/drop.py
+	$(PY) bench/kafka_ingest.py
+	$(PY) bench/pipeline.py --events $(BENCH_EVENTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench mkdocs
