@@ -38,6 +38,14 @@ def landed(settings) -> Counter:
     return Counter(r["event_id"] for r in rows if r["user_id"] in (GONE, LATE, STAYS))
 
 
+def mid_batch(checkpoint: Path) -> bool:
+    """Whether the query's checkpoint has planned a micro-batch (its offsets written) that it has not
+    committed, after committing at least one: a kill now lands inside that batch."""
+    batches = lambda log: {int(p.name) for p in (checkpoint / log).glob("[0-9]*")}  # noqa: E731
+    planned, committed = batches("offsets"), batches("commits")
+    return bool(committed) and bool(planned - committed)
+
+
 def erase(spark, settings, subject: str) -> None:
     Ledger(settings).submit([RequestInput(subject, "erase")])
     assert {r.status for r in run(spark, settings).requests} == {"completed"}
@@ -96,9 +104,9 @@ def test_kill_9_mid_stream_loses_nothing_and_doubles_nothing(spark, new_lakehous
                "--option", "maxOffsetsPerTrigger=300"]  # about 11 micro-batches: the kill lands among them
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240
-    while not landed(settings):  # the first batch committed: the query is mid-stream
+    while not mid_batch(tmp_path / "ckpt"):  # a micro-batch after the first planned, not yet committed
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0].decode()[-3000:]
-        time.sleep(0.5)
+        time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert sum(landed(settings).values()) < 3000  # killed before the end
