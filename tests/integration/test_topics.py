@@ -128,10 +128,11 @@ def test_a_deleting_topic_keeps_the_request_open_until_its_retention_has_passed(
 
 def test_a_topic_missing_from_the_cluster_fails_the_run_clearly(spark, new_lakehouse, kafka_broker):
     base = new_lakehouse()
-    [gone] = people(spark, base, 1)
+    gone = spark.table(base.table("demo.events")).select("user_id").orderBy("user_id").first().user_id
     settings = with_topics(base, kafka_broker.bootstrap, nowhere={"key": "user_id"})
     ledger = Ledger(settings)
     [request_id] = ledger.submit([RequestInput(gone, "erase")]).created
     with pytest.raises(Exception, match="topic nowhere of the data map is not on the Kafka cluster"):
         run(spark, settings)
     assert ledger.request(request_id).status != "completed"
+    assert gone in values_of(live_rows(settings, "demo.events"))  # refused before anything was erased

@@ -288,14 +288,10 @@ def _topic(entry: dict) -> dict:
         "tombstones": entry.get("tombstones", 0),
         "records_left": entry.get("records_left", 0),
         "passed": entry["passed"],
-        "gone_by": utc_text(_utc(datetime.fromisoformat(gone_by))) if gone_by else None,
+        "gone_by": utc_text(datetime.fromisoformat(gone_by).astimezone(UTC)) if gone_by else None,
         **({"accepted": entry["accepted"]} if entry.get("accepted") else {}),
         "method": entry["method"],
     }
-
-
-def _utc(at: datetime) -> datetime:
-    return at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _storage_scan(action: str, scanned: bool, passed: bool) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..datamap import DataMap
-from ..evidence.models import VERSION, AccessEvidence, ErasureEvidence, TableProof
+from ..evidence.models import VERSION, AccessEvidence, ErasureEvidence, TableProof, TopicProof
 from ..ledger.journal import Step
 from ..ledger.ledger import Outcome
 from ..stages import access, erase, purge, topics, verify
@@ -184,11 +184,13 @@ def with_topics(outcomes: list[Outcome], settled: dict[str, topics.TopicSettleme
     held with them added. Evidence of requests no topic singles out is shared: built once."""
     if not settled:
         return outcomes
-    plain = {name: s.evidence("") for name, s in settled.items()}  # what a request with nothing left gets
+    proof = lambda raw: TopicProof.model_validate(raw).model_dump(exclude_unset=True)  # noqa: E731
+    plain = {name: proof(s.evidence("")) for name, s in settled.items()}  # what a request with nothing left gets
     out = []
     for o in outcomes:
         singled = [name for name, s in settled.items() if s.singles_out(o.request_id)]
-        parts = {**plain, **{name: settled[name].evidence(o.request_id) for name in singled}}
+        parts = {**plain, **{name: proof(settled[name].evidence(o.request_id)) for name in singled}} if singled \
+            else plain
         reasons = [r for name in singled if (r := settled[name].reason(o.request_id, dues.get(o.request_id)))]
         evidence = {**o.evidence, "topics": parts}
         if not reasons:

@@ -118,6 +118,14 @@ def _named(fields: DataFrame, topic: TopicMapping, hashes: DataFrame, keys: dict
     return matched(values, hashes, keys).select("request_id", *carry)
 
 
+def _read(spark: SparkSession, cluster: Cluster, name: str, topic: TopicMapping, compacted: bool) -> DataFrame:
+    """(dsr_field, timestamp, and where `compacted` partition, key, offset) of every record the topic
+    holds now, read once and kept in Spark (local checkpoint) for the counts and matches that follow:
+    an observed count would be lost where Spark prunes a plan whose join finds nothing."""
+    carry = ["timestamp", *(["partition", "key", "offset"] if compacted else [])]
+    return _fields(cluster.read(spark, name), topic, carry).localCheckpoint()
+
+
 def _latest(records: DataFrame) -> DataFrame:
     """The latest record of each record key per partition: the one compaction keeps."""
     last = records.groupBy("partition", "key").agg(F.max("offset").alias("dsr_last"))
@@ -127,16 +135,17 @@ def _latest(records: DataFrame) -> DataFrame:
 def settle(spark: SparkSession, cluster: Cluster, name: str, topic: TopicMapping, hashes: DataFrame,
            keys: dict[str, bytes]) -> TopicSettlement:
     """Settle topic `name` for the requests of `hashes` (the ledger's stored hashes, verify.stored_hashes;
-    `keys`: the keys that made them) and prove it. Cost: two admin requests; a compacted topic is read
-    twice (its latest records, to tombstone; then whole, for the proof) and a deleting one once; the
+    `keys`: the keys that made them) and prove it. Cost: two admin requests; the topic is read once
+    (each record's key field and time, and on a compacted topic its partition, key and offset, kept
+    in Spark), and a compacted topic that took tombstones is read again, whole, for the proof; the
     matches found (the batch's people) are counted in Spark, one row per request reaching the driver."""
     started = time.perf_counter()
     config = cluster.config(name)
     result = TopicSettlement(name, config, topic.accept_retention)
+    fields = _read(spark, cluster, name, topic, config.compacted)
     if config.compacted:
         result.settled_at = datetime.now(UTC)
-        latest = _fields(_latest(cluster.read(spark, name)), topic, ["partition", "key"])
-        doomed = _named(latest, topic, hashes, keys, ["partition", "key"]).localCheckpoint()
+        doomed = _named(_latest(fields), topic, hashes, keys, ["partition", "key"]).localCheckpoint()
         per_request = {r.request_id: int(r.n) for r in doomed.groupBy("request_id").agg(
             F.countDistinct("partition", "key").alias("n")).collect()}
         if per_request:
@@ -144,9 +153,7 @@ def settle(spark: SparkSession, cluster: Cluster, name: str, topic: TopicMapping
             cluster.tombstone(doomed.select("partition", "key").distinct(), name)
             result.tombstones_by_request = per_request
             result.tombstones = doomed.select("partition", "key").distinct().count()
-    # Read once and kept (each record's key field and time only) for the count and the match: an
-    # observed count is lost where Spark prunes a plan whose join finds nothing.
-    fields = _fields(cluster.read(spark, name), topic, ["timestamp"]).localCheckpoint()
+            fields = _read(spark, cluster, name, topic, False)  # the proof: the topic as the tombstones left it
     result.records_read = fields.count()
     left = _named(fields, topic, hashes, keys, ["timestamp"]).groupBy("request_id").agg(
         F.count(F.lit(1)).alias("n"), F.unix_micros(F.max("timestamp")).alias("last"))
